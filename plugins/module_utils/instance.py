@@ -1,0 +1,88 @@
+# -*- coding: utf-8 -*-
+# Copyright: (c) 2026, egress-proxies developers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""What every provider takes (an InstanceRequest) and returns (an Instance).
+
+The return shape is the module contract in design.md:
+``{provider_id, name, location, state, ip, tags, created}``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Dict, Mapping, Optional
+
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.errors import Permanent
+
+STATES = ("pending", "running", "stopped", "error")
+DEFAULT_PORT = 3128
+
+# One rule for every provider: an RFC 1123 label fits a libvirt domain name, a GCE
+# instance name (which must also start with a letter) and a Pod name alike.
+NAME_RE = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+OWNER_TAG = "crawl.example.com/owner"
+PROXY_TAG = "crawl.example.com/proxy"
+UID_TAG = "crawl.example.com/uid"
+SPEC_HASH_TAG = "crawl.example.com/spec-hash"
+
+
+@dataclass(frozen=True)
+class InstanceRequest:
+    """A validated ask for one instance (the module's options after decoding)."""
+
+    name: str
+    user_data: bytes
+    tags: Dict[str, str]
+    location: Optional[str] = None
+    machine_type: Optional[str] = None
+    image: Optional[str] = None
+    port: int = DEFAULT_PORT
+
+
+@dataclass
+class Instance:
+    provider_id: str
+    name: str
+    location: str
+    state: str
+    ip: Optional[str] = None
+    tags: Dict[str, str] = field(default_factory=dict)
+    created: Optional[str] = None
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {
+            "provider_id": self.provider_id, "name": self.name, "location": self.location, "state": self.state,
+            "ip": self.ip, "tags": dict(self.tags), "created": self.created,
+        }
+
+
+def validate_name(name: Any) -> str:
+    if not isinstance(name, str) or not NAME_RE.match(name):
+        raise Permanent(
+            "name: %r is not a valid instance name: use 1-63 lowercase letters, digits and '-', starting with "
+            "a letter and ending with a letter or digit" % (name,))
+    return name
+
+
+def validate_port(port: Any) -> int:
+    if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+        raise Permanent("port: %r is not a TCP port; use 1-65535 (default %d)" % (port, DEFAULT_PORT))
+    return port
+
+
+def validate_tags(tags: Optional[Mapping[Any, Any]]) -> Dict[str, str]:
+    result: Dict[str, str] = {}
+    for key, value in (tags or {}).items():
+        if not isinstance(key, str) or not key:
+            raise Permanent("tags: every key must be a non-empty string, got %r" % (key,))
+        if not isinstance(value, str):
+            raise Permanent("tags.%s: value must be a string, got %s" % (key, type(value).__name__))
+        result[key] = value
+    return result
+
+
+def matches_tags(instance_tags: Mapping[str, str], wanted: Mapping[str, str]) -> bool:
+    """True when the instance carries every wanted tag with the same value."""
+    return all(instance_tags.get(key) == value for key, value in wanted.items())

@@ -1,0 +1,260 @@
+# -*- coding: utf-8 -*-
+# Copyright: (c) 2026, egress-proxies developers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Connections to KVM hosts, and the one place libvirt errors are classified.
+
+SSH transports always verify the host key against the configured known_hosts:
+- ``qemu+libssh://`` / ``qemu+libssh2://``: libvirt's own SSH clients, which honour
+  ``keyfile=``, ``known_hosts=`` and ``sshauth=privkey`` (measured with libvirt 9.0).
+- ``qemu+ssh://``: libvirt 9's plain transport ignores ``known_hosts=``, so it is run
+  through a small ssh wrapper that adds ``UserKnownHostsFile`` and
+  ``StrictHostKeyChecking=yes``.
+Local URIs (``qemu:///system``, ``qemu+unix://...?socket=``, ``test+unix://...``) need
+no SSH material at all.
+
+The SSH key and known_hosts are read lazily, at the first connection that needs them:
+a missing file is ``Transient`` (the Secret may be mounted later and the next
+reconcile heals with no restart), a file that does not parse is ``Permanent``.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import socket
+import stat
+import tempfile
+from typing import Any, Callable, Dict, List, Optional
+from urllib.parse import parse_qsl, quote, urlsplit, urlunsplit
+
+try:
+    import libvirt
+except ImportError:  # pragma: no cover - the modules report it via missing_required_lib
+    libvirt = None
+    HAS_LIBVIRT = False
+else:
+    HAS_LIBVIRT = True
+
+try:
+    from cryptography.exceptions import UnsupportedAlgorithm
+    from cryptography.hazmat.primitives import serialization
+except ImportError:  # pragma: no cover - cryptography ships with ansible-core
+    serialization = None
+    UnsupportedAlgorithm = ValueError
+
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.config import KvmHost, SshSettings
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.errors import (
+    NotFound,
+    Permanent,
+    ProxyError,
+    Transient,
+)
+
+SSH_TRANSPORTS = ("ssh", "libssh", "libssh2")
+# How long a host may take to accept a TCP connection before we call it down.
+CONNECT_TIMEOUT_SECONDS = 10.0
+# Key types a known_hosts line may carry (the SSH wire names).
+KNOWN_HOST_KEY_TYPES = (
+    "ssh-ed25519", "ssh-rsa", "ssh-dss", "ecdsa-sha2-nistp256", "ecdsa-sha2-nistp384", "ecdsa-sha2-nistp521",
+    "sk-ssh-ed25519@openssh.com", "sk-ecdsa-sha2-nistp256@openssh.com",
+)
+
+
+def transport_of(uri: str) -> str:
+    """``qemu+libssh://...`` -> ``libssh``; ``qemu:///system`` -> ``""``."""
+    scheme = uri.split("://", 1)[0]
+    return scheme.split("+", 1)[1] if "+" in scheme else ""
+
+
+def _read_material(path: str, field: str) -> bytes:
+    try:
+        with open(path, "rb") as handle:
+            return handle.read()
+    except FileNotFoundError as error:
+        raise Transient("%s: %s does not exist (yet): the kvm-ssh Secret may not be mounted; will retry" % (
+            field, path)) from error
+    except OSError as error:
+        raise Transient("%s: cannot read %s: %s; will retry" % (field, path, error.strerror)) from error
+
+
+def check_private_key(path: str) -> None:
+    """Missing -> Transient; present but not an unencrypted private key -> Permanent."""
+    data = _read_material(path, "kvm.ssh.keyFile")
+    if serialization is None:
+        raise Permanent("kvm.ssh.keyFile: the cryptography library is required to check the key")
+    loaders: List[Callable[..., Any]] = [serialization.load_ssh_private_key, serialization.load_pem_private_key]
+    for loader in loaders:
+        try:
+            loader(data, password=None)
+            return
+        except TypeError as error:  # cryptography's way of saying "this key is encrypted"
+            raise Permanent("kvm.ssh.keyFile: %s is encrypted; the controller needs a key without a passphrase"
+                            % path) from error
+        except (ValueError, UnsupportedAlgorithm):
+            continue  # not this format; try the next one
+    raise Permanent("kvm.ssh.keyFile: %s is not an SSH private key (OpenSSH or PEM); replace the Secret's key"
+                    % path)
+
+
+def check_known_hosts(path: str) -> None:
+    """Missing -> Transient; a line that is not ``hosts keytype base64 [comment]`` -> Permanent."""
+    data = _read_material(path, "kvm.ssh.knownHostsFile")
+    entries = 0
+    for number, raw in enumerate(data.decode("utf-8", "replace").splitlines(), start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        fields = line.split()
+        if fields[0].startswith("@"):  # @cert-authority / @revoked markers
+            fields = fields[1:]
+        if len(fields) < 3 or fields[1] not in KNOWN_HOST_KEY_TYPES or not _is_key_blob(fields[1], fields[2]):
+            raise Permanent("kvm.ssh.knownHostsFile: %s line %d is not a known_hosts entry "
+                            "('<host> <key-type> <base64-key>'); regenerate it with ssh-keyscan" % (path, number))
+        entries += 1
+    if entries == 0:
+        raise Permanent("kvm.ssh.knownHostsFile: %s has no host keys, so no host could be verified; "
+                        "add the hosts' key lines" % path)
+
+
+def _is_key_blob(key_type: str, blob: str) -> bool:
+    """The base64 part decodes and starts with its own key type, as SSH wire format does."""
+    try:
+        raw = base64.b64decode(blob, validate=True)
+    except ValueError:
+        return False
+    name = key_type.encode()
+    return len(raw) > 4 + len(name) and raw[4:4 + len(name)] == name
+
+
+def _ssh_wrapper(ssh: SshSettings, directory: str) -> str:
+    """An ssh command that always verifies host keys against our known_hosts."""
+    path = os.path.join(directory, "ssh")
+    with open(path, "w") as handle:
+        handle.write(
+            "#!/bin/sh\nexec ssh -o BatchMode=yes -o StrictHostKeyChecking=yes -o UserKnownHostsFile=%s "
+            "-o GlobalKnownHostsFile=/dev/null -i %s \"$@\"\n" % (_shell_quote(ssh.known_hosts_file),
+                                                                  _shell_quote(ssh.key_file)))
+    os.chmod(path, stat.S_IRWXU)
+    return path
+
+
+def _shell_quote(value: str) -> str:
+    return "'" + value.replace("'", "'\"'\"'") + "'"
+
+
+def connection_uri(uri: str, ssh: Optional[SshSettings], wrapper_dir: Optional[str] = None) -> str:
+    """The configured URI with the parameters that pin host-key verification to our files."""
+    transport = transport_of(uri)
+    if transport not in SSH_TRANSPORTS:
+        return uri
+    if ssh is None:
+        raise Permanent("kvm.ssh: %s is an SSH URI, so kvm.ssh.keyFile and knownHostsFile are required" % uri)
+    parts = urlsplit(uri)
+    params = dict(parse_qsl(parts.query, keep_blank_values=True))
+    if params.get("no_verify", "0") != "0":
+        raise Permanent("kvm.hosts[].uri: %s sets no_verify; host keys are always verified, remove it" % uri)
+    if transport in ("libssh", "libssh2"):
+        params.update(keyfile=ssh.key_file, known_hosts=ssh.known_hosts_file, sshauth="privkey")
+        if transport == "libssh2":
+            params["known_hosts_verify"] = "normal"
+    else:
+        if wrapper_dir is None:
+            raise Permanent("internal: the ssh transport needs a directory for its command wrapper")
+        params.update(command=_ssh_wrapper(ssh, wrapper_dir), keyfile=ssh.key_file)
+    params["no_verify"] = "0"
+    query = "&".join("%s=%s" % (key, quote(value, safe="/")) for key, value in params.items())
+    return urlunsplit((parts.scheme, parts.netloc, parts.path, query, parts.fragment))
+
+
+def _check_reachable(uri: str) -> None:
+    """Fail fast and transient when an SSH host does not accept TCP connections."""
+    parts = urlsplit(uri)
+    if not parts.hostname:
+        return
+    try:
+        with socket.create_connection((parts.hostname, parts.port or 22), timeout=CONNECT_TIMEOUT_SECONDS):
+            pass
+    except OSError as error:
+        raise Transient("host %s:%s does not answer: %s" % (parts.hostname, parts.port or 22, error)) from error
+
+
+def classify(error: Any, context: str) -> ProxyError:
+    """Map a libvirtError to our error classes. Unknown codes are transient."""
+    code = error.get_error_code()
+    message = "%s: %s" % (context, error.get_error_message() or error)
+    if code in (libvirt.VIR_ERR_NO_DOMAIN, libvirt.VIR_ERR_NO_STORAGE_VOL):
+        return NotFound(message)
+    if code in (libvirt.VIR_ERR_NO_STORAGE_POOL, libvirt.VIR_ERR_NO_NETWORK):
+        return Permanent(message + " (fix the host's pool/network in the provider config, or create it)")
+    if code in (libvirt.VIR_ERR_AUTH_FAILED, libvirt.VIR_ERR_AUTH_CANCELLED, libvirt.VIR_ERR_ACCESS_DENIED,
+                libvirt.VIR_ERR_XML_ERROR, libvirt.VIR_ERR_XML_DETAIL, libvirt.VIR_ERR_CONFIG_UNSUPPORTED,
+                libvirt.VIR_ERR_INVALID_ARG, libvirt.VIR_ERR_NO_SUPPORT, libvirt.VIR_ERR_NO_DOMAIN_METADATA):
+        return Permanent(message)
+    if _is_host_key_failure(message):
+        return Permanent(message + " (the host's key does not match kvm.ssh.knownHostsFile; "
+                         "if the host was reinstalled, update known_hosts)")
+    return Transient(message)
+
+
+def _is_host_key_failure(message: str) -> bool:
+    # libvirt reports host-key rejections under the generic SSH error codes; only the
+    # text tells them apart from a connection that merely dropped.
+    lowered = message.lower()
+    return "host key" in lowered or "hostkey" in lowered or "known_hosts" in lowered
+
+
+def silence_libvirt_stderr() -> None:
+    """libvirt prints every error to stderr by default; ours are raised and classified instead."""
+    libvirt.registerErrorHandler(lambda _ctx, _err: None, None)
+
+
+class KvmConnections:
+    """Open connections per host for one module run, checking SSH material lazily."""
+
+    def __init__(self, ssh: Optional[SshSettings]) -> None:
+        self.ssh = ssh
+        self._connections: Dict[str, Any] = {}
+        self._ssh_checked = False
+        self._wrapper_dir: Optional[str] = None
+        silence_libvirt_stderr()
+
+    def open(self, host: KvmHost) -> Any:
+        if host.name in self._connections:
+            return self._connections[host.name]
+        uri = host.uri
+        if transport_of(uri) in SSH_TRANSPORTS:
+            if self.ssh is None:
+                raise Permanent("kvm.ssh: host %s uses SSH, so kvm.ssh is required" % host.name)
+            if not self._ssh_checked:
+                check_private_key(self.ssh.key_file)
+                check_known_hosts(self.ssh.known_hosts_file)
+                self._ssh_checked = True
+            if transport_of(uri) == "ssh" and self._wrapper_dir is None:
+                self._wrapper_dir = tempfile.mkdtemp(prefix="egress-proxies-ssh-")
+            uri = connection_uri(uri, self.ssh, self._wrapper_dir)
+            _check_reachable(uri)
+        try:
+            connection = libvirt.open(uri)
+        except libvirt.libvirtError as error:
+            raise classify(error, "connecting to KVM host %s" % host.name) from error
+        if transport_of(uri):
+            # Notice a dead peer within ~15 s instead of waiting on TCP timeouts.
+            try:
+                connection.setKeepAlive(5, 3)
+            except libvirt.libvirtError:
+                pass
+        self._connections[host.name] = connection
+        return connection
+
+    def close(self) -> None:
+        for connection in self._connections.values():
+            try:
+                connection.close()
+            except libvirt.libvirtError:
+                pass
+        self._connections.clear()
+        if self._wrapper_dir is not None:
+            for name in os.listdir(self._wrapper_dir):
+                os.unlink(os.path.join(self._wrapper_dir, name))
+            os.rmdir(self._wrapper_dir)
+            self._wrapper_dir = None

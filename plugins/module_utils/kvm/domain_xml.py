@@ -1,0 +1,130 @@
+# -*- coding: utf-8 -*-
+# Copyright: (c) 2026, egress-proxies developers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The libvirt domain XML of a proxy VM, and reading our metadata back out of it.
+
+Tags live in the domain's ``<metadata>`` under our own XML namespace, so listing by
+tag needs nothing but the domain definitions, and a domain without that element is
+never ours (garbage collection only ever looks at domains that carry it).
+"""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+METADATA_NS = "https://crawl.example.com/egress-proxies/v1alpha1"
+METADATA_PREFIX = "egress"
+GUEST_AGENT_CHANNEL = "org.qemu.guest_agent.0"
+
+
+@dataclass(frozen=True)
+class DomainSpec:
+    name: str
+    domain_type: str
+    vcpus: int
+    memory_mib: int
+    overlay_path: str
+    seed_path: str
+    network: str
+    machine: Optional[str] = None
+    tags: Dict[str, str] = field(default_factory=dict)
+    created: str = ""
+    port: int = 3128
+
+
+@dataclass(frozen=True)
+class DomainInfo:
+    """What we read back from a domain's XML."""
+
+    name: str
+    ours: bool
+    tags: Dict[str, str]
+    created: Optional[str]
+    macs: List[str]
+
+
+def _sub(parent: ET.Element, tag: str, text: Optional[str] = None, **attrib: str) -> ET.Element:
+    element = ET.SubElement(parent, tag, attrib)
+    if text is not None:
+        element.text = text
+    return element
+
+
+def metadata_element(tags: Dict[str, str], created: str, port: int) -> ET.Element:
+    ET.register_namespace(METADATA_PREFIX, METADATA_NS)
+    root = ET.Element("{%s}instance" % METADATA_NS)
+    _sub(root, "{%s}created" % METADATA_NS, created)
+    _sub(root, "{%s}port" % METADATA_NS, str(port))
+    tags_element = _sub(root, "{%s}tags" % METADATA_NS)
+    for key in sorted(tags):
+        _sub(tags_element, "{%s}tag" % METADATA_NS, tags[key], key=key)
+    return root
+
+
+def build_domain_xml(spec: DomainSpec) -> str:
+    domain = ET.Element("domain", type=spec.domain_type)
+    _sub(domain, "name", spec.name)
+    metadata = _sub(domain, "metadata")
+    metadata.append(metadata_element(spec.tags, spec.created, spec.port))
+    _sub(domain, "memory", str(spec.memory_mib), unit="MiB")
+    _sub(domain, "vcpu", str(spec.vcpus))
+    os_element = _sub(domain, "os")
+    os_type = _sub(os_element, "type", "hvm", arch="x86_64")
+    if spec.machine:
+        os_type.set("machine", spec.machine)
+    _sub(os_element, "boot", dev="hd")
+    features = _sub(domain, "features")
+    _sub(features, "acpi")
+    _sub(features, "apic")
+    # Guests are cattle: power off ends them, a crash leaves them for us to see as "error".
+    _sub(domain, "on_poweroff", "destroy")
+    _sub(domain, "on_reboot", "restart")
+    _sub(domain, "on_crash", "destroy")
+    devices = _sub(domain, "devices")
+
+    disk = _sub(devices, "disk", type="file", device="disk")
+    _sub(disk, "driver", name="qemu", type="qcow2")
+    _sub(disk, "source", file=spec.overlay_path)
+    _sub(disk, "target", dev="vda", bus="virtio")
+
+    # The NoCloud seed: cloud-init finds it by its "cidata" label. SATA, because
+    # IDE is missing on q35 and virtio cdroms are not supported.
+    seed = _sub(devices, "disk", type="file", device="cdrom")
+    _sub(seed, "driver", name="qemu", type="raw")
+    _sub(seed, "source", file=spec.seed_path)
+    _sub(seed, "target", dev="sda", bus="sata")
+    _sub(seed, "readonly")
+
+    interface = _sub(devices, "interface", type="network")
+    _sub(interface, "source", network=spec.network)
+    _sub(interface, "model", type="virtio")
+
+    channel = _sub(devices, "channel", type="unix")
+    _sub(channel, "target", type="virtio", name=GUEST_AGENT_CHANNEL)
+    _sub(devices, "serial", type="pty")
+    _sub(devices, "console", type="pty")
+    _sub(devices, "rng", model="virtio").append(_backend_random())
+    return ET.tostring(domain, encoding="unicode")
+
+
+def _backend_random() -> ET.Element:
+    backend = ET.Element("backend", model="random")
+    backend.text = "/dev/urandom"
+    return backend
+
+
+def parse_domain_xml(xml: str) -> DomainInfo:
+    root = ET.fromstring(xml)
+    name = root.findtext("name") or ""
+    macs = [mac.get("address", "").lower() for mac in root.findall("./devices/interface/mac")]
+    instance = root.find("./metadata/{%s}instance" % METADATA_NS)
+    if instance is None:
+        return DomainInfo(name=name, ours=False, tags={}, created=None, macs=macs)
+    tags = {
+        tag.get("key", ""): tag.text or ""
+        for tag in instance.findall("./{%s}tags/{%s}tag" % (METADATA_NS, METADATA_NS))
+    }
+    return DomainInfo(name=name, ours=True, tags=tags, created=instance.findtext("{%s}created" % METADATA_NS),
+                      macs=macs)

@@ -1,0 +1,360 @@
+# -*- coding: utf-8 -*-
+# Copyright: (c) 2026, egress-proxies developers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The KVM provider: create, get, delete and list proxy VMs across the configured hosts.
+
+Anatomy of one instance (design.md, "KVM instance anatomy"), with volumes named after
+the domain so that every step is idempotent and a half-made instance can always be
+found and removed by name:
+- ``<domain>.qcow2``: a qcow2 overlay backed by the cached ``base-<key>.<format>``;
+- ``<domain>-seed.iso``: the NoCloud seed (user-data byte for byte, meta-data,
+  vendor-data);
+- the domain, carrying its tags in ``<metadata>``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import io
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+try:
+    import libvirt
+except ImportError:  # pragma: no cover - the modules report it via missing_required_lib
+    libvirt = None
+
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.cloudinit import (
+    build_meta_data,
+    build_seed_iso,
+    build_vendor_data,
+    new_instance_id,
+)
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.config import KvmHost, KvmSettings
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.errors import (
+    NotFound,
+    Permanent,
+    ProxyError,
+)
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.instance import (
+    OWNER_TAG,
+    Instance,
+    InstanceRequest,
+    matches_tags,
+)
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.addresses import domain_ip
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.connection import (
+    KvmConnections,
+    classify,
+)
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.domain_xml import (
+    DomainInfo,
+    DomainSpec,
+    build_domain_xml,
+    parse_domain_xml,
+)
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.images import (
+    create_volume_with_content,
+    ensure_base_volume,
+    lookup_volume,
+    volume_xml,
+)
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.provider_id import (
+    format_provider_id,
+    parse_provider_id,
+)
+
+GIB = 1024 ** 3
+Log = Callable[[str], None]
+
+
+def overlay_volume_name(domain: str) -> str:
+    return "%s.qcow2" % domain
+
+
+def seed_volume_name(domain: str) -> str:
+    return "%s-seed.iso" % domain
+
+
+def _state_names() -> Dict[int, str]:
+    return {
+        libvirt.VIR_DOMAIN_NOSTATE: "pending",
+        libvirt.VIR_DOMAIN_RUNNING: "running",
+        libvirt.VIR_DOMAIN_BLOCKED: "running",
+        libvirt.VIR_DOMAIN_PAUSED: "stopped",
+        libvirt.VIR_DOMAIN_SHUTDOWN: "stopped",
+        libvirt.VIR_DOMAIN_SHUTOFF: "stopped",
+        libvirt.VIR_DOMAIN_CRASHED: "error",
+        libvirt.VIR_DOMAIN_PMSUSPENDED: "stopped",
+    }
+
+
+@dataclass
+class ListResult:
+    """Instances found, plus the hosts that could not be listed (and why)."""
+
+    instances: List[Instance]
+    failed_locations: Dict[str, ProxyError]
+
+
+class KvmProvider:
+    def __init__(self, settings: KvmSettings, cache_dir: str, log: Log) -> None:
+        self.settings = settings
+        self.cache_dir = cache_dir
+        self.log = log
+        self.connections = KvmConnections(settings.ssh)
+
+    def close(self) -> None:
+        self.connections.close()
+
+    # -- lookups ---------------------------------------------------------------------------
+
+    def _host(self, name: str) -> KvmHost:
+        host = self.settings.host(name)
+        if host is None:
+            known = ", ".join(h.name for h in self.settings.hosts)
+            raise Permanent("location: KVM host %r is not configured (configured: %s)" % (name, known))
+        return host
+
+    def _pool(self, connection: Any, host: KvmHost) -> Any:
+        try:
+            return connection.storagePoolLookupByName(host.pool)
+        except libvirt.libvirtError as error:
+            raise classify(error, "pool %r on host %s" % (host.pool, host.name)) from error
+
+    def _find_domain(self, connection: Any, name: str) -> Optional[Any]:
+        try:
+            return connection.lookupByName(name)
+        except libvirt.libvirtError as error:
+            if error.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN:
+                return None
+            raise classify(error, "looking up domain %s" % name) from error
+
+    def _describe(self, host: KvmHost, domain: Any, with_ip: bool = True) -> Instance:
+        try:
+            info = parse_domain_xml(domain.XMLDesc(0))
+        except libvirt.libvirtError as error:
+            raise classify(error, "reading domain on host %s" % host.name) from error
+        return self._instance(host, domain, info, with_ip)
+
+    def _instance(self, host: KvmHost, domain: Any, info: DomainInfo, with_ip: bool) -> Instance:
+        try:
+            state = _state_names().get(domain.state(0)[0], "error")
+        except libvirt.libvirtError as error:
+            raise classify(error, "reading state of domain %s on host %s" % (info.name, host.name)) from error
+        return Instance(
+            provider_id=format_provider_id("kvm", host.name, info.name),
+            name=info.name, location=host.name, state=state,
+            ip=domain_ip(domain, info.macs) if with_ip and state == "running" else None,
+            tags=info.tags, created=info.created)
+
+    # -- get / list ------------------------------------------------------------------------
+
+    def get(self, provider_id: str) -> Instance:
+        parsed = parse_provider_id(provider_id, "kvm")
+        # An unconfigured host stays Permanent here on purpose: the live path reads
+        # not_found as "rebuild it", so a typo in the hosts list must never look like a
+        # missing VM (that would duplicate every Proxy of the host).
+        host = self._host(parsed.location)
+        domain = self._find_domain(self.connections.open(host), parsed.name)
+        if domain is None:
+            raise NotFound("domain %s does not exist on KVM host %s" % (parsed.name, host.name))
+        return self._describe(host, domain)
+
+    def _our_domains(self, host: KvmHost, tags: Dict[str, str], with_ip: bool) -> List[Instance]:
+        connection = self.connections.open(host)
+        try:
+            domains = connection.listAllDomains(0)
+        except libvirt.libvirtError as error:
+            raise classify(error, "listing domains on host %s" % host.name) from error
+        found = []
+        for domain in domains:
+            try:
+                info = parse_domain_xml(domain.XMLDesc(0))
+                # Without our metadata a domain is never ours, and never touched.
+                if info.ours and matches_tags(info.tags, tags):
+                    found.append(self._instance(host, domain, info, with_ip))
+            except libvirt.libvirtError as error:
+                if error.get_error_code() != libvirt.VIR_ERR_NO_DOMAIN:  # undefined meanwhile: skip it
+                    raise classify(error, "reading domain on host %s" % host.name) from error
+            except NotFound:
+                continue
+        return found
+
+    def list(self, tags: Dict[str, str]) -> ListResult:
+        """Every instance carrying ``tags`` on every configured host, in one pass.
+
+        A host that fails is recorded, not fatal to the others: the caller decides
+        (the module fails the run so the controller never garbage-collects on a
+        partial list, but still gets the instances it could see).
+        """
+        instances: List[Instance] = []
+        failed: Dict[str, ProxyError] = {}
+        for host in self.settings.hosts:
+            try:
+                instances.extend(self._our_domains(host, tags, with_ip=True))
+            except ProxyError as error:
+                failed[host.name] = error
+        return ListResult(instances, failed)
+
+    # -- create ----------------------------------------------------------------------------
+
+    def _existing(self, request: InstanceRequest) -> Tuple[Optional[KvmHost], Optional[Any]]:
+        """Where a domain of this name already lives. Every candidate host must answer:
+        a host we cannot see might hold it, and creating elsewhere would duplicate it."""
+        hosts = [self._host(request.location)] if request.location else list(self.settings.hosts)
+        for host in hosts:
+            domain = self._find_domain(self.connections.open(host), request.name)
+            if domain is not None:
+                return host, domain
+        return None, None
+
+    def _place(self, request: InstanceRequest) -> KvmHost:
+        """The requested host, else the one with the fewest of our instances (config order breaks ties)."""
+        if request.location:
+            return self._host(request.location)
+        owner = {OWNER_TAG: request.tags[OWNER_TAG]} if OWNER_TAG in request.tags else {}
+        counts = [(len(self._our_domains(host, owner, with_ip=False)), index, host)
+                  for index, host in enumerate(self.settings.hosts)]
+        return min(counts, key=lambda item: (item[0], item[1]))[2]
+
+    def plan_create(self, request: InstanceRequest) -> Tuple[KvmHost, Optional[Any]]:
+        """Validate the request against the config; return the target host and any existing domain."""
+        machine_key = request.machine_type or self.settings.default_machine_type
+        if machine_key not in self.settings.machine_types:
+            raise Permanent("machine_type: %r is not a machine type of this provider (known: %s)" % (
+                machine_key, ", ".join(sorted(self.settings.machine_types))))
+        image_key = request.image or self.settings.default_image
+        if image_key not in self.settings.images:
+            raise Permanent("image: %r is not an image of this provider (known: %s)" % (
+                image_key, ", ".join(sorted(self.settings.images))))
+        host, domain = self._existing(request)
+        return (host or self._place(request)), domain
+
+    def create(self, request: InstanceRequest, check_mode: bool) -> Tuple[bool, Instance]:
+        host, domain = self.plan_create(request)
+        if domain is not None:
+            changed = False
+            if domain.isActive() == 0 and not check_mode:
+                try:
+                    domain.create()
+                except libvirt.libvirtError as error:
+                    raise classify(error, "starting domain %s on host %s" % (request.name, host.name)) from error
+                changed = True
+            return changed, self._describe(host, domain)
+        if check_mode:
+            return True, Instance(provider_id=format_provider_id("kvm", host.name, request.name),
+                                  name=request.name, location=host.name, state="pending", tags=dict(request.tags))
+        return True, self._build(host, request)
+
+    def _build(self, host: KvmHost, request: InstanceRequest) -> Instance:
+        machine = self.settings.machine_types[request.machine_type or self.settings.default_machine_type]
+        image = self.settings.images[request.image or self.settings.default_image]
+        connection = self.connections.open(host)
+        pool = self._pool(connection, host)
+        base = ensure_base_volume(connection, pool, host.name, image, self.cache_dir, self.log)
+
+        vendor_data = build_vendor_data(self.settings.vendor_data, self.settings.install_guest_agent)
+        seed = build_seed_iso(request.user_data, build_meta_data(new_instance_id(request.name), request.name),
+                              vendor_data)
+        created_volumes: List[Any] = []
+        try:
+            overlay = self._create_overlay(pool, request.name, machine.disk_gib * GIB, base, image.format)
+            created_volumes.append(overlay)
+            seed_volume = create_volume_with_content(connection, pool, seed_volume_name(request.name), "raw",
+                                                     io.BytesIO(seed), len(seed))
+            created_volumes.append(seed_volume)
+            created = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+            xml = build_domain_xml(DomainSpec(
+                name=request.name, domain_type=host.domain_type, vcpus=machine.vcpus, memory_mib=machine.memory_mib,
+                machine=machine.machine, overlay_path=overlay.path(), seed_path=seed_volume.path(),
+                network=host.network, tags=dict(request.tags), created=created, port=request.port))
+            try:
+                domain = connection.defineXML(xml)
+            except libvirt.libvirtError as error:
+                raise classify(error, "defining domain %s on host %s" % (request.name, host.name)) from error
+            try:
+                domain.create()
+            except libvirt.libvirtError as error:
+                with contextlib.suppress(libvirt.libvirtError):
+                    domain.undefine()
+                raise classify(error, "starting domain %s on host %s" % (request.name, host.name)) from error
+        except BaseException:
+            # Nothing half-made stays behind: a later retry starts from a clean slate.
+            for volume in created_volumes:
+                with contextlib.suppress(libvirt.libvirtError):
+                    volume.delete(0)
+            raise
+        self.log("created domain %s on KVM host %s" % (request.name, host.name))
+        return self._describe(host, domain)
+
+    def _create_overlay(self, pool: Any, name: str, capacity: int, base: Any, base_format: str) -> Any:
+        volume_name = overlay_volume_name(name)
+        stale = lookup_volume(pool, volume_name)
+        if stale is not None:  # left by a run killed mid-create; its domain was never defined
+            with contextlib.suppress(libvirt.libvirtError):
+                stale.delete(0)
+        try:
+            base_capacity = base.info()[1]
+            return pool.createXML(volume_xml(volume_name, max(capacity, base_capacity), "qcow2", base.path(),
+                                             base_format), 0)
+        except libvirt.libvirtError as error:
+            raise classify(error, "creating overlay %s" % volume_name) from error
+
+    # -- delete ----------------------------------------------------------------------------
+
+    def delete(self, provider_id: str, check_mode: bool) -> bool:
+        """Remove the domain and its volumes. Returns whether anything was (or would be) removed."""
+        parsed = parse_provider_id(provider_id, "kvm")
+        host = self.settings.host(parsed.location)
+        if host is None:
+            # Nothing this controller can clean: succeeding releases the Proxy instead of
+            # pinning its finalizer forever. The VM, if any, must be removed by hand.
+            self.log("delete %s: KVM host %r is not configured; nothing to clean, treating as deleted" % (
+                provider_id, parsed.location))
+            return False
+        connection = self.connections.open(host)
+        changed = False
+        domain = self._find_domain(connection, parsed.name)
+        if domain is not None:
+            changed = True
+            if not check_mode:
+                self._remove_domain(domain, parsed.name, host)
+        changed = self._remove_volumes(connection, host, parsed.name, check_mode) or changed
+        return changed
+
+    def _remove_domain(self, domain: Any, name: str, host: KvmHost) -> None:
+        try:
+            if domain.isActive():
+                domain.destroy()
+            # Our domains boot BIOS (no NVRAM); managed saves and snapshot metadata would
+            # otherwise make a plain undefine refuse.
+            domain.undefineFlags(libvirt.VIR_DOMAIN_UNDEFINE_MANAGED_SAVE
+                                 | libvirt.VIR_DOMAIN_UNDEFINE_SNAPSHOTS_METADATA)
+        except libvirt.libvirtError as error:
+            if error.get_error_code() != libvirt.VIR_ERR_NO_DOMAIN:  # gone meanwhile: fine
+                raise classify(error, "removing domain %s on host %s" % (name, host.name)) from error
+
+    def _remove_volumes(self, connection: Any, host: KvmHost, name: str, check_mode: bool) -> bool:
+        try:
+            pool = connection.storagePoolLookupByName(host.pool)
+        except libvirt.libvirtError as error:
+            if error.get_error_code() == libvirt.VIR_ERR_NO_STORAGE_POOL:
+                # Refusing would pin the Proxy's finalizer; with no pool there is nothing to remove.
+                return False
+            raise classify(error, "pool %r on host %s" % (host.pool, host.name)) from error
+        changed = False
+        for volume_name in (overlay_volume_name(name), seed_volume_name(name)):
+            volume = lookup_volume(pool, volume_name)
+            if volume is None:
+                continue
+            changed = True
+            if check_mode:
+                continue
+            try:
+                volume.delete(0)
+            except libvirt.libvirtError as error:
+                if error.get_error_code() != libvirt.VIR_ERR_NO_STORAGE_VOL:
+                    raise classify(error, "deleting volume %s on host %s" % (volume_name, host.name)) from error
+        return changed

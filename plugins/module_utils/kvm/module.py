@@ -1,0 +1,26 @@
+# -*- coding: utf-8 -*-
+# Copyright: (c) 2026, egress-proxies developers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""What the two KVM modules share: their libraries and how they build the provider."""
+
+from __future__ import annotations
+
+from typing import List, Tuple
+
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.cloudinit import HAS_PYCDLIB
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.config import HAS_YAML
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.connection import HAS_LIBVIRT
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.images import default_cache_dir
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.instances import KvmProvider
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.proxy_module import ProxyModule
+
+LIBRARIES: List[Tuple[str, bool]] = [("libvirt-python", HAS_LIBVIRT), ("pycdlib", HAS_PYCDLIB),
+                                     ("PyYAML", HAS_YAML)]
+
+
+def kvm_provider(module: ProxyModule) -> KvmProvider:
+    """The configured KVM provider; a wrong or missing provider is Permanent."""
+    settings = module.provider().kvm
+    assert settings is not None  # provider() checked the type
+    cache_dir = module.params.get("image_cache_dir") or default_cache_dir()
+    return KvmProvider(settings, cache_dir, module.module.log)

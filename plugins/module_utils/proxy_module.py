@@ -1,0 +1,107 @@
+# -*- coding: utf-8 -*-
+# Copyright: (c) 2026, egress-proxies developers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The one wrapper every ``*_proxy`` and ``*_proxy_info`` module is built on.
+
+It merges the shared options (documented once in ``doc_fragments/common.py``),
+loads the provider config, turns module parameters into an ``InstanceRequest``, and
+offers ``fail_from(error)``, which always reports ``msg`` and ``error_class``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, NoReturn, Sequence, Tuple
+
+from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.cloudinit import decode_user_data
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.config import (
+    Provider,
+    load_provider_config,
+)
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.errors import (
+    ProxyError,
+    error_class_of,
+)
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.instance import (
+    DEFAULT_PORT,
+    InstanceRequest,
+    validate_name,
+    validate_port,
+    validate_tags,
+)
+
+COMMON_ARGUMENT_SPEC: Dict[str, Any] = {
+    "provider_config": {"type": "path", "required": True},
+    "provider": {"type": "str", "required": True},
+}
+
+# Options of the P_proxy modules (state present/absent).
+INSTANCE_ARGUMENT_SPEC: Dict[str, Any] = {
+    "state": {"type": "str", "default": "present", "choices": ["present", "absent"]},
+    "name": {"type": "str"},
+    "location": {"type": "str"},
+    "machine_type": {"type": "str"},
+    "image": {"type": "str"},
+    # user-data may carry credentials (squid auth, tokens): keep it out of logs and results.
+    "user_data": {"type": "str", "default": "", "no_log": True},
+    "user_data_encoding": {"type": "str", "default": "plain", "choices": ["plain", "base64"]},
+    "port": {"type": "int", "default": DEFAULT_PORT},
+    "tags": {"type": "dict", "default": {}},
+    "provider_id": {"type": "str"},
+}
+
+# Options of the P_proxy_info modules.
+INFO_ARGUMENT_SPEC: Dict[str, Any] = {
+    "provider_id": {"type": "str"},
+    "tags": {"type": "dict"},
+}
+
+
+class ProxyModule:
+    """An AnsibleModule with the shared options and the contract's failure shape."""
+
+    def __init__(self, argument_spec: Dict[str, Any], provider_type: str,
+                 required_libs: Sequence[Tuple[str, bool]] = (), **kwargs: Any) -> None:
+        spec = dict(COMMON_ARGUMENT_SPEC)
+        spec.update(argument_spec)
+        self.module = AnsibleModule(argument_spec=spec, **kwargs)
+        self.provider_type = provider_type
+        for library, available in required_libs:
+            if not available:
+                self.module.fail_json(msg=missing_required_lib(library), error_class="permanent")
+
+    @property
+    def params(self) -> Dict[str, Any]:
+        return self.module.params
+
+    @property
+    def check_mode(self) -> bool:
+        return bool(self.module.check_mode)
+
+    def provider(self) -> Provider:
+        """This module's provider section; a missing or wrong provider is Permanent."""
+        config = load_provider_config(self.params["provider_config"])
+        return config.provider(self.params["provider"], self.provider_type)
+
+    def instance_request(self) -> InstanceRequest:
+        params = self.params
+        return InstanceRequest(
+            name=validate_name(params["name"]),
+            user_data=decode_user_data(params["user_data"] or "", params["user_data_encoding"]),
+            tags=validate_tags(params["tags"]),
+            location=params["location"],
+            machine_type=params["machine_type"],
+            image=params["image"],
+            port=validate_port(params["port"]),
+        )
+
+    def warn(self, message: str) -> None:
+        self.module.warn(message)
+
+    def exit(self, **result: Any) -> NoReturn:
+        self.module.exit_json(**result)
+
+    def fail_from(self, error: ProxyError, **result: Any) -> NoReturn:
+        """Report ``error`` with its class; never an SDK traceback in place of a class."""
+        self.module.fail_json(msg=str(error), error_class=error_class_of(error), **result)

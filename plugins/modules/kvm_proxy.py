@@ -1,0 +1,167 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: (c) 2026, egress-proxies developers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: kvm_proxy
+short_description: Create or delete an egress proxy VM on a KVM host over libvirt
+version_added: 0.1.0
+description:
+  - Creates a proxy VM on one of the provider's KVM hosts, idempotent by O(name), or deletes one by
+    O(provider_id).
+  - "A VM is: a qcow2 overlay on a base image cached once per host as volume C(base-<key>.<format>)
+    (downloaded and sha256-verified), a NoCloud seed ISO (label C(cidata)) with the user-data byte for byte,
+    a C(meta-data) with a unique C(instance-id) and the C(guest_agent) role's vendor-data script, a
+    C(org.qemu.guest_agent.0) channel, and its tags in the domain's C(<metadata>)."
+  - Without O(location), the VM goes to the host with the fewest instances of the same owner; every host
+    is first checked for an existing VM of that name, so a host that does not answer fails the run
+    (O(error_class=transient)) rather than risk a duplicate.
+  - Deleting destroys and undefines the domain and removes its overlay and seed volumes. A providerID
+    naming a host that is not configured is a logged no-op success (nothing this controller can clean);
+    a missing pool is success too.
+author: egress-proxies developers
+extends_documentation_fragment:
+  - crawl.egress_proxies.common
+  - crawl.egress_proxies.common.instance
+options:
+  image_cache_dir:
+    description:
+      - Directory for downloaded base images and the download locks, on the machine running the module.
+      - Defaults to E(EGRESS_PROXIES_CACHE_DIR), else C(~/.cache/egress-proxies/images).
+    type: path
+attributes:
+  check_mode:
+    support: full
+    description: Reports what would be created or deleted without writing anything.
+  diff_mode:
+    support: none
+requirements:
+  - libvirt-python
+  - pycdlib
+  - PyYAML
+seealso:
+  - module: crawl.egress_proxies.kvm_proxy_info
+"""
+
+EXAMPLES = r"""
+- name: Create a proxy VM (the provider picks the host)
+  crawl.egress_proxies.kvm_proxy:
+    provider_config: /etc/egress-proxies/providers.yaml
+    provider: home-kvm
+    name: crawlers-eu-1-3f9c2a
+    user_data: |
+      #cloud-config
+      packages: [squid]
+    tags:
+      crawl.example.com/owner: prod-cluster-1
+  register: proxy
+
+- name: Binary (gzip) user-data goes base64-encoded
+  crawl.egress_proxies.kvm_proxy:
+    provider_config: /etc/egress-proxies/providers.yaml
+    provider: home-kvm
+    name: crawlers-eu-2-77aa01
+    location: beelink
+    user_data: "{{ lookup('file', 'user-data.gz.b64') }}"
+    user_data_encoding: base64
+
+- name: Delete it again
+  crawl.egress_proxies.kvm_proxy:
+    provider_config: /etc/egress-proxies/providers.yaml
+    provider: home-kvm
+    state: absent
+    provider_id: "{{ proxy.instance.provider_id }}"
+"""
+
+RETURN = r"""
+instance:
+  description: The instance (with O(state=absent), the one that was deleted, as far as known).
+  returned: always
+  type: dict
+  contains:
+    provider_id:
+      description: C(kvm://hosts/<host>/domains/<domain>).
+      type: str
+      sample: kvm://hosts/beelink/domains/crawlers-eu-1-3f9c2a
+    name:
+      description: The domain name.
+      type: str
+    location:
+      description: The KVM host's name from the provider config.
+      type: str
+    state:
+      description: One of C(pending), C(running), C(stopped), C(error).
+      type: str
+    ip:
+      description: The guest's address (guest agent, then DHCP leases, then ARP); null until known.
+      type: str
+    tags:
+      description: The tags stored in the domain's metadata.
+      type: dict
+    created:
+      description: Creation time, UTC, ISO 8601.
+      type: str
+provider_id:
+  description: Same as RV(instance.provider_id), for convenience.
+  returned: always
+  type: str
+error_class:
+  description: On failure, C(not_found), C(permanent) or C(transient).
+  returned: failed
+  type: str
+"""
+
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.errors import ProxyError  # noqa: E402
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.module import (  # noqa: E402
+    LIBRARIES,
+    kvm_provider,
+)
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.provider_id import (  # noqa: E402
+    parse_provider_id,
+)
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.proxy_module import (  # noqa: E402
+    INSTANCE_ARGUMENT_SPEC,
+    ProxyModule,
+)
+
+
+def ensure_present(module, provider):
+    changed, instance = provider.create(module.instance_request(), module.check_mode)
+    return {"changed": changed, "instance": instance.to_dict(), "provider_id": instance.provider_id}
+
+
+def ensure_absent(module, provider):
+    provider_id = module.params["provider_id"]
+    parsed = parse_provider_id(provider_id, "kvm")
+    changed = provider.delete(provider_id, module.check_mode)
+    if provider.settings.host(parsed.location) is None:
+        module.warn("KVM host %r is not configured: nothing to clean for %s; remove any VM there by hand"
+                    % (parsed.location, provider_id))
+    instance = {"provider_id": provider_id, "name": parsed.name, "location": parsed.location,
+                "state": "stopped" if changed else None, "ip": None, "tags": {}, "created": None}
+    return {"changed": changed, "instance": instance, "provider_id": provider_id}
+
+
+def main():
+    spec = dict(INSTANCE_ARGUMENT_SPEC, image_cache_dir={"type": "path"})
+    module = ProxyModule(
+        spec, "kvm", required_libs=LIBRARIES, supports_check_mode=True,
+        required_if=[("state", "present", ["name"]), ("state", "absent", ["provider_id"])],
+    )
+    provider = None
+    try:
+        provider = kvm_provider(module)
+        handler = ensure_present if module.params["state"] == "present" else ensure_absent
+        module.exit(**handler(module, provider))
+    except ProxyError as error:
+        module.fail_from(error)
+    finally:
+        if provider is not None:
+            provider.close()
+
+
+if __name__ == "__main__":
+    main()

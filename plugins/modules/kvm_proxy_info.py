@@ -1,0 +1,142 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: (c) 2026, egress-proxies developers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: kvm_proxy_info
+short_description: Look up egress proxy VMs on KVM hosts, by providerID or by tags
+version_added: 0.1.0
+description:
+  - With O(provider_id), returns that one VM with its state and IP; a VM that does not exist fails with
+    O(error_class=not_found). A providerID naming a host that is not configured fails with
+    O(error_class=permanent), never C(not_found), so a typo in the hosts list cannot look like a vanished VM.
+  - With O(tags), lists every VM carrying all of them across every configured host in one run (the
+    controller's sweep). Domains without egress-proxies metadata are never listed.
+  - If any host cannot be listed, the module fails (so nothing garbage-collects on a partial view) but
+    still returns what it saw in RV(instances) and the failing hosts in RV(failed_locations).
+  - IP discovery asks the guest agent, then the network's DHCP leases, then the host's ARP table,
+    matching the VM's MAC and skipping loopback and link-local addresses.
+author: egress-proxies developers
+extends_documentation_fragment:
+  - crawl.egress_proxies.common
+  - crawl.egress_proxies.common.info
+attributes:
+  check_mode:
+    support: full
+    description: The module never changes anything.
+  diff_mode:
+    support: none
+requirements:
+  - libvirt-python
+  - PyYAML
+seealso:
+  - module: crawl.egress_proxies.kvm_proxy
+"""
+
+EXAMPLES = r"""
+- name: One VM by providerID
+  crawl.egress_proxies.kvm_proxy_info:
+    provider_config: /etc/egress-proxies/providers.yaml
+    provider: home-kvm
+    provider_id: kvm://hosts/beelink/domains/crawlers-eu-1-3f9c2a
+  register: found
+
+- name: Every VM this controller owns, on every host
+  crawl.egress_proxies.kvm_proxy_info:
+    provider_config: /etc/egress-proxies/providers.yaml
+    provider: home-kvm
+    tags:
+      crawl.example.com/owner: prod-cluster-1
+  register: fleet
+"""
+
+RETURN = r"""
+instances:
+  description: The matching instances (one with O(provider_id)).
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    provider_id:
+      description: C(kvm://hosts/<host>/domains/<domain>).
+      type: str
+    name:
+      description: The domain name.
+      type: str
+    location:
+      description: The KVM host's name.
+      type: str
+    state:
+      description: One of C(pending), C(running), C(stopped), C(error).
+      type: str
+    ip:
+      description: The guest's address, null until known.
+      type: str
+    tags:
+      description: The tags stored in the domain's metadata.
+      type: dict
+    created:
+      description: Creation time, UTC, ISO 8601.
+      type: str
+failed_locations:
+  description: Hosts that could not be listed, each with C(error_class) and C(msg).
+  returned: with O(tags)
+  type: dict
+error_class:
+  description: On failure, C(not_found), C(permanent) or C(transient).
+  returned: failed
+  type: str
+"""
+
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.errors import (  # noqa: E402
+    PERMANENT,
+    Permanent,
+    ProxyError,
+    Transient,
+)
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.instance import validate_tags  # noqa: E402
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.module import (  # noqa: E402
+    LIBRARIES,
+    kvm_provider,
+)
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.proxy_module import (  # noqa: E402
+    INFO_ARGUMENT_SPEC,
+    ProxyModule,
+)
+
+
+def main():
+    module = ProxyModule(
+        INFO_ARGUMENT_SPEC, "kvm", required_libs=LIBRARIES, supports_check_mode=True,
+        mutually_exclusive=[("provider_id", "tags")], required_one_of=[("provider_id", "tags")],
+    )
+    provider = None
+    try:
+        provider = kvm_provider(module)
+        if module.params["provider_id"]:
+            instance = provider.get(module.params["provider_id"])
+            module.exit(changed=False, instances=[instance.to_dict()])
+        listed = provider.list(validate_tags(module.params["tags"]))
+        instances = [instance.to_dict() for instance in listed.instances]
+        if listed.failed_locations:
+            failed = {host: {"error_class": error.error_class, "msg": str(error)}
+                      for host, error in listed.failed_locations.items()}
+            # Permanent only when no host could heal by itself.
+            permanent = all(error.error_class == PERMANENT for error in listed.failed_locations.values())
+            failure_class = Permanent if permanent else Transient
+            failure = failure_class("listing failed on KVM host(s): %s" % "; ".join(
+                "%s: %s" % (host, error) for host, error in sorted(listed.failed_locations.items())))
+            module.fail_from(failure, instances=instances, failed_locations=failed)
+        module.exit(changed=False, instances=instances, failed_locations={})
+    except ProxyError as error:
+        module.fail_from(error)
+    finally:
+        if provider is not None:
+            provider.close()
+
+
+if __name__ == "__main__":
+    main()

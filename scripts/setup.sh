@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# Prepare this machine to develop and test the collection: Debian packages (as root),
+# the .venv with the pinned Python requirements, and the collection made importable by
+# Ansible from the source tree. Safe to re-run: each step is skipped when already done.
+#
+#   bash scripts/setup.sh                    # venv on Debian's /usr/bin/python3 (3.11)
+#   PYTHON=python3.12 bash scripts/setup.sh  # or on another interpreter
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+VENV=$ROOT/.venv
+PYTHON=${PYTHON:-/usr/bin/python3}
+
+# libvirt-dev, pkg-config, gcc and python3-dev build libvirt-python when pip finds no wheel;
+# qemu, libvirt, openssh and dnsmasq make the test hypervisors; shellcheck and git are used
+# by ansible-test sanity.
+APT_PACKAGES=(
+    libvirt-daemon-system libvirt-clients libvirt-dev pkg-config gcc python3-dev python3-venv
+    qemu-system-x86 qemu-utils openssh-server openssh-client dnsmasq-base iproute2 git shellcheck
+)
+
+die() {
+    echo "setup.sh: $*" >&2
+    exit 1
+}
+
+# Run a noisy command with its output kept in a log that is shown only when it fails.
+quietly() {
+    local log
+    log=$(mktemp)
+    if ! "$@" >"$log" 2>&1; then
+        cat "$log" >&2
+        rm -f "$log"
+        die "failed: $*"
+    fi
+    rm -f "$log"
+}
+
+install_apt_packages() {
+    local package missing=()
+    for package in "${APT_PACKAGES[@]}"; do
+        if [[ $(dpkg-query -W -f='${db:Status-Status}' "$package" 2>/dev/null) != installed ]]; then
+            missing+=("$package")
+        fi
+    done
+    if ((${#missing[@]} == 0)); then
+        return
+    fi
+    [[ $EUID -eq 0 ]] || die "missing Debian packages (${missing[*]}); run as root to install them"
+    echo "setup.sh: installing ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    quietly apt-get update
+    quietly apt-get install -y --no-install-recommends "${missing[@]}"
+}
+
+python_version() {
+    "$1" -c 'import sys; print("%d.%d" % sys.version_info[:2])'
+}
+
+make_venv() {
+    local wanted
+    command -v "$PYTHON" >/dev/null || die "PYTHON=$PYTHON not found"
+    wanted=$(python_version "$PYTHON")
+    if [[ -x $VENV/bin/python ]] && [[ $(python_version "$VENV/bin/python" 2>/dev/null) == "$wanted" ]]; then
+        return
+    fi
+    # A venv of another Python (or a broken one) is replaced, not patched.
+    echo "setup.sh: creating .venv with $PYTHON (Python $wanted)"
+    rm -rf "$VENV"
+    quietly "$PYTHON" -m venv "$VENV"
+}
+
+install_requirements() {
+    # The stamp holds the requirement files' hash: pip runs again only when they change.
+    local stamp=$VENV/.requirements.sha256 digest
+    digest=$(cat "$ROOT/requirements.txt" "$ROOT/requirements-test.txt" | sha256sum | cut -d' ' -f1)
+    if [[ -f $stamp && $(<"$stamp") == "$digest" ]]; then
+        return
+    fi
+    echo "setup.sh: installing requirements-test.txt into .venv"
+    quietly "$VENV/bin/python" -m pip install --disable-pip-version-check -r "$ROOT/requirements-test.txt"
+    echo "$digest" >"$stamp"
+}
+
+link_collection() {
+    # Ansible (and mypy, pytest) find crawl.egress_proxies through this link, so the source
+    # tree is what runs: export ANSIBLE_COLLECTIONS_PATH=$ROOT/.venv/collections.
+    local parent=$VENV/collections/ansible_collections/crawl
+    mkdir -p "$parent"
+    ln -sfn "$ROOT" "$parent/egress_proxies"
+}
+
+install_apt_packages
+make_venv
+install_requirements
+link_collection
+"$VENV/bin/python" -c 'import ansible, ansible_runner, libvirt, pycdlib, yaml, kubernetes, prometheus_client' ||
+    die "the .venv cannot import its requirements"
+echo "setup.sh: ready (.venv: Python $(python_version "$VENV/bin/python"))"

@@ -1,0 +1,677 @@
+# -*- coding: utf-8 -*-
+# Copyright: (c) 2026, egress-proxies developers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Contract tests: each Kubernetes API semantic the controller relies on, proved against the
+emulator through the official ``kubernetes`` client, so tests built on the emulator exercise what
+a real API server would do.  Every watch carries ``timeout_seconds``; every server is stopped by
+its fixture."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any, cast
+
+import pytest
+from kubernetes import client, watch
+from kubernetes.client.exceptions import ApiException
+
+from tests.support.kube_emulator import KubeEmulator
+
+pytestmark = pytest.mark.timeout(30)
+
+GROUP, VERSION, PLURAL, NS = "crawl.example.com", "v1alpha1", "proxies", "crawlers"
+FINALIZER = "crawl.example.com/cleanup"
+Obj = dict[str, Any]
+
+
+@pytest.fixture
+def kube() -> Iterator[KubeEmulator]:
+    emulator = KubeEmulator().start()
+    try:
+        yield emulator
+    finally:
+        emulator.stop()
+
+
+@pytest.fixture
+def api(kube: KubeEmulator) -> Iterator[client.ApiClient]:
+    api_client = client.ApiClient(client.Configuration(host=kube.url))
+    try:
+        yield api_client
+    finally:
+        api_client.close()
+
+
+@pytest.fixture
+def core(api: client.ApiClient) -> client.CoreV1Api:
+    return client.CoreV1Api(api)
+
+
+class Proxies:
+    """The CustomObjectsApi calls for ``Proxy`` objects in one namespace, typed as dicts."""
+
+    def __init__(self, api: client.ApiClient) -> None:
+        self.api = client.CustomObjectsApi(api)
+
+    def create(self, name: str, spec: Obj | None = None, **meta: Any) -> Obj:
+        body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Proxy",
+                "metadata": {"name": name, **meta}, "spec": spec or {"provider": "home-kvm"}}
+        return cast(Obj, self.api.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, body))
+
+    def get(self, name: str) -> Obj:
+        return cast(Obj, self.api.get_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, name))
+
+    def replace(self, obj: Obj) -> Obj:
+        name = obj["metadata"]["name"]
+        return cast(Obj, self.api.replace_namespaced_custom_object(
+            GROUP, VERSION, NS, PLURAL, name, obj))
+
+    def replace_status(self, obj: Obj) -> Obj:
+        name = obj["metadata"]["name"]
+        return cast(Obj, self.api.replace_namespaced_custom_object_status(
+            GROUP, VERSION, NS, PLURAL, name, obj))
+
+    def patch(self, name: str, body: Any, content_type: str | None = None) -> Obj:
+        return cast(Obj, self.api.patch_namespaced_custom_object(
+            GROUP, VERSION, NS, PLURAL, name, body, _content_type=content_type))
+
+    def patch_status(self, name: str, body: Any, content_type: str | None = None) -> Obj:
+        return cast(Obj, self.api.patch_namespaced_custom_object_status(
+            GROUP, VERSION, NS, PLURAL, name, body, _content_type=content_type))
+
+    def delete(self, name: str) -> Obj:
+        return cast(Obj, self.api.delete_namespaced_custom_object(
+            GROUP, VERSION, NS, PLURAL, name))
+
+    def list(self, **kwargs: Any) -> Obj:
+        return cast(Obj, self.api.list_namespaced_custom_object(
+            GROUP, VERSION, NS, PLURAL, **kwargs))
+
+    def watch(self, timeout: int, **kwargs: Any) -> list[tuple[str, Obj]]:
+        """All events of one watch that the server ends after ``timeout`` seconds."""
+        stream = watch.Watch().stream(self.api.list_namespaced_custom_object, GROUP, VERSION,
+                                      NS, PLURAL, timeout_seconds=timeout, **kwargs)
+        return [(event["type"], event["raw_object"]) for event in stream]
+
+
+@pytest.fixture
+def proxies(api: client.ApiClient) -> Proxies:
+    return Proxies(api)
+
+
+def status_of(exc: ApiException) -> Obj:
+    """The Status object the server sent, as the client exposes it."""
+    return cast(Obj, json.loads(exc.body or "{}"))
+
+
+def summary(events: list[tuple[str, Obj]]) -> list[tuple[str, str]]:
+    return [(etype, obj["metadata"]["name"]) for etype, obj in events]
+
+
+def rv(obj: Obj) -> int:
+    return int(obj["metadata"]["resourceVersion"])
+
+
+def pod(name: str, **labels: str) -> client.V1Pod:
+    return client.V1Pod(metadata=client.V1ObjectMeta(name=name, labels=labels or None),
+                        spec=client.V1PodSpec(containers=[client.V1Container(name="squid",
+                                                                             image="squid")]))
+
+
+# --- create ----------------------------------------------------------------------------------
+
+
+def test_create_answers_201_with_server_fields(api: client.ApiClient) -> None:
+    body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Proxy",
+            "metadata": {"name": "eu-1"}, "spec": {"provider": "home-kvm"},
+            "status": {"phase": "Ready"}}
+    data, code, _ = client.CustomObjectsApi(api).create_namespaced_custom_object_with_http_info(
+        GROUP, VERSION, NS, PLURAL, body)
+    created = cast(Obj, data)
+    meta = created["metadata"]
+
+    assert code == 201
+    assert meta["namespace"] == NS
+    assert len(meta["uid"]) == 36
+    assert meta["resourceVersion"].isdigit()
+    assert meta["generation"] == 1
+    assert meta["creationTimestamp"].endswith("Z")
+    assert "status" not in created  # a status subresource kind drops status on create
+
+
+def test_pod_create_parses_into_the_client_model(core: client.CoreV1Api) -> None:
+    created = core.create_namespaced_pod(NS, pod("squid-1"))
+
+    assert created.metadata is not None and created.status is not None
+    assert created.metadata.uid and created.metadata.creation_timestamp is not None
+    assert created.status.phase == "Pending"
+
+
+def test_generate_name_appends_a_suffix(proxies: Proxies) -> None:
+    first = proxies.create("", generateName="eu-")
+    second = proxies.create("", generateName="eu-")
+
+    assert first["metadata"]["name"].startswith("eu-")
+    assert len(first["metadata"]["name"]) == len("eu-") + 5
+    assert first["metadata"]["name"] != second["metadata"]["name"]
+
+
+def test_duplicate_create_is_409_already_exists(proxies: Proxies) -> None:
+    proxies.create("eu-1")
+
+    with pytest.raises(ApiException) as caught:
+        proxies.create("eu-1")
+
+    assert caught.value.status == 409
+    status = status_of(caught.value)
+    assert (status["kind"], status["status"], status["reason"], status["code"]) == (
+        "Status", "Failure", "AlreadyExists", 409)
+
+
+def test_invalid_name_is_422(proxies: Proxies) -> None:
+    with pytest.raises(ApiException) as caught:
+        proxies.create("Crawlers/EU")
+
+    assert caught.value.status == 422
+    assert status_of(caught.value)["reason"] == "Invalid"
+
+
+# --- get, list, replace ----------------------------------------------------------------------
+
+
+def test_get_missing_is_404_not_found_status(proxies: Proxies) -> None:
+    with pytest.raises(ApiException) as caught:
+        proxies.get("nope")
+
+    assert caught.value.status == 404
+    assert status_of(caught.value)["reason"] == "NotFound"
+
+
+def test_list_carries_the_current_resource_version(proxies: Proxies,
+                                                   core: client.CoreV1Api) -> None:
+    proxies.create("a")
+    last = proxies.create("b")
+    core.create_namespaced_pod("other", pod("p"))
+
+    listed = proxies.list()
+    everywhere = core.list_pod_for_all_namespaces()
+
+    assert [item["metadata"]["name"] for item in listed["items"]] == ["a", "b"]
+    assert int(listed["metadata"]["resourceVersion"]) >= rv(last)
+    assert everywhere.metadata is not None
+    assert [p.metadata.namespace for p in everywhere.items if p.metadata] == ["other"]
+
+
+def test_resource_version_increases_and_a_stale_put_is_409_conflict(proxies: Proxies) -> None:
+    created = proxies.create("eu-1")
+    other = proxies.create("eu-2")
+    updated = proxies.replace({**created, "spec": {"provider": "gcp-eu"}})
+
+    assert rv(created) < rv(other) < rv(updated)
+    with pytest.raises(ApiException) as caught:
+        proxies.replace({**created, "spec": {"provider": "cluster"}})  # still the old rv
+    assert caught.value.status == 409
+    assert status_of(caught.value)["reason"] == "Conflict"
+    assert proxies.get("eu-1")["spec"] == {"provider": "gcp-eu"}
+
+
+def test_put_without_resource_version_is_unconditional(proxies: Proxies) -> None:
+    created = proxies.create("eu-1", labels={"tier": "a"})
+    meta = {k: v for k, v in created["metadata"].items() if k != "resourceVersion"}
+
+    replaced = proxies.replace({**created, "metadata": {**meta, "labels": {"tier": "b"}},
+                                "spec": {"provider": "cluster", "port": 8080}})
+
+    assert replaced["spec"] == {"provider": "cluster", "port": 8080}
+    assert replaced["metadata"]["labels"] == {"tier": "b"}
+    assert replaced["metadata"]["uid"] == created["metadata"]["uid"]
+    assert proxies.get("eu-1") == replaced
+
+
+def test_status_subresource_is_isolated_both_ways(proxies: Proxies) -> None:
+    created = proxies.create("eu-1")
+
+    with_status = proxies.replace_status({**created, "spec": {"provider": "ignored"},
+                                          "metadata": {**created["metadata"],
+                                                       "labels": {"ignored": "yes"}},
+                                          "status": {"phase": "Ready"}})
+    assert with_status["status"] == {"phase": "Ready"}
+    assert with_status["spec"] == {"provider": "home-kvm"}
+    assert "labels" not in with_status["metadata"]
+
+    main = proxies.replace({**with_status, "spec": {"provider": "gcp-eu"},
+                            "status": {"phase": "Failed"}})
+    assert main["spec"] == {"provider": "gcp-eu"}
+    assert main["status"] == {"phase": "Ready"}
+
+
+def test_generation_counts_spec_changes_only(proxies: Proxies) -> None:
+    created = proxies.create("eu-1")
+
+    labelled = proxies.patch("eu-1", {"metadata": {"labels": {"a": "b"}}})
+    with_status = proxies.patch_status("eu-1", {"status": {"observedGeneration": 1}})
+    respecced = proxies.patch("eu-1", {"spec": {"port": 8080}})
+    unchanged = proxies.patch("eu-1", {"spec": {"port": 8080}})
+
+    assert [o["metadata"]["generation"] for o in (created, labelled, with_status, respecced)] == [
+        1, 1, 1, 2]
+    assert rv(labelled) > rv(created) and rv(with_status) > rv(labelled)
+    assert unchanged == respecced  # a no-op write keeps the resourceVersion
+
+
+# --- patch -----------------------------------------------------------------------------------
+
+
+def test_merge_patch_merges_maps_and_null_deletes(proxies: Proxies) -> None:
+    proxies.create("eu-1", spec={"provider": "home-kvm", "location": "beelink", "port": 3128},
+                   annotations={"keep": "1", "drop": "2"})
+
+    patched = proxies.patch("eu-1", {"metadata": {"annotations": {"drop": None, "new": "3"}},
+                                     "spec": {"location": None, "port": 8080}})
+
+    assert patched["metadata"]["annotations"] == {"keep": "1", "new": "3"}
+    assert patched["spec"] == {"provider": "home-kvm", "port": 8080}
+
+
+def test_strategic_merge_patch_on_a_core_kind_applies_as_merge(core: client.CoreV1Api) -> None:
+    core.create_namespaced_pod(NS, pod("squid-1", app="squid", tier="edge"))
+
+    # A dict body on a core kind is sent as application/strategic-merge-patch+json.
+    patched = core.patch_namespaced_pod("squid-1", NS, {"metadata": {"labels": {"tier": None,
+                                                                               "zone": "b"}}})
+
+    assert patched.metadata is not None
+    assert patched.metadata.labels == {"app": "squid", "zone": "b"}
+
+
+def test_json_patch_operations_and_failed_test_is_422(proxies: Proxies) -> None:
+    proxies.create("eu-1", spec={"provider": "home-kvm", "port": 3128}, finalizers=["a"])
+    ops = [{"op": "test", "path": "/spec/port", "value": 3128},
+           {"op": "replace", "path": "/spec/port", "value": 8080},
+           {"op": "add", "path": "/metadata/finalizers/-", "value": "b"},
+           {"op": "add", "path": "/metadata/labels", "value": {"a~b/c": "x"}},
+           {"op": "remove", "path": "/spec/provider"}]
+
+    patched = proxies.patch("eu-1", ops, "application/json-patch+json")
+    assert patched["spec"] == {"port": 8080}
+    assert patched["metadata"]["finalizers"] == ["a", "b"]
+    assert patched["metadata"]["labels"] == {"a~b/c": "x"}
+
+    escaped = proxies.patch("eu-1", [{"op": "remove", "path": "/metadata/labels/a~0b~1c"}],
+                            "application/json-patch+json")
+    assert escaped["metadata"]["labels"] == {}
+
+    with pytest.raises(ApiException) as caught:
+        proxies.patch("eu-1", [{"op": "test", "path": "/spec/port", "value": 3128},
+                               {"op": "replace", "path": "/spec/port", "value": 1}],
+                      "application/json-patch+json")
+    assert caught.value.status == 422
+    assert status_of(caught.value)["reason"] == "Invalid"
+    assert proxies.get("eu-1")["spec"] == {"port": 8080}
+
+
+def test_patch_on_status_changes_only_status(proxies: Proxies) -> None:
+    proxies.create("eu-1")
+
+    merged = proxies.patch_status("eu-1", {"spec": {"provider": "x"},
+                                           "status": {"phase": "Provisioning"}})
+    jsoned = proxies.patch_status("eu-1", [{"op": "add", "path": "/status/ip",
+                                            "value": "192.0.2.10"}],
+                                  "application/json-patch+json")
+    main = proxies.patch("eu-1", {"status": {"phase": "Failed"}})
+
+    assert merged["spec"] == {"provider": "home-kvm"}
+    assert jsoned["status"] == {"phase": "Provisioning", "ip": "192.0.2.10"}
+    assert main["status"] == jsoned["status"]
+    assert main["metadata"]["resourceVersion"] == jsoned["metadata"]["resourceVersion"]
+
+
+def test_patch_with_stale_resource_version_is_409(proxies: Proxies) -> None:
+    created = proxies.create("eu-1")
+    proxies.patch("eu-1", {"spec": {"port": 1}})
+
+    with pytest.raises(ApiException) as caught:
+        proxies.patch("eu-1", {"metadata": {"resourceVersion": created["metadata"][
+            "resourceVersion"]}, "spec": {"port": 2}})
+
+    assert caught.value.status == 409
+
+
+# --- delete and finalizers -------------------------------------------------------------------
+
+
+def test_delete_without_finalizers_is_immediate(proxies: Proxies) -> None:
+    created = proxies.create("eu-1")
+
+    proxies.delete("eu-1")
+
+    with pytest.raises(ApiException) as caught:
+        proxies.get("eu-1")
+    assert caught.value.status == 404
+    events = proxies.watch(1, resource_version=created["metadata"]["resourceVersion"])
+    assert summary(events) == [("DELETED", "eu-1")]
+    with pytest.raises(ApiException) as again:
+        proxies.delete("eu-1")
+    assert again.value.status == 404
+
+
+def test_finalizers_hold_the_object_until_the_last_is_removed(proxies: Proxies) -> None:
+    created = proxies.create("eu-1", finalizers=[FINALIZER, "other/x"])
+    since = created["metadata"]["resourceVersion"]
+
+    marked = proxies.delete("eu-1")
+    meta = marked["metadata"]
+    assert meta["deletionTimestamp"].endswith("Z")
+    assert meta["deletionGracePeriodSeconds"] == 0
+    assert meta["generation"] == 2  # the real server bumps it when deletionTimestamp is set
+    assert proxies.get("eu-1")["metadata"]["deletionTimestamp"] == meta["deletionTimestamp"]
+    assert proxies.delete("eu-1") == marked  # deleting again changes nothing
+
+    with pytest.raises(ApiException) as caught:
+        proxies.patch("eu-1", {"metadata": {"finalizers": [FINALIZER, "other/x", "late/y"]}})
+    assert caught.value.status == 422
+
+    proxies.patch("eu-1", {"metadata": {"finalizers": ["other/x"]}})
+    assert proxies.get("eu-1")["metadata"]["finalizers"] == ["other/x"]
+    proxies.patch("eu-1", [{"op": "remove", "path": "/metadata/finalizers"}],
+                  "application/json-patch+json")
+
+    with pytest.raises(ApiException) as gone:
+        proxies.get("eu-1")
+    assert gone.value.status == 404
+    events = proxies.watch(1, resource_version=since)
+    assert [etype for etype, _ in events] == ["MODIFIED", "MODIFIED", "DELETED"]
+    assert "deletionTimestamp" in events[0][1]["metadata"]
+
+
+def test_secret_delete_answers_a_success_status(core: client.CoreV1Api) -> None:
+    core.create_namespaced_secret(NS, client.V1Secret(metadata=client.V1ObjectMeta(name="key"),
+                                                      string_data={"id": "x"}))
+
+    answer = core.delete_namespaced_secret("key", NS)
+
+    assert answer["status"] == "Success"
+    with pytest.raises(ApiException) as caught:
+        core.read_namespaced_secret("key", NS)
+    assert caught.value.status == 404
+
+
+# --- watch -----------------------------------------------------------------------------------
+
+
+def test_watch_sees_added_modified_deleted_live(kube: KubeEmulator, proxies: Proxies) -> None:
+    events: list[tuple[str, Obj]] = []
+
+    def consume() -> None:
+        stream = watch.Watch()
+        for event in stream.stream(proxies.api.list_namespaced_custom_object, GROUP, VERSION,
+                                   NS, PLURAL, timeout_seconds=5):
+            events.append((event["type"], event["raw_object"]))
+            if event["type"] == "DELETED":
+                stream.stop()
+
+    watcher = threading.Thread(target=consume)
+    watcher.start()
+    kube.wait_for_watchers(1)
+    proxies.create("eu-1")
+    proxies.patch("eu-1", {"spec": {"port": 1}})
+    proxies.delete("eu-1")
+    watcher.join(timeout=10)
+
+    assert not watcher.is_alive()
+    assert summary(events) == [("ADDED", "eu-1"), ("MODIFIED", "eu-1"), ("DELETED", "eu-1")]
+    assert [rv(obj) for _, obj in events] == sorted(rv(obj) for _, obj in events)
+
+
+def test_watch_without_resource_version_starts_with_current_state(proxies: Proxies) -> None:
+    proxies.create("eu-1")
+    proxies.create("eu-2")
+
+    assert summary(proxies.watch(1)) == [("ADDED", "eu-1"), ("ADDED", "eu-2")]
+
+
+def test_watch_resumes_after_a_resource_version(proxies: Proxies) -> None:
+    proxies.create("eu-1")
+    checkpoint = proxies.list()["metadata"]["resourceVersion"]
+    proxies.patch("eu-1", {"spec": {"port": 1}})
+    proxies.create("eu-2")
+
+    events = proxies.watch(1, resource_version=checkpoint)
+
+    assert summary(events) == [("MODIFIED", "eu-1"), ("ADDED", "eu-2")]
+    assert all(rv(obj) > int(checkpoint) for _, obj in events)
+
+
+def test_watch_from_a_compacted_version_is_410_expired(kube: KubeEmulator,
+                                                       proxies: Proxies) -> None:
+    created = proxies.create("eu-1")
+    proxies.patch("eu-1", {"spec": {"port": 1}})
+    kube.compact()
+
+    # The server sends an ERROR event carrying a 410 Status; Watch.stream raises it.
+    with pytest.raises(ApiException) as caught:
+        proxies.watch(1, resource_version=created["metadata"]["resourceVersion"])
+    assert caught.value.status == 410
+    assert str(caught.value.reason).startswith("Expired: too old resource version")
+
+    # Resuming from a version the history still covers works after compaction.
+    latest = proxies.get("eu-1")["metadata"]["resourceVersion"]
+    proxies.patch("eu-1", {"spec": {"port": 2}})
+    assert summary(proxies.watch(1, resource_version=latest)) == [("MODIFIED", "eu-1")]
+
+
+def test_bounded_history_expires_old_versions() -> None:
+    with KubeEmulator(history_limit=2) as kube:
+        proxies = Proxies(client.ApiClient(client.Configuration(host=kube.url)))
+        first = proxies.create("a")
+        for name in ("b", "c", "d"):
+            proxies.create(name)
+
+        with pytest.raises(ApiException) as caught:
+            proxies.watch(1, resource_version=first["metadata"]["resourceVersion"])
+        assert caught.value.status == 410
+        recent = proxies.get("c")["metadata"]["resourceVersion"]
+        assert summary(proxies.watch(1, resource_version=recent)) == [("ADDED", "d")]
+        proxies.api.api_client.close()
+
+
+def test_watch_ends_after_timeout_seconds(proxies: Proxies) -> None:
+    started = time.monotonic()
+
+    events = proxies.watch(1, resource_version=proxies.list()["metadata"]["resourceVersion"])
+
+    elapsed = time.monotonic() - started
+    assert events == []
+    assert 0.9 <= elapsed < 2.5
+
+
+def test_stop_ends_open_watches(kube: KubeEmulator, proxies: Proxies) -> None:
+    done = threading.Event()
+
+    def consume() -> None:
+        try:
+            proxies.watch(20)
+        except Exception:  # noqa: BLE001 - a closed connection may surface as any client error
+            pass
+        done.set()
+
+    threading.Thread(target=consume, daemon=True).start()
+    kube.wait_for_watchers(1)
+    kube.stop()
+
+    assert done.wait(timeout=3)
+
+
+# --- selectors -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("selector", "expected"),
+    [
+        ("tier=edge", ["a", "b"]),
+        ("tier==edge,zone=x", ["a"]),
+        ("tier!=edge", ["c", "d"]),
+        ("zone in (x, y)", ["a", "c"]),
+        ("zone notin (x)", ["b", "c", "d"]),
+        ("zone", ["a", "c"]),
+        ("!zone", ["b", "d"]),
+        ("tier in (edge,core),!zone", ["b"]),
+        ("", ["a", "b", "c", "d"]),
+    ],
+)
+def test_label_selectors_filter_lists(proxies: Proxies, selector: str,
+                                      expected: list[str]) -> None:
+    proxies.create("a", labels={"tier": "edge", "zone": "x"})
+    proxies.create("b", labels={"tier": "edge"})
+    proxies.create("c", labels={"tier": "core", "zone": "y"})
+    proxies.create("d")
+
+    listed = proxies.list(label_selector=selector)
+
+    assert [item["metadata"]["name"] for item in listed["items"]] == expected
+
+
+def test_invalid_label_selector_is_400(proxies: Proxies) -> None:
+    with pytest.raises(ApiException) as caught:
+        proxies.list(label_selector="tier in edge")
+
+    assert caught.value.status == 400
+
+
+def test_field_selector_by_name(core: client.CoreV1Api) -> None:
+    core.create_namespaced_pod(NS, pod("a"))
+    core.create_namespaced_pod(NS, pod("b"))
+
+    listed = core.list_namespaced_pod(NS, field_selector="metadata.name=b")
+
+    assert [p.metadata.name for p in listed.items if p.metadata] == ["b"]
+
+
+def test_label_selectors_filter_watches(proxies: Proxies) -> None:
+    start = proxies.list()["metadata"]["resourceVersion"]
+    proxies.create("a", labels={"owner": "us"})
+    proxies.create("b", labels={"owner": "them"})
+    proxies.patch("b", {"metadata": {"labels": {"owner": "us"}}})  # enters the selection
+    proxies.patch("a", {"metadata": {"labels": {"owner": None}}})  # leaves it
+    proxies.patch("a", {"spec": {"port": 1}})  # outside the selection: not seen
+
+    events = proxies.watch(1, resource_version=start, label_selector="owner=us")
+
+    assert summary(events) == [("ADDED", "a"), ("ADDED", "b"), ("DELETED", "a")]
+
+
+# --- events, leases, discovery ---------------------------------------------------------------
+
+
+def test_events_create_and_list(core: client.CoreV1Api) -> None:
+    ref = client.V1ObjectReference(api_version=f"{GROUP}/{VERSION}", kind="Proxy",
+                                   name="eu-1", namespace=NS)
+    core.create_namespaced_event(NS, client.CoreV1Event(
+        metadata=client.V1ObjectMeta(generate_name="eu-1."), involved_object=ref,
+        reason="CleanupSkipped", message="abandoned kvm://hosts/a/domains/b", type="Normal"))
+
+    listed = core.list_namespaced_event(NS)
+
+    assert [(e.reason, e.involved_object.name) for e in listed.items] == [
+        ("CleanupSkipped", "eu-1")]
+
+
+def test_lease_replace_with_stale_version_is_409(api: client.ApiClient) -> None:
+    leases = client.CoordinationV1Api(api)
+    lease = client.V1Lease(metadata=client.V1ObjectMeta(name="egress-proxies"),
+                           spec=client.V1LeaseSpec(holder_identity="a",
+                                                   lease_duration_seconds=15))
+    created = leases.create_namespaced_lease(NS, lease)
+    assert created.spec is not None
+    created.spec.holder_identity = "b"
+    renewed = leases.replace_namespaced_lease("egress-proxies", NS, created)
+
+    assert renewed.spec is not None and renewed.spec.holder_identity == "b"
+    created.spec.holder_identity = "c"  # built on the resourceVersion "b" replaced
+    with pytest.raises(ApiException) as caught:
+        leases.replace_namespaced_lease("egress-proxies", NS, created)
+    assert caught.value.status == 409
+    current = leases.read_namespaced_lease("egress-proxies", NS)
+    assert current.spec is not None and current.spec.holder_identity == "b"
+
+
+def test_discovery_lists_groups_and_resources(api: client.ApiClient) -> None:
+    groups = client.ApisApi(api).get_api_versions()
+    core_versions = client.CoreApi(api).get_api_versions()
+    resources = client.CustomObjectsApi(api).get_api_resources(GROUP, VERSION)
+    core_resources = client.CoreV1Api(api).get_api_resources()
+
+    assert {g.name for g in groups.groups} == {GROUP, "coordination.k8s.io"}
+    assert core_versions.versions == ["v1"]
+    assert {(r.name, r.kind, r.namespaced) for r in resources.resources} == {
+        ("proxies", "Proxy", True), ("proxies/status", "Proxy", True)}
+    assert {"pods", "pods/status", "secrets", "events", "configmaps", "namespaces"} <= {
+        r.name for r in core_resources.resources}
+
+
+def test_namespaces_are_cluster_scoped(core: client.CoreV1Api) -> None:
+    created = core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=NS)))
+
+    assert created.status is not None and created.status.phase == "Active"
+    assert [n.metadata.name for n in core.list_namespace().items if n.metadata] == [NS]
+
+
+# --- fault injection -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("code", "reason"), [(403, "Forbidden"), (500, "InternalError"),
+                                              (503, "ServiceUnavailable")])
+def test_fail_next_answers_the_status_then_recovers(kube: KubeEmulator, proxies: Proxies,
+                                                    code: int, reason: str) -> None:
+    proxies.create("eu-1")
+    kube.fail_next("GET", r"/proxies/eu-1$", code)
+
+    with pytest.raises(ApiException) as caught:
+        proxies.get("eu-1")
+
+    assert caught.value.status == code
+    assert status_of(caught.value)["reason"] == reason
+    assert proxies.get("eu-1")["metadata"]["name"] == "eu-1"
+
+
+def test_429_with_retry_after_is_retried_by_the_client(kube: KubeEmulator,
+                                                       proxies: Proxies) -> None:
+    # urllib3's default Retry (total=3, respecting Retry-After on 413/429/503) sits under the
+    # official client: it hides up to three throttled answers and surfaces the fourth.
+    kube.fail_next("GET", r"/proxies$", 429, count=3, retry_after=0)
+    assert proxies.list()["items"] == []
+
+    kube.fail_next("GET", r"/proxies$", 429, count=4, retry_after=0)
+    with pytest.raises(ApiException) as caught:
+        proxies.list()
+    assert caught.value.status == 429
+    assert status_of(caught.value)["reason"] == "TooManyRequests"
+    assert caught.value.headers is not None and caught.value.headers["Retry-After"] == "0"
+    assert len([m for m, path in kube.requests() if path.endswith("/proxies")]) == 8
+
+
+def test_fail_next_matches_method_path_and_count(kube: KubeEmulator, proxies: Proxies) -> None:
+    kube.fail_next("POST", r"/proxies$", 503, count=2)
+    proxies.list()  # a GET on the same path is not affected
+
+    for _ in range(2):
+        with pytest.raises(ApiException) as caught:
+            proxies.create("eu-1")
+        assert caught.value.status == 503
+    created = proxies.create("eu-1")
+
+    assert created["metadata"]["name"] == "eu-1"
+    assert [m for m, path in kube.requests() if path.endswith("/proxies")] == [
+        "GET", "POST", "POST", "POST"]
+
+
+def test_fail_next_on_a_watch(kube: KubeEmulator, proxies: Proxies) -> None:
+    kube.fail_next("GET", r"watch=true", 500)
+
+    with pytest.raises(ApiException) as caught:
+        proxies.watch(1)
+
+    assert caught.value.status == 500

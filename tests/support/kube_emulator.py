@@ -1,0 +1,1123 @@
+# -*- coding: utf-8 -*-
+# Copyright: (c) 2026, egress-proxies developers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""An in-memory Kubernetes API server for tests, spoken to by the official client unchanged.
+
+No kube-apiserver can be installed on the test machines, and kmock's emulator lacks most of the
+semantics the controller relies on (optimistic concurrency, the status subresource, finalizers,
+watch resume and expiry).  This module is a small stdlib-only HTTP server on 127.0.0.1 that
+reproduces those semantics closely enough that a bug in the controller's use of them shows up in
+tests; ``tests/contract/test_kube_emulator.py`` proves each one through ``kubernetes.client``.
+
+Usage::
+
+    with KubeEmulator() as kube:
+        cfg = kubernetes.client.Configuration(host=kube.url)
+        ...
+
+What it honours (see the contract tests): create with ``uid``/``resourceVersion``/
+``generation``/``creationTimestamp`` and ``generateName``; 409 AlreadyExists; get and list
+(per namespace or across namespaces) with label and ``metadata.name``/``metadata.namespace``
+field selectors; PUT with a 409 Conflict on a stale ``resourceVersion``; an isolated
+``/status`` subresource; JSON merge patch, JSON patch (RFC 6902) and strategic merge patch
+(applied as a JSON merge patch, which is exact for our kinds' maps but replaces lists where the
+real server merges them by key); finalizers with ``deletionTimestamp``; watch with replay from a
+``resourceVersion``, ``ERROR`` 410 Expired once that version left the bounded history, and
+``timeoutSeconds``; discovery; fault injection.
+
+Deliberately left out (the controller does not depend on them): admission, schema validation
+beyond object names, owner-reference garbage collection, namespace deletion cascading (and
+namespaced objects may be created in a namespace that does not exist), pagination (``limit`` is
+ignored: every list returns everything), ``dryRun``, server-side apply (415), BOOKMARK events,
+and a status write to a Pod changing its labels (the real Pod status strategy allows it; here
+every status write changes only ``status``, as for custom resources).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import queue
+import re
+import secrets
+import select
+import socket
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import TracebackType
+from typing import Any, cast
+from urllib.parse import parse_qs, urlsplit
+
+LOG = logging.getLogger(__name__)
+
+Obj = dict[str, Any]
+
+DEFAULT_HISTORY_LIMIT = 1000
+# How often an idle watch wakes up to notice a client that went away or a server stopping.
+_WATCH_POLL_SECONDS = 0.1
+_VERBS = ["create", "delete", "get", "list", "patch", "update", "watch"]
+_STATUS_VERBS = ["get", "patch", "update"]
+# The alphabet and length the real API server appends to generateName.
+_GENERATE_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
+_GENERATE_SUFFIX_LEN = 5
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_REASONS = {
+    400: "BadRequest",
+    403: "Forbidden",
+    404: "NotFound",
+    405: "MethodNotAllowed",
+    409: "Conflict",
+    410: "Expired",
+    415: "UnsupportedMediaType",
+    422: "Invalid",
+    429: "TooManyRequests",
+    500: "InternalError",
+    503: "ServiceUnavailable",
+    504: "Timeout",
+}
+
+
+@dataclass(frozen=True)
+class ResourceType:
+    """One row of the resource table: everything the server needs to serve a kind."""
+
+    group: str
+    """API group; ``""`` for the core group served under ``/api``."""
+    version: str
+    kind: str
+    plural: str
+    namespaced: bool
+    status_subresource: bool
+    """With it, main writes ignore ``status``, ``/status`` writes change only ``status``, and
+    ``generation`` counts ``spec`` changes; without it, any non-metadata change bumps it."""
+    returns_deleted_object: bool = False
+    """Whether an immediate DELETE answers with the object (pods, custom resources) or with a
+    ``Status`` of success (most other built-in kinds)."""
+    initial_status: Mapping[str, Any] | None = None
+    """What the server puts in ``status`` on create (the real server resets it for these kinds)."""
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    @property
+    def key(self) -> str:
+        """``plural`` for the core group, ``plural.group`` otherwise (kubectl's spelling)."""
+        return f"{self.plural}.{self.group}" if self.group else self.plural
+
+
+PROXY = ResourceType("crawl.example.com", "v1alpha1", "Proxy", "proxies", True, True, True)
+
+DEFAULT_RESOURCES: tuple[ResourceType, ...] = (
+    ResourceType("", "v1", "Namespace", "namespaces", False, True, False, {"phase": "Active"}),
+    ResourceType("", "v1", "Pod", "pods", True, True, True, {"phase": "Pending"}),
+    ResourceType("", "v1", "Secret", "secrets", True, False),
+    ResourceType("", "v1", "ConfigMap", "configmaps", True, False),
+    ResourceType("", "v1", "Event", "events", True, False),
+    ResourceType("coordination.k8s.io", "v1", "Lease", "leases", True, False),
+    PROXY,
+)
+
+
+class ApiError(Exception):
+    """An error the server answers with a ``Status`` object."""
+
+    def __init__(
+        self, code: int, message: str, reason: str | None = None, details: Obj | None = None
+    ) -> None:
+        super().__init__(message)
+        self.code = code
+        self.reason = reason or _REASONS.get(code, HTTPStatus(code).phrase.replace(" ", ""))
+        self.message = message
+        self.details = details
+
+    def status(self) -> Obj:
+        body: Obj = {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": self.message,
+            "reason": self.reason,
+            "code": self.code,
+        }
+        if self.details is not None:
+            body["details"] = self.details
+        return body
+
+
+def _details(rtype: ResourceType, name: str) -> Obj:
+    return {"name": name, "group": rtype.group, "kind": rtype.plural}
+
+
+def _not_found(rtype: ResourceType, name: str) -> ApiError:
+    return ApiError(404, f'{rtype.key} "{name}" not found', details=_details(rtype, name))
+
+
+def _conflict(rtype: ResourceType, name: str) -> ApiError:
+    return ApiError(
+        409,
+        f'Operation cannot be fulfilled on {rtype.key} "{name}": the object has been modified; '
+        "please apply your changes to the latest version and try again",
+        details=_details(rtype, name),
+    )
+
+
+def _invalid(rtype: ResourceType, name: str, message: str) -> ApiError:
+    return ApiError(
+        422, f'{rtype.kind} "{name}" is invalid: {message}', details=_details(rtype, name)
+    )
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+# --- selectors -------------------------------------------------------------------------------
+
+_KEY = r"(?:[A-Za-z0-9][-A-Za-z0-9_./]*)?[A-Za-z0-9]"
+_VALUE = r"(?:(?:[A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?"
+_SET_TERM = re.compile(rf"\s*({_KEY})\s+(in|notin)\s*\(([^()]*)\)\s*")
+_EQ_TERM = re.compile(rf"\s*({_KEY})\s*(==|=|!=)\s*({_VALUE})\s*")
+_EXISTS_TERM = re.compile(rf"\s*(!?)\s*({_KEY})\s*")
+
+
+@dataclass(frozen=True)
+class _Requirement:
+    key: str
+    op: str  # "in", "notin", "exists", "!exists"
+    values: frozenset[str] = frozenset()
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        if self.op == "exists":
+            return self.key in labels
+        if self.op == "!exists":
+            return self.key not in labels
+        if self.op == "in":
+            return self.key in labels and labels[self.key] in self.values
+        # "notin" and "!=" match objects without the key, as in the real selector semantics.
+        return self.key not in labels or labels[self.key] not in self.values
+
+
+def _split_terms(selector: str) -> list[str]:
+    """Split on commas outside parentheses (``a in (x,y),b`` is two terms)."""
+    terms, depth, start = [], 0, 0
+    for i, char in enumerate(selector):
+        if char == "(":
+            depth += 1
+        elif char == ")":
+            depth -= 1
+        elif char == "," and depth == 0:
+            terms.append(selector[start:i])
+            start = i + 1
+    terms.append(selector[start:])
+    return [term for term in terms if term.strip()]
+
+
+def parse_label_selector(selector: str) -> list[_Requirement]:
+    """Parse a label selector string; raises 400 BadRequest like the real server."""
+    requirements = []
+    for term in _split_terms(selector):
+        if match := _SET_TERM.fullmatch(term):
+            values = frozenset(v.strip() for v in match.group(3).split(",") if v.strip())
+            requirements.append(_Requirement(match.group(1), match.group(2), values))
+        elif match := _EQ_TERM.fullmatch(term):
+            op = "notin" if match.group(2) == "!=" else "in"
+            requirements.append(_Requirement(match.group(1), op, frozenset({match.group(3)})))
+        elif match := _EXISTS_TERM.fullmatch(term):
+            requirements.append(
+                _Requirement(match.group(2), "!exists" if match.group(1) else "exists")
+            )
+        else:
+            raise ApiError(400, f"unable to parse requirement: {term.strip()!r}")
+    return requirements
+
+
+_FIELDS = {"metadata.name": "name", "metadata.namespace": "namespace"}
+_FIELD_TERM = re.compile(r"\s*([a-zA-Z.]+)\s*(==|=|!=)\s*([^,]*?)\s*")
+
+
+def parse_field_selector(selector: str) -> list[_Requirement]:
+    """Parse a field selector over ``metadata.name`` and ``metadata.namespace`` (all we serve)."""
+    requirements = []
+    for term in _split_terms(selector):
+        match = _FIELD_TERM.fullmatch(term)
+        if not match:
+            raise ApiError(400, f"invalid selector: {term.strip()!r}")
+        if match.group(1) not in _FIELDS:
+            raise ApiError(
+                400,
+                f'"{match.group(1)}" is not a known field selector: only "metadata.name", '
+                '"metadata.namespace"',
+            )
+        op = "notin" if match.group(2) == "!=" else "in"
+        requirements.append(_Requirement(_FIELDS[match.group(1)], op, frozenset({match.group(3)})))
+    return requirements
+
+
+@dataclass(frozen=True)
+class _Filter:
+    """Which objects of one resource a list or watch sees."""
+
+    rtype: ResourceType
+    namespace: str | None
+    labels: list[_Requirement]
+    fields: list[_Requirement]
+
+    def matches(self, obj: Obj) -> bool:
+        meta = obj["metadata"]
+        if self.namespace is not None and meta.get("namespace") != self.namespace:
+            return False
+        labels = meta.get("labels") or {}
+        fields = {"name": meta["name"], "namespace": meta.get("namespace", "")}
+        return all(r.matches(labels) for r in self.labels) and all(
+            r.matches(fields) for r in self.fields
+        )
+
+
+# --- patches ---------------------------------------------------------------------------------
+
+_STRATEGIC_DIRECTIVES = ("$patch", "$retainKeys", "$setElementOrder", "$deleteFromPrimitiveList")
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch: maps merge recursively, ``null`` deletes, anything else replaces."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    result = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = merge_patch(result.get(key), value)
+    return result
+
+
+def _reject_strategic_directives(patch: Any) -> None:
+    """Fail loudly rather than store ``$patch`` keys that the real server would interpret."""
+    if isinstance(patch, dict):
+        for key, value in patch.items():
+            if key in _STRATEGIC_DIRECTIVES or key.startswith("$setElementOrder/"):
+                raise ApiError(400, f"strategic merge directive {key} is not supported by the emulator")
+            _reject_strategic_directives(value)
+    elif isinstance(patch, list):
+        for item in patch:
+            _reject_strategic_directives(item)
+
+
+class _PatchFailed(Exception):
+    """A JSON patch operation that cannot apply; the server answers 422."""
+
+
+def _pointer(path: str) -> list[str]:
+    if path == "":
+        return []
+    if not path.startswith("/"):
+        raise _PatchFailed(f"invalid JSON pointer {path!r}")
+    return [part.replace("~1", "/").replace("~0", "~") for part in path[1:].split("/")]
+
+
+def _list_index(container: list[Any], token: str, for_insert: bool) -> int:
+    if for_insert and token == "-":
+        return len(container)
+    if not token.isdigit():
+        raise _PatchFailed(f"invalid array index {token!r}")
+    index = int(token)
+    if index > len(container) or (index == len(container) and not for_insert):
+        raise _PatchFailed(f"array index {index} out of bounds")
+    return index
+
+
+def _resolve(doc: Any, tokens: list[str]) -> Any:
+    for token in tokens:
+        if isinstance(doc, dict):
+            if token not in doc:
+                raise _PatchFailed(f"path element {token!r} not found")
+            doc = doc[token]
+        elif isinstance(doc, list):
+            doc = doc[_list_index(doc, token, for_insert=False)]
+        else:
+            raise _PatchFailed(f"cannot descend into {token!r}")
+    return doc
+
+
+def _add(doc: Any, tokens: list[str], value: Any) -> Any:
+    if not tokens:
+        return copy.deepcopy(value)
+    parent = _resolve(doc, tokens[:-1])
+    if isinstance(parent, dict):
+        parent[tokens[-1]] = copy.deepcopy(value)
+    elif isinstance(parent, list):
+        parent.insert(_list_index(parent, tokens[-1], for_insert=True), copy.deepcopy(value))
+    else:
+        raise _PatchFailed(f"cannot add to a {type(parent).__name__}")
+    return doc
+
+
+def _remove(doc: Any, tokens: list[str]) -> Any:
+    if not tokens:
+        raise _PatchFailed("cannot remove the whole document")
+    parent = _resolve(doc, tokens[:-1])
+    if isinstance(parent, dict):
+        if tokens[-1] not in parent:
+            raise _PatchFailed(f"unable to remove nonexistent key {tokens[-1]!r}")
+        return parent.pop(tokens[-1])
+    if isinstance(parent, list):
+        return parent.pop(_list_index(parent, tokens[-1], for_insert=False))
+    raise _PatchFailed(f"cannot remove from a {type(parent).__name__}")
+
+
+def json_patch(doc: Any, operations: Any) -> Any:
+    """Apply an RFC 6902 JSON patch to a copy of ``doc``; raises ``_PatchFailed``."""
+    doc = copy.deepcopy(doc)
+    for op in operations:
+        name, tokens = op.get("op"), _pointer(op.get("path", ""))
+        if name == "add":
+            doc = _add(doc, tokens, op["value"])
+        elif name == "remove":
+            _remove(doc, tokens)
+        elif name == "replace":
+            if tokens:
+                _remove(doc, tokens)  # replace requires the target to exist
+            doc = _add(doc, tokens, op["value"])
+        elif name == "move":
+            doc = _add(doc, tokens, _remove(doc, _pointer(op["from"])))
+        elif name == "copy":
+            doc = _add(doc, tokens, _resolve(doc, _pointer(op["from"])))
+        elif name == "test":
+            if _resolve(doc, tokens) != op.get("value"):
+                raise _PatchFailed(f"testing value {op.get('path')} failed")
+        else:
+            raise _PatchFailed(f"unsupported operation {name!r}")
+    return doc
+
+
+# --- the store -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Event:
+    rv: int
+    rtype: ResourceType
+    type: str  # ADDED, MODIFIED, DELETED
+    obj: Obj
+    previous: Obj | None
+
+    def seen_by(self, flt: _Filter) -> tuple[str, Obj] | None:
+        """The event as a filtered watch sees it: an object leaving the selection is DELETED
+        for that watch and one entering it is ADDED, as with the real server."""
+        if self.rtype is not flt.rtype:
+            return None
+        now = flt.matches(self.obj)
+        before = self.previous is not None and flt.matches(self.previous)
+        if self.type == "MODIFIED" and before != now:
+            return ("ADDED", self.obj) if now else ("DELETED", self.obj)
+        return (self.type, self.obj) if now else None
+
+
+@dataclass
+class _Watcher:
+    flt: _Filter
+    events: queue.Queue[tuple[str, Obj] | None] = field(default_factory=queue.Queue)
+
+
+@dataclass
+class _Fault:
+    method: str
+    path: re.Pattern[str]
+    status: int
+    remaining: int
+    reason: str | None
+    message: str
+    retry_after: int | None
+
+
+@dataclass(frozen=True)
+class _Route:
+    rtype: ResourceType
+    namespace: str | None
+    name: str | None
+    subresource: str | None
+
+
+class KubeEmulator:
+    """The server: start/stop, a context manager, state helpers and fault injection for tests."""
+
+    def __init__(
+        self,
+        resources: Iterable[ResourceType] = DEFAULT_RESOURCES,
+        history_limit: int = DEFAULT_HISTORY_LIMIT,
+        port: int = 0,
+    ) -> None:
+        self._types: dict[tuple[str, str, str], ResourceType] = {}
+        for rtype in resources:
+            self.register(rtype)
+        self._history_limit = history_limit
+        self._port = port
+        self._lock = threading.Lock()
+        self._objects: dict[tuple[str, str, str], Obj] = {}  # (type key, namespace, name)
+        # A watch reads resourceVersion "0" as "any version: send the current state", so the
+        # counter starts above it; a list of an empty server then gives a resumable "1".
+        self._rv = 1
+        self._history: deque[_Event] = deque()
+        # Every event after this resourceVersion is still in the history.
+        self._history_floor = self._rv
+        self._watchers: list[_Watcher] = []
+        self._watchers_changed = threading.Condition(self._lock)
+        self._faults: list[_Fault] = []
+        self._requests: list[tuple[str, str]] = []
+        self._connections: set[socket.socket] = set()
+        self._server: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+        self._stopping = threading.Event()
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def register(self, rtype: ResourceType) -> None:
+        """Add a kind to the resource table (discovery lists it from then on)."""
+        self._types[(rtype.group, rtype.version, rtype.plural)] = rtype
+
+    def start(self) -> KubeEmulator:
+        if self._server is not None:
+            raise RuntimeError("emulator already started")
+        server = ThreadingHTTPServer(("127.0.0.1", self._port), _Handler)
+        server.daemon_threads = True
+        cast(Any, server).emulator = self
+        self._server = server
+        self._stopping.clear()
+        self._thread = threading.Thread(
+            target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True,
+            name="kube-emulator",
+        )
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop serving, end every watch stream and close every client connection."""
+        server, self._server = self._server, None
+        if server is None:
+            return
+        self._stopping.set()
+        server.shutdown()
+        with self._lock:
+            for watcher in self._watchers:
+                watcher.events.put(None)
+            connections = list(self._connections)
+        for conn in connections:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass  # already closed by the client
+        server.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def __enter__(self) -> KubeEmulator:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    @property
+    def url(self) -> str:
+        if self._server is None:
+            raise RuntimeError("emulator not started")
+        host, port = self._server.server_address[:2]
+        return f"http://{host!s}:{port}"
+
+    # -- test helpers ------------------------------------------------------------------------
+
+    def fail_next(
+        self,
+        method: str,
+        path_regex: str,
+        status: int,
+        count: int = 1,
+        *,
+        reason: str | None = None,
+        message: str = "injected failure",
+        retry_after: int | None = None,
+    ) -> None:
+        """Answer the next ``count`` requests whose method matches (``*`` for any) and whose
+        path with query string matches ``path_regex`` (``re.search``) with a Status error.
+        A 429 carries ``Retry-After`` (default 1 s) like the real server's."""
+        if status == 429 and retry_after is None:
+            retry_after = 1
+        with self._lock:
+            self._faults.append(
+                _Fault(method.upper(), re.compile(path_regex), status, count, reason, message,
+                       retry_after)
+            )
+
+    def compact(self) -> None:
+        """Drop the whole watch history, as etcd compaction does: a watch resuming from any
+        earlier resourceVersion now gets 410 Expired."""
+        with self._lock:
+            self._history.clear()
+            self._history_floor = self._rv
+
+    def requests(self) -> list[tuple[str, str]]:
+        """Every request served so far as (method, path with query string)."""
+        with self._lock:
+            return list(self._requests)
+
+    def wait_for_watchers(self, count: int, timeout: float = 5.0) -> None:
+        """Block until at least ``count`` watch streams are open, so a test can change objects
+        knowing a watch started in another thread will see the change live."""
+        with self._watchers_changed:
+            if not self._watchers_changed.wait_for(lambda: len(self._watchers) >= count, timeout):
+                raise TimeoutError(f"{len(self._watchers)} watchers open, wanted {count}")
+
+    def get_object(self, resource: str, namespace: str | None, name: str) -> Obj | None:
+        """A copy of a stored object; ``resource`` is ``pods`` or ``proxies.crawl.example.com``."""
+        rtype = self._type_by_key(resource)
+        with self._lock:
+            obj = self._objects.get((rtype.key, namespace or "", name))
+            return copy.deepcopy(obj) if obj is not None else None
+
+    @property
+    def resource_version(self) -> int:
+        with self._lock:
+            return self._rv
+
+    def _type_by_key(self, resource: str) -> ResourceType:
+        for rtype in self._types.values():
+            if rtype.key == resource:
+                return rtype
+        raise KeyError(resource)
+
+    # -- request plumbing --------------------------------------------------------------------
+
+    def _record(self, method: str, target: str) -> _Fault | None:
+        """Log the request and return the injected fault it triggers, if any."""
+        path = urlsplit(target).path
+        with self._lock:
+            self._requests.append((method, target))
+            for fault in self._faults:
+                if fault.method in ("*", method) and (
+                    fault.path.search(target) or fault.path.search(path)
+                ):
+                    fault.remaining -= 1
+                    if fault.remaining <= 0:
+                        self._faults.remove(fault)
+                    return fault
+        return None
+
+    def _route(self, path: str) -> _Route | Obj:
+        """Map a URL path to a resource route, or to a discovery document."""
+        parts = [p for p in path.split("/") if p]
+        if parts == ["api"]:
+            return {"kind": "APIVersions", "versions": ["v1"],
+                    "serverAddressByClientCIDRs": [
+                        {"clientCIDR": "0.0.0.0/0", "serverAddress": self.url[len("http://"):]}]}
+        if parts == ["apis"]:
+            return self._group_list()
+        if parts == ["version"]:
+            return {"major": "1", "minor": "33", "gitVersion": "v1.33.0-emulator",
+                    "gitCommit": "emulator", "gitTreeState": "clean",
+                    "buildDate": "2026-01-01T00:00:00Z", "goVersion": "go1.24",
+                    "compiler": "gc", "platform": "linux/amd64"}
+        if parts[:1] == ["api"] and len(parts) >= 2:
+            group, version, rest = "", parts[1], parts[2:]
+        elif parts[:1] == ["apis"] and len(parts) >= 3:
+            group, version, rest = parts[1], parts[2], parts[3:]
+        else:
+            raise ApiError(404, "the server could not find the requested resource")
+        types = {p: t for (g, v, p), t in self._types.items() if (g, v) == (group, version)}
+        if not types:
+            raise ApiError(404, "the server could not find the requested resource")
+        if not rest:
+            return self._resource_list(group, version, types.values())
+        namespace = None
+        if (rest[0] == "namespaces" and len(rest) >= 3 and rest[2] in types
+                and types[rest[2]].namespaced):
+            namespace, rest = rest[1], rest[2:]
+        rtype = types.get(rest[0])
+        if rtype is None or len(rest) > 3 or (len(rest) == 3 and rest[2] != "status"):
+            raise ApiError(404, "the server could not find the requested resource")
+        if not rtype.namespaced and namespace is not None:
+            raise ApiError(404, "the server could not find the requested resource")
+        if len(rest) == 3 and not rtype.status_subresource:
+            raise ApiError(404, "the server could not find the requested resource")
+        return _Route(rtype, namespace, rest[1] if len(rest) > 1 else None,
+                      rest[2] if len(rest) > 2 else None)
+
+    def _group_list(self) -> Obj:
+        groups: dict[str, list[str]] = {}
+        for group, version, _ in self._types:
+            if group and version not in groups.setdefault(group, []):
+                groups[group].append(version)
+        return {"kind": "APIGroupList", "apiVersion": "v1", "groups": [
+            {"name": group,
+             "versions": [{"groupVersion": f"{group}/{v}", "version": v} for v in versions],
+             "preferredVersion": {"groupVersion": f"{group}/{versions[0]}",
+                                  "version": versions[0]}}
+            for group, versions in sorted(groups.items())]}
+
+    @staticmethod
+    def _resource_list(group: str, version: str, types: Iterable[ResourceType]) -> Obj:
+        resources: list[Obj] = []
+        for t in sorted(types, key=lambda t: t.plural):
+            resources.append({"name": t.plural, "singularName": t.kind.lower(),
+                              "namespaced": t.namespaced, "kind": t.kind, "verbs": _VERBS})
+            if t.status_subresource:
+                resources.append({"name": f"{t.plural}/status", "singularName": "",
+                                  "namespaced": t.namespaced, "kind": t.kind,
+                                  "verbs": _STATUS_VERBS})
+        return {"kind": "APIResourceList", "apiVersion": "v1",
+                "groupVersion": f"{group}/{version}" if group else version,
+                "resources": resources}
+
+    # -- verbs (all under the lock, so each is atomic and events keep resourceVersion order) --
+
+    def _emit(self, rtype: ResourceType, etype: str, obj: Obj, previous: Obj | None) -> None:
+        event = _Event(int(obj["metadata"]["resourceVersion"]), rtype, etype,
+                       copy.deepcopy(obj), previous)
+        self._history.append(event)
+        while len(self._history) > self._history_limit:
+            self._history_floor = self._history.popleft().rv
+        for watcher in self._watchers:
+            seen = event.seen_by(watcher.flt)
+            if seen is not None:
+                watcher.events.put(seen)
+
+    def _next_rv(self) -> str:
+        self._rv += 1
+        return str(self._rv)
+
+    def create(self, route: _Route, body: Obj) -> Obj:
+        rtype = route.rtype
+        if route.name is not None or route.subresource is not None:
+            raise ApiError(405, "the server does not allow this method on the requested resource")
+        if rtype.namespaced and route.namespace is None:
+            raise ApiError(405, "the server does not allow this method on the requested resource")
+        meta = body.setdefault("metadata", {})
+        if not isinstance(meta, dict):
+            raise ApiError(400, "metadata must be an object")
+        if rtype.namespaced:
+            if meta.get("namespace") not in (None, "", route.namespace):
+                raise ApiError(400, "the namespace of the provided object does not match the "
+                                    "namespace sent on the request")
+            meta["namespace"] = route.namespace
+        else:
+            meta.pop("namespace", None)
+        with self._lock:
+            if not meta.get("name"):
+                if not meta.get("generateName"):
+                    raise _invalid(rtype, "", "metadata.name: Required value: name or "
+                                              "generateName is required")
+                while True:
+                    suffix = "".join(secrets.choice(_GENERATE_ALPHABET)
+                                     for _ in range(_GENERATE_SUFFIX_LEN))
+                    meta["name"] = meta["generateName"] + suffix
+                    if self._key(rtype, meta) not in self._objects:
+                        break
+            name = meta["name"]
+            if len(name) > 253 or not _DNS_SUBDOMAIN.fullmatch(name):
+                raise _invalid(rtype, name, f"metadata.name: Invalid value: {name!r}: a lowercase "
+                                            "RFC 1123 subdomain must consist of lower case "
+                                            "alphanumeric characters, '-' or '.'")
+            if self._key(rtype, meta) in self._objects:
+                raise ApiError(409, f'{rtype.key} "{name}" already exists',
+                               reason="AlreadyExists", details=_details(rtype, name))
+            for server_owned in ("deletionTimestamp", "deletionGracePeriodSeconds",
+                                 "managedFields", "selfLink"):
+                meta.pop(server_owned, None)
+            meta.update(uid=str(uuid.uuid4()), resourceVersion=self._next_rv(), generation=1,
+                        creationTimestamp=_now())
+            body["apiVersion"], body["kind"] = rtype.api_version, rtype.kind
+            if rtype.status_subresource:
+                body.pop("status", None)
+                if rtype.initial_status is not None:
+                    body["status"] = copy.deepcopy(dict(rtype.initial_status))
+            self._objects[self._key(rtype, meta)] = body
+            self._emit(rtype, "ADDED", body, None)
+            return copy.deepcopy(body)
+
+    @staticmethod
+    def _key(rtype: ResourceType, meta: Mapping[str, Any]) -> tuple[str, str, str]:
+        return rtype.key, meta.get("namespace") or "", meta["name"]
+
+    def _stored(self, route: _Route) -> Obj:
+        assert route.name is not None
+        obj = self._objects.get((route.rtype.key, route.namespace or "", route.name))
+        if obj is None:
+            raise _not_found(route.rtype, route.name)
+        return obj
+
+    def get(self, route: _Route) -> Obj:
+        with self._lock:
+            return copy.deepcopy(self._stored(route))
+
+    def list(self, flt: _Filter) -> Obj:
+        with self._lock:
+            items = [copy.deepcopy(o) for (key, _, _), o in sorted(self._objects.items())
+                     if key == flt.rtype.key and flt.matches(o)]
+            rv = str(self._rv)
+        return {"kind": f"{flt.rtype.kind}List", "apiVersion": flt.rtype.api_version,
+                "metadata": {"resourceVersion": rv}, "items": items}
+
+    def update(self, route: _Route, body: Obj) -> Obj:
+        with self._lock:
+            return self._update_locked(route, body)
+
+    def _update_locked(self, route: _Route, body: Obj) -> Obj:
+        """PUT semantics, shared by PATCH (which builds the full object first)."""
+        rtype, name = route.rtype, route.name
+        assert name is not None
+        old = self._stored(route)
+        meta = body.get("metadata")
+        if not isinstance(meta, dict):
+            raise ApiError(400, "metadata must be an object")
+        if meta.get("name") != name:
+            raise ApiError(400, f"the name of the object ({meta.get('name')}) does not match the "
+                                f"name on the URL ({name})")
+        if rtype.namespaced and meta.get("namespace") not in (None, "", route.namespace):
+            raise ApiError(400, "the namespace of the provided object does not match the "
+                                "namespace sent on the request")
+        rv = meta.get("resourceVersion")
+        if rv not in (None, "") and str(rv) != old["metadata"]["resourceVersion"]:
+            raise _conflict(rtype, name)
+        if route.subresource == "status":
+            # Only status changes; everything else is copied from the stored object.
+            new = copy.deepcopy(old)
+            if "status" in body:
+                new["status"] = copy.deepcopy(body["status"])
+            else:
+                new.pop("status", None)
+        else:
+            new = copy.deepcopy(body)
+            new["apiVersion"], new["kind"] = rtype.api_version, rtype.kind
+            if rtype.status_subresource:
+                if "status" in old:
+                    new["status"] = copy.deepcopy(old["status"])
+                else:
+                    new.pop("status", None)
+            new_meta = new["metadata"]
+            for immutable in ("uid", "creationTimestamp", "deletionTimestamp",
+                              "deletionGracePeriodSeconds", "generation", "namespace"):
+                if immutable in old["metadata"]:
+                    new_meta[immutable] = old["metadata"][immutable]
+                else:
+                    new_meta.pop(immutable, None)
+            new_meta["resourceVersion"] = old["metadata"]["resourceVersion"]
+            if "deletionTimestamp" in old["metadata"]:
+                added = set(new_meta.get("finalizers") or []) - set(
+                    old["metadata"].get("finalizers") or [])
+                if added:
+                    raise _invalid(rtype, name, "metadata.finalizers: Forbidden: no new "
+                                                f"finalizers can be added if the object is being "
+                                                f"deleted, found new finalizers {sorted(added)}")
+            if self._generation_changed(rtype, old, new):
+                new_meta["generation"] = old["metadata"]["generation"] + 1
+        if new == old:
+            return copy.deepcopy(old)  # a no-op write changes nothing, as on the real server
+        new["metadata"]["resourceVersion"] = self._next_rv()
+        key = self._key(rtype, new["metadata"])
+        if "deletionTimestamp" in new["metadata"] and not new["metadata"].get("finalizers"):
+            del self._objects[key]
+            self._emit(rtype, "DELETED", new, old)
+        else:
+            self._objects[key] = new
+            self._emit(rtype, "MODIFIED", new, old)
+        return copy.deepcopy(new)
+
+    @staticmethod
+    def _generation_changed(rtype: ResourceType, old: Obj, new: Obj) -> bool:
+        if rtype.status_subresource:
+            return old.get("spec") != new.get("spec")
+        # Without a status subresource, every change outside metadata counts (the CRD rule).
+        def content(obj: Obj) -> Obj:
+            return {k: v for k, v in obj.items() if k != "metadata"}
+        return content(old) != content(new)
+
+    def patch(self, route: _Route, content_type: str, patch: Any) -> Obj:
+        media = content_type.split(";")[0].strip().lower()
+        with self._lock:
+            old = self._stored(route)
+            if media == "application/json-patch+json":
+                if not isinstance(patch, list) or not all(isinstance(op, dict) for op in patch):
+                    raise ApiError(400, "a JSON patch must be a list of operations")
+                try:
+                    new = json_patch(old, patch)
+                except (_PatchFailed, KeyError, TypeError) as exc:
+                    raise ApiError(422, f"the server rejected our request due to an error in "
+                                        f"our request: {exc}") from exc
+            elif media in ("application/merge-patch+json",
+                           "application/strategic-merge-patch+json"):
+                if not isinstance(patch, dict):
+                    raise ApiError(400, "a merge patch must be a JSON object")
+                if media == "application/strategic-merge-patch+json":
+                    _reject_strategic_directives(patch)
+                new = merge_patch(old, patch)
+            else:
+                raise ApiError(415, f"the body of the request was in an unknown format - "
+                                    f"accepted media types include: application/json-patch+json, "
+                                    f"application/merge-patch+json, "
+                                    f"application/strategic-merge-patch+json (got {media})")
+            if not isinstance(new, dict):
+                raise ApiError(422, "the patched object is not a JSON object")
+            return self._update_locked(route, new)
+
+    def delete(self, route: _Route, options: Obj) -> tuple[Obj, bool]:
+        """Delete or, with finalizers, mark for deletion; returns (object, deleted now)."""
+        rtype, name = route.rtype, route.name
+        assert name is not None
+        with self._lock:
+            old = self._stored(route)
+            preconditions = options.get("preconditions") or {}
+            for field_name in ("uid", "resourceVersion"):
+                wanted = preconditions.get(field_name)
+                if wanted and wanted != old["metadata"].get(field_name):
+                    raise _conflict(rtype, name)
+            meta = old["metadata"]
+            if meta.get("finalizers"):
+                if "deletionTimestamp" in meta:
+                    return copy.deepcopy(old), False
+                new = copy.deepcopy(old)
+                new["metadata"].update(deletionTimestamp=_now(), deletionGracePeriodSeconds=0,
+                                       resourceVersion=self._next_rv())
+                # The real server bumps generation when it first sets deletionTimestamp, so
+                # controllers comparing observedGeneration notice the deletion.
+                new["metadata"]["generation"] = meta["generation"] + 1
+                self._objects[self._key(rtype, meta)] = new
+                self._emit(rtype, "MODIFIED", new, old)
+                return copy.deepcopy(new), False
+            new = copy.deepcopy(old)
+            new["metadata"]["resourceVersion"] = self._next_rv()
+            del self._objects[self._key(rtype, meta)]
+            self._emit(rtype, "DELETED", new, old)
+            return copy.deepcopy(new), True
+
+    def open_watch(self, flt: _Filter, resource_version: str | None) -> tuple[
+            _Watcher, list[tuple[str, Obj]], Obj | None]:
+        """Register a watch; returns it, the events to send first, and an ERROR Status when
+        ``resource_version`` is older than the history (the stream then sends only that)."""
+        watcher = _Watcher(flt)
+        with self._lock:
+            if resource_version in (None, "", "0"):
+                # "Start at most recent": the current state as synthetic ADDED events.
+                initial = [("ADDED", copy.deepcopy(o)) for (key, _, _), o
+                           in sorted(self._objects.items())
+                           if key == flt.rtype.key and flt.matches(o)]
+            else:
+                assert resource_version is not None
+                if not resource_version.isdigit():
+                    raise ApiError(400, f"invalid resource version {resource_version!r}")
+                since = int(resource_version)
+                if since < self._history_floor:
+                    expired = ApiError(410, f"too old resource version: {since} "
+                                            f"({self._history_floor + 1})", reason="Expired")
+                    return watcher, [], expired.status()
+                initial = [seen for event in self._history if event.rv > since
+                           if (seen := event.seen_by(flt)) is not None]
+            self._watchers.append(watcher)
+            self._watchers_changed.notify_all()
+        return watcher, initial, None
+
+    def close_watch(self, watcher: _Watcher) -> None:
+        with self._lock:
+            if watcher in self._watchers:
+                self._watchers.remove(watcher)
+                self._watchers_changed.notify_all()
+
+
+# --- HTTP ------------------------------------------------------------------------------------
+
+
+class _Handler(BaseHTTPRequestHandler):
+    """Translates HTTP to the emulator's verbs; every error becomes a Status object."""
+
+    protocol_version = "HTTP/1.1"  # keep-alive and chunked watch streams, as the client expects
+    server_version = "kube-emulator"
+
+    @property
+    def emulator(self) -> KubeEmulator:
+        return cast(KubeEmulator, cast(Any, self.server).emulator)
+
+    def setup(self) -> None:
+        super().setup()
+        with self.emulator._lock:
+            self.emulator._connections.add(self.connection)
+
+    def finish(self) -> None:
+        with self.emulator._lock:
+            self.emulator._connections.discard(self.connection)
+        try:
+            super().finish()
+        except OSError:
+            pass  # the client or stop() already closed the socket
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+        LOG.debug("%s " + format, self.address_string(), *args)
+
+    def do_GET(self) -> None:
+        self._dispatch("GET")
+
+    def do_POST(self) -> None:
+        self._dispatch("POST")
+
+    def do_PUT(self) -> None:
+        self._dispatch("PUT")
+
+    def do_PATCH(self) -> None:
+        self._dispatch("PATCH")
+
+    def do_DELETE(self) -> None:
+        self._dispatch("DELETE")
+
+    def _read_body(self) -> Any:
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        if not raw.strip():
+            return None
+        try:
+            return json.loads(raw)
+        except ValueError as exc:
+            raise ApiError(400, f"request body is not JSON: {exc}") from exc
+
+    def _dispatch(self, method: str) -> None:
+        emulator = self.emulator
+        try:
+            body = self._read_body()  # always consumed, so keep-alive stays in sync
+            fault = emulator._record(method, self.path)
+            if fault is not None:
+                headers = {} if fault.retry_after is None else {"Retry-After": str(fault.retry_after)}
+                raise _InjectedError(fault, headers)
+            url = urlsplit(self.path)
+            query = {k: v[-1] for k, v in parse_qs(url.query, keep_blank_values=True).items()}
+            route = emulator._route(url.path)
+            if not isinstance(route, _Route):
+                if method != "GET":
+                    raise ApiError(405, "the server does not allow this method on the "
+                                        "requested resource")
+                self._send_json(200, route)
+                return
+            self._serve(method, route, query, body)
+        except _InjectedError as exc:
+            self._send_json(exc.code, exc.status(), exc.headers)
+        except ApiError as exc:
+            self._send_json(exc.code, exc.status())
+
+    def _serve(self, method: str, route: _Route, query: dict[str, str], body: Any) -> None:
+        emulator = self.emulator
+        if method == "GET" and route.name is None:
+            flt = _Filter(route.rtype, route.namespace,
+                          parse_label_selector(query.get("labelSelector", "")),
+                          parse_field_selector(query.get("fieldSelector", "")))
+            if query.get("watch", "").lower() in ("1", "true"):
+                self._watch(flt, query)
+            else:
+                self._send_json(200, emulator.list(flt))
+        elif method == "GET":
+            self._send_json(200, emulator.get(route))
+        elif method == "POST":
+            self._send_json(201, emulator.create(route, _object_body(body)))
+        elif route.name is None:
+            raise ApiError(405, "the server does not allow this method on the requested resource")
+        elif method == "PUT":
+            self._send_json(200, emulator.update(route, _object_body(body)))
+        elif method == "PATCH":
+            self._send_json(200, emulator.patch(route, self.headers.get("Content-Type", ""),
+                                                body))
+        elif route.subresource is not None:
+            raise ApiError(405, "the server does not allow this method on the requested resource")
+        else:  # DELETE
+            obj, deleted = emulator.delete(route, body if isinstance(body, dict) else {})
+            if deleted and not route.rtype.returns_deleted_object:
+                obj = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
+                       "details": {**_details(route.rtype, route.name),
+                                   "uid": obj["metadata"]["uid"]}}
+            self._send_json(200, obj)
+
+    def _send_json(self, code: int, payload: Obj, headers: Mapping[str, str] | None = None) -> None:
+        data = json.dumps(payload).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _watch(self, flt: _Filter, query: dict[str, str]) -> None:
+        emulator = self.emulator
+        timeout = query.get("timeoutSeconds")
+        if timeout is not None and not timeout.isdigit():
+            raise ApiError(400, f"invalid timeoutSeconds {timeout!r}")
+        deadline = time.monotonic() + int(timeout) if timeout else None
+        watcher, initial, error = emulator.open_watch(flt, query.get("resourceVersion"))
+        self.close_connection = True  # a watch ends its connection, like a timed-out stream
+        try:
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            if error is not None:
+                self._send_chunk({"type": "ERROR", "object": error})
+            else:
+                for etype, obj in initial:
+                    self._send_chunk({"type": etype, "object": obj})
+                for etype, obj in self._live_events(watcher, deadline):
+                    self._send_chunk({"type": etype, "object": obj})
+            self.wfile.write(b"0\r\n\r\n")
+        except OSError:
+            LOG.debug("watch client went away")
+        finally:
+            emulator.close_watch(watcher)
+
+    def _live_events(self, watcher: _Watcher, deadline: float | None) -> Iterator[tuple[str, Obj]]:
+        """Events until the deadline, server stop, or the client closing its socket."""
+        while not self.emulator._stopping.is_set():
+            wait = _WATCH_POLL_SECONDS
+            if deadline is not None:
+                wait = min(wait, deadline - time.monotonic())
+                if wait <= 0:
+                    return
+            try:
+                item = watcher.events.get(timeout=wait)
+            except queue.Empty:
+                if self._client_gone():
+                    return
+                continue
+            if item is None:
+                return
+            yield item
+
+    def _client_gone(self) -> bool:
+        readable, _, _ = select.select([self.connection], [], [], 0)
+        if not readable:
+            return False
+        try:
+            return self.connection.recv(1, socket.MSG_PEEK) == b""
+        except OSError:
+            return True
+
+    def _send_chunk(self, payload: Obj) -> None:
+        data = json.dumps(payload).encode() + b"\n"
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+
+
+class _InjectedError(ApiError):
+    def __init__(self, fault: _Fault, headers: dict[str, str]) -> None:
+        super().__init__(fault.status, fault.message, fault.reason)
+        self.headers = headers
+
+
+def _object_body(body: Any) -> Obj:
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    return body
