@@ -54,9 +54,13 @@ def _literal(chunk: bytes) -> str:
     """
     quote = "'" if chunk.count(b'"') > chunk.count(b"'") else '"'
     escapes = {**_ESCAPES, ord(quote): "\\" + quote}
-    body = "".join(
-        escapes.get(byte, chr(byte)) if byte in _PRINTABLE or byte in escapes else f"\\x{byte:02x}" for byte in chunk
-    )
+
+    def char(byte: int) -> str:
+        if byte in escapes:
+            return escapes[byte]
+        return chr(byte) if byte in _PRINTABLE else f"\\x{byte:02x}"
+
+    body = "".join(char(byte) for byte in chunk)
     return f"b{quote}{body}{quote}"
 
 

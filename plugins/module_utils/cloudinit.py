@@ -36,12 +36,7 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.guest_agent_s
     GUEST_AGENT_SCRIPT,
 )
 
-# Largest user-data accepted, decoded. GCP metadata values cap at 256 KiB,
-# cloud-init's NoCloud has no cap, and a Kubernetes object caps at about 1 MiB
-# all told. The Proxy's spec.cloudInit (base64 grows it by a third) has to fit
-# in that object beside the rest of the spec, the status and the
-# last-applied-configuration annotation kubectl keeps, which repeats the spec.
-# 64 KiB leaves every backend and the CRD comfortable headroom.
+# Largest user-data accepted, decoded; why 64 KiB: see decode_user_data.
 USER_DATA_LIMIT = 65536
 
 USER_DATA_ENCODINGS = ("plain", "base64")
@@ -94,6 +89,16 @@ def decode_user_data(value: str, encoding: str, limit: int = USER_DATA_LIMIT) ->
     binary user-data such as gzip; its decoding is strict about the alphabet
     and the padding, but ignores ASCII whitespace, because YAML block scalars
     and ``base64`` (which wraps at 76 columns) put line breaks in the value.
+
+    The decoded size is capped at ``limit`` (``USER_DATA_LIMIT``, 64 KiB). GCP
+    metadata values cap at 256 KiB, cloud-init's NoCloud has no cap, and a
+    Kubernetes object caps at about 1 MiB all told: the Proxy's
+    ``spec.cloudInit`` (a third larger as base64) shares that with the rest of
+    the spec, the status and kubectl's last-applied-configuration annotation,
+    which repeats the spec. 64 KiB keeps the CRD, the annotations and every
+    backend comfortably inside their limits, whichever provider the Proxy uses.
+
+    Every failure is ``Permanent`` and names the option at fault.
     """
     if encoding == "plain":
         try:
@@ -105,17 +110,11 @@ def decode_user_data(value: str, encoding: str, limit: int = USER_DATA_LIMIT) ->
         try:
             data = base64.b64decode(compact, validate=True)
         except (binascii.Error, ValueError) as error:
-            raise Permanent(
-                "user_data: not valid base64 (user_data_encoding=base64): %s" % error
-            ) from error
+            raise Permanent("user_data: not valid base64 (user_data_encoding=base64): %s" % error) from error
     else:
-        raise Permanent(
-            "user_data_encoding: must be one of %s, got %r" % (", ".join(USER_DATA_ENCODINGS), encoding)
-        )
+        raise Permanent("user_data_encoding: must be one of %s, got %r" % (", ".join(USER_DATA_ENCODINGS), encoding))
     if len(data) > limit:
-        raise Permanent(
-            "user_data: %d bytes decoded, over the limit of %d bytes" % (len(data), limit)
-        )
+        raise Permanent("user_data: %d bytes decoded, over the limit of %d bytes" % (len(data), limit))
     return data
 
 
@@ -138,9 +137,7 @@ def build_meta_data(instance_id: str, hostname: str) -> bytes:
     Values are written as JSON strings, which are valid YAML double-quoted
     scalars, so no value can change the document's structure or type.
     """
-    return ("instance-id: %s\nlocal-hostname: %s\n" % (json.dumps(instance_id), json.dumps(hostname))).encode(
-        "utf-8"
-    )
+    return ("instance-id: %s\nlocal-hostname: %s\n" % (json.dumps(instance_id), json.dumps(hostname))).encode("utf-8")
 
 
 def build_vendor_data(operator_vendor_data: str | bytes | None, install_guest_agent: bool) -> bytes | None:
@@ -157,7 +154,7 @@ def build_vendor_data(operator_vendor_data: str | bytes | None, install_guest_ag
     """
     operator = _as_bytes(operator_vendor_data)
     if not install_guest_agent:
-        return operator
+        return operator or None
     if not operator:
         return GUEST_AGENT_SCRIPT
     archive = MIMEMultipart()
@@ -179,7 +176,7 @@ def build_seed_iso(user_data: bytes, meta_data: bytes, vendor_data: bytes | None
     newline conversion, no re-encoding); ``vendor-data`` only when given.
     """
     if not HAS_PYCDLIB:
-        raise Permanent("the pycdlib Python library is required on the controller to build the seed ISO")
+        raise Permanent("the pycdlib Python library is required on the host running the module to build the seed ISO")
     contents = (user_data, meta_data, vendor_data)
     iso = pycdlib.PyCdlib()
     iso.new(interchange_level=3, vol_ident=SEED_VOLUME_ID, rock_ridge="1.09", joliet=3)

@@ -46,10 +46,11 @@ def _mark_unsafe(value: Any) -> Any:
 class ModuleRun:
     status: str
     result: Dict[str, Any]
+    event: str = ""
 
     @property
     def failed(self) -> bool:
-        return bool(self.result.get("failed"))
+        return self.event == "runner_on_failed"
 
 
 def collections_path() -> str:
@@ -75,7 +76,9 @@ def run_module(module: str, args: Dict[str, Any], check_mode: bool = False,
             envvars={"ANSIBLE_COLLECTIONS_PATH": collections_path(), "ANSIBLE_NOCOLOR": "1"},
         )
         result: Dict[str, Any] = {}
+        outcome = ""
         for event in runner.events:
             if event.get("event") in ("runner_on_ok", "runner_on_failed", "runner_on_unreachable"):
+                outcome = event["event"]
                 result = dict(event["event_data"]["res"])
-        return ModuleRun(status=runner.status, result=result)
+        return ModuleRun(status=runner.status, result=result, event=outcome)

@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright: (c) 2026, egress-proxies developers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """An in-memory Kubernetes API server for tests, spoken to by the official client unchanged.
@@ -47,9 +46,9 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
@@ -178,7 +177,7 @@ def _invalid(rtype: ResourceType, name: str, message: str) -> ApiError:
 
 
 def _now() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 # --- selectors -------------------------------------------------------------------------------
@@ -698,7 +697,7 @@ class KubeEmulator:
         self._rv += 1
         return str(self._rv)
 
-    def create(self, route: _Route, body: Obj) -> Obj:
+    def _create(self, route: _Route, body: Obj) -> Obj:
         rtype = route.rtype
         if route.name is not None or route.subresource is not None:
             raise ApiError(405, "the server does not allow this method on the requested resource")
@@ -758,11 +757,11 @@ class KubeEmulator:
             raise _not_found(route.rtype, route.name)
         return obj
 
-    def get(self, route: _Route) -> Obj:
+    def _get(self, route: _Route) -> Obj:
         with self._lock:
             return copy.deepcopy(self._stored(route))
 
-    def list(self, flt: _Filter) -> Obj:
+    def _list(self, flt: _Filter) -> Obj:
         with self._lock:
             items = [copy.deepcopy(o) for (key, _, _), o in sorted(self._objects.items())
                      if key == flt.rtype.key and flt.matches(o)]
@@ -770,7 +769,7 @@ class KubeEmulator:
         return {"kind": f"{flt.rtype.kind}List", "apiVersion": flt.rtype.api_version,
                 "metadata": {"resourceVersion": rv}, "items": items}
 
-    def update(self, route: _Route, body: Obj) -> Obj:
+    def _update(self, route: _Route, body: Obj) -> Obj:
         with self._lock:
             return self._update_locked(route, body)
 
@@ -844,7 +843,7 @@ class KubeEmulator:
             return {k: v for k, v in obj.items() if k != "metadata"}
         return content(old) != content(new)
 
-    def patch(self, route: _Route, content_type: str, patch: Any) -> Obj:
+    def _patch(self, route: _Route, content_type: str, patch: Any) -> Obj:
         media = content_type.split(";")[0].strip().lower()
         with self._lock:
             old = self._stored(route)
@@ -872,7 +871,7 @@ class KubeEmulator:
                 raise ApiError(422, "the patched object is not a JSON object")
             return self._update_locked(route, new)
 
-    def delete(self, route: _Route, options: Obj) -> tuple[Obj, bool]:
+    def _delete(self, route: _Route, options: Obj) -> tuple[Obj, bool]:
         """Delete or, with finalizers, mark for deletion; returns (object, deleted now)."""
         rtype, name = route.rtype, route.name
         assert name is not None
@@ -902,7 +901,7 @@ class KubeEmulator:
             self._emit(rtype, "DELETED", new, old)
             return copy.deepcopy(new), True
 
-    def open_watch(self, flt: _Filter, resource_version: str | None) -> tuple[
+    def _open_watch(self, flt: _Filter, resource_version: str | None) -> tuple[
             _Watcher, list[tuple[str, Obj]], Obj | None]:
         """Register a watch; returns it, the events to send first, and an ERROR Status when
         ``resource_version`` is older than the history (the stream then sends only that)."""
@@ -928,7 +927,7 @@ class KubeEmulator:
             self._watchers_changed.notify_all()
         return watcher, initial, None
 
-    def close_watch(self, watcher: _Watcher) -> None:
+    def _close_watch(self, watcher: _Watcher) -> None:
         with self._lock:
             if watcher in self._watchers:
                 self._watchers.remove(watcher)
@@ -961,8 +960,8 @@ class _Handler(BaseHTTPRequestHandler):
         except OSError:
             pass  # the client or stop() already closed the socket
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
-        LOG.debug("%s " + format, self.address_string(), *args)
+    def log_message(self, format: str, *args: Any) -> None:
+        LOG.debug("%s %s", self.address_string(), format % args)
 
     def do_GET(self) -> None:
         self._dispatch("GET")
@@ -995,7 +994,9 @@ class _Handler(BaseHTTPRequestHandler):
             body = self._read_body()  # always consumed, so keep-alive stays in sync
             fault = emulator._record(method, self.path)
             if fault is not None:
-                headers = {} if fault.retry_after is None else {"Retry-After": str(fault.retry_after)}
+                headers = {}
+                if fault.retry_after is not None:
+                    headers["Retry-After"] = str(fault.retry_after)
                 raise _InjectedError(fault, headers)
             url = urlsplit(self.path)
             query = {k: v[-1] for k, v in parse_qs(url.query, keep_blank_values=True).items()}
@@ -1021,22 +1022,22 @@ class _Handler(BaseHTTPRequestHandler):
             if query.get("watch", "").lower() in ("1", "true"):
                 self._watch(flt, query)
             else:
-                self._send_json(200, emulator.list(flt))
+                self._send_json(200, emulator._list(flt))
         elif method == "GET":
-            self._send_json(200, emulator.get(route))
+            self._send_json(200, emulator._get(route))
         elif method == "POST":
-            self._send_json(201, emulator.create(route, _object_body(body)))
+            self._send_json(201, emulator._create(route, _object_body(body)))
         elif route.name is None:
             raise ApiError(405, "the server does not allow this method on the requested resource")
         elif method == "PUT":
-            self._send_json(200, emulator.update(route, _object_body(body)))
+            self._send_json(200, emulator._update(route, _object_body(body)))
         elif method == "PATCH":
-            self._send_json(200, emulator.patch(route, self.headers.get("Content-Type", ""),
+            self._send_json(200, emulator._patch(route, self.headers.get("Content-Type", ""),
                                                 body))
         elif route.subresource is not None:
             raise ApiError(405, "the server does not allow this method on the requested resource")
         else:  # DELETE
-            obj, deleted = emulator.delete(route, body if isinstance(body, dict) else {})
+            obj, deleted = emulator._delete(route, body if isinstance(body, dict) else {})
             if deleted and not route.rtype.returns_deleted_object:
                 obj = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
                        "details": {**_details(route.rtype, route.name),
@@ -1059,7 +1060,7 @@ class _Handler(BaseHTTPRequestHandler):
         if timeout is not None and not timeout.isdigit():
             raise ApiError(400, f"invalid timeoutSeconds {timeout!r}")
         deadline = time.monotonic() + int(timeout) if timeout else None
-        watcher, initial, error = emulator.open_watch(flt, query.get("resourceVersion"))
+        watcher, initial, error = emulator._open_watch(flt, query.get("resourceVersion"))
         self.close_connection = True  # a watch ends its connection, like a timed-out stream
         try:
             self.send_response(200)
@@ -1077,7 +1078,7 @@ class _Handler(BaseHTTPRequestHandler):
         except OSError:
             LOG.debug("watch client went away")
         finally:
-            emulator.close_watch(watcher)
+            emulator._close_watch(watcher)
 
     def _live_events(self, watcher: _Watcher, deadline: float | None) -> Iterator[tuple[str, Obj]]:
         """Events until the deadline, server stop, or the client closing its socket."""
@@ -1102,7 +1103,7 @@ class _Handler(BaseHTTPRequestHandler):
         if not readable:
             return False
         try:
-            return self.connection.recv(1, socket.MSG_PEEK) == b""
+            return bool(self.connection.recv(1, socket.MSG_PEEK) == b"")
         except OSError:
             return True
 

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.cloudinit import build_vendor_data
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.guest_agent_script import (
     GUEST_AGENT_SCRIPT,
@@ -30,9 +31,7 @@ INSTALL = ["install", "-y", "--no-install-recommends", "qemu-guest-agent"]
 
 class TestEmbeddedCopy:
     def test_embedded_script_equals_the_role_file(self) -> None:
-        assert GUEST_AGENT_SCRIPT == ROLE_SCRIPT.read_bytes(), (
-            "run python tools/sync_guest_agent_script.py"
-        )
+        assert ROLE_SCRIPT.read_bytes() == GUEST_AGENT_SCRIPT, "run python tools/sync_guest_agent_script.py"
 
     def test_sync_check_passes_on_the_tree(self) -> None:
         result = subprocess.run([sys.executable, str(SYNC_TOOL), "--check"], capture_output=True, text=True)
@@ -77,12 +76,13 @@ class Host:
     def stub(self, name: str, body: str = "exit 0") -> None:
         """A command that logs ``name args|DEBIAN_FRONTEND`` and then runs ``body``."""
         path = self.bin / name
-        path.write_text(
-            "#!/bin/sh\n"
-            f"printf '%s\\n' \"{name} $*|${{DEBIAN_FRONTEND-}}\" >> '{self.log}'\n"
-            f"{body}\n"
-        )
+        path.write_text(f"#!/bin/sh\nprintf '%s\\n' \"{name} $*|${{DEBIAN_FRONTEND-}}\" >> '{self.log}'\n{body}\n")
         path.chmod(0o755)
+
+    def stub_installer(self, name: str) -> None:
+        """A package manager whose install creates ``qemu-ga``, as a real install would."""
+        agent = self.bin / "qemu-ga"
+        self.stub(name, f'case "$*" in *install*) printf "#!/bin/sh\\n" > "{agent}"; /bin/chmod +x "{agent}";; esac')
 
     def run(self) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -97,16 +97,18 @@ class Host:
         return [line.split("|", 1)[0].split() for line in self.log.read_text().splitlines()]
 
     def frontends(self, command: str) -> set[str]:
-        return {
-            line.split("|", 1)[1] for line in self.log.read_text().splitlines() if line.startswith(command + " ")
-        }
+        return {line.split("|", 1)[1] for line in self.log.read_text().splitlines() if line.startswith(command + " ")}
 
 
 @pytest.fixture
 def host(tmp_path: Path) -> Host:
     # The script also looks for the agent at absolute paths; on a machine that has
     # it, every install test would see "already installed".
-    present = [p for p in ("/usr/sbin/qemu-ga", "/usr/bin/qemu-ga", "/usr/local/sbin/qemu-ga", "/usr/local/bin/qemu-ga") if os.path.exists(p)]
+    present = [
+        p
+        for p in ("/usr/sbin/qemu-ga", "/usr/bin/qemu-ga", "/usr/local/sbin/qemu-ga", "/usr/local/bin/qemu-ga")
+        if os.path.exists(p)
+    ]
     if present:
         pytest.fail(f"qemu-ga is installed on this machine ({present[0]}); these tests need a machine without it")
     return Host(tmp_path)
@@ -144,8 +146,7 @@ class TestScriptBehaviour:
         assert logged(result)[-1] == "qemu-guest-agent started"
 
     def test_second_run_is_a_no_op(self, host: Host) -> None:
-        # The install stub creates qemu-ga as a real install would.
-        host.stub("apt-get", f'case "$*" in *install*) printf "#!/bin/sh\\n" > "{host.bin}/qemu-ga"; /bin/chmod +x "{host.bin}/qemu-ga";; esac')
+        host.stub_installer("apt-get")
         host.stub("systemctl")
         assert host.run().returncode == 0
         calls = len(host.calls())
@@ -159,9 +160,7 @@ class TestScriptBehaviour:
         host.stub("systemctl")
         result = host.run()
         assert result.returncode == 1
-        assert logged(result)[-1] == (
-            "FAILED: could not install qemu-guest-agent (are the package mirrors reachable?)"
-        )
+        assert logged(result)[-1] == ("FAILED: could not install qemu-guest-agent (are the package mirrors reachable?)")
         assert [call[0] for call in host.calls()] == ["apt-get", "apt-get"]
 
     def test_failed_update_still_tries_the_install(self, host: Host) -> None:
@@ -266,7 +265,7 @@ class TestRole:
         return int(recap.group(1))
 
     def test_installs_once_then_reports_no_change(self, host: Host, tmp_path: Path) -> None:
-        host.stub("apt-get", f'case "$*" in *install*) printf "#!/bin/sh\\n" > "{host.bin}/qemu-ga"; /bin/chmod +x "{host.bin}/qemu-ga";; esac')
+        host.stub_installer("apt-get")
         host.stub("systemctl")
         assert self.play(host, tmp_path) == 1
         assert host.calls()[-1] == ["systemctl", "enable", "--now", "qemu-guest-agent"]

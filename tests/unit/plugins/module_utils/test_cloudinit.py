@@ -17,6 +17,7 @@ from pathlib import Path
 import pycdlib
 import pytest
 import yaml
+
 from ansible_collections.crawl.egress_proxies.plugins.module_utils import cloudinit
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.errors import Permanent
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.guest_agent_script import (
@@ -35,9 +36,7 @@ MIME = (
 )
 SCRIPT = b"#!/bin/bash\nset -eu\necho '\xc3\xbcber' > /tmp/x\n\tprintf '%s\\n' \"$HOSTNAME\"\n"
 # gzip user-data arrives base64-encoded in the Proxy and must reach the seed as the raw gzip.
-GZIP = cloudinit.decode_user_data(
-    base64.b64encode(gzip.compress(CLOUD_CONFIG, mtime=0)).decode("ascii"), "base64"
-)
+GZIP = cloudinit.decode_user_data(base64.b64encode(gzip.compress(CLOUD_CONFIG, mtime=0)).decode("ascii"), "base64")
 
 USER_DATA = {
     "cloud-config": CLOUD_CONFIG,
@@ -86,9 +85,7 @@ class TestSeedIso:
     @pytest.mark.parametrize("kind", sorted(USER_DATA))
     def test_user_data_reaches_the_seed_byte_for_byte(self, kind: str) -> None:
         user_data = USER_DATA[kind]
-        iso = open_iso(
-            cloudinit.build_seed_iso(user_data, META_DATA, cloudinit.build_vendor_data(None, True))
-        )
+        iso = open_iso(cloudinit.build_seed_iso(user_data, META_DATA, cloudinit.build_vendor_data(None, True)))
         try:
             assert read(iso, rr_path="/user-data") == user_data
             assert read(iso, joliet_path="/user-data") == user_data
@@ -116,9 +113,7 @@ class TestSeedIso:
         # cloud-init's NoCloud finds its seed through blkid by LABEL=cidata.
         image = tmp_path / "seed.iso"
         image.write_bytes(cloudinit.build_seed_iso(CLOUD_CONFIG, META_DATA, None))
-        probe = subprocess.run(
-            ["blkid", "-p", "-o", "export", str(image)], capture_output=True, text=True, check=True
-        )
+        probe = subprocess.run(["blkid", "-p", "-o", "export", str(image)], capture_output=True, text=True, check=True)
         fields = dict(line.split("=", 1) for line in probe.stdout.splitlines() if "=" in line)
         assert fields["TYPE"] == "iso9660"
         assert fields["LABEL"] == "cidata"
@@ -134,6 +129,7 @@ class TestSeedIso:
             iso.close()
 
     def test_opt_out_without_operator_document_has_no_vendor_data(self) -> None:
+        assert cloudinit.build_vendor_data("", False) is None
         vendor_data = cloudinit.build_vendor_data(None, False)
         assert vendor_data is None
         iso = open_iso(cloudinit.build_seed_iso(CLOUD_CONFIG, META_DATA, vendor_data))
@@ -192,7 +188,7 @@ class TestVendorData:
             b"MIME-Version: 1.0\n"
             b'Content-Type: multipart/mixed; boundary="op"\n\n'
             b"--op\nContent-Type: text/cloud-config\n\n#cloud-config\nntp: {enabled: true}\n"
-            b"--op\nContent-Type: text/x-shellscript\nContent-Disposition: attachment; filename=\"site.sh\"\n\n"
+            b'--op\nContent-Type: text/x-shellscript\nContent-Disposition: attachment; filename="site.sh"\n\n'
             b"#!/bin/sh\necho site\n--op--\n"
         )
         combined = cloudinit.build_vendor_data(operator, True)
@@ -230,7 +226,7 @@ class TestMetaData:
 
 class TestDecodeUserData:
     def test_plain_is_utf8_byte_for_byte(self) -> None:
-        text = "#cloud-config\r\nwrite_files: [{path: /x, content: \"\u00fc\u2603\"}]\n"
+        text = '#cloud-config\r\nwrite_files: [{path: /x, content: "\u00fc\u2603"}]\n'
         assert cloudinit.decode_user_data(text, "plain") == text.encode("utf-8")
 
     def test_base64_tolerates_line_wrapping(self) -> None:

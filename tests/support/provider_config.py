@@ -1,0 +1,57 @@
+"""Provider config files and base images for tests."""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+OWNER = "test-owner"
+OWNER_TAGS = {"crawl.example.com/owner": OWNER}
+
+
+@dataclass(frozen=True)
+class BaseImage:
+    path: Path
+    sha256: str
+
+    @property
+    def url(self) -> str:
+        return self.path.as_uri()
+
+
+def make_base_image(directory: Path, size: str = "64M") -> BaseImage:
+    """A real (empty) qcow2 image, as a cloud image would be, with its checksum."""
+    path = directory / "base.qcow2"
+    if not path.exists():
+        subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", str(path), size], check=True)
+    return BaseImage(path, hashlib.sha256(path.read_bytes()).hexdigest())
+
+
+def kvm_host(name: str, uri: str, pool: str = "default", network: str = "default",
+             domain_type: str = "qemu") -> dict[str, Any]:
+    return {"name": name, "uri": uri, "pool": pool, "network": network, "domainType": domain_type}
+
+
+def write_kvm_config(path: Path, hosts: Sequence[dict[str, Any]], image: BaseImage,
+                     ssh: dict[str, str] | None = None, extra_providers: Sequence[dict[str, Any]] = (),
+                     **kvm_overrides: Any) -> Path:
+    """A provider config with one KVM provider named ``lab`` (plus any extra providers)."""
+    kvm: dict[str, Any] = {
+        "hosts": list(hosts),
+        "images": {"debian-12": {"url": image.url, "sha256": image.sha256, "format": "qcow2"}},
+        "machineTypes": {"small": {"vcpus": 1, "memoryMiB": 256, "diskGiB": 1}},
+        "defaultMachineType": "small",
+        "defaultImage": "debian-12",
+    }
+    if ssh is not None:
+        kvm["ssh"] = ssh
+    kvm.update(kvm_overrides)
+    document = {"owner": OWNER, "providers": [{"name": "lab", "type": "kvm", "kvm": kvm}, *extra_providers]}
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
+    return path
