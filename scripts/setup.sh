@@ -71,14 +71,17 @@ make_venv() {
 }
 
 install_requirements() {
-    # The stamp holds the requirement files' hash: pip runs again only when they change.
+    # The stamp holds the hash of what pip installs from: pip runs again only when it changes.
     local stamp=$VENV/.requirements.sha256 digest
-    digest=$(cat "$ROOT/requirements.txt" "$ROOT/requirements-test.txt" | sha256sum | cut -d' ' -f1)
+    digest=$(cat "$ROOT/requirements.txt" "$ROOT/requirements-test.txt" "$ROOT/controller/pyproject.toml" |
+        sha256sum | cut -d' ' -f1)
     if [[ -f $stamp && $(<"$stamp") == "$digest" ]]; then
         return
     fi
-    echo "setup.sh: installing requirements-test.txt into .venv"
+    echo "setup.sh: installing requirements-test.txt and the controller into .venv"
     quietly "$VENV/bin/python" -m pip install --disable-pip-version-check -r "$ROOT/requirements-test.txt"
+    # Editable, so the `egress-proxies` command runs this tree; its dependencies are the pins above.
+    quietly "$VENV/bin/python" -m pip install --disable-pip-version-check --no-deps -e "$ROOT/controller"
     echo "$digest" >"$stamp"
 }
 
@@ -94,6 +97,6 @@ install_apt_packages
 make_venv
 install_requirements
 link_collection
-"$VENV/bin/python" -c 'import ansible, ansible_runner, libvirt, pycdlib, yaml, kubernetes, prometheus_client' ||
+"$VENV/bin/python" -c 'import ansible, ansible_runner, libvirt, pycdlib, yaml, kubernetes, prometheus_client, egress_proxies' ||
     die "the .venv cannot import its requirements"
 echo "setup.sh: ready (.venv: Python $(python_version "$VENV/bin/python"))"

@@ -17,7 +17,7 @@ import pytest
 from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 
-from support.kube_emulator import KubeEmulator
+from support.kube_emulator import KubeEmulator, ResourceType
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -91,7 +91,7 @@ class Proxies:
 
     def watch(self, timeout: int, **kwargs: Any) -> list[tuple[str, Obj]]:
         """All events of one watch that the server ends after ``timeout`` seconds."""
-        stream = watch_stream(watch.Watch(), self.api.list_namespaced_custom_object, GROUP,  # type: ignore[no-untyped-call]
+        stream = watch_stream(new_watch(), self.api.list_namespaced_custom_object, GROUP,
                               VERSION, NS, PLURAL, timeout_seconds=timeout, **kwargs)
         return [(event["type"], event["raw_object"]) for event in stream]
 
@@ -101,9 +101,14 @@ def proxies(api: client.ApiClient) -> Proxies:
     return Proxies(api)
 
 
+# kubernetes.watch ships without annotations: these two give it types for the tests.
+def new_watch() -> watch.Watch:
+    return watch.Watch()  # type: ignore[no-untyped-call]
+
+
 def watch_stream(stream: watch.Watch, func: Any, *args: Any, **kwargs: Any) -> Iterator[Obj]:
-    """``Watch.stream`` with a type: kubernetes.watch ships without annotations."""
-    return cast(Iterator[Obj], stream.stream(func, *args, **kwargs))  # type: ignore[no-untyped-call]
+    events = stream.stream(func, *args, **kwargs)  # type: ignore[no-untyped-call]
+    return cast(Iterator[Obj], events)
 
 
 def status_of(exc: ApiException) -> Obj:
@@ -196,7 +201,7 @@ def test_get_missing_is_404_not_found_status(proxies: Proxies) -> None:
     assert status_of(caught.value)["reason"] == "NotFound"
 
 
-def test_list_carries_the_current_resource_version(proxies: Proxies,
+def test_list_carries_the_current_resource_version(kube: KubeEmulator, proxies: Proxies,
                                                    core: client.CoreV1Api) -> None:
     proxies.create("a")
     last = proxies.create("b")
@@ -206,7 +211,8 @@ def test_list_carries_the_current_resource_version(proxies: Proxies,
     everywhere = core.list_pod_for_all_namespaces()
 
     assert [item["metadata"]["name"] for item in listed["items"]] == ["a", "b"]
-    assert int(listed["metadata"]["resourceVersion"]) >= rv(last)
+    assert int(listed["metadata"]["resourceVersion"]) > rv(last)  # the pod came later
+    assert int(listed["metadata"]["resourceVersion"]) == kube.resource_version
     assert everywhere.metadata is not None
     assert [p.metadata.namespace for p in everywhere.items if p.metadata] == ["other"]
 
@@ -364,7 +370,8 @@ def test_delete_without_finalizers_is_immediate(proxies: Proxies) -> None:
     assert again.value.status == 404
 
 
-def test_finalizers_hold_the_object_until_the_last_is_removed(proxies: Proxies) -> None:
+def test_finalizers_hold_the_object_until_the_last_is_removed(kube: KubeEmulator,
+                                                               proxies: Proxies) -> None:
     created = proxies.create("eu-1", finalizers=[FINALIZER, "other/x"])
     since = created["metadata"]["resourceVersion"]
 
@@ -388,6 +395,7 @@ def test_finalizers_hold_the_object_until_the_last_is_removed(proxies: Proxies) 
     with pytest.raises(ApiException) as gone:
         proxies.get("eu-1")
     assert gone.value.status == 404
+    assert kube.get_object("proxies.crawl.example.com", NS, "eu-1") is None
     events = proxies.watch(1, resource_version=since)
     assert [etype for etype, _ in events] == ["MODIFIED", "MODIFIED", "DELETED"]
     assert "deletionTimestamp" in events[0][1]["metadata"]
@@ -413,7 +421,7 @@ def test_watch_sees_added_modified_deleted_live(kube: KubeEmulator, proxies: Pro
     events: list[tuple[str, Obj]] = []
 
     def consume() -> None:
-        stream = watch.Watch()  # type: ignore[no-untyped-call]
+        stream = new_watch()
         for event in watch_stream(stream, proxies.api.list_namespaced_custom_object, GROUP,
                                   VERSION, NS, PLURAL, timeout_seconds=5):
             events.append((event["type"], event["raw_object"]))
@@ -619,6 +627,23 @@ def test_discovery_lists_groups_and_resources(api: client.ApiClient) -> None:
         ("proxies", "Proxy", True), ("proxies/status", "Proxy", True)}
     assert {"pods", "pods/status", "secrets", "events", "configmaps", "namespaces"} <= {
         r.name for r in core_resources.resources}
+
+
+def test_registered_kinds_are_served_and_discovered(kube: KubeEmulator,
+                                                   api: client.ApiClient) -> None:
+    kube.register(ResourceType("crawl.example.com", "v1alpha1", "ProxyPool", "proxypools",
+                               namespaced=False, status_subresource=False))
+    objects = client.CustomObjectsApi(api)
+
+    created = cast(Obj, objects.create_cluster_custom_object(
+        GROUP, VERSION, "proxypools", {"metadata": {"name": "pool"}, "spec": {"size": 2}}))
+    listed = cast(Obj, objects.list_cluster_custom_object(GROUP, VERSION, "proxypools"))
+    resources = objects.get_api_resources(GROUP, VERSION)
+
+    assert created["kind"] == "ProxyPool"
+    assert "namespace" not in created["metadata"]
+    assert [item["metadata"]["name"] for item in listed["items"]] == ["pool"]
+    assert ("proxypools", False) in {(r.name, r.namespaced) for r in resources.resources}
 
 
 def test_namespaces_are_cluster_scoped(core: client.CoreV1Api) -> None:

@@ -551,8 +551,10 @@ class KubeEmulator:
         retry_after: int | None = None,
     ) -> None:
         """Answer the next ``count`` requests whose method matches (``*`` for any) and whose
-        path with query string matches ``path_regex`` (``re.search``) with a Status error.
-        A 429 carries ``Retry-After`` (default 1 s) like the real server's."""
+        path, or path with query string, matches ``path_regex`` (``re.search``) with a Status
+        error.  A 429 carries ``Retry-After`` (default 1 s) like the real server's; note that
+        the official client's urllib3 layer retries 413/429/503 answers carrying
+        ``Retry-After`` up to three times by itself, so only the fourth reaches the caller."""
         if status == 429 and retry_after is None:
             retry_after = 1
         with self._lock:
@@ -635,7 +637,7 @@ class KubeEmulator:
             group, version, rest = parts[1], parts[2], parts[3:]
         else:
             raise ApiError(404, "the server could not find the requested resource")
-        types = {p: t for (g, v, p), t in self._types.items() if (g, v) == (group, version)}
+        types = {p: t for (g, v, p), t in list(self._types.items()) if (g, v) == (group, version)}
         if not types:
             raise ApiError(404, "the server could not find the requested resource")
         if not rest:
@@ -978,21 +980,12 @@ class _Handler(BaseHTTPRequestHandler):
     def do_DELETE(self) -> None:
         self._dispatch("DELETE")
 
-    def _read_body(self) -> Any:
-        length = int(self.headers.get("Content-Length") or 0)
-        raw = self.rfile.read(length) if length else b""
-        if not raw.strip():
-            return None
-        try:
-            return json.loads(raw)
-        except ValueError as exc:
-            raise ApiError(400, f"request body is not JSON: {exc}") from exc
-
     def _dispatch(self, method: str) -> None:
         emulator = self.emulator
+        # Always consume the body first, so a keep-alive connection stays in step.
+        raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        fault = emulator._record(method, self.path)
         try:
-            body = self._read_body()  # always consumed, so keep-alive stays in sync
-            fault = emulator._record(method, self.path)
             if fault is not None:
                 headers = {}
                 if fault.retry_after is not None:
@@ -1007,11 +1000,14 @@ class _Handler(BaseHTTPRequestHandler):
                                         "requested resource")
                 self._send_json(200, route)
                 return
-            self._serve(method, route, query, body)
+            self._serve(method, route, query, _parse_json(raw))
         except _InjectedError as exc:
             self._send_json(exc.code, exc.status(), exc.headers)
         except ApiError as exc:
             self._send_json(exc.code, exc.status())
+        except Exception as exc:  # an emulator bug answers 500, as a panic does on a real server
+            LOG.exception("kube emulator failed on %s %s", method, self.path)
+            self._send_json(500, ApiError(500, f"emulator bug: {exc!r}").status())
 
     def _serve(self, method: str, route: _Route, query: dict[str, str], body: Any) -> None:
         emulator = self.emulator
@@ -1116,6 +1112,15 @@ class _InjectedError(ApiError):
     def __init__(self, fault: _Fault, headers: dict[str, str]) -> None:
         super().__init__(fault.status, fault.message, fault.reason)
         self.headers = headers
+
+
+def _parse_json(raw: bytes) -> Any:
+    if not raw.strip():
+        return None
+    try:
+        return json.loads(raw)
+    except ValueError as exc:
+        raise ApiError(400, f"request body is not JSON: {exc}") from exc
 
 
 def _object_body(body: Any) -> Obj:

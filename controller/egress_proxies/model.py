@@ -1,0 +1,124 @@
+"""The Proxy resource as the controller sees it, and the names and hashes derived from it.
+
+Plain data, no I/O: every source (Kubernetes, a directory of YAML files) produces these.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+GROUP = "crawl.example.com"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "Proxy"
+PLURAL = "proxies"
+
+FINALIZER = f"{GROUP}/cleanup"
+SKIP_CLEANUP_ANNOTATION = f"{GROUP}/skip-cleanup"
+SPEC_HASH_ANNOTATION = f"{GROUP}/spec-hash"
+
+OWNER_TAG = f"{GROUP}/owner"
+PROXY_TAG = f"{GROUP}/proxy"
+UID_TAG = f"{GROUP}/uid"
+SPEC_HASH_TAG = f"{GROUP}/spec-hash"
+
+DEFAULT_PORT = 3128
+
+PHASE_PENDING = "Pending"
+PHASE_PROVISIONING = "Provisioning"
+PHASE_READY = "Ready"
+PHASE_DELETING = "Deleting"
+PHASE_FAILED = "Failed"
+
+# The spec fields that shape an instance; a change to any of them replaces it.
+SPEC_FIELDS = ("provider", "location", "machineType", "image", "port", "cloudInit", "cloudInitEncoding")
+
+
+@dataclass
+class Proxy:
+    """One Proxy object: metadata, spec and status as plain dicts (the API's own shape)."""
+
+    namespace: str
+    name: str
+    uid: str
+    spec: dict[str, Any]
+    status: dict[str, Any] = field(default_factory=dict)
+    generation: int = 1
+    resource_version: str = ""
+    finalizers: list[str] = field(default_factory=list)
+    annotations: dict[str, str] = field(default_factory=dict)
+    deletion_timestamp: str | None = None
+    creation_timestamp: str | None = None
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def deleting(self) -> bool:
+        return self.deletion_timestamp is not None
+
+    @property
+    def provider(self) -> str:
+        return str(self.spec.get("provider") or "")
+
+    @property
+    def port(self) -> int:
+        return int(self.spec.get("port") or DEFAULT_PORT)
+
+    @property
+    def skip_cleanup(self) -> bool:
+        return self.annotations.get(SKIP_CLEANUP_ANNOTATION, "").lower() == "true"
+
+    @classmethod
+    def from_object(cls, obj: dict[str, Any]) -> Proxy:
+        """From the API's JSON object (or a YAML file of the same shape)."""
+        metadata = obj.get("metadata") or {}
+        return cls(
+            namespace=str(metadata.get("namespace") or "default"),
+            name=str(metadata.get("name") or ""),
+            uid=str(metadata.get("uid") or ""),
+            spec=dict(obj.get("spec") or {}),
+            status=dict(obj.get("status") or {}),
+            generation=int(metadata.get("generation") or 1),
+            resource_version=str(metadata.get("resourceVersion") or ""),
+            finalizers=list(metadata.get("finalizers") or []),
+            annotations=dict(metadata.get("annotations") or {}),
+            deletion_timestamp=metadata.get("deletionTimestamp"),
+            creation_timestamp=metadata.get("creationTimestamp"),
+        )
+
+
+def spec_hash(spec: dict[str, Any]) -> str:
+    """A short, stable hash of the fields that shape the instance (label-safe: 16 hex)."""
+    shaping = {key: spec.get(key) for key in SPEC_FIELDS}
+    shaping["port"] = int(shaping["port"] or DEFAULT_PORT)
+    shaping["cloudInitEncoding"] = shaping["cloudInitEncoding"] or "plain"
+    canonical = json.dumps(shaping, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+_NOT_NAME = re.compile(r"[^a-z0-9-]+")
+
+
+def instance_name(proxy: Proxy, hash_of_spec: str) -> str:
+    """The deterministic instance name for this Proxy and spec.
+
+    Deterministic, so a controller killed between create and status write finds the
+    same instance again instead of making a second one; it includes the spec hash,
+    so a replacement (make-before-break) gets a different name than the instance it
+    replaces. At most 63 characters, starting with a letter: valid as a libvirt
+    domain, a GCE instance and a Pod name alike.
+    """
+    suffix = hashlib.sha256(f"{proxy.uid}/{hash_of_spec}".encode()).hexdigest()[:6]
+    readable = _NOT_NAME.sub("-", f"{proxy.namespace}-{proxy.name}".lower()).strip("-")
+    readable = readable[: 63 - len(suffix) - 3].rstrip("-")
+    return f"p-{readable}-{suffix}" if readable else f"p-{suffix}"
+
+
+def instance_tags(owner: str, proxy: Proxy, hash_of_spec: str) -> dict[str, str]:
+    return {OWNER_TAG: owner, PROXY_TAG: proxy.key, UID_TAG: proxy.uid, SPEC_HASH_TAG: hash_of_spec}

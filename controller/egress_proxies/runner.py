@@ -1,0 +1,220 @@
+"""The only place that imports ansible_runner: runs a batch of module calls as one playbook.
+
+One ansible-runner call costs about 1.5 s and ~100 MiB whatever it does, so the
+controller never spawns one per Proxy: a batch of module calls for one provider
+becomes one playbook with one task per call, each ``ignore_errors`` so one failure
+does not stop the rest, and each task's result is read back from the runner's events.
+
+Nothing taken from a Proxy is ever templated: every string in the generated playbook
+is tagged ``!unsafe`` (and user-data travels base64-encoded on top), so a cloudInit
+with ``{{ ... }}`` reaches the instance unchanged and cannot run code here.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import ansible_runner
+import yaml
+
+from egress_proxies import metrics
+
+log = logging.getLogger(__name__)
+
+COLLECTION = "crawl.egress_proxies"
+ERROR_CLASSES = ("not_found", "permanent", "transient")
+# Memory one ansible-playbook run takes here (measured ~100 MiB), with headroom.
+RUN_MEMORY_BYTES = 160 * 1024 * 1024
+_TASK_NAME = re.compile(r"^op (\d+)$")
+
+
+@dataclass(frozen=True)
+class Operation:
+    """One module call: ``module`` is the short name (``kvm_proxy``), ``key`` says what it is for."""
+
+    module: str
+    args: dict[str, Any]
+    key: str = ""
+
+
+@dataclass(frozen=True)
+class OperationResult:
+    ok: bool
+    result: dict[str, Any] = field(default_factory=dict)
+    error_class: str | None = None
+    message: str = ""
+
+    @classmethod
+    def failure(cls, error_class: str, message: str, result: dict[str, Any] | None = None) -> OperationResult:
+        return cls(ok=False, result=result or {}, error_class=error_class, message=message)
+
+
+class Runner(Protocol):
+    def run(self, provider: str, verb: str, operations: Sequence[Operation]) -> list[OperationResult]:
+        """Run the batch; one result per operation, in order. Never raises for module failures."""
+
+
+def classify_failure(result: dict[str, Any]) -> str:
+    """The module's own ``error_class``; anything unclassified is transient (design.md)."""
+    error_class = result.get("error_class")
+    return error_class if error_class in ERROR_CLASSES else "transient"
+
+
+class _Unsafe(str):
+    """A string Ansible must never template."""
+
+
+class _Dumper(yaml.SafeDumper):
+    pass
+
+
+_Dumper.add_representer(_Unsafe, lambda dumper, data: dumper.represent_scalar("!unsafe", str(data)))
+
+
+def _unsafe(value: Any) -> Any:
+    if isinstance(value, str):
+        return _Unsafe(value)
+    if isinstance(value, dict):
+        return {str(key): _unsafe(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_unsafe(item) for item in value]
+    return value
+
+
+def build_playbook(operations: Sequence[Operation]) -> str:
+    """The playbook text for a batch: one ``ignore_errors`` task per operation, all values unsafe."""
+    tasks = [
+        {"name": f"op {index}", f"{COLLECTION}.{op.module}": _unsafe(op.args), "ignore_errors": True}
+        for index, op in enumerate(operations)
+    ]
+    play = [{"name": "egress-proxies batch", "hosts": "localhost", "gather_facts": False, "tasks": tasks}]
+    return yaml.dump(play, Dumper=_Dumper, sort_keys=False)
+
+
+def results_from_events(events: Sequence[dict[str, Any]], count: int, status: str) -> list[OperationResult]:
+    """One result per operation from the runner's events; a task with no result failed transiently."""
+    results: list[OperationResult | None] = [None] * count
+    for event in events:
+        kind = event.get("event")
+        if kind not in ("runner_on_ok", "runner_on_failed", "runner_on_unreachable"):
+            continue
+        data = event.get("event_data") or {}
+        match = _TASK_NAME.match(str(data.get("task") or ""))
+        if match is None or int(match.group(1)) >= count:
+            continue
+        res = dict(data.get("res") or {})
+        if kind == "runner_on_ok":
+            results[int(match.group(1))] = OperationResult(ok=True, result=res)
+        else:
+            results[int(match.group(1))] = OperationResult.failure(
+                classify_failure(res), str(res.get("msg") or "module failed without a message"), res)
+    reason = "the run timed out and was killed" if status == "timeout" else f"the run ended ({status}) first"
+    return [result or OperationResult.failure("transient", f"no result: {reason}") for result in results]
+
+
+def memory_available_bytes() -> int:
+    """What this process may still use: the cgroup limit if set, else MemAvailable."""
+    available = 0
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                available = int(line.split()[1]) * 1024
+    except OSError:
+        available = 2 * 1024**3
+    try:
+        limit_text = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        usage = int(Path("/sys/fs/cgroup/memory.current").read_text().strip())
+        if limit_text != "max":
+            available = min(available, int(limit_text) - usage)
+    except (OSError, ValueError):
+        pass
+    return max(available, 0)
+
+
+def concurrency_for_memory(available: int, reserve: int = 256 * 1024 * 1024, cap: int = 8) -> int:
+    """How many runner processes fit in memory (never fewer than one, never more than ``cap``)."""
+    return max(1, min(cap, (available - reserve) // RUN_MEMORY_BYTES))
+
+
+class AnsibleRunner:
+    """Runs batches through ansible-runner, bounded in time, concurrency and artifacts on disk."""
+
+    def __init__(self, work_dir: Path, timeout_seconds: int = 600, max_concurrent: int | None = None,
+                 keep_artifacts: int = 50, collections_path: str | None = None) -> None:
+        self.work_dir = work_dir
+        self.timeout_seconds = timeout_seconds
+        self.keep_artifacts = keep_artifacts
+        self.collections_path = collections_path or os.environ.get("ANSIBLE_COLLECTIONS_PATH", "")
+        limit = max_concurrent or concurrency_for_memory(memory_available_bytes())
+        self.max_concurrent = limit
+        self._slots = threading.BoundedSemaphore(limit)
+        self.private_dir = work_dir / "runner"
+        (self.private_dir / "project").mkdir(parents=True, exist_ok=True)
+        (self.private_dir / "artifacts").mkdir(parents=True, exist_ok=True)
+        # ansible-runner looks for ansible-playbook on PATH; use the one beside this interpreter.
+        bin_dir = str(Path(sys.executable).parent)
+        if bin_dir not in os.environ.get("PATH", "").split(os.pathsep):
+            os.environ["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")
+
+    def run(self, provider: str, verb: str, operations: Sequence[Operation]) -> list[OperationResult]:
+        if not operations:
+            return []
+        ident = f"{time.strftime('%Y%m%dT%H%M%S')}-{provider}-{verb}-{uuid.uuid4().hex[:8]}"
+        playbook = self.private_dir / "project" / f"{ident}.yml"
+        with self._slots:
+            started = time.monotonic()
+            playbook.write_text(build_playbook(operations))
+            try:
+                outcome = ansible_runner.run(
+                    private_data_dir=str(self.private_dir), playbook=playbook.name, ident=ident,
+                    inventory={"all": {"hosts": {"localhost": {
+                        "ansible_connection": "local", "ansible_python_interpreter": sys.executable}}}},
+                    envvars={"ANSIBLE_COLLECTIONS_PATH": self.collections_path, "ANSIBLE_NOCOLOR": "1",
+                             "ANSIBLE_RETRY_FILES_ENABLED": "0"},
+                    timeout=self.timeout_seconds, quiet=True, rotate_artifacts=self.keep_artifacts,
+                )
+                events = list(outcome.events)
+                status = str(outcome.status)
+            finally:
+                # The playbook holds user-data: it never outlives the run.
+                playbook.unlink(missing_ok=True)
+            elapsed = time.monotonic() - started
+        results = results_from_events(events, len(operations), status)
+        self._index(ident, operations)
+        metrics.RUNNER_CALLS.labels(provider=provider, verb=verb).inc()
+        metrics.RUNNER_SECONDS.labels(provider=provider, verb=verb).observe(elapsed)
+        failed = sum(1 for result in results if not result.ok)
+        log.info("runner %s %s: %d operation(s), %d failed, %.1f s (%s)", provider, verb, len(operations),
+                 failed, elapsed, status)
+        return results
+
+    def _index(self, ident: str, operations: Sequence[Operation]) -> None:
+        """Which Proxies a run touched, so their artifacts can be purged when they go."""
+        artifact = self.private_dir / "artifacts" / ident
+        if artifact.is_dir():
+            (artifact / "egress-proxies-keys.json").write_text(json.dumps(sorted({op.key for op in operations})))
+
+    def purge_artifacts(self, keys: set[str]) -> int:
+        """Remove every run's artifacts that touched one of ``keys``; returns how many."""
+        removed = 0
+        for index in (self.private_dir / "artifacts").glob("*/egress-proxies-keys.json"):
+            try:
+                touched = set(json.loads(index.read_text()))
+            except (OSError, ValueError):
+                continue
+            if touched & keys:
+                shutil.rmtree(index.parent, ignore_errors=True)
+                removed += 1
+        return removed

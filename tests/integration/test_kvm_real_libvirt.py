@@ -1,0 +1,477 @@
+"""The KVM modules against a real libvirtd over SSH, host key verified.
+
+Every module call goes through ansible-runner (``run_module``), as the controller makes it,
+to a libvirtd + sshd in a network namespace (the ``hypervisor_host`` fixture). Outcomes are
+read back from that libvirtd over its own SSH connection: domains, their XML, volume XML and
+volume content (downloaded with a libvirt stream), and the seed ISO opened with pycdlib.
+
+Each module run is a new process, so "the next call works without a restart" is simply the
+next ``run_module`` on the same config file.
+"""
+
+from __future__ import annotations
+
+import base64
+import email
+import gzip
+import io
+import time
+import xml.etree.ElementTree as ET
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import libvirt
+import pycdlib
+import pytest
+import yaml
+from support.ansible_modules import REPO, ModuleRun, run_module
+from support.hypervisor_host import HypervisorHost
+from support.provider_config import OWNER_TAGS, BaseImage, kvm_host, make_base_image, write_kvm_config
+
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.domain_xml import (
+    GUEST_AGENT_CHANNEL,
+    METADATA_NS,
+)
+
+HOST = "hv"
+BASE_VOLUME = "base-debian-12.qcow2"
+# The guest_agent role's script is the source of truth for the default vendor-data.
+GUEST_AGENT_SCRIPT = (REPO / "roles" / "guest_agent" / "files" / "install-qemu-guest-agent.sh").read_bytes()
+
+
+# --- reading outcomes back from libvirt --------------------------------------------------------
+
+
+def download(host: HypervisorHost, volume: libvirt.virStorageVol) -> bytes:
+    """A volume's bytes, streamed over the libvirt connection (virStorageVolDownload)."""
+    stream = host.connection.newStream(0)
+    volume.download(stream, 0, 0, 0)
+    chunks: list[bytes] = []
+
+    def collect(_stream: libvirt.virStream, data: bytes, sink: list[bytes]) -> int:
+        sink.append(data)
+        return 0
+
+    stream.recvAll(collect, chunks)
+    stream.finish()
+    return b"".join(chunks)
+
+
+def pool(host: HypervisorHost) -> libvirt.virStoragePool:
+    return host.connection.storagePoolLookupByName("default")
+
+
+def volume_names(host: HypervisorHost) -> set[str]:
+    default = pool(host)
+    default.refresh(0)
+    return set(default.listVolumes())
+
+
+def domain_names(host: HypervisorHost) -> set[str]:
+    return {domain.name() for domain in host.connection.listAllDomains(0)}
+
+
+@dataclass(frozen=True)
+class Seed:
+    """The files of a NoCloud seed ISO and the ISO's own properties."""
+
+    volume_id: str
+    rock_ridge: bool
+    joliet: bool
+    files: dict[str, bytes]  # by Rock Ridge name
+    joliet_files: dict[str, bytes]  # by Joliet name
+
+
+def read_seed(host: HypervisorHost, name: str) -> Seed:
+    image = io.BytesIO(download(host, pool(host).storageVolLookupByName(f"{name}-seed.iso")))
+    iso = pycdlib.PyCdlib()
+    iso.open_fp(image)
+    try:
+        files: dict[str, bytes] = {}
+        joliet_files: dict[str, bytes] = {}
+        for child in iso.list_children(rr_path="/"):
+            if child.is_dot() or child.is_dotdot():
+                continue
+            rr_name = child.rock_ridge.name().decode()
+            files[rr_name] = _iso_file(iso, rr_path="/" + rr_name)
+            joliet_files[rr_name] = _iso_file(iso, joliet_path="/" + rr_name)
+        return Seed(
+            volume_id=iso.pvd.volume_identifier.decode().rstrip(),
+            rock_ridge=iso.has_rock_ridge(),
+            joliet=iso.has_joliet(),
+            files=files,
+            joliet_files=joliet_files,
+        )
+    finally:
+        iso.close()
+
+
+def _iso_file(iso: pycdlib.PyCdlib, **path: str) -> bytes:
+    out = io.BytesIO()
+    iso.get_file_from_iso_fp(out, **path)
+    return out.getvalue()
+
+
+def instance_id(seed: Seed) -> str:
+    meta_data = yaml.safe_load(seed.files["meta-data"])
+    assert isinstance(meta_data, dict)
+    return str(meta_data["instance-id"])
+
+
+def remove_instance(host: HypervisorHost, name: str) -> None:
+    """Clean-up without a module run (the delete path itself is tested through the module)."""
+    try:
+        domain = host.connection.lookupByName(name)
+    except libvirt.libvirtError:
+        domain = None
+    if domain is not None:
+        if domain.isActive():
+            domain.destroy()
+        domain.undefine()
+    default = pool(host)
+    default.refresh(0)
+    for volume_name in (f"{name}.qcow2", f"{name}-seed.iso"):
+        if volume_name in default.listVolumes():
+            default.storageVolLookupByName(volume_name).delete(0)
+
+
+# --- configs and module calls ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def base_image(tmp_path_factory: pytest.TempPathFactory) -> BaseImage:
+    return make_base_image(tmp_path_factory.mktemp("image"))
+
+
+@dataclass
+class Lab:
+    """One provider config for the hypervisor host, and the calls the tests make with it."""
+
+    host: HypervisorHost
+    config: Path
+    cache_dir: Path
+
+    def create(self, name: str, check_mode: bool = False, **args: Any) -> ModuleRun:
+        args.setdefault("tags", {**OWNER_TAGS, "crawl.example.com/proxy": f"lab/{name}"})
+        return run_module("kvm_proxy", {**self._common(), "name": name, **args}, check_mode=check_mode)
+
+    def delete(self, provider_id: str) -> ModuleRun:
+        return run_module("kvm_proxy", {**self._common(), "state": "absent", "provider_id": provider_id})
+
+    def info(self, **args: Any) -> ModuleRun:
+        common = self._common()
+        del common["image_cache_dir"]  # the info module has no image cache
+        return run_module("kvm_proxy_info", {**common, **args})
+
+    def _common(self) -> dict[str, Any]:
+        return {"provider_config": str(self.config), "provider": "lab", "image_cache_dir": str(self.cache_dir)}
+
+
+def make_lab(host: HypervisorHost, base_image: BaseImage, directory: Path, hosts: list[dict[str, Any]] | None = None,
+             ssh: dict[str, str] | None = None, **kvm_overrides: Any) -> Lab:
+    """A config reaching ``host`` over qemu+libssh with the host's key and known_hosts."""
+    config = write_kvm_config(
+        directory / "providers.yaml",
+        hosts if hosts is not None else [kvm_host(HOST, host_uri(host))],
+        base_image,
+        ssh=ssh or {"keyFile": str(host.key_file), "knownHostsFile": str(host.known_hosts_file)},
+        **kvm_overrides,
+    )
+    return Lab(host, config, directory / "image-cache")
+
+
+def host_uri(host: HypervisorHost, port: int | None = None) -> str:
+    """The bare URI; the module adds keyfile, known_hosts and sshauth itself."""
+    address = host.address if port is None else f"{host.address}:{port}"
+    return f"qemu+libssh://root@{address}/system"
+
+
+def provider_id(name: str) -> str:
+    return f"kvm://hosts/{HOST}/domains/{name}"
+
+
+def succeeded(run: ModuleRun) -> dict[str, Any]:
+    assert not run.failed, run.result
+    assert run.status == "successful", run.result
+    return run.result
+
+
+def failed(run: ModuleRun, error_class: str) -> dict[str, Any]:
+    assert run.failed, run.result
+    assert run.result.get("error_class") == error_class, run.result
+    return run.result
+
+
+@pytest.fixture
+def lab(hypervisor_host: HypervisorHost, base_image: BaseImage, tmp_path: Path) -> Lab:
+    return make_lab(hypervisor_host, base_image, tmp_path)
+
+
+# --- 1. life cycle -----------------------------------------------------------------------------
+
+
+def test_create_info_idempotence_check_mode_and_delete(lab: Lab, base_image: BaseImage) -> None:
+    host, name = lab.host, "egp-life"
+    tags = {**OWNER_TAGS, "crawl.example.com/proxy": "lab/life", "crawl.example.com/uid": "u-1"}
+
+    created = succeeded(lab.create(name, tags=tags))
+    assert created["changed"] is True
+    assert created["provider_id"] == provider_id(name)
+    assert created["instance"]["state"] == "running"
+    assert created["instance"]["tags"] == tags
+
+    domain = host.connection.lookupByName(name)
+    assert domain.state()[0] == libvirt.VIR_DOMAIN_RUNNING
+    default = pool(host)
+    base = default.storageVolLookupByName(BASE_VOLUME)
+    overlay = default.storageVolLookupByName(f"{name}.qcow2")
+    seed = default.storageVolLookupByName(f"{name}-seed.iso")
+    overlay_xml = ET.fromstring(overlay.XMLDesc(0))
+    assert overlay_xml.find("./target/format").get("type") == "qcow2"  # type: ignore[union-attr]
+    assert overlay_xml.findtext("./backingStore/path") == base.path()
+    assert overlay_xml.find("./backingStore/format").get("type") == "qcow2"  # type: ignore[union-attr]
+    assert download(host, base) == base_image.path.read_bytes()
+
+    domain_xml = ET.fromstring(domain.XMLDesc(0))
+    assert domain_xml.get("type") == "qemu"
+    disks = {disk.get("device"): disk for disk in domain_xml.findall("./devices/disk")}
+    assert disks["disk"].find("source").get("file") == overlay.path()  # type: ignore[union-attr]
+    assert disks["cdrom"].find("source").get("file") == seed.path()  # type: ignore[union-attr]
+    assert disks["cdrom"].find("target").get("bus") == "sata"  # type: ignore[union-attr]
+    channels = [target.get("name") for target in domain_xml.findall("./devices/channel/target")]
+    assert GUEST_AGENT_CHANNEL in channels
+    stored_tags = {
+        tag.get("key"): tag.text
+        for tag in domain_xml.findall(f"./metadata/{{{METADATA_NS}}}instance/{{{METADATA_NS}}}tags/{{{METADATA_NS}}}tag")
+    }
+    assert stored_tags == tags
+
+    by_id = succeeded(lab.info(provider_id=provider_id(name)))["instances"]
+    assert [(i["provider_id"], i["state"], i["location"], i["tags"]) for i in by_id] == [
+        (provider_id(name), "running", HOST, tags)
+    ]
+    by_tags = succeeded(lab.info(tags={"crawl.example.com/uid": "u-1"}))
+    assert [i["provider_id"] for i in by_tags["instances"]] == [provider_id(name)]
+    assert by_tags["failed_locations"] == {}
+
+    again = succeeded(lab.create(name, tags=tags))
+    assert again["changed"] is False
+    assert again["provider_id"] == provider_id(name)
+
+    before = (domain_names(host), volume_names(host))
+    planned = succeeded(lab.create("egp-planned", check_mode=True))
+    assert planned["changed"] is True
+    assert planned["provider_id"] == provider_id("egp-planned")
+    assert (domain_names(host), volume_names(host)) == before
+
+    deleted = succeeded(lab.delete(provider_id(name)))
+    assert deleted["changed"] is True
+    assert name not in domain_names(host)
+    remaining = volume_names(host)
+    assert f"{name}.qcow2" not in remaining
+    assert f"{name}-seed.iso" not in remaining
+    assert BASE_VOLUME in remaining
+
+    assert succeeded(lab.delete(provider_id(name)))["changed"] is False
+
+
+# --- 2. the seed, read back through the module --------------------------------------------------
+
+CLOUD_CONFIG = "#cloud-config\npackages: [squid]\nwrite_files:\n- path: /etc/motd\n  content: 'grüße'\n"
+JINJA = (
+    "## template: jinja\n#cloud-config\n"
+    "{% if v1.local_hostname %}\nhostname: {{ v1.local_hostname }}\n{% endif %}\n"
+    "runcmd:\n- echo '{{ v1.instance_id }}' > /run/id\n"
+)
+MIME = (
+    'Content-Type: multipart/mixed; boundary="==BOUNDARY=="\nMIME-Version: 1.0\n\n'
+    '--==BOUNDARY==\nContent-Type: text/cloud-config; charset="us-ascii"\n\n#cloud-config\npackages: [squid]\n\n'
+    '--==BOUNDARY==\nContent-Type: text/x-shellscript; charset="us-ascii"\n\n#!/bin/sh\necho hello\n\n'
+    "--==BOUNDARY==--\n"
+)
+GZIPPED = gzip.compress(b"#cloud-config\npackages: [squid]\n", mtime=0)
+SHELL = "#!/bin/sh\r\nset -eu\r\necho 'crlf kept' > /run/marker\r\n"
+
+
+@pytest.mark.parametrize(
+    ("user_data", "encoding", "expected"),
+    [
+        pytest.param(CLOUD_CONFIG, "plain", CLOUD_CONFIG.encode(), id="cloud-config"),
+        pytest.param(JINJA, "plain", JINJA.encode(), id="jinja"),
+        pytest.param(MIME, "plain", MIME.encode(), id="mime"),
+        pytest.param(base64.b64encode(GZIPPED).decode(), "base64", GZIPPED, id="gzip"),
+        pytest.param(SHELL, "plain", SHELL.encode(), id="shell-script"),
+    ],
+)
+def test_user_data_reaches_the_seed_byte_for_byte(lab: Lab, user_data: str, encoding: str, expected: bytes) -> None:
+    name = "egp-seed"
+    try:
+        succeeded(lab.create(name, user_data=user_data, user_data_encoding=encoding))
+        seed = read_seed(lab.host, name)
+    finally:
+        remove_instance(lab.host, name)
+    assert seed.files["user-data"] == expected
+    assert seed.joliet_files["user-data"] == expected
+    assert seed.volume_id == "cidata"
+    assert seed.rock_ridge
+    assert seed.joliet
+    assert seed.files["vendor-data"] == GUEST_AGENT_SCRIPT
+    assert yaml.safe_load(seed.files["meta-data"])["local-hostname"] == name
+
+
+OPERATOR_VENDOR_DATA = "#cloud-config\nruncmd:\n- [touch, /run/operator-was-here]\n"
+
+
+@pytest.mark.parametrize(
+    ("kvm_overrides", "expected_files"),
+    [
+        pytest.param({"installGuestAgent": False}, {"user-data", "meta-data"}, id="opt-out-no-vendor-data"),
+        pytest.param({"installGuestAgent": False, "vendorData": OPERATOR_VENDOR_DATA},
+                     {"user-data", "meta-data", "vendor-data"}, id="opt-out-operator-only"),
+        pytest.param({"vendorData": OPERATOR_VENDOR_DATA}, {"user-data", "meta-data", "vendor-data"},
+                     id="operator-and-agent"),
+    ],
+)
+def test_vendor_data(hypervisor_host: HypervisorHost, base_image: BaseImage, tmp_path: Path,
+                     kvm_overrides: dict[str, Any], expected_files: set[str]) -> None:
+    lab = make_lab(hypervisor_host, base_image, tmp_path, **kvm_overrides)
+    name = "egp-vendor"
+    try:
+        succeeded(lab.create(name, user_data="#cloud-config\n"))
+        seed = read_seed(hypervisor_host, name)
+    finally:
+        remove_instance(hypervisor_host, name)
+    assert set(seed.files) == expected_files
+    if "vendor-data" not in expected_files:
+        return
+    vendor_data = seed.files["vendor-data"]
+    if kvm_overrides.get("installGuestAgent") is False:
+        assert vendor_data == OPERATOR_VENDOR_DATA.encode()
+        return
+    assert vendor_data.split(b"\n", 1)[0].startswith(b"MIME-Version:")
+    parts = [part for part in email.message_from_bytes(vendor_data).walk() if not part.is_multipart()]
+    assert [part.get_payload(decode=True) for part in parts] == [OPERATOR_VENDOR_DATA.encode(), GUEST_AGENT_SCRIPT]
+
+
+def test_instance_id_is_new_for_every_instance_and_every_creation(lab: Lab) -> None:
+    first, second = "egp-id-a", "egp-id-b"
+    try:
+        succeeded(lab.create(first))
+        succeeded(lab.create(second))
+        ids = [instance_id(read_seed(lab.host, first)), instance_id(read_seed(lab.host, second))]
+        succeeded(lab.delete(provider_id(first)))
+        succeeded(lab.create(first))
+        ids.append(instance_id(read_seed(lab.host, first)))
+    finally:
+        remove_instance(lab.host, first)
+        remove_instance(lab.host, second)
+    assert len(set(ids)) == 3, ids
+
+
+# --- 3. lazy SSH material ----------------------------------------------------------------------
+
+
+def test_ssh_material_is_read_at_each_connection(hypervisor_host: HypervisorHost, base_image: BaseImage,
+                                                 tmp_path: Path) -> None:
+    key_file, known_hosts = tmp_path / "ssh" / "id_ed25519", tmp_path / "ssh" / "known_hosts"
+    key_file.parent.mkdir()
+    known_hosts.write_bytes(hypervisor_host.known_hosts_file.read_bytes())
+    lab = make_lab(hypervisor_host, base_image, tmp_path,
+                   ssh={"keyFile": str(key_file), "knownHostsFile": str(known_hosts)})
+
+    def sweep() -> ModuleRun:
+        return lab.info(tags=OWNER_TAGS)
+
+    def refused(error_class: str, field: str) -> dict[str, Any]:
+        result = failed(sweep(), error_class)
+        assert field in result["msg"], result
+        assert result["failed_locations"][HOST]["error_class"] == error_class, result
+        return result
+
+    refused("transient", "keyFile")  # the Secret is not mounted yet
+
+    key_file.write_bytes(hypervisor_host.key_file.read_bytes())
+    key_file.chmod(0o600)
+    succeeded(sweep())
+
+    key_file.write_bytes(b"-----BEGIN OPENSSH PRIVATE KEY-----\ngarbage\n-----END OPENSSH PRIVATE KEY-----\n")
+    refused("permanent", "keyFile")
+
+    key_file.write_bytes(hypervisor_host.key_file.read_bytes())
+    succeeded(sweep())
+
+    known_hosts.write_bytes(hypervisor_host.wrong_known_hosts_file().read_bytes())
+    result = refused("permanent", "known")
+    assert "host key" in result["msg"].lower(), result
+
+    known_hosts.write_text(f"{hypervisor_host.address} ssh-ed25519 not-base64!\n")
+    refused("permanent", "knownHostsFile")
+
+
+# --- 4. and 5. hosts that do not answer ---------------------------------------------------------
+
+CLOSED_PORT = 2222  # nothing listens here inside the host's namespace: the connection is refused
+
+
+def test_a_host_that_does_not_answer_is_transient(hypervisor_host: HypervisorHost, base_image: BaseImage,
+                                                  tmp_path: Path) -> None:
+    lab = make_lab(hypervisor_host, base_image, tmp_path,
+                   hosts=[kvm_host(HOST, host_uri(hypervisor_host, CLOSED_PORT))])
+    started = time.monotonic()
+    result = failed(lab.info(provider_id=provider_id("egp-nowhere")), "transient")
+    elapsed = time.monotonic() - started
+    assert f"{hypervisor_host.address}:{CLOSED_PORT}" in result["msg"], result
+    assert elapsed < 10, elapsed
+
+
+def test_listing_with_one_host_down_fails_but_returns_what_it_saw(hypervisor_host: HypervisorHost,
+                                                                  base_image: BaseImage, tmp_path: Path) -> None:
+    hosts = [kvm_host(HOST, host_uri(hypervisor_host)), kvm_host("dead", host_uri(hypervisor_host, CLOSED_PORT))]
+    lab = make_lab(hypervisor_host, base_image, tmp_path, hosts=hosts)
+    name = "egp-survivor"
+    try:
+        succeeded(lab.create(name, location=HOST))
+        result = failed(lab.info(tags=OWNER_TAGS), "transient")
+    finally:
+        remove_instance(hypervisor_host, name)
+    assert set(result["failed_locations"]) == {"dead"}
+    assert result["failed_locations"]["dead"]["error_class"] == "transient"
+    assert "dead" in result["msg"]
+    assert [i["provider_id"] for i in result["instances"]] == [provider_id(name)]
+
+
+# --- 6. and 7. failures that must leave nothing behind, deletes that must succeed ---------------
+
+
+def test_a_failed_start_leaves_nothing_behind(hypervisor_host: HypervisorHost, base_image: BaseImage,
+                                              tmp_path: Path) -> None:
+    lab = make_lab(hypervisor_host, base_image, tmp_path,
+                   hosts=[kvm_host(HOST, host_uri(hypervisor_host), network="no-such-network")])
+    name = "egp-half"
+    try:
+        result = failed(lab.create(name), "permanent")
+        domains, volumes = domain_names(hypervisor_host), volume_names(hypervisor_host)
+    finally:
+        remove_instance(hypervisor_host, name)
+    assert "no-such-network" in result["msg"], result
+    assert name not in domains
+    assert f"{name}.qcow2" not in volumes
+    assert f"{name}-seed.iso" not in volumes
+
+
+def test_delete_from_a_missing_pool_succeeds(hypervisor_host: HypervisorHost, base_image: BaseImage,
+                                             tmp_path: Path) -> None:
+    lab = make_lab(hypervisor_host, base_image, tmp_path,
+                   hosts=[kvm_host(HOST, host_uri(hypervisor_host), pool="nope")])
+    result = succeeded(lab.delete(provider_id("egp-poolless")))
+    assert result["changed"] is False
+
+
+@pytest.fixture(autouse=True)
+def _no_leftovers(hypervisor_host: HypervisorHost) -> Iterator[None]:
+    """Each test starts and ends with only the base image in the pool and no domains."""
+    yield
+    assert domain_names(hypervisor_host) == set()
+    assert volume_names(hypervisor_host) <= {BASE_VOLUME}
