@@ -10,6 +10,7 @@ import os
 from collections.abc import Iterator
 
 import pytest
+
 from support.hypervisor_host import HypervisorHost
 from support.libvirt_daemon import LibvirtTestDaemon
 

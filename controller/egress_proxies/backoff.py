@@ -36,10 +36,8 @@ class Backoff:
         """Record a failure; returns the delay before the next attempt."""
         entry = self._entries.get(key) or _Entry(0, 0.0)
         entry.failures += 1
-        if error_class == "permanent":
-            delay = self.permanent
-        else:
-            delay = min(self.cap, self.base * 2 ** (entry.failures - 1))
+        exponential = min(self.cap, self.base * 2 ** (entry.failures - 1))
+        delay = self.permanent if error_class == "permanent" else exponential
         # Jitter spreads retries of many objects that failed together (a host went down).
         delay *= 1 + self.jitter * (2 * self.rng() - 1)
         entry.not_before = self.clock() + delay

@@ -157,7 +157,7 @@ class DirectoryStore:
             raise Gone(f"{namespace}/{name}")
         return proxy
 
-    def watch_proxies(self, resource_version: str, timeout_seconds: int) -> Iterator[WatchEvent]:
+    def watch_proxies(self, resource_version: str, timeout_seconds: int) -> Iterator[WatchEvent]:  # noqa: ARG002
         """Files have no change feed; the periodic sweep covers them. Waits, then ends."""
         time.sleep(timeout_seconds)
         return iter(())

@@ -53,6 +53,10 @@ class Proxy:
     annotations: dict[str, str] = field(default_factory=dict)
     deletion_timestamp: str | None = None
     creation_timestamp: str | None = None
+    # The whole object as a source read it, so a write can send back everything it did not
+    # change (labels, spec, unknown fields) rather than a rebuilt, lossy copy. Sources that
+    # need it (kube.KubeStore) set it; it duplicates the fields above, so equality ignores it.
+    raw: dict[str, Any] | None = field(default=None, repr=False, compare=False)
 
     @property
     def key(self) -> str:

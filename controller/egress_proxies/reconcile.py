@@ -173,7 +173,7 @@ class Reconciler:
             if name not in config.providers:
                 for proxy in group:
                     self._provider_missing(proxy, config)
-        self._delete_proxies(config, deleting, listings, report)
+        self._delete_proxies(config, deleting, report)
         self._collect_garbage(config, proxies, listings, report)
 
         final, _ = self.store.list_proxies()
@@ -300,8 +300,8 @@ class Reconciler:
             for (proxy, old), result in zip(chunk, results, strict=True):
                 if result.ok:
                     report.deleted += 1
-                    self.store.record_event(proxy, "Normal", "Replaced",
-                                            f"old instance {old['provider_id']} deleted after its successor became ready")
+                    message = f"old instance {old['provider_id']} deleted after its successor became ready"
+                    self.store.record_event(proxy, "Normal", "Replaced", message)
                 else:
                     metrics.ERRORS.labels(error_class=result.error_class or "transient").inc()
                     log.warning("%s: deleting replaced instance %s failed (%s): %s", proxy.key, old["provider_id"],
@@ -329,8 +329,7 @@ class Reconciler:
 
     # -- the delete path (design.md, "Deletion") ----------------------------------------------
 
-    def _delete_proxies(self, config: ProviderConfigView, proxies: list[Proxy], listings: dict[str, Listing],
-                        report: SweepReport) -> None:
+    def _delete_proxies(self, config: ProviderConfigView, proxies: list[Proxy], report: SweepReport) -> None:
         pending: dict[str, list[Proxy]] = {}
         for proxy in proxies:
             provider_id = proxy.status.get("providerID")

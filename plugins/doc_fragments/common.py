@@ -13,7 +13,7 @@ options:
   provider_config:
     description:
       - Path to the provider config file (YAML) that the controller also reads.
-      - It is validated whole; the first bad field fails the module with O(error_class=permanent) and its path.
+      - It is validated whole; the first bad field fails the module with RV(error_class=permanent) and its path.
     type: path
     required: true
   provider:
@@ -92,7 +92,7 @@ options:
 options:
   provider_id:
     description:
-      - Return this one instance. A missing instance fails with O(error_class=not_found).
+      - Return this one instance. A missing instance fails with RV(error_class=not_found).
       - Mutually exclusive with O(tags).
     type: str
   tags:

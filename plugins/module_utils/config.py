@@ -21,7 +21,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 try:
     import yaml
 except ImportError:  # pragma: no cover - reported by the modules via missing_required_lib
-    yaml = None
+    yaml = None  # type: ignore[assignment]
     HAS_YAML = False
 else:
     HAS_YAML = True
@@ -39,6 +39,7 @@ IDENTIFIER_RULE = "may contain only letters, digits, '.', '-' and '_'"
 # The owner id and provider names end up in labels and tags on every backend.
 LABEL_VALUE_RE = re.compile(r"^[a-z0-9]([a-z0-9_-]{0,61}[a-z0-9])?$")
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+SAFE_PATH_RE = re.compile(r"[^\s'\"]+")
 
 
 class ConfigError(Permanent):
@@ -187,7 +188,7 @@ class _Reader:
             raise ConfigError("%s: required field is missing" % self.at(key))
         if not isinstance(value, str) or not value:
             raise ConfigError("%s: must be a non-empty string, got %s" % (self.at(key), _kind(value)))
-        if pattern is not None and not pattern.match(value):
+        if pattern is not None and not pattern.fullmatch(value):
             raise ConfigError("%s: %r %s" % (self.at(key), value, rule))
         return value
 
@@ -223,7 +224,7 @@ class _Reader:
             raise ConfigError("%s: required field is missing" % self.at(key))
         return _Reader(self.data[key], self.at(key))
 
-    def non_empty_mapping(self, key: str) -> Dict[str, Any]:
+    def non_empty_mapping(self, key: str) -> Dict[Any, Any]:
         reader = self.mapping(key)
         if not reader.data:
             raise ConfigError("%s: must have at least one entry" % self.at(key))
@@ -266,7 +267,10 @@ def _parse_kvm(reader: _Reader) -> KvmSettings:
     if reader.has("ssh"):
         ssh_reader = reader.mapping("ssh")
         ssh_reader.only("keyFile", "knownHostsFile")
-        ssh = SshSettings(ssh_reader.string("keyFile"), ssh_reader.string("knownHostsFile"))
+        # Paths end up in ssh options (the qemu+ssh wrapper), where whitespace and quotes split them.
+        path_rule = "must be a path without whitespace or quotes (ssh splits option values on them)"
+        ssh = SshSettings(ssh_reader.string("keyFile", pattern=SAFE_PATH_RE, rule=path_rule),
+                          ssh_reader.string("knownHostsFile", pattern=SAFE_PATH_RE, rule=path_rule))
 
     hosts: List[KvmHost] = []
     for index, raw in enumerate(reader.non_empty_list("hosts")):
@@ -292,7 +296,7 @@ def _parse_kvm(reader: _Reader) -> KvmSettings:
     images: Dict[str, KvmImage] = {}
     for key, raw in reader.non_empty_mapping("images").items():
         path = "%s.%s" % (reader.at("images"), key)
-        if not isinstance(key, str) or not IDENTIFIER_RE.match(key):
+        if not isinstance(key, str) or not IDENTIFIER_RE.fullmatch(key):
             raise ConfigError(
                 "%s: image key %r %s, because it names the cached volume base-<key>.<format> "
                 "and its download lock; rename the key" % (path, key, IDENTIFIER_RULE))
@@ -310,22 +314,27 @@ def _parse_kvm(reader: _Reader) -> KvmSettings:
             vcpus=machine.integer("vcpus", 1), memory_mib=machine.integer("memoryMiB", 64),
             disk_gib=machine.integer("diskGiB", 1), machine=machine.optional_string("machine"))
 
+    default_machine_type = _default_key(reader, "defaultMachineType", machine_types, "machineTypes")
+    default_image = _default_key(reader, "defaultImage", images, "images")
     vendor_data = reader.data.get("vendorData")
     if vendor_data is not None and not isinstance(vendor_data, str):
         raise ConfigError("%s: must be a string (a cloud-init document) or null" % reader.at("vendorData"))
     return KvmSettings(
         hosts=tuple(hosts), images=images, machine_types=machine_types,
-        default_machine_type=_default_key(reader, "defaultMachineType", machine_types, "machineTypes"),
-        default_image=_default_key(reader, "defaultImage", images, "images"),
+        default_machine_type=default_machine_type, default_image=default_image,
         ssh=ssh, vendor_data=vendor_data, install_guest_agent=reader.boolean("installGuestAgent", True))
 
 
 def _parse_gcp(reader: _Reader) -> GcpSettings:
     reader.only("project", "zones", "machineTypes", "images", "defaultMachineType", "defaultImage", "network",
                 "credentialsFile", "externalIP", "apiEndpoint")
+    # Fields are checked in the order design.md documents them, so the first error reported
+    # is the first one a reader of the file meets.
+    project = reader.string("project", pattern=re.compile(r"[a-z][-a-z0-9.:]{4,61}[a-z0-9]"),
+                            rule="is not a GCP project id")
     zones = reader.non_empty_list("zones")
     for index, zone in enumerate(zones):
-        if not isinstance(zone, str) or not re.match(r"^[a-z0-9-]+$", zone):
+        if not isinstance(zone, str) or not re.fullmatch(r"[a-z0-9-]+", zone):
             raise ConfigError("%s[%d]: %r is not a zone name such as europe-west1-b" % (
                 reader.at("zones"), index, zone))
     machine_types = {str(k): v for k, v in reader.non_empty_mapping("machineTypes").items()}
@@ -335,9 +344,7 @@ def _parse_gcp(reader: _Reader) -> GcpSettings:
             if not isinstance(value, str) or not value:
                 raise ConfigError("%s.%s: must be a non-empty string" % (reader.at(what), key))
     return GcpSettings(
-        project=reader.string("project", pattern=re.compile(r"^[a-z][-a-z0-9.:]{4,61}[a-z0-9]$"),
-                              rule="is not a GCP project id"),
-        zones=tuple(zones), machine_types=machine_types, images=images,
+        project=project, zones=tuple(zones), machine_types=machine_types, images=images,
         default_machine_type=_default_key(reader, "defaultMachineType", machine_types, "machineTypes"),
         default_image=_default_key(reader, "defaultImage", images, "images"),
         network=reader.string("network", "global/networks/default"),

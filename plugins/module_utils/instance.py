@@ -59,7 +59,7 @@ class Instance:
 
 
 def validate_name(name: Any) -> str:
-    if not isinstance(name, str) or not NAME_RE.match(name):
+    if not isinstance(name, str) or not NAME_RE.fullmatch(name):
         raise Permanent(
             "name: %r is not a valid instance name: use 1-63 lowercase letters, digits and '-', starting with "
             "a letter and ending with a letter or digit" % (name,))

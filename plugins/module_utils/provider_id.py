@@ -69,7 +69,7 @@ def parse_provider_id(text: str, scheme: str = "") -> ProviderID:
     if scheme and found != scheme:
         raise Permanent("provider_id: %r is a %s:// providerID, this provider only handles %s://" % (
             text, found, scheme))
-    match = _PATTERNS[found].match(text)
+    match = _PATTERNS[found].fullmatch(text)
     if match is None:
         raise Permanent("provider_id: %r is malformed: expected %s" % (text, _FORMATS[found].replace(
             "{", "<").replace("}", ">")))

@@ -73,7 +73,8 @@ class ProxyModule:
 
     @property
     def params(self) -> Dict[str, Any]:
-        return self.module.params
+        params: Dict[str, Any] = self.module.params
+        return params
 
     @property
     def check_mode(self) -> bool:
@@ -101,7 +102,9 @@ class ProxyModule:
 
     def exit(self, **result: Any) -> NoReturn:
         self.module.exit_json(**result)
+        raise AssertionError("exit_json returned")  # pragma: no cover - it always exits
 
     def fail_from(self, error: ProxyError, **result: Any) -> NoReturn:
         """Report ``error`` with its class; never an SDK traceback in place of a class."""
         self.module.fail_json(msg=str(error), error_class=error_class_of(error), **result)
+        raise AssertionError("fail_json returned")  # pragma: no cover - it always exits

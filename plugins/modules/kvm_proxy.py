@@ -18,11 +18,12 @@ description:
     C(org.qemu.guest_agent.0) channel, and its tags in the domain's C(<metadata>)."
   - Without O(location), the VM goes to the host with the fewest instances of the same owner; every host
     is first checked for an existing VM of that name, so a host that does not answer fails the run
-    (O(error_class=transient)) rather than risk a duplicate.
+    (RV(error_class=transient)) rather than risk a duplicate.
   - Deleting destroys and undefines the domain and removes its overlay and seed volumes. A providerID
     naming a host that is not configured is a logged no-op success (nothing this controller can clean);
     a missing pool is success too.
-author: egress-proxies developers
+author:
+  - egress-proxies developers (@egress-proxies)
 extends_documentation_fragment:
   - crawl.egress_proxies.common
   - crawl.egress_proxies.common.instance
@@ -38,6 +39,7 @@ attributes:
     description: Reports what would be created or deleted without writing anything.
   diff_mode:
     support: none
+    description: No diff is produced.
 requirements:
   - libvirt-python
   - pycdlib
@@ -114,7 +116,10 @@ error_class:
   type: str
 """
 
+from typing import Any, Callable, Dict  # noqa: E402
+
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.errors import ProxyError  # noqa: E402
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.instances import KvmProvider  # noqa: E402
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.module import (  # noqa: E402
     LIBRARIES,
     kvm_provider,
@@ -128,12 +133,12 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.proxy_module 
 )
 
 
-def ensure_present(module, provider):
+def ensure_present(module: ProxyModule, provider: KvmProvider) -> Dict[str, Any]:
     changed, instance = provider.create(module.instance_request(), module.check_mode)
     return {"changed": changed, "instance": instance.to_dict(), "provider_id": instance.provider_id}
 
 
-def ensure_absent(module, provider):
+def ensure_absent(module: ProxyModule, provider: KvmProvider) -> Dict[str, Any]:
     provider_id = module.params["provider_id"]
     parsed = parse_provider_id(provider_id, "kvm")
     changed = provider.delete(provider_id, module.check_mode)
@@ -145,7 +150,7 @@ def ensure_absent(module, provider):
     return {"changed": changed, "instance": instance, "provider_id": provider_id}
 
 
-def main():
+def main() -> None:
     spec = dict(INSTANCE_ARGUMENT_SPEC, image_cache_dir={"type": "path"})
     module = ProxyModule(
         spec, "kvm", required_libs=LIBRARIES, supports_check_mode=True,
@@ -154,7 +159,8 @@ def main():
     provider = None
     try:
         provider = kvm_provider(module)
-        handler = ensure_present if module.params["state"] == "present" else ensure_absent
+        handler: Callable[[ProxyModule, KvmProvider], Dict[str, Any]] = (
+            ensure_present if module.params["state"] == "present" else ensure_absent)
         module.exit(**handler(module, provider))
     except ProxyError as error:
         module.fail_from(error)

@@ -11,15 +11,16 @@ short_description: Look up egress proxy VMs on KVM hosts, by providerID or by ta
 version_added: 0.1.0
 description:
   - With O(provider_id), returns that one VM with its state and IP; a VM that does not exist fails with
-    O(error_class=not_found). A providerID naming a host that is not configured fails with
-    O(error_class=permanent), never C(not_found), so a typo in the hosts list cannot look like a vanished VM.
+    RV(error_class=not_found). A providerID naming a host that is not configured fails with
+    RV(error_class=permanent), never C(not_found), so a typo in the hosts list cannot look like a vanished VM.
   - With O(tags), lists every VM carrying all of them across every configured host in one run (the
     controller's sweep). Domains without egress-proxies metadata are never listed.
   - If any host cannot be listed, the module fails (so nothing garbage-collects on a partial view) but
     still returns what it saw in RV(instances) and the failing hosts in RV(failed_locations).
   - IP discovery asks the guest agent, then the network's DHCP leases, then the host's ARP table,
     matching the VM's MAC and skipping loopback and link-local addresses.
-author: egress-proxies developers
+author:
+  - egress-proxies developers (@egress-proxies)
 extends_documentation_fragment:
   - crawl.egress_proxies.common
   - crawl.egress_proxies.common.info
@@ -29,6 +30,7 @@ attributes:
     description: The module never changes anything.
   diff_mode:
     support: none
+    description: No diff is produced.
 requirements:
   - libvirt-python
   - PyYAML
@@ -108,7 +110,7 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.proxy_module 
 )
 
 
-def main():
+def main() -> None:
     module = ProxyModule(
         INFO_ARGUMENT_SPEC, "kvm", required_libs=LIBRARIES, supports_check_mode=True,
         mutually_exclusive=[("provider_id", "tags")], required_one_of=[("provider_id", "tags")],

@@ -8,6 +8,7 @@ import textwrap
 
 import libvirt
 import pytest
+
 from support.hypervisor_host import HypervisorHost
 from support.libvirt_daemon import LibvirtTestDaemon
 

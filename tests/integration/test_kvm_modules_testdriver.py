@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from support.ansible_modules import ModuleRun, run_module
 from support.libvirt_daemon import LibvirtTestDaemon
 from support.provider_config import OWNER_TAGS, BaseImage, kvm_host, make_base_image, write_kvm_config
@@ -95,7 +96,8 @@ def test_create_get_list_delete_round_trip(config: Path, tmp_path: Path, libvirt
     assert gone.failed and gone.result["error_class"] == "not_found"
 
 
-def test_foreign_domains_are_never_listed(config: Path, libvirt_test: LibvirtTestDaemon) -> None:
+@pytest.mark.usefixtures("libvirt_test")
+def test_foreign_domains_are_never_listed(config: Path) -> None:
     # The test driver's own "test" domain has no egress-proxies metadata.
     listed = info(config, tags={})
     assert listed.status == "successful" and listed.result["instances"] == []
@@ -142,22 +144,24 @@ def test_bad_provider_config_fails_permanent_with_the_field_path(tmp_path: Path,
     assert "providerID" in result.result["msg"]  # the consequence, not just the rule
 
 
-def test_binary_user_data_is_accepted_base64(config: Path, tmp_path: Path, libvirt_test: LibvirtTestDaemon) -> None:
+@pytest.mark.usefixtures("libvirt_test")
+def test_binary_user_data_is_accepted_base64(config: Path, tmp_path: Path) -> None:
     gzip_magic = base64.b64encode(b"\x1f\x8b\x08\x00" + bytes(range(256))).decode()
     result = proxy(config, tmp_path, **GOOD, user_data=gzip_magic, user_data_encoding="base64")
     assert result.status == "successful", result.result
     assert "user_data" not in str(result.result.get("instance"))
 
 
-def test_user_data_never_reaches_the_result(config: Path, tmp_path: Path, libvirt_test: LibvirtTestDaemon) -> None:
+@pytest.mark.usefixtures("libvirt_test")
+def test_user_data_never_reaches_the_result(config: Path, tmp_path: Path) -> None:
     secret = "#cloud-config\nwrite_files: [{path: /etc/squid/passwd, content: 'crawler:s3cr3t-hash'}]\n"
     result = proxy(config, tmp_path, **GOOD, user_data=secret)
     assert result.status == "successful"
     assert "s3cr3t-hash" not in repr(result.result)
 
 
-def test_unconfigured_host_delete_is_a_noop_but_get_stays_permanent(config: Path, tmp_path: Path,
-                                                                     libvirt_test: LibvirtTestDaemon) -> None:
+@pytest.mark.usefixtures("libvirt_test")
+def test_unconfigured_host_delete_is_a_noop_but_get_stays_permanent(config: Path, tmp_path: Path) -> None:
     provider_id = "kvm://hosts/retired-host/domains/eu-1-3f9c2a"
     deleted = proxy(config, tmp_path, state="absent", provider_id=provider_id)
     assert deleted.status == "successful", deleted.result
@@ -171,7 +175,8 @@ def test_unconfigured_host_delete_is_a_noop_but_get_stays_permanent(config: Path
     assert "retired-host" in fetched.result["msg"]
 
 
-def test_delete_from_a_missing_pool_succeeds(tmp_path: Path, libvirt_test: LibvirtTestDaemon, image: BaseImage) -> None:
+def test_delete_from_a_missing_pool_succeeds(tmp_path: Path, libvirt_test: LibvirtTestDaemon,
+                                            image: BaseImage) -> None:
     config = write_kvm_config(tmp_path / "providers.yaml", [kvm_host("h1", libvirt_test.uri, pool="gone")], image)
     deleted = proxy(config, tmp_path, state="absent", provider_id="kvm://hosts/h1/domains/eu-1-3f9c2a")
     assert deleted.status == "successful", deleted.result
@@ -184,7 +189,7 @@ def test_placement_spreads_and_never_duplicates(tmp_path: Path, libvirt_test: Li
         config = write_kvm_config(
             tmp_path / "providers.yaml",
             [kvm_host("h1", libvirt_test.uri, pool=POOL), kvm_host("h2", second.uri, pool=POOL)], image)
-        placed = [proxy(config, tmp_path, name="p-%d" % n, tags=OWNER_TAGS).result["instance"]["location"]
+        placed = [proxy(config, tmp_path, name=f"p-{n}", tags=OWNER_TAGS).result["instance"]["location"]
                   for n in range(3)]
         assert placed == ["h1", "h2", "h1"]  # fewest of ours first, config order breaks ties
 

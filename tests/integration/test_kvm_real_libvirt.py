@@ -26,14 +26,14 @@ import libvirt
 import pycdlib
 import pytest
 import yaml
-from support.ansible_modules import REPO, ModuleRun, run_module
-from support.hypervisor_host import HypervisorHost
-from support.provider_config import OWNER_TAGS, BaseImage, kvm_host, make_base_image, write_kvm_config
 
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.domain_xml import (
     GUEST_AGENT_CHANNEL,
     METADATA_NS,
 )
+from support.ansible_modules import REPO, ModuleRun, run_module
+from support.hypervisor_host import HypervisorHost
+from support.provider_config import OWNER_TAGS, BaseImage, kvm_host, make_base_image, write_kvm_config
 
 HOST = "hv"
 BASE_VOLUME = "base-debian-12.qcow2"

@@ -11,14 +11,14 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any
 
 import ansible_runner
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 # ansible-runner finds ansible-playbook on PATH: use the one beside this interpreter.
-os.environ["PATH"] = "%s%s%s" % (Path(sys.executable).parent, os.pathsep, os.environ.get("PATH", ""))
+os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
 
 
 class _Unsafe(str):
@@ -45,7 +45,7 @@ def _mark_unsafe(value: Any) -> Any:
 @dataclass
 class ModuleRun:
     status: str
-    result: Dict[str, Any]
+    result: dict[str, Any]
     event: str = ""
 
     @property
@@ -58,10 +58,10 @@ def collections_path() -> str:
     return os.environ.get("ANSIBLE_COLLECTIONS_PATH") or str(REPO / ".venv" / "collections")
 
 
-def run_module(module: str, args: Dict[str, Any], check_mode: bool = False,
-               workdir: Optional[str] = None, timeout: int = 300) -> ModuleRun:
+def run_module(module: str, args: dict[str, Any], check_mode: bool = False,
+               workdir: str | None = None, timeout: int = 300) -> ModuleRun:
     """Run ``crawl.egress_proxies.<module>`` once on localhost and return its result."""
-    task = {"name": module, "crawl.egress_proxies.%s" % module: _mark_unsafe(args), "check_mode": check_mode}
+    task = {"name": module, f"crawl.egress_proxies.{module}": _mark_unsafe(args), "check_mode": check_mode}
     play = [{"hosts": "localhost", "gather_facts": False, "tasks": [task]}]
     with tempfile.TemporaryDirectory(dir=workdir) as private:
         project = Path(private, "project")
@@ -75,7 +75,7 @@ def run_module(module: str, args: Dict[str, Any], check_mode: bool = False,
             inventory=inventory, quiet=True, timeout=timeout,
             envvars={"ANSIBLE_COLLECTIONS_PATH": collections_path(), "ANSIBLE_NOCOLOR": "1"},
         )
-        result: Dict[str, Any] = {}
+        result: dict[str, Any] = {}
         outcome = ""
         for event in runner.events:
             if event.get("event") in ("runner_on_ok", "runner_on_failed", "runner_on_unreachable"):

@@ -39,8 +39,8 @@ try:
     from cryptography.exceptions import UnsupportedAlgorithm
     from cryptography.hazmat.primitives import serialization
 except ImportError:  # pragma: no cover - cryptography ships with ansible-core
-    serialization = None
-    UnsupportedAlgorithm = ValueError
+    serialization = None  # type: ignore[assignment]
+    UnsupportedAlgorithm = ValueError  # type: ignore[assignment,misc]
 
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.config import KvmHost, SshSettings
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.errors import (

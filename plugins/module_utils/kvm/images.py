@@ -25,12 +25,13 @@ import os
 import time
 from typing import Any, Callable, Iterator, Optional
 from urllib.error import HTTPError, URLError
-from urllib.request import urlopen
 
 try:
     import libvirt
 except ImportError:  # pragma: no cover - the modules report it via missing_required_lib
     libvirt = None
+
+from ansible.module_utils.urls import open_url
 
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.config import KvmImage
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.errors import Permanent, Transient
@@ -89,7 +90,7 @@ def _download(image: KvmImage, target: str, progress: Progress) -> None:
     started = time.monotonic()
     received = 0
     try:
-        with urlopen(image.url, timeout=DOWNLOAD_TIMEOUT_SECONDS) as response, open(partial, "wb") as out:
+        with open_url(image.url, timeout=DOWNLOAD_TIMEOUT_SECONDS) as response, open(partial, "wb") as out:
             total = int(response.headers.get("Content-Length") or 0)
             next_report = PROGRESS_EVERY_BYTES
             for chunk in iter(lambda: response.read(CHUNK), b""):
@@ -105,9 +106,9 @@ def _download(image: KvmImage, target: str, progress: Progress) -> None:
         if error.code in (401, 403, 404, 410):
             raise Permanent("images.%s.url: %s answered %d %s; fix the URL" % (
                 image.key, image.url, error.code, error.reason)) from error
-        raise Transient("images.%s.url: %s answered %d %s" % (image.key, image.url, error.code,
-                                                               error.reason)) from error
-    except ValueError as error:  # urlopen's word for a URL it cannot even parse
+        raise Transient("images.%s.url: %s answered %d %s" % (
+            image.key, image.url, error.code, error.reason)) from error
+    except ValueError as error:  # the word for a URL that cannot even be parsed
         _remove(partial)
         raise Permanent("images.%s.url: %r is not a URL: %s" % (image.key, image.url, error)) from error
     except (URLError, OSError) as error:
@@ -196,8 +197,8 @@ def ensure_base_volume(connection: Any, pool: Any, host_name: str, image: KvmIma
             return existing
         local = fetch_image(image, cache_dir, progress)
         size = os.path.getsize(local)
-        progress("image %s: uploading %d MiB to host %s as %s" % (image.key, size // CHUNK, host_name,
-                                                                   image.volume_name))
+        progress("image %s: uploading %d MiB to host %s as %s" % (
+            image.key, size // CHUNK, host_name, image.volume_name))
         with open(local, "rb") as source:
             volume = create_volume_with_content(connection, pool, image.volume_name, image.format, source, size)
         try:

@@ -321,8 +321,7 @@ class KvmProvider:
             changed = True
             if not check_mode:
                 self._remove_domain(domain, parsed.name, host)
-        changed = self._remove_volumes(connection, host, parsed.name, check_mode) or changed
-        return changed
+        return self._remove_volumes(connection, host, parsed.name, check_mode) or changed
 
     def _remove_domain(self, domain: Any, name: str, host: KvmHost) -> None:
         try:

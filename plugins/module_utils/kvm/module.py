@@ -9,6 +9,7 @@ from typing import List, Tuple
 
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.cloudinit import HAS_PYCDLIB
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.config import HAS_YAML
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.errors import Permanent
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.connection import HAS_LIBVIRT
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.images import default_cache_dir
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.instances import KvmProvider
@@ -21,6 +22,7 @@ LIBRARIES: List[Tuple[str, bool]] = [("libvirt-python", HAS_LIBVIRT), ("pycdlib"
 def kvm_provider(module: ProxyModule) -> KvmProvider:
     """The configured KVM provider; a wrong or missing provider is Permanent."""
     settings = module.provider().kvm
-    assert settings is not None  # provider() checked the type
+    if settings is None:  # provider() checked the type, so this is a bug
+        raise Permanent("provider: %r has no kvm section" % module.params["provider"])
     cache_dir = module.params.get("image_cache_dir") or default_cache_dir()
     return KvmProvider(settings, cache_dir, module.module.log)
