@@ -1,7 +1,8 @@
 """Proxies from a local directory: the embedded default for a single host with no cluster.
 
-Each ``<name>.yaml`` holds one Proxy (the same shape as the Kubernetes resource). The
-controller writes ``<name>.status.yaml`` beside it with what the API server would keep
+Each ``<file>.yaml`` holds one Proxy (the same shape as the Kubernetes resource; its
+``metadata.name`` and ``metadata.namespace`` name it, the file name when they are absent).
+The controller writes ``<file>.status.yaml`` beside it with what the API server would keep
 for it: uid, resourceVersion, generation, finalizers, annotations and status. Removing
 the Proxy's file is deleting the Proxy: while its status file still carries our
 finalizer, it is presented with a ``deletionTimestamp``, so the same deletion path as on
@@ -45,6 +46,7 @@ class DirectoryStore:
         self.directory = directory
         self.namespace = namespace
         self._lock = threading.Lock()
+        self._files: dict[tuple[str, str], str] = {}  # (namespace, name) -> file stem
 
     # -- files ---------------------------------------------------------------------------------
 
@@ -79,8 +81,8 @@ class DirectoryStore:
             raise StoreError(f"{self._status_path(name)}: {error}") from error
         return state if isinstance(state, dict) else {}
 
-    def _load(self, name: str, path: Path | None) -> Proxy | None:
-        state = self._read_state(name)
+    def _load(self, stem: str, path: Path | None) -> Proxy | None:
+        state = self._read_state(stem)
         document = self._read_spec(path) if path is not None else None
         if document is None and path is not None:
             return None  # unreadable file: never treated as a deletion
@@ -99,24 +101,31 @@ class DirectoryStore:
             generation += 1
         doc_metadata = (document or {}).get("metadata") or {}
         annotations = {**(doc_metadata.get("annotations") or {}), **(metadata.get("annotations") or {})}
-        return Proxy(
+        proxy = Proxy(
             namespace=str(doc_metadata.get("namespace") or metadata.get("namespace") or self.namespace),
-            name=name, uid=str(metadata.get("uid") or uuid.uuid4()), spec=spec,
+            name=str(doc_metadata.get("name") or metadata.get("name") or stem),
+            uid=str(metadata.get("uid") or uuid.uuid4()), spec=spec,
             status=dict(state.get("status") or {}), generation=generation,
             resource_version=str(metadata.get("resourceVersion") or "0"),
             finalizers=list(metadata.get("finalizers") or []), annotations=annotations,
             deletion_timestamp=deletion, creation_timestamp=metadata.get("creationTimestamp"),
         )
+        self._files[(proxy.namespace, proxy.name)] = stem
+        return proxy
+
+    def _stem(self, proxy: Proxy) -> str:
+        return self._files.get((proxy.namespace, proxy.name), proxy.name)
 
     def _save(self, proxy: Proxy, expected_version: str) -> Proxy:
         """Write everything the API server would keep; optimistic on resourceVersion."""
+        stem = self._stem(proxy)
         with self._lock:
-            current = self._read_state(proxy.name)
+            current = self._read_state(stem)
             current_version = str((current.get("metadata") or {}).get("resourceVersion") or "0")
             if current and current_version != expected_version:
                 raise Conflict(f"{proxy.key}: resourceVersion {expected_version} is stale ({current_version})")
             if proxy.deleting and not proxy.finalizers:
-                self._status_path(proxy.name).unlink(missing_ok=True)
+                self._status_path(stem).unlink(missing_ok=True)
                 return proxy
             version = str(int(current_version) + 1)
             state = {
@@ -134,7 +143,7 @@ class DirectoryStore:
                 "spec": proxy.spec,
                 "status": proxy.status,
             }
-            _atomic_write(self._status_path(proxy.name), yaml.safe_dump(state, sort_keys=False))
+            _atomic_write(self._status_path(stem), yaml.safe_dump(state, sort_keys=False))
             proxy.resource_version = version
             return proxy
 
@@ -144,15 +153,20 @@ class DirectoryStore:
         if not self.directory.is_dir():
             raise StoreError(f"Proxy directory {self.directory} does not exist")
         files = self._spec_files()
-        names = set(files) | {p.name[: -len(STATUS_SUFFIX)] for p in self.directory.glob(f"*{STATUS_SUFFIX}")}
-        proxies = [proxy for name in sorted(names) if (proxy := self._load(name, files.get(name))) is not None]
+        stems = set(files) | {p.name[: -len(STATUS_SUFFIX)] for p in self.directory.glob(f"*{STATUS_SUFFIX}")}
+        proxies = [proxy for stem in sorted(stems) if (proxy := self._load(stem, files.get(stem))) is not None]
+        keys = [proxy.key for proxy in proxies]
+        duplicates = sorted({key for key in keys if keys.count(key) > 1})
+        if duplicates:
+            raise StoreError(f"{self.directory}: more than one file defines Proxy {', '.join(duplicates)}")
         for proxy in proxies:
             if proxy.resource_version == "0":  # first sight: give it its identity now
                 self._save(proxy, "0")
         return proxies, ""
 
     def get_proxy(self, namespace: str, name: str) -> Proxy:
-        proxy = self._load(name, self._spec_files().get(name))
+        stem = self._files.get((namespace, name), name)
+        proxy = self._load(stem, self._spec_files().get(stem))
         if proxy is None or proxy.namespace != namespace:
             raise Gone(f"{namespace}/{name}")
         return proxy

@@ -1,0 +1,181 @@
+"""``egress-proxies``: the controller's command line. Builds the pieces and starts the loop."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+
+from egress_proxies.backoff import Backoff
+from egress_proxies.directory import DirectoryStore
+from egress_proxies.health import SweepHealth
+from egress_proxies.http import ControllerHTTPServer, token_from_env, warn_if_no_token
+from egress_proxies.loop import Controller, Elector, LoopSettings
+from egress_proxies.model import PHASE_READY, Proxy
+from egress_proxies.reconcile import Reconciler, ReconcileSettings
+from egress_proxies.runner import AnsibleRunner
+from egress_proxies.store import ProxyStore, StoreError
+
+log = logging.getLogger("egress_proxies")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything the command line sets, typed, with the defaults a deployment starts from."""
+
+    source: str = "kubernetes"
+    proxy_dir: Path = Path("proxies")
+    provider_config: Path = Path("/etc/egress-proxies/providers.yaml")
+    work_dir: Path = Path("/var/lib/egress-proxies")
+    interval_seconds: float = 60.0
+    gc_grace_seconds: float = 600.0
+    gc_dry_run: bool = False
+    batch_size: int = 50
+    runner_timeout_seconds: int = 600
+    max_runners: int | None = None
+    keep_artifacts: int = 50
+    listen: str = "0.0.0.0:8080"
+    kubeconfig: str | None = None
+    namespace: str | None = None
+    lease_namespace: str = "egress-proxies"
+    lease_name: str = "egress-proxies-leader"
+    identity: str = ""
+    once: bool = False
+    until_ready_seconds: float | None = None
+
+
+def parse_args(argv: list[str] | None = None) -> Settings:
+    parser = argparse.ArgumentParser(
+        prog="egress-proxies", description="Keep every Proxy resource backed by a running egress proxy.")
+    add = parser.add_argument
+    add("--source", choices=["kubernetes", "directory"], default=Settings.source,
+        help="where Proxies come from (default: %(default)s)")
+    add("--proxy-dir", type=Path, default=Settings.proxy_dir,
+        help="with --source directory: the folder of Proxy YAML files; status is written beside them")
+    add("--provider-config", type=Path, default=Settings.provider_config, help="the provider config file")
+    add("--work-dir", type=Path, default=Settings.work_dir,
+        help="runner artifacts and image cache (an emptyDir in a cluster)")
+    add("--interval", type=float, default=Settings.interval_seconds, dest="interval_seconds",
+        help="seconds between sweeps (default: %(default)s)")
+    add("--gc-grace", type=float, default=Settings.gc_grace_seconds, dest="gc_grace_seconds",
+        help="minimum age in seconds before an orphaned instance is deleted (default: %(default)s)")
+    add("--gc-dry-run", action="store_true", help="only report orphaned instances, never delete them")
+    add("--batch-size", type=int, default=Settings.batch_size, help="module calls per runner invocation")
+    add("--runner-timeout", type=int, default=Settings.runner_timeout_seconds, dest="runner_timeout_seconds",
+        help="seconds before a runner invocation is killed with its process group")
+    add("--max-runners", type=int, default=None,
+        help="concurrent runner processes (default: as many as fit in memory, at most 8)")
+    add("--keep-artifacts", type=int, default=Settings.keep_artifacts, help="runner artifact directories kept")
+    add("--listen", default=Settings.listen, help="address for /healthz, /readyz, /metrics and discovery")
+    add("--kubeconfig", default=os.environ.get("KUBECONFIG"), help="kubeconfig (default: in-cluster config)")
+    add("--namespace", default=None, help="watch Proxies in this namespace only (default: all)")
+    add("--lease-namespace", default=Settings.lease_namespace, help="namespace of the leader-election Lease")
+    add("--lease-name", default=Settings.lease_name, help="name of the leader-election Lease")
+    add("--identity", default=os.environ.get("POD_NAME") or socket.gethostname(), help="leader-election identity")
+    add("--once", action="store_true", help="run one sweep and exit (non-zero when it failed)")
+    add("--until-ready", type=float, default=None, dest="until_ready_seconds", metavar="SECONDS",
+        help="sweep until every Proxy is Ready (or SECONDS pass), print them, and exit")
+    add("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
+    args = vars(parser.parse_args(argv))
+    logging.basicConfig(level=args.pop("log_level").upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return Settings(**args)
+
+
+def build_store(settings: Settings) -> tuple[ProxyStore, Elector | None]:
+    if settings.source == "directory":
+        return DirectoryStore(settings.proxy_dir), None
+    from egress_proxies import kube  # only this source needs the kubernetes client
+    from egress_proxies.leader import LeaseElector
+
+    api = kube.kube_client(settings.kubeconfig)
+    elector = LeaseElector(kube.LeaseApi(api), settings.lease_namespace, settings.lease_name, settings.identity)
+    return kube.KubeStore(api, namespace=settings.namespace), elector
+
+
+def print_proxies(proxies: list[Proxy]) -> None:
+    rows = [("NAMESPACE", "NAME", "PROVIDER", "LOCATION", "IP", "PHASE")]
+    for proxy in proxies:
+        rows.append((proxy.namespace, proxy.name, proxy.provider, str(proxy.spec.get("location") or "-"),
+                     str(proxy.status.get("ip") or "-"), str(proxy.status.get("phase") or "Pending")))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        sys.stdout.write("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+        sys.stdout.write("\n")
+
+
+def run_until_ready(controller: Controller, store: ProxyStore, timeout: float, pause: float = 2.0) -> int:
+    deadline = time.monotonic() + timeout
+    while True:
+        controller.sweep_once()
+        proxies, _ = store.list_proxies()
+        ready = [p for p in proxies if p.status.get("phase") == PHASE_READY]
+        if proxies and len(ready) == len(proxies):
+            print_proxies(proxies)
+            log.info("all %d Proxies are Ready", len(proxies))
+            return 0
+        if time.monotonic() >= deadline:
+            print_proxies(proxies)
+            log.error("%d of %d Proxies Ready after %.0f s", len(ready), len(proxies), timeout)
+            return 1
+        time.sleep(pause)
+
+
+def main(argv: list[str] | None = None) -> int:
+    settings = parse_args(argv)
+    if not settings.provider_config.is_file():
+        log.warning("provider config %s does not exist (yet): every sweep fails until it does",
+                    settings.provider_config)
+    store, elector = build_store(settings)
+    runner = AnsibleRunner(settings.work_dir, timeout_seconds=settings.runner_timeout_seconds,
+                           max_concurrent=settings.max_runners, keep_artifacts=settings.keep_artifacts)
+    log.info("runner: at most %d concurrent ansible-runner processes, %d s timeout", runner.max_concurrent,
+             settings.runner_timeout_seconds)
+    reconciler = Reconciler(
+        store, runner, str(settings.provider_config),
+        ReconcileSettings(gc_grace_seconds=settings.gc_grace_seconds, gc_dry_run=settings.gc_dry_run,
+                          batch_size=settings.batch_size),
+        backoff=Backoff(), purge=runner.purge_artifacts)
+    health = SweepHealth(settings.interval_seconds, leader=elector is None)
+    controller = Controller(reconciler, store, health,
+                            LoopSettings(interval_seconds=settings.interval_seconds,
+                                         watch=settings.source == "kubernetes"),
+                            elector=elector)
+    if settings.once:
+        return 0 if controller.sweep_once().ok else 1
+    if settings.until_ready_seconds is not None:
+        try:
+            return run_until_ready(controller, store, settings.until_ready_seconds)
+        except StoreError as error:
+            log.error("%s", error)
+            return 1
+
+    token = token_from_env()
+    warn_if_no_token(token, log)
+    server = ControllerHTTPServer(health, lambda: list(reconciler.last_ready), token)
+    host, _, port = settings.listen.rpartition(":")
+    server.start(host or "0.0.0.0", int(port))
+    log.info("serving health, metrics and discovery on %s:%d", host or "0.0.0.0", server.port)
+
+    def stop(signum: int, _frame: FrameType | None) -> None:
+        log.info("signal %d: stopping", signum)
+        controller.stop()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    try:
+        controller.run()
+    finally:
+        server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
