@@ -12,11 +12,13 @@ VENV=$ROOT/.venv
 PYTHON=${PYTHON:-/usr/bin/python3}
 
 # libvirt-dev, pkg-config, gcc and python3-dev build libvirt-python when pip finds no wheel;
-# qemu, libvirt, openssh and dnsmasq make the test hypervisors; shellcheck and git are used
-# by ansible-test sanity.
+# qemu, libvirt, openssh, dnsmasq and iptables (libvirt's bridge networks) make the test
+# hypervisors, util-linux the namespaces they run in; shellcheck and git are used by
+# ansible-test sanity.
 APT_PACKAGES=(
     libvirt-daemon-system libvirt-clients libvirt-dev pkg-config gcc python3-dev python3-venv
-    qemu-system-x86 qemu-utils openssh-server openssh-client dnsmasq-base iproute2 git shellcheck
+    qemu-system-x86 qemu-utils openssh-server openssh-client dnsmasq-base iproute2 iptables util-linux
+    git shellcheck
 )
 
 die() {

@@ -1,0 +1,288 @@
+"""The controller's HTTP port against a real server on 127.0.0.1: probes that follow the sweep
+loop's health, the metrics page, and the discovery endpoint's bearer-token guard."""
+
+from __future__ import annotations
+
+import json
+import logging
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from email.message import Message
+
+import pytest
+
+from egress_proxies import metrics
+from egress_proxies.health import SweepHealth
+from egress_proxies.http import ControllerHTTPServer, token_from_env, warn_if_no_token
+from egress_proxies.model import Proxy
+
+TOKEN = "s3cret-discovery-token-0123456789"
+INTERVAL = 10.0
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def ready_proxy(name: str, ip: str, port: int, location: str | None = "beelink") -> Proxy:
+    spec: dict[str, object] = {"provider": "home-kvm", "port": port}
+    if location is not None:
+        spec["location"] = location
+    provider_id = f"kvm://hosts/beelink/domains/p-crawlers-{name}-abcdef"
+    return Proxy(namespace="crawlers", name=name, uid=f"uid-{name}", spec=spec,
+                 status={"phase": "Ready", "providerID": provider_id, "ip": ip, "endpoint": f"{ip}:{port}"})
+
+
+READY = [ready_proxy("eu-2", "192.0.2.11", 8080, location=None), ready_proxy("eu-1", "192.0.2.10", 3128)]
+
+ServerFactory = Callable[..., tuple[ControllerHTTPServer, FakeClock, SweepHealth]]
+
+
+@pytest.fixture
+def serve() -> Iterator[ServerFactory]:
+    """Starts servers on 127.0.0.1 (free ports) and stops them all after the test."""
+    servers: list[ControllerHTTPServer] = []
+
+    def start(token: str | None = TOKEN) -> tuple[ControllerHTTPServer, FakeClock, SweepHealth]:
+        clock = FakeClock()
+        health = SweepHealth(INTERVAL, clock=clock)
+        server = ControllerHTTPServer(health, lambda: list(READY), token)
+        server.start("127.0.0.1", 0)
+        servers.append(server)
+        return server, clock, health
+
+    yield start
+    for server in servers:
+        server.stop()
+
+
+def get(server: ControllerHTTPServer, path: str, token: str | None = None,
+        authorization: str | None = None) -> tuple[int, Message, str]:
+    request = urllib.request.Request(f"http://127.0.0.1:{server.port}{path}")
+    if token is not None:
+        request.add_header("Authorization", f"Bearer {token}")
+    if authorization is not None:
+        request.add_header("Authorization", authorization)
+    try:
+        with urllib.request.urlopen(request, timeout=5) as response:
+            return response.status, response.headers, response.read().decode()
+    except urllib.error.HTTPError as error:
+        with error:
+            return error.code, error.headers, error.read().decode()
+
+
+# -- probes ----------------------------------------------------------------------------------------
+
+
+def test_probes_follow_the_sweep_loop(serve: ServerFactory) -> None:
+    server, clock, health = serve()
+    assert get(server, "/healthz")[::2] == (200, "ok\n")
+    code, _, body = get(server, "/readyz")
+    assert (code, body) == (503, "no successful sweep yet\n")
+
+    health.sweep_started()
+    clock.advance(5)
+    health.sweep_finished(ok=True)
+    assert get(server, "/readyz")[::2] == (200, "ok\n")
+
+    # A failed sweep after a good one: still ready while the good one is younger than 3 intervals.
+    clock.advance(INTERVAL)
+    health.sweep_started()
+    health.sweep_finished(ok=False)
+    assert get(server, "/readyz")[0] == 200
+    clock.advance(2 * INTERVAL + 1)
+    code, _, body = get(server, "/readyz")
+    assert code == 503
+    assert body.startswith("last successful sweep finished 31s ago")
+    assert get(server, "/healthz")[0] == 200
+
+
+def test_liveness_fails_when_no_sweep_starts_for_the_stall_window(serve: ServerFactory) -> None:
+    server, clock, health = serve()
+    health.sweep_started()
+    health.sweep_finished(ok=True)
+    clock.advance(health.stall_seconds - 1)
+    assert get(server, "/healthz")[0] == 200
+    clock.advance(2)
+    code, _, body = get(server, "/healthz")
+    assert code == 503
+    assert body.startswith("no sweep started or finished for 121s")
+    # Not alive means not ready either.
+    assert get(server, "/readyz")[0] == 503
+
+
+def test_a_long_sweep_is_alive_until_the_bound(serve: ServerFactory) -> None:
+    server, clock, health = serve()
+    health.sweep_started()
+    clock.advance(health.stall_seconds * 3)
+    assert get(server, "/healthz")[0] == 200
+    clock.advance(health.max_sweep_seconds)
+    code, _, body = get(server, "/healthz")
+    assert code == 503
+    assert "wedged" in body
+
+
+def test_a_standby_is_alive_and_ready_while_its_election_loop_reports(serve: ServerFactory) -> None:
+    server, clock, health = serve()
+    health.set_leader(False)
+    clock.advance(health.stall_seconds - 1)
+    health.set_leader(False)
+    clock.advance(health.stall_seconds - 1)
+    assert get(server, "/healthz")[0] == 200
+    assert get(server, "/readyz")[::2] == (200, "ok\n")
+    # Elected: not ready until its own first sweep, whatever an earlier term achieved.
+    health.set_leader(True)
+    assert get(server, "/readyz")[::2] == (503, "no successful sweep yet\n")
+    health.set_leader(False)
+    clock.advance(health.stall_seconds + 1)
+    code, _, body = get(server, "/healthz")
+    assert code == 503
+    assert body.startswith("leader election silent")
+
+
+def test_a_new_leader_does_not_inherit_readiness_from_an_earlier_term() -> None:
+    clock = FakeClock()
+    health = SweepHealth(INTERVAL, clock=clock)
+    health.sweep_started()
+    health.sweep_finished(ok=True)
+    assert health.ready()[0]
+    clock.advance(1)
+    health.set_leader(False)
+    clock.advance(1)
+    health.set_leader(True)
+    assert health.ready() == (False, "no successful sweep yet")
+
+
+def test_windows_scale_with_the_interval() -> None:
+    assert SweepHealth(10).stall_seconds == 120
+    assert SweepHealth(60).stall_seconds == 180
+    assert SweepHealth(60).max_sweep_seconds == 1800
+    assert SweepHealth(600).max_sweep_seconds == 6000
+    with pytest.raises(ValueError, match="positive"):
+        SweepHealth(0)
+
+
+# -- metrics ---------------------------------------------------------------------------------------
+
+
+def test_metrics_are_served_unauthenticated(serve: ServerFactory) -> None:
+    server, _, _ = serve()
+    metrics.SWEEPS.labels(result="ok").inc()
+    code, headers, body = get(server, "/metrics")
+    assert code == 200
+    assert headers["Content-Type"].startswith("text/plain; version=")
+    assert "egress_proxies_sweep_duration_seconds_bucket" in body
+    assert 'egress_proxies_sweeps_total{result="ok"}' in body
+    assert "# TYPE egress_proxies_runner_calls_total counter" in body
+
+
+def test_unknown_paths_are_404(serve: ServerFactory) -> None:
+    server, _, _ = serve()
+    assert get(server, "/v1/proxies/extra", token=TOKEN)[0] == 404
+    assert get(server, "/")[0] == 404
+
+
+# -- discovery -------------------------------------------------------------------------------------
+
+
+def test_discovery_json_with_the_right_token(serve: ServerFactory) -> None:
+    server, _, _ = serve()
+    code, headers, body = get(server, "/v1/proxies", token=TOKEN)
+    assert code == 200
+    assert headers["Content-Type"] == "application/json"
+    assert headers["Cache-Control"] == "no-store"
+    assert json.loads(body) == {"proxies": [
+        {"name": "eu-1", "namespace": "crawlers", "provider": "home-kvm", "location": "beelink", "ip": "192.0.2.10",
+         "port": 3128, "endpoint": "192.0.2.10:3128",
+         "providerID": "kvm://hosts/beelink/domains/p-crawlers-eu-1-abcdef"},
+        {"name": "eu-2", "namespace": "crawlers", "provider": "home-kvm", "location": None, "ip": "192.0.2.11",
+         "port": 8080, "endpoint": "192.0.2.11:8080",
+         "providerID": "kvm://hosts/beelink/domains/p-crawlers-eu-2-abcdef"},
+    ]}
+
+
+def test_discovery_text_with_the_right_token(serve: ServerFactory) -> None:
+    server, _, _ = serve()
+    # The scheme is case-insensitive (RFC 7235); a query string does not change the route.
+    code, headers, body = get(server, "/v1/proxies.txt?fresh=1", authorization=f"bearer {TOKEN}")
+    assert code == 200
+    assert headers["Content-Type"] == "text/plain; charset=utf-8"
+    assert body == "192.0.2.10:3128\n192.0.2.11:8080\n"
+
+
+@pytest.mark.parametrize("authorization", [
+    f"Bearer {TOKEN}x",
+    f"Bearer {TOKEN[:-1]}",
+    f"Basic {TOKEN}",
+    TOKEN,
+    "Bearer ",
+    "Bearer s\u00e9cret",  # non-ASCII: compared as bytes, so refused rather than raising
+])
+@pytest.mark.parametrize("path", ["/v1/proxies", "/v1/proxies.txt"])
+def test_discovery_refuses_a_wrong_token(serve: ServerFactory, path: str, authorization: str) -> None:
+    server, _, _ = serve()
+    code, headers, body = get(server, path, authorization=authorization)
+    assert code == 401
+    assert headers["WWW-Authenticate"] == 'Bearer realm="egress-proxies", error="invalid_token"'
+    assert "192.0.2" not in body
+
+
+@pytest.mark.parametrize("path", ["/v1/proxies", "/v1/proxies.txt"])
+def test_discovery_refuses_a_missing_token(serve: ServerFactory, path: str) -> None:
+    server, _, _ = serve()
+    code, headers, body = get(server, path)
+    assert code == 401
+    assert headers["WWW-Authenticate"] == 'Bearer realm="egress-proxies"'
+    assert body == "unauthorized\n"
+
+
+@pytest.mark.parametrize("token", [None, ""])
+def test_discovery_is_disabled_without_a_configured_token(serve: ServerFactory, token: str | None) -> None:
+    server, _, _ = serve(token=token)
+    for authorization in (None, "Bearer ", f"Bearer {TOKEN}"):
+        code, _, body = get(server, "/v1/proxies", authorization=authorization)
+        assert code == 503
+        assert body == "discovery endpoint disabled: set DISCOVERY_TOKEN to enable it\n"
+    # Health and metrics do not depend on the token.
+    assert get(server, "/healthz")[0] == 200
+    assert get(server, "/metrics")[0] == 200
+
+
+def test_token_from_env_strips_the_newline_of_an_echoed_secret() -> None:
+    assert token_from_env({"DISCOVERY_TOKEN": f"{TOKEN}\n"}) == TOKEN
+    assert token_from_env({"DISCOVERY_TOKEN": "  \n"}) is None
+    assert token_from_env({}) is None
+
+
+def test_startup_warns_loudly_without_a_token(caplog: pytest.LogCaptureFixture) -> None:
+    logger = logging.getLogger("egress_proxies.test")
+    with caplog.at_level(logging.INFO, logger="egress_proxies.test"):
+        warn_if_no_token(None, logger)
+        warn_if_no_token(TOKEN, logger)
+    assert [record.levelno for record in caplog.records] == [logging.WARNING]
+    assert "DISCOVERY_TOKEN is not set" in caplog.records[0].getMessage()
+
+
+def test_the_token_never_reaches_the_log(serve: ServerFactory, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.DEBUG):
+        server, _, _ = serve()
+        assert get(server, "/v1/proxies", token=TOKEN)[0] == 200
+        assert get(server, "/v1/proxies.txt", token=TOKEN + "x")[0] == 401
+        assert get(server, "/v1/proxies", authorization=f"Basic {TOKEN}")[0] == 401
+        assert get(server, "/v1/proxies")[0] == 401
+        warn_if_no_token(TOKEN, logging.getLogger("egress_proxies"))
+    messages = [record.getMessage() for record in caplog.records]
+    # The requests were logged (so the check below looks at real log lines) ...
+    assert any("GET /v1/proxies" in message for message in messages)
+    assert any("refused: wrong token" in message for message in messages)
+    # ... and none of them carries the token.
+    assert not [message for message in messages if TOKEN in message]
+    assert TOKEN not in caplog.text
