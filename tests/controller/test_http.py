@@ -64,6 +64,15 @@ def serve() -> Iterator[ServerFactory]:
         server.stop()
 
 
+@pytest.fixture(scope="module")
+def token_server() -> Iterator[ControllerHTTPServer]:
+    """One server with the token, for the tests that only read (stopping one takes a poll interval)."""
+    server = ControllerHTTPServer(SweepHealth(INTERVAL), lambda: list(READY), TOKEN)
+    server.start("127.0.0.1", 0)
+    yield server
+    server.stop()
+
+
 def get(server: ControllerHTTPServer, path: str, token: str | None = None,
         authorization: str | None = None) -> tuple[int, Message, str]:
     request = urllib.request.Request(f"http://127.0.0.1:{server.port}{path}")
@@ -173,10 +182,9 @@ def test_windows_scale_with_the_interval() -> None:
 # -- metrics ---------------------------------------------------------------------------------------
 
 
-def test_metrics_are_served_unauthenticated(serve: ServerFactory) -> None:
-    server, _, _ = serve()
+def test_metrics_are_served_unauthenticated(token_server: ControllerHTTPServer) -> None:
     metrics.SWEEPS.labels(result="ok").inc()
-    code, headers, body = get(server, "/metrics")
+    code, headers, body = get(token_server, "/metrics")
     assert code == 200
     assert headers["Content-Type"].startswith("text/plain; version=")
     assert "egress_proxies_sweep_duration_seconds_bucket" in body
@@ -184,18 +192,16 @@ def test_metrics_are_served_unauthenticated(serve: ServerFactory) -> None:
     assert "# TYPE egress_proxies_runner_calls_total counter" in body
 
 
-def test_unknown_paths_are_404(serve: ServerFactory) -> None:
-    server, _, _ = serve()
-    assert get(server, "/v1/proxies/extra", token=TOKEN)[0] == 404
-    assert get(server, "/")[0] == 404
+def test_unknown_paths_are_404(token_server: ControllerHTTPServer) -> None:
+    assert get(token_server, "/v1/proxies/extra", token=TOKEN)[0] == 404
+    assert get(token_server, "/")[0] == 404
 
 
 # -- discovery -------------------------------------------------------------------------------------
 
 
-def test_discovery_json_with_the_right_token(serve: ServerFactory) -> None:
-    server, _, _ = serve()
-    code, headers, body = get(server, "/v1/proxies", token=TOKEN)
+def test_discovery_json_with_the_right_token(token_server: ControllerHTTPServer) -> None:
+    code, headers, body = get(token_server, "/v1/proxies", token=TOKEN)
     assert code == 200
     assert headers["Content-Type"] == "application/json"
     assert headers["Cache-Control"] == "no-store"
@@ -209,10 +215,9 @@ def test_discovery_json_with_the_right_token(serve: ServerFactory) -> None:
     ]}
 
 
-def test_discovery_text_with_the_right_token(serve: ServerFactory) -> None:
-    server, _, _ = serve()
+def test_discovery_text_with_the_right_token(token_server: ControllerHTTPServer) -> None:
     # The scheme is case-insensitive (RFC 7235); a query string does not change the route.
-    code, headers, body = get(server, "/v1/proxies.txt?fresh=1", authorization=f"bearer {TOKEN}")
+    code, headers, body = get(token_server, "/v1/proxies.txt?fresh=1", authorization=f"bearer {TOKEN}")
     assert code == 200
     assert headers["Content-Type"] == "text/plain; charset=utf-8"
     assert body == "192.0.2.10:3128\n192.0.2.11:8080\n"
@@ -227,18 +232,16 @@ def test_discovery_text_with_the_right_token(serve: ServerFactory) -> None:
     "Bearer s\u00e9cret",  # non-ASCII: compared as bytes, so refused rather than raising
 ])
 @pytest.mark.parametrize("path", ["/v1/proxies", "/v1/proxies.txt"])
-def test_discovery_refuses_a_wrong_token(serve: ServerFactory, path: str, authorization: str) -> None:
-    server, _, _ = serve()
-    code, headers, body = get(server, path, authorization=authorization)
+def test_discovery_refuses_a_wrong_token(token_server: ControllerHTTPServer, path: str, authorization: str) -> None:
+    code, headers, body = get(token_server, path, authorization=authorization)
     assert code == 401
     assert headers["WWW-Authenticate"] == 'Bearer realm="egress-proxies", error="invalid_token"'
     assert "192.0.2" not in body
 
 
 @pytest.mark.parametrize("path", ["/v1/proxies", "/v1/proxies.txt"])
-def test_discovery_refuses_a_missing_token(serve: ServerFactory, path: str) -> None:
-    server, _, _ = serve()
-    code, headers, body = get(server, path)
+def test_discovery_refuses_a_missing_token(token_server: ControllerHTTPServer, path: str) -> None:
+    code, headers, body = get(token_server, path)
     assert code == 401
     assert headers["WWW-Authenticate"] == 'Bearer realm="egress-proxies"'
     assert body == "unauthorized\n"

@@ -1,0 +1,259 @@
+"""The Kubernetes API edge: the only module of the controller that imports the ``kubernetes`` client.
+
+``KubeStore`` is ``store.ProxyStore`` for ``crawl.example.com/v1alpha1`` proxies, ``KubeLeases``
+is the Lease adapter ``leader.LeaseElector`` writes through, and ``kube_client`` builds the
+ApiClient (in-cluster or from a kubeconfig). The loop and the command build these; everything
+above sees plain dicts, ``model.Proxy`` and ``store.StoreError`` subclasses. Client errors
+become those subclasses in ``store_error`` and nowhere else.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import datetime
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, cast
+
+import urllib3
+from kubernetes import client, config, watch
+from kubernetes.client.exceptions import ApiException
+from kubernetes.config.config_exception import ConfigException
+
+from egress_proxies.model import API_VERSION, GROUP, KIND, PLURAL, VERSION, Proxy
+from egress_proxies.store import Conflict, Gone, StoreError, WatchEvent, WatchExpired
+
+log = logging.getLogger(__name__)
+
+COMPONENT = "egress-proxies"
+# Bounds every plain request, so a hung API server stalls a sweep, not the controller.
+DEFAULT_REQUEST_TIMEOUT = 30.0
+_CONNECT_TIMEOUT = 10.0
+# A watch's server closes the stream after timeoutSeconds; the client gives up on a silent
+# connection only this much later, so a half-open TCP connection cannot hang the watch forever.
+_WATCH_READ_SLACK = 15.0
+_WATCH_TYPES = frozenset({"ADDED", "MODIFIED", "DELETED"})  # BOOKMARKs carry no object change
+# events.k8s.io/v1 caps an Event's note (core v1's message) at 1 KiB; longer ones are refused.
+_EVENT_MESSAGE_LIMIT = 1024
+_EVENT_NAME_LIMIT = 253
+
+LEASE_GROUP = "coordination.k8s.io"
+LEASE_VERSION = "v1"
+LEASE_PLURAL = "leases"
+
+Obj = dict[str, Any]
+
+_ERROR_BY_STATUS: dict[int, type[StoreError]] = {404: Gone, 409: Conflict, 410: WatchExpired}
+
+
+def store_error(error: ApiException | urllib3.exceptions.HTTPError, what: str) -> StoreError:
+    """The one place an HTTP status (or a transport failure) becomes a StoreError subclass.
+
+    404 → Gone, 409 (stale resourceVersion, or AlreadyExists on create) → Conflict, 410 →
+    WatchExpired; every other status, and anything that never got an answer (refused,
+    reset, timed out, retries exhausted on 429/503), is a plain StoreError: retry later.
+    """
+    if isinstance(error, ApiException):
+        status = int(error.status or 0)
+        return _ERROR_BY_STATUS.get(status, StoreError)(f"{what}: HTTP {status}: {_api_message(error)}")
+    return StoreError(f"{what}: {error}")
+
+
+def _api_message(error: ApiException) -> str:
+    """The server's Status message when it sent one, else the HTTP reason."""
+    try:
+        status = json.loads(error.body or "")
+    except ValueError:
+        status = None
+    if isinstance(status, dict) and status.get("message"):
+        return str(status["message"])
+    return str(error.reason or "no reason given")
+
+
+@contextlib.contextmanager
+def _translated(what: str) -> Iterator[None]:
+    try:
+        yield
+    except (ApiException, urllib3.exceptions.HTTPError) as error:
+        raise store_error(error, what) from error
+
+
+def _proxy(obj: Obj) -> Proxy:
+    proxy = Proxy.from_object(obj)
+    proxy.raw = obj
+    return proxy
+
+
+class KubeStore:
+    """Proxies in one namespace (``namespace``) or all of them (``None``).
+
+    Writes are PUTs of the object as read, carrying its resourceVersion: a change by anyone
+    in between is a 409 (``Conflict``), never a silent overwrite, and nothing the controller
+    did not mean to change (labels, spec, fields it does not know) is rebuilt or lost.
+    """
+
+    def __init__(self, api_client: client.ApiClient, namespace: str | None = None,
+                 field_manager: str = COMPONENT, request_timeout: float = DEFAULT_REQUEST_TIMEOUT) -> None:
+        self.namespace = namespace
+        self.field_manager = field_manager
+        self.request_timeout = request_timeout
+        self._objects = client.CustomObjectsApi(api_client)
+        self._core = client.CoreV1Api(api_client)
+
+    def _list_call(self) -> tuple[Callable[..., object], tuple[str, ...]]:
+        if self.namespace is None:
+            return self._objects.list_cluster_custom_object, (GROUP, VERSION, PLURAL)
+        return self._objects.list_namespaced_custom_object, (GROUP, VERSION, self.namespace, PLURAL)
+
+    def list_proxies(self) -> tuple[list[Proxy], str]:
+        call, args = self._list_call()
+        with _translated(f"listing {PLURAL}"):
+            listing = cast(Obj, call(*args, _request_timeout=self.request_timeout))
+        items = listing.get("items") or []
+        return [_proxy(item) for item in items], str(listing["metadata"]["resourceVersion"])
+
+    def get_proxy(self, namespace: str, name: str) -> Proxy:
+        with _translated(f"reading proxy {namespace}/{name}"):
+            obj = self._objects.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name,
+                                                             _request_timeout=self.request_timeout)
+        return _proxy(cast(Obj, obj))
+
+    def watch_proxies(self, resource_version: str, timeout_seconds: int) -> Iterator[WatchEvent]:
+        call, args = self._list_call()
+        # With timeout_seconds set the client makes exactly one request and turns an ERROR
+        # event (410 Expired when resource_version left the server's history) into an
+        # ApiException, so expiry reaches store_error like any other status.
+        stream = watch.Watch()  # type: ignore[no-untyped-call]
+        with _translated(f"watching {PLURAL} from resourceVersion {resource_version}"):
+            events = cast(Iterator[Obj], stream.stream(  # type: ignore[no-untyped-call]
+                call, *args, resource_version=resource_version, timeout_seconds=timeout_seconds,
+                _request_timeout=(_CONNECT_TIMEOUT, timeout_seconds + _WATCH_READ_SLACK)))
+            try:
+                for event in events:
+                    if event["type"] in _WATCH_TYPES:
+                        yield WatchEvent(event["type"], _proxy(event["raw_object"]))
+            finally:
+                # A consumer that stops early closes this generator; closing the client's
+                # releases the HTTP connection instead of leaving the stream open.
+                cast(Any, events).close()
+
+    def _as_read(self, proxy: Proxy) -> Obj:
+        """The object at the resourceVersion ``proxy`` was read at, to send back with changes.
+
+        A Proxy built by hand carries no raw object: read it again, and if it moved on since
+        the version the caller saw, that is a conflict like any other.
+        """
+        if proxy.raw is not None:
+            return copy.deepcopy(proxy.raw)
+        fresh = self.get_proxy(proxy.namespace, proxy.name)
+        if fresh.resource_version != proxy.resource_version:
+            raise Conflict(f"proxy {proxy.key} changed since it was read (resourceVersion "
+                           f"{proxy.resource_version or 'unknown'}, now {fresh.resource_version})")
+        return cast(Obj, fresh.raw)
+
+    def replace_metadata(self, proxy: Proxy) -> Proxy:
+        body = self._as_read(proxy)
+        metadata = body.setdefault("metadata", {})
+        metadata["resourceVersion"] = proxy.resource_version
+        for key, value in (("finalizers", list(proxy.finalizers)), ("annotations", dict(proxy.annotations))):
+            if value:
+                metadata[key] = value
+            else:
+                metadata.pop(key, None)
+        with _translated(f"updating metadata of proxy {proxy.key}"):
+            obj = self._objects.replace_namespaced_custom_object(
+                GROUP, VERSION, proxy.namespace, PLURAL, proxy.name, body, field_manager=self.field_manager,
+                _request_timeout=self.request_timeout)
+        return _proxy(cast(Obj, obj))
+
+    def replace_status(self, proxy: Proxy) -> Proxy:
+        body = self._as_read(proxy)
+        body.setdefault("metadata", {})["resourceVersion"] = proxy.resource_version
+        body["status"] = copy.deepcopy(proxy.status)
+        with _translated(f"updating status of proxy {proxy.key}"):
+            obj = self._objects.replace_namespaced_custom_object_status(
+                GROUP, VERSION, proxy.namespace, PLURAL, proxy.name, body, field_manager=self.field_manager,
+                _request_timeout=self.request_timeout)
+        return _proxy(cast(Obj, obj))
+
+    def record_event(self, proxy: Proxy, event_type: str, reason: str, message: str) -> None:
+        now = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
+        # client-go's naming: the object's name and the time in hex nanoseconds.
+        suffix = f".{time.time_ns():x}"
+        event = client.CoreV1Event(
+            metadata=client.V1ObjectMeta(name=proxy.name[:_EVENT_NAME_LIMIT - len(suffix)] + suffix,
+                                         namespace=proxy.namespace),
+            involved_object=client.V1ObjectReference(
+                api_version=API_VERSION, kind=KIND, namespace=proxy.namespace, name=proxy.name,
+                uid=proxy.uid or None, resource_version=proxy.resource_version or None),
+            reason=reason, message=message[:_EVENT_MESSAGE_LIMIT], type=event_type,
+            source=client.V1EventSource(component=COMPONENT),
+            first_timestamp=now, last_timestamp=now, count=1)
+        try:
+            with _translated(f"recording event {reason} on proxy {proxy.key}"):
+                self._core.create_namespaced_event(proxy.namespace, event, field_manager=self.field_manager,
+                                                   _request_timeout=self.request_timeout)
+        except StoreError as error:
+            # Events are for humans; losing one must never fail or slow down a reconcile.
+            log.warning("event not recorded (%s: %s): %s", reason, message, error)
+
+
+class KubeLeases:
+    """``leader.LeaseApi``: coordination.k8s.io/v1 Leases as plain dicts.
+
+    Through CustomObjectsApi rather than CoordinationV1Api: the URLs are the same, but the
+    typed client turns every body into a V1Lease and writes its datetimes with
+    ``isoformat()``, which drops the fraction when the microseconds are 0; a real API
+    server's MicroTime parser wants exactly six fractional digits and refuses that. A dict
+    body goes out as written, in the format ``leader`` chose.
+    """
+
+    def __init__(self, api_client: client.ApiClient, field_manager: str = COMPONENT,
+                 request_timeout: float = DEFAULT_REQUEST_TIMEOUT) -> None:
+        self.field_manager = field_manager
+        self.request_timeout = request_timeout
+        self._objects = client.CustomObjectsApi(api_client)
+
+    def get(self, namespace: str, name: str) -> Obj | None:
+        try:
+            with _translated(f"reading lease {namespace}/{name}"):
+                obj = self._objects.get_namespaced_custom_object(
+                    LEASE_GROUP, LEASE_VERSION, namespace, LEASE_PLURAL, name, _request_timeout=self.request_timeout)
+        except Gone:
+            return None
+        return cast(Obj, obj)
+
+    def create(self, namespace: str, body: Obj) -> Obj:
+        with _translated(f"creating lease {namespace}/{body['metadata']['name']}"):
+            obj = self._objects.create_namespaced_custom_object(
+                LEASE_GROUP, LEASE_VERSION, namespace, LEASE_PLURAL, body, field_manager=self.field_manager,
+                _request_timeout=self.request_timeout)
+        return cast(Obj, obj)
+
+    def replace(self, namespace: str, name: str, body: Obj) -> Obj:
+        with _translated(f"updating lease {namespace}/{name}"):
+            obj = self._objects.replace_namespaced_custom_object(
+                LEASE_GROUP, LEASE_VERSION, namespace, LEASE_PLURAL, name, body, field_manager=self.field_manager,
+                _request_timeout=self.request_timeout)
+        return cast(Obj, obj)
+
+
+def kube_client(kubeconfig: str | None = None) -> client.ApiClient:
+    """An ApiClient with the pod's service account when running in a cluster (and no
+    kubeconfig is given), else with the kubeconfig (``None``: $KUBECONFIG or ~/.kube/config)."""
+    configuration = client.Configuration()
+    try:
+        if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+            config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+        else:
+            # persist_config=False: never write refreshed credentials back into the file,
+            # which is a read-only mount in a pod and the operator's own file elsewhere.
+            config.load_kube_config(  # type: ignore[no-untyped-call]
+                config_file=kubeconfig, client_configuration=configuration, persist_config=False)
+    except ConfigException as error:
+        raise StoreError(f"kubernetes client configuration: {error}") from error
+    return client.ApiClient(configuration)

@@ -1,0 +1,384 @@
+"""KubeStore against the Kubernetes API emulator, through the real ``kubernetes`` client.
+
+The store is the controller's only way to read and write Proxies in a cluster, so each
+behaviour the reconcile logic relies on is proved here over HTTP: listing and watching
+(including resume and 410 expiry), optimistic writes of metadata and status, finalizers
+holding a deleted Proxy, best-effort Events, and the mapping of HTTP statuses to errors.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+from egress_proxies.kube import KubeStore, kube_client
+from egress_proxies.model import API_VERSION, FINALIZER, GROUP, KIND, PLURAL, SPEC_HASH_ANNOTATION, VERSION, Proxy
+from egress_proxies.store import Conflict, Gone, StoreError, WatchEvent, WatchExpired
+from kubernetes import client
+
+from support.kube_emulator import KubeEmulator
+
+pytestmark = pytest.mark.timeout(30)
+
+NS = "crawlers"
+Obj = dict[str, Any]
+
+
+@pytest.fixture
+def kube() -> Iterator[KubeEmulator]:
+    with KubeEmulator() as emulator:
+        yield emulator
+
+
+@pytest.fixture
+def api(kube: KubeEmulator) -> Iterator[client.ApiClient]:
+    api_client = client.ApiClient(client.Configuration(host=kube.url))
+    try:
+        yield api_client
+    finally:
+        api_client.close()  # type: ignore[no-untyped-call]
+
+
+@pytest.fixture
+def store(api: client.ApiClient) -> KubeStore:
+    return KubeStore(api)
+
+
+def create(api: client.ApiClient, name: str, namespace: str = NS, **metadata: Any) -> Obj:
+    """A Proxy made by someone else (a user, kubectl), straight through the client."""
+    body = {"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": name, **metadata},
+            "spec": {"provider": "home-kvm", "port": 3128}}
+    return cast(Obj, client.CustomObjectsApi(api).create_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, body))
+
+
+def delete(api: client.ApiClient, name: str, namespace: str = NS) -> None:
+    client.CustomObjectsApi(api).delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+
+
+def stored(kube: KubeEmulator, name: str, namespace: str = NS) -> Obj | None:
+    return kube.get_object(f"{PLURAL}.{GROUP}", namespace, name)
+
+
+def summary(events: list[WatchEvent]) -> list[tuple[str, str]]:
+    return [(event.type, event.proxy.key) for event in events]
+
+
+# -- reading ---------------------------------------------------------------------------------
+
+
+def test_list_returns_proxies_of_every_namespace_and_a_resumable_version(
+        api: client.ApiClient, kube: KubeEmulator, store: KubeStore) -> None:
+    created = create(api, "eu-1", labels={"team": "crawl"})
+    create(api, "us-1", namespace="other")
+
+    proxies, version = store.list_proxies()
+
+    assert sorted(p.key for p in proxies) == ["crawlers/eu-1", "other/us-1"]
+    assert version == str(kube.resource_version)
+    eu = next(p for p in proxies if p.name == "eu-1")
+    assert (eu.uid, eu.resource_version, eu.generation) == (
+        created["metadata"]["uid"], created["metadata"]["resourceVersion"], 1)
+    assert eu.spec == {"provider": "home-kvm", "port": 3128}
+    assert eu.raw is not None and eu.raw["metadata"]["labels"] == {"team": "crawl"}
+
+
+def test_a_namespaced_store_sees_only_its_namespace(api: client.ApiClient) -> None:
+    create(api, "eu-1")
+    create(api, "us-1", namespace="other")
+
+    proxies, _ = KubeStore(api, namespace="other").list_proxies()
+
+    assert [p.key for p in proxies] == ["other/us-1"]
+
+
+def test_get_reads_fresh_and_a_missing_proxy_is_gone(api: client.ApiClient, store: KubeStore) -> None:
+    create(api, "eu-1")
+
+    assert store.get_proxy(NS, "eu-1").key == "crawlers/eu-1"
+    with pytest.raises(Gone, match="not found"):
+        store.get_proxy(NS, "nope")
+
+
+# -- watching --------------------------------------------------------------------------------
+
+
+def test_watch_replays_changes_after_a_version_and_resumes_from_any_event(
+        api: client.ApiClient, store: KubeStore) -> None:
+    _, version = store.list_proxies()
+    proxy = store.get_proxy(NS, create(api, "eu-1")["metadata"]["name"])
+    proxy.finalizers.append(FINALIZER)
+    proxy = store.replace_metadata(proxy)
+    proxy.finalizers.clear()
+    store.replace_metadata(proxy)
+    delete(api, "eu-1")
+
+    # The server ends the stream after timeoutSeconds, so the iterator ends by itself.
+    events = list(store.watch_proxies(version, timeout_seconds=1))
+
+    assert summary(events) == [("ADDED", "crawlers/eu-1"), ("MODIFIED", "crawlers/eu-1"),
+                               ("MODIFIED", "crawlers/eu-1"), ("DELETED", "crawlers/eu-1")]
+    assert events[1].proxy.finalizers == [FINALIZER]
+    resumed = list(store.watch_proxies(events[2].proxy.resource_version, timeout_seconds=1))
+    assert summary(resumed) == [("DELETED", "crawlers/eu-1")]
+
+
+def test_watch_streams_live_changes(api: client.ApiClient, kube: KubeEmulator, store: KubeStore) -> None:
+    _, version = store.list_proxies()
+    seen: list[WatchEvent] = []
+
+    def consume() -> None:
+        for event in store.watch_proxies(version, timeout_seconds=10):
+            seen.append(event)
+            return  # closing the iterator early must release the stream
+
+    watcher = threading.Thread(target=consume)
+    watcher.start()
+    kube.wait_for_watchers(1)
+    create(api, "eu-1")
+    watcher.join(timeout=5)
+
+    assert not watcher.is_alive()
+    assert summary(seen) == [("ADDED", "crawlers/eu-1")]
+    kube.wait_for_watchers(0)  # the server saw the stream closed
+
+
+def test_watch_from_a_compacted_version_is_expired(api: client.ApiClient, kube: KubeEmulator,
+                                                   store: KubeStore) -> None:
+    _, version = store.list_proxies()
+    create(api, "eu-1")
+    kube.compact()
+
+    with pytest.raises(WatchExpired, match="410"):
+        list(store.watch_proxies(version, timeout_seconds=1))
+
+
+# -- metadata writes -------------------------------------------------------------------------
+
+
+def test_replace_metadata_adds_and_removes_our_finalizer_and_keeps_the_rest(
+        api: client.ApiClient, kube: KubeEmulator, store: KubeStore) -> None:
+    create(api, "eu-1", labels={"team": "crawl"}, annotations={"note": "theirs"})
+    proxy = store.get_proxy(NS, "eu-1")
+
+    proxy.finalizers.append(FINALIZER)
+    proxy.annotations[SPEC_HASH_ANNOTATION] = "0123456789abcdef"
+    written = store.replace_metadata(proxy)
+
+    obj = stored(kube, "eu-1")
+    assert obj is not None
+    assert obj["metadata"]["finalizers"] == [FINALIZER]
+    assert obj["metadata"]["annotations"] == {"note": "theirs", SPEC_HASH_ANNOTATION: "0123456789abcdef"}
+    assert obj["metadata"]["labels"] == {"team": "crawl"}
+    assert obj["spec"] == {"provider": "home-kvm", "port": 3128}
+    assert written.resource_version == obj["metadata"]["resourceVersion"] != proxy.resource_version
+
+    written.finalizers.remove(FINALIZER)
+    store.replace_metadata(written)
+    obj = stored(kube, "eu-1")
+    assert obj is not None and "finalizers" not in obj["metadata"]
+
+
+def test_replace_metadata_at_a_stale_version_conflicts(api: client.ApiClient, kube: KubeEmulator,
+                                                       store: KubeStore) -> None:
+    create(api, "eu-1")
+    stale = store.get_proxy(NS, "eu-1")
+    fresh = store.get_proxy(NS, "eu-1")
+    fresh.annotations["someone"] = "else"
+    store.replace_metadata(fresh)
+
+    stale.finalizers.append(FINALIZER)
+    with pytest.raises(Conflict, match="409"):
+        store.replace_metadata(stale)
+    obj = stored(kube, "eu-1")
+    assert obj is not None and "finalizers" not in obj["metadata"]
+
+
+def test_a_proxy_built_by_hand_is_written_over_a_fresh_read(api: client.ApiClient, kube: KubeEmulator,
+                                                           store: KubeStore) -> None:
+    created = create(api, "eu-1", labels={"team": "crawl"})
+    meta = created["metadata"]
+    by_hand = Proxy(namespace=NS, name="eu-1", uid=meta["uid"], spec={}, resource_version=meta["resourceVersion"],
+                    finalizers=[FINALIZER])
+
+    store.replace_metadata(by_hand)
+
+    obj = stored(kube, "eu-1")
+    assert obj is not None
+    assert (obj["metadata"]["finalizers"], obj["metadata"]["labels"]) == ([FINALIZER], {"team": "crawl"})
+    assert obj["spec"] == {"provider": "home-kvm", "port": 3128}  # not the hand-built empty spec
+    with pytest.raises(Conflict, match="changed since it was read"):
+        store.replace_metadata(by_hand)  # its resourceVersion is now stale
+
+
+def test_a_deleted_proxy_is_held_by_our_finalizer_until_we_remove_it(
+        api: client.ApiClient, kube: KubeEmulator, store: KubeStore) -> None:
+    create(api, "eu-1")
+    proxy = store.get_proxy(NS, "eu-1")
+    proxy.finalizers.append(FINALIZER)
+    store.replace_metadata(proxy)
+
+    delete(api, "eu-1")
+
+    deleting = store.get_proxy(NS, "eu-1")
+    assert deleting.deleting and deleting.finalizers == [FINALIZER]
+    deleting.finalizers.remove(FINALIZER)
+    store.replace_metadata(deleting)
+    assert stored(kube, "eu-1") is None
+    with pytest.raises(Gone):
+        store.get_proxy(NS, "eu-1")
+
+
+# -- status writes ---------------------------------------------------------------------------
+
+
+def test_replace_status_writes_only_the_status(api: client.ApiClient, kube: KubeEmulator, store: KubeStore) -> None:
+    create(api, "eu-1")
+    proxy = store.get_proxy(NS, "eu-1")
+
+    proxy.status = {"phase": "Ready", "ip": "192.0.2.10", "endpoint": "192.0.2.10:3128", "observedGeneration": 1}
+    proxy.spec["port"] = 9999  # a spec change smuggled through the status write is ignored
+    written = store.replace_status(proxy)
+
+    obj = stored(kube, "eu-1")
+    assert obj is not None
+    assert obj["status"] == proxy.status
+    assert obj["spec"] == {"provider": "home-kvm", "port": 3128}
+    assert obj["metadata"]["generation"] == 1
+    assert written.status == proxy.status and written.spec["port"] == 3128
+
+
+def test_replace_status_at_a_stale_version_conflicts(api: client.ApiClient, kube: KubeEmulator,
+                                                     store: KubeStore) -> None:
+    create(api, "eu-1")
+    stale = store.get_proxy(NS, "eu-1")
+    fresh = store.get_proxy(NS, "eu-1")
+    fresh.status = {"phase": "Provisioning"}
+    store.replace_status(fresh)
+
+    stale.status = {"phase": "Ready"}
+    with pytest.raises(Conflict):
+        store.replace_status(stale)
+    obj = stored(kube, "eu-1")
+    assert obj is not None and obj["status"] == {"phase": "Provisioning"}
+
+
+# -- events ----------------------------------------------------------------------------------
+
+
+def test_record_event_describes_the_proxy(api: client.ApiClient, store: KubeStore) -> None:
+    proxy = store.get_proxy(NS, create(api, "eu-1")["metadata"]["name"])
+
+    store.record_event(proxy, "Warning", "CreateFailed", "transient: host down")
+
+    events = client.CoreV1Api(api).list_namespaced_event(NS).items
+    assert len(events) == 1
+    event = events[0]
+    assert event.metadata.name.startswith("eu-1.")
+    involved = event.involved_object
+    assert (involved.api_version, involved.kind, involved.namespace, involved.name, involved.uid) == (
+        API_VERSION, KIND, NS, "eu-1", proxy.uid)
+    assert (event.reason, event.message, event.type, event.count) == (
+        "CreateFailed", "transient: host down", "Warning", 1)
+    assert event.source is not None and event.source.component == "egress-proxies"
+    assert event.first_timestamp is not None and event.first_timestamp == event.last_timestamp
+
+
+def test_record_event_never_raises(api: client.ApiClient, kube: KubeEmulator, store: KubeStore,
+                                   caplog: pytest.LogCaptureFixture) -> None:
+    proxy = store.get_proxy(NS, create(api, "eu-1")["metadata"]["name"])
+    kube.fail_next("POST", ".*/events", 500)
+
+    with caplog.at_level(logging.WARNING, logger="egress_proxies.kube"):
+        store.record_event(proxy, "Normal", "Created", "instance created")
+
+    assert "event not recorded (Created: instance created)" in caplog.text
+    assert "HTTP 500" in caplog.text
+    assert client.CoreV1Api(api).list_namespaced_event(NS).items == []
+
+
+# -- errors ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("status", "error"), [
+    (403, StoreError), (404, Gone), (409, Conflict), (410, WatchExpired), (500, StoreError)])
+def test_http_statuses_map_to_store_errors(api: client.ApiClient, kube: KubeEmulator, store: KubeStore,
+                                           status: int, error: type[StoreError]) -> None:
+    create(api, "eu-1")
+    proxy = store.get_proxy(NS, "eu-1")
+    kube.fail_next("PUT", f"/namespaces/{NS}/proxies/eu-1$", status, message="injected")
+
+    with pytest.raises(StoreError, match=f"HTTP {status}: injected") as raised:
+        store.replace_metadata(proxy)
+
+    assert type(raised.value) is error
+
+
+def test_throttling_beyond_the_clients_retries_is_a_store_error(kube: KubeEmulator, store: KubeStore) -> None:
+    # urllib3 retries a 429 with Retry-After three times by itself; the fourth reaches us.
+    kube.fail_next("GET", f"/{PLURAL}$", 429, count=4, retry_after=0)
+
+    with pytest.raises(StoreError, match="429") as raised:
+        store.list_proxies()
+
+    assert type(raised.value) is StoreError
+
+
+def test_an_unreachable_server_is_a_store_error() -> None:
+    with socket.socket() as probe:  # a port nobody listens on once the probe closes
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    api_client = client.ApiClient(client.Configuration(host=f"http://127.0.0.1:{port}"))
+    try:
+        with pytest.raises(StoreError, match="Connection refused") as raised:
+            KubeStore(api_client).list_proxies()
+    finally:
+        api_client.close()  # type: ignore[no-untyped-call]
+    assert type(raised.value) is StoreError
+
+
+# -- client configuration --------------------------------------------------------------------
+
+
+def test_kube_client_from_a_kubeconfig(kube: KubeEmulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A kubeconfig given explicitly wins even inside a cluster.
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
+    kubeconfig = tmp_path / "config"
+    kubeconfig.write_text(f"""
+apiVersion: v1
+kind: Config
+clusters: [{{name: emu, cluster: {{server: "{kube.url}"}}}}]
+users: [{{name: me, user: {{token: secret}}}}]
+contexts: [{{name: emu, context: {{cluster: emu, user: me}}}}]
+current-context: emu
+""")
+    api_client = kube_client(str(kubeconfig))
+    try:
+        create(api_client, "eu-1")
+        proxies, _ = KubeStore(api_client).list_proxies()
+    finally:
+        api_client.close()  # type: ignore[no-untyped-call]
+    assert [p.key for p in proxies] == ["crawlers/eu-1"]
+    assert kubeconfig.read_text().count("secret") == 1  # never rewritten
+
+
+def test_kube_client_in_a_cluster_uses_the_service_account(monkeypatch: pytest.MonkeyPatch) -> None:
+    # No service account is mounted here, so the in-cluster loader's own complaint proves
+    # that it, and not the kubeconfig loader, was used.
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
+
+    with pytest.raises(StoreError, match="Service token file does not exist"):
+        kube_client()
+
+
+def test_kube_client_with_an_unreadable_kubeconfig_is_a_store_error(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    with pytest.raises(StoreError, match="kubernetes client configuration"):
+        kube_client(str(tmp_path / "missing"))

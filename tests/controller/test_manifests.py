@@ -1,0 +1,326 @@
+"""The Kubernetes manifests under controller/manifests and the example Proxies.
+
+No API server can run here, so each manifest is validated with kubernetes-validate against the
+schemas of fixed Kubernetes versions (strict: unknown fields are errors), and the example Proxies
+against the CRD's own openAPIV3Schema. The rest pins what a schema cannot see: least-privilege
+RBAC, the Deployment's wiring to the controller (probes, mounts, optional Secrets), and the
+example provider config passing the modules' own validator.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import jsonschema  # type: ignore[import-untyped]
+import kubernetes_validate  # type: ignore[import-untyped]
+import pytest
+import yaml
+
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.config import parse_provider_config
+from egress_proxies import model
+from egress_proxies.store import condition
+
+ROOT = Path(__file__).resolve().parents[2]
+MANIFESTS = ROOT / "controller" / "manifests"
+EXAMPLES = ROOT / "controller" / "examples"
+# The oldest and the newest Kubernetes minor the manifests are checked against (kubernetes-validate
+# 1.37.0 ships schemas up to 1.37): a field that only exists in newer clusters fails on 1.30.
+KUBERNETES_VERSIONS = ("1.30.0", "1.37.0")
+NAMESPACE = "egress-proxies"
+
+Obj = dict[str, Any]
+
+
+def load(path: Path) -> list[Obj]:
+    return [doc for doc in yaml.safe_load_all(path.read_text()) if doc is not None]
+
+
+def manifest_files() -> list[Path]:
+    return sorted(MANIFESTS.glob("*.yaml"))
+
+
+def example_files() -> list[Path]:
+    return sorted(EXAMPLES.glob("*.yaml"))
+
+
+def objects() -> Iterator[tuple[str, Obj]]:
+    for path in manifest_files():
+        for doc in load(path):
+            if doc["kind"] != "Kustomization":  # a kustomize file, not an API object
+                yield f"{path.name}:{doc['kind']}/{doc['metadata']['name']}", doc
+
+
+def one(kind: str, name: str | None = None) -> Obj:
+    found = [obj for _, obj in objects() if obj["kind"] == kind and name in (None, obj["metadata"]["name"])]
+    assert len(found) == 1, f"expected one {kind} {name or ''}, found {len(found)}"
+    return found[0]
+
+
+def proxy_schema() -> Obj:
+    (version,) = one("CustomResourceDefinition")["spec"]["versions"]
+    schema: Obj = version["schema"]["openAPIV3Schema"]
+    return schema
+
+
+def proxy_validator() -> Any:
+    # Structural OpenAPI v3 schemas are a subset of JSON Schema draft 4 (boolean exclusiveMinimum,
+    # no $schema); the x-kubernetes-* keywords are unknown to jsonschema and ignored.
+    return jsonschema.Draft4Validator(proxy_schema())
+
+
+def schema_errors(obj: Obj) -> list[str]:
+    return [f"{'.'.join(map(str, error.path))}: {error.message}" for error in proxy_validator().iter_errors(obj)]
+
+
+# -- every manifest ----------------------------------------------------------------------------
+
+
+def test_manifests_exist_and_kustomization_lists_them_all() -> None:
+    names = {path.name for path in manifest_files()}
+    assert {"crd.yaml", "rbac.yaml", "deployment.yaml", "service.yaml", "configmap-example.yaml"} <= names
+    (kustomization,) = load(MANIFESTS / "kustomization.yaml")
+    assert sorted(kustomization["resources"]) == sorted(names - {"kustomization.yaml"})
+    # Order matters to `kubectl apply -f`-style tools: the namespace and the CRD first.
+    assert kustomization["resources"][:2] == ["namespace.yaml", "crd.yaml"]
+
+
+@pytest.mark.parametrize("path", manifest_files() + example_files(), ids=lambda path: path.name)
+def test_every_file_parses_into_named_objects(path: Path) -> None:
+    docs = load(path)
+    assert docs
+    for doc in docs:
+        assert isinstance(doc, dict)
+        assert doc["apiVersion"]
+        assert doc["kind"]
+        if doc["kind"] != "Kustomization":
+            assert doc["metadata"]["name"]
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+@pytest.mark.parametrize(("label", "obj"), list(objects()), ids=[label for label, _ in objects()])
+def test_manifests_validate_against_kubernetes(label: str, obj: Obj, version: str) -> None:
+    assert label
+    assert kubernetes_validate.validate(obj, version, strict=True) == version.rsplit(".", 1)[0]
+
+
+def test_kubernetes_validate_rejects_a_typo() -> None:
+    """The validation above is strict: an unknown field (a typo) fails it."""
+    deployment = copy.deepcopy(one("Deployment"))
+    deployment["spec"]["template"]["spec"]["containers"][0]["livenesProbe"] = {}
+    with pytest.raises(kubernetes_validate.ValidationError, match="livenesProbe"):
+        kubernetes_validate.validate(deployment, KUBERNETES_VERSIONS[-1], strict=True)
+
+
+# -- the CRD -----------------------------------------------------------------------------------
+
+
+def test_crd_matches_the_controller_model() -> None:
+    crd = one("CustomResourceDefinition")
+    spec = crd["spec"]
+    assert crd["metadata"]["name"] == f"{model.PLURAL}.{model.GROUP}"
+    assert (spec["group"], spec["names"]["kind"], spec["names"]["plural"], spec["scope"]) == (
+        model.GROUP, model.KIND, model.PLURAL, "Namespaced")
+    (version,) = spec["versions"]
+    assert (version["name"], version["served"], version["storage"]) == (model.VERSION, True, True)
+    assert version["subresources"] == {"status": {}}
+    assert [column["name"] for column in version["additionalPrinterColumns"]] == [
+        "Provider", "Location", "IP", "Phase", "Age"]
+    properties = proxy_schema()["properties"]
+    # Every field the controller hashes is in the schema, and nothing else is in spec.
+    assert set(properties["spec"]["properties"]) == set(model.SPEC_FIELDS)
+    assert properties["spec"]["properties"]["port"]["default"] == model.DEFAULT_PORT
+    assert properties["status"]["properties"]["phase"]["enum"] == [
+        model.PHASE_PENDING, model.PHASE_PROVISIONING, model.PHASE_READY, model.PHASE_DELETING, model.PHASE_FAILED]
+
+
+def test_crd_defaults_satisfy_their_own_schema() -> None:
+    """The API server rejects a CRD whose default does not validate; check each one the same way."""
+    fields = proxy_schema()["properties"]["spec"]["properties"]
+    defaults = {name: field for name, field in fields.items() if "default" in field}
+    assert set(defaults) == {"port", "cloudInitEncoding"}
+    for field in defaults.values():
+        jsonschema.Draft4Validator(field).validate(field["default"])
+
+
+@pytest.mark.parametrize("path", example_files(), ids=lambda path: path.name)
+def test_example_proxies_are_valid(path: Path) -> None:
+    (proxy,) = load(path)
+    assert (proxy["apiVersion"], proxy["kind"]) == (model.API_VERSION, model.KIND)
+    assert schema_errors(proxy) == []
+
+
+def test_examples_cover_packages_a_jinja_template_and_the_minimum() -> None:
+    proxies = {path.name: load(path)[0] for path in example_files()}
+    assert len(proxies) in (2, 3)
+    cloud_inits = [proxy["spec"].get("cloudInit") for proxy in proxies.values()]
+    assert None in cloud_inits
+    jinja = [text for text in cloud_inits if text and text.startswith("## template: jinja\n")]
+    assert jinja
+    assert "{{" in jinja[0]
+    (squid,) = [text for text in cloud_inits if text and text.startswith("#cloud-config\n")]
+    document = yaml.safe_load(squid)
+    assert "squid" in document["packages"]
+    assert any(entry["path"].startswith("/etc/squid/") for entry in document["write_files"])
+
+
+def test_examples_name_providers_and_hosts_of_the_example_config() -> None:
+    config = parse_provider_config(yaml.safe_load(one("ConfigMap")["data"]["providers.yaml"]))
+    providers = {provider.name: provider for provider in config.providers}
+    for path in example_files():
+        spec = load(path)[0]["spec"]
+        provider = providers[spec["provider"]]
+        if "location" in spec and provider.kvm is not None:
+            assert spec["location"] in {host.name for host in provider.kvm.hosts}
+
+
+def a_proxy(**spec: Any) -> Obj:
+    return {"apiVersion": model.API_VERSION, "kind": model.KIND, "metadata": {"name": "p", "namespace": "crawlers"},
+            "spec": {"provider": "home-kvm", **spec}}
+
+
+def test_a_status_as_the_controller_writes_it_is_valid() -> None:
+    proxy = a_proxy(port=3128)
+    proxy["status"] = {
+        "phase": model.PHASE_READY, "providerID": "kvm://hosts/beelink/domains/p-crawlers-p-abcdef",
+        "ip": "192.0.2.10", "endpoint": "192.0.2.10:3128", "observedGeneration": 3,
+        "conditions": [condition("True", "InstanceRunning", "instance is running", "2026-01-02T03:04:05Z", 3)],
+    }
+    assert schema_errors(proxy) == []
+    proxy["status"]["phase"] = "Running"
+    assert schema_errors(proxy) == ["status.phase: 'Running' is not one of "
+                                    "['Pending', 'Provisioning', 'Ready', 'Deleting', 'Failed']"]
+
+
+def test_base64_of_64_kib_binary_user_data_fits() -> None:
+    encoded = base64.b64encode(os.urandom(64 * 1024)).decode()
+    assert len(encoded) == 87384
+    assert schema_errors(a_proxy(cloudInit=encoded, cloudInitEncoding="base64")) == []
+
+
+@pytest.mark.parametrize(("spec", "error"), [
+    ({"provider": None}, "spec: 'provider' is a required property"),
+    ({"provider": ""}, "spec.provider: '' should be non-empty"),
+    ({"port": 70000}, "spec.port: 70000 is greater than the maximum of 65535"),
+    ({"port": 0}, "spec.port: 0 is less than the minimum of 1"),
+    ({"port": "3128"}, "spec.port: '3128' is not of type 'integer'"),
+    ({"cloudInitEncoding": "gzip"}, "spec.cloudInitEncoding: 'gzip' is not one of ['plain', 'base64']"),
+    ({"cloudInit": "#" * 90001}, "spec.cloudInit: '###"),
+], ids=["missing-provider", "empty-provider", "port-70000", "port-0", "port-string", "bad-encoding",
+        "oversized-cloudinit"])
+def test_invalid_proxies_are_rejected(spec: Obj, error: str) -> None:
+    proxy = a_proxy(**{key: value for key, value in spec.items() if value is not None})
+    if spec.get("provider", "") is None:
+        del proxy["spec"]["provider"]
+    errors = schema_errors(proxy)
+    assert len(errors) == 1
+    assert errors[0].startswith(error)
+
+
+def test_a_proxy_without_spec_is_rejected() -> None:
+    proxy = a_proxy()
+    del proxy["spec"]
+    assert schema_errors(proxy) == [": 'spec' is a required property"]
+
+
+# -- RBAC ----------------------------------------------------------------------------------------
+
+
+def rules(kind: str) -> set[tuple[str, str, tuple[str, ...]]]:
+    return {(group, resource, tuple(rule["verbs"]))
+            for rule in one(kind)["rules"] for group in rule["apiGroups"] for resource in rule["resources"]}
+
+
+def test_rbac_is_least_privilege() -> None:
+    assert rules("ClusterRole") == {
+        ("crawl.example.com", "proxies", ("get", "list", "watch", "update", "patch")),
+        ("crawl.example.com", "proxies/status", ("get", "update", "patch")),
+        ("", "events", ("create", "patch")),
+    }
+    role = one("Role")
+    assert role["metadata"]["namespace"] == NAMESPACE
+    assert rules("Role") == {("coordination.k8s.io", "leases", ("get", "create", "update"))}
+    for kind in ("ClusterRole", "Role"):
+        for rule in one(kind)["rules"]:
+            assert set(rule) == {"apiGroups", "resources", "verbs"}  # no nonResourceURLs, no resourceNames tricks
+            for value in (*rule["apiGroups"], *rule["resources"], *rule["verbs"]):
+                assert "*" not in value
+            assert not {"secrets", "pods", "configmaps"} & set(rule["resources"])
+
+
+def test_bindings_grant_the_roles_to_the_controller_service_account() -> None:
+    account = one("ServiceAccount")
+    assert account["metadata"]["namespace"] == NAMESPACE
+    for binding_kind, role_kind in (("ClusterRoleBinding", "ClusterRole"), ("RoleBinding", "Role")):
+        binding = one(binding_kind)
+        assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": role_kind,
+                                      "name": one(role_kind)["metadata"]["name"]}
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account["metadata"]["name"],
+                                        "namespace": NAMESPACE}]
+    assert one("RoleBinding")["metadata"]["namespace"] == NAMESPACE
+    assert one("Deployment")["spec"]["template"]["spec"]["serviceAccountName"] == account["metadata"]["name"]
+
+
+# -- the Deployment ------------------------------------------------------------------------------
+
+
+def container() -> Obj:
+    (only,) = one("Deployment")["spec"]["template"]["spec"]["containers"]
+    result: Obj = only
+    return result
+
+
+def test_deployment_runs_the_controller_against_kubernetes() -> None:
+    deployment = one("Deployment")
+    assert deployment["metadata"]["namespace"] == NAMESPACE
+    assert deployment["spec"]["replicas"] == 1
+    main = container()
+    assert main["image"] == "ghcr.io/example/egress-proxies-controller:0.1.0"
+    command = main["command"]
+    assert command[:3] == ["egress-proxies", "--source", "kubernetes"]
+    options = dict(zip(command[1::2], command[2::2], strict=True))
+    assert options["--provider-config"] == "/etc/egress-proxies/providers.yaml"
+    assert options["--work-dir"] == "/var/lib/egress-proxies"
+    # The provider config comes from the example ConfigMap's only key.
+    assert set(one("ConfigMap")["data"]) == {"providers.yaml"}
+
+
+def test_deployment_probes_and_port() -> None:
+    main = container()
+    assert main["ports"] == [{"name": "http", "containerPort": 8080, "protocol": "TCP"}]
+    assert main["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    assert main["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    (port,) = one("Service")["spec"]["ports"]
+    assert (port["port"], port["targetPort"]) == (8080, "http")
+    assert one("Service")["spec"]["selector"] == one("Deployment")["spec"]["selector"]["matchLabels"]
+
+
+def test_deployment_mounts_and_optional_secrets() -> None:
+    main = container()
+    pod = one("Deployment")["spec"]["template"]["spec"]
+    volumes = {volume["name"]: volume for volume in pod["volumes"]}
+    mounts = {mount["mountPath"]: volumes[mount["name"]] for mount in main["volumeMounts"]}
+    assert mounts["/etc/egress-proxies"]["configMap"]["name"] == one("ConfigMap")["metadata"]["name"]
+    # The controller must start without the SSH Secret (KVM Proxies wait, the others run).
+    assert mounts["/etc/egress-proxies/kvm-ssh"]["secret"] == {"secretName": "kvm-ssh", "optional": True,
+                                                              "defaultMode": 0o440}
+    assert "emptyDir" in mounts["/var/lib/egress-proxies"]
+    assert "emptyDir" in mounts["/tmp"]
+    env = {item["name"]: item for item in main["env"]}
+    assert env["DISCOVERY_TOKEN"]["valueFrom"] == {
+        "secretKeyRef": {"name": "egress-proxies-discovery", "key": "token", "optional": True}}
+
+
+def test_deployment_is_locked_down() -> None:
+    main = container()
+    pod = one("Deployment")["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] != 0
+    assert main["securityContext"] == {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                                       "capabilities": {"drop": ["ALL"]}}
+    assert main["resources"]["limits"]["memory"] == "1Gi"
+    assert main["resources"]["requests"]["memory"]

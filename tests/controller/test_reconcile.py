@@ -1,0 +1,366 @@
+"""The reconciler's decisions, with fakes of the store and the runner (tests/support/controller_fakes.py).
+
+The same behaviours run end to end through ansible-runner, the real modules, libvirt and the
+Kubernetes API emulator in test_controller_e2e.py; these pin the decision table exactly,
+including cases the real backends cannot be made to produce on demand.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from egress_proxies.backoff import Backoff
+from egress_proxies.model import (
+    FINALIZER,
+    OWNER_TAG,
+    SPEC_HASH_ANNOTATION,
+    SPEC_HASH_TAG,
+    UID_TAG,
+    instance_name,
+    spec_hash,
+)
+from egress_proxies.reconcile import Reconciler, ReconcileSettings
+
+from support.controller_fakes import FakeRunner, MemoryStore
+
+SPEC = {"provider": "home-kvm", "cloudInit": "#cloud-config\n"}
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> Path:
+    path = tmp_path / "providers.yaml"
+    path.write_text(yaml.safe_dump({"owner": "test-owner", "providers": [
+        {"name": "home-kvm", "type": "kvm", "kvm": {}}, {"name": "cluster", "type": "kubernetes",
+                                                          "kubernetes": {}}]}))
+    return path
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def store() -> MemoryStore:
+    return MemoryStore()
+
+
+@pytest.fixture
+def runner() -> FakeRunner:
+    return FakeRunner()
+
+
+def reconciler(store: MemoryStore, runner: FakeRunner, config: Path, clock: Clock,
+               **settings: object) -> Reconciler:
+    return Reconciler(store, runner, str(config), ReconcileSettings(**settings),  # type: ignore[arg-type]
+                      backoff=Backoff(clock=clock, rng=lambda: 0.5))
+
+
+def test_create_ready_with_finalizer_status_and_tags(store: MemoryStore, runner: FakeRunner, config: Path,
+                                                      clock: Clock) -> None:
+    proxy = store.add("eu-1", SPEC)
+    report = reconciler(store, runner, config, clock).sweep()
+    assert report.ok and report.created == 1
+    # One list per provider, one batched create: never a runner call per Proxy.
+    assert runner.verbs() == ["list", "list", "create"]
+    saved = store.get("eu-1")
+    assert FINALIZER in saved.finalizers
+    assert saved.status["phase"] == "Ready"
+    assert saved.status["endpoint"] == "192.0.2.10:3128"
+    assert saved.status["observedGeneration"] == 1
+    assert saved.status["conditions"][0]["reason"] == "InstanceRunning"
+    assert saved.annotations[SPEC_HASH_ANNOTATION] == spec_hash(SPEC)
+    (instance,) = runner.instances.values()
+    assert instance["tags"] == {OWNER_TAG: "test-owner", "crawl.example.com/proxy": "crawlers/eu-1",
+                                UID_TAG: proxy.uid, SPEC_HASH_TAG: spec_hash(SPEC)}
+    assert store.reasons() == ["Created"]
+
+    again = reconciler(store, runner, config, clock).sweep()
+    assert again.created == 0 and runner.verbs()[-2:] == ["list", "list"]
+
+
+def test_user_data_travels_base64(store: MemoryStore, runner: FakeRunner, config: Path, clock: Clock) -> None:
+    store.add("eu-1", {"provider": "home-kvm", "cloudInit": "## template: jinja\n{{ lookup('pipe', 'id') }}\n"})
+    reconciler(store, runner, config, clock).sweep()
+    (create,) = [op for call in runner.calls if call.verb == "create" for op in call.operations]
+    assert create.args["user_data_encoding"] == "base64"
+    assert "{{" not in create.args["user_data"]
+
+
+def test_many_proxies_are_batched(store: MemoryStore, runner: FakeRunner, config: Path, clock: Clock) -> None:
+    for n in range(7):
+        store.add(f"p{n}", SPEC)
+    reconciler(store, runner, config, clock, batch_size=3).sweep()
+    creates = [len(call.operations) for call in runner.calls if call.verb == "create"]
+    assert creates == [3, 3, 1]
+
+
+def test_spec_change_makes_before_it_breaks(store: MemoryStore, runner: FakeRunner, config: Path,
+                                            clock: Clock) -> None:
+    store.add("eu-1", SPEC)
+    rec = reconciler(store, runner, config, clock)
+    rec.sweep()
+    (old_id,) = runner.instances
+    store.update_spec("eu-1", port=8080)
+    rec.sweep()
+    creates = [i for i, c in enumerate(runner.calls) if c.verb == "create"]
+    deletes = [i for i, c in enumerate(runner.calls) if c.verb == "delete"]
+    assert len(creates) == 2 and len(deletes) == 1 and creates[1] < deletes[0]
+    assert runner.calls[deletes[0]].operations[0].args["provider_id"] == old_id
+    (new_id,) = runner.instances
+    saved = store.get("eu-1")
+    assert saved.status["providerID"] == new_id != old_id
+    assert saved.status["endpoint"].endswith(":8080")
+    assert saved.status["observedGeneration"] == 2
+    assert saved.annotations[SPEC_HASH_ANNOTATION] == spec_hash({**SPEC, "port": 8080})
+    assert store.reasons() == ["Created", "Replacing", "Replaced"]
+
+
+def test_old_instance_stays_until_the_new_one_is_ready(store: MemoryStore, runner: FakeRunner, config: Path,
+                                                       clock: Clock) -> None:
+    store.add("eu-1", SPEC)
+    rec = reconciler(store, runner, config, clock)
+    rec.sweep()
+    runner.ip = None  # the successor boots without an IP for now
+    store.update_spec("eu-1", port=8080)
+    rec.sweep()
+    assert len(runner.instances) == 2
+    assert "delete" not in runner.verbs()
+    assert store.get("eu-1").status["phase"] == "Provisioning"
+    for instance in runner.instances.values():
+        instance["ip"] = "192.0.2.11"
+    rec.sweep()
+    assert len(runner.instances) == 1
+    assert store.get("eu-1").status["phase"] == "Ready"
+
+
+def test_restart_after_create_adopts_instead_of_duplicating(store: MemoryStore, runner: FakeRunner, config: Path,
+                                                           clock: Clock) -> None:
+    proxy = store.add("eu-1", SPEC)
+    # A controller created the instance and died before writing status.
+    name = instance_name(proxy, spec_hash(SPEC))
+    runner.instances[f"kvm://hosts/h1/domains/{name}"] = {
+        "provider_id": f"kvm://hosts/h1/domains/{name}", "name": name, "location": "h1", "state": "running",
+        "ip": "192.0.2.10", "created": "2026-01-01T00:00:00Z",
+        "tags": {OWNER_TAG: "test-owner", UID_TAG: proxy.uid, SPEC_HASH_TAG: spec_hash(SPEC)}}
+    reconciler(store, runner, config, clock).sweep()
+    assert "create" not in runner.verbs()
+    assert len(runner.instances) == 1
+    assert store.get("eu-1").status["providerID"] == f"kvm://hosts/h1/domains/{name}"
+
+
+def test_transient_create_failure_backs_off_exponentially(store: MemoryStore, runner: FakeRunner, config: Path,
+                                                          clock: Clock) -> None:
+    proxy = store.add("eu-1", SPEC)
+    runner.fail[("kvm_proxy", instance_name(proxy, spec_hash(SPEC)))] = ("transient", "host h1 does not answer")
+    rec = reconciler(store, runner, config, clock)
+    rec.sweep()
+    saved = store.get("eu-1")
+    assert saved.status["phase"] == "Pending"
+    assert saved.status["conditions"][0]["reason"] == "CreateFailed"
+    assert "transient: host h1 does not answer (next attempt in 5 s)" in saved.status["conditions"][0]["message"]
+    rec.sweep()  # too early: no second attempt
+    assert runner.verbs().count("create") == 1
+    clock.now += 5
+    rec.sweep()
+    assert runner.verbs().count("create") == 2
+    assert "next attempt in 10 s" in store.get("eu-1").status["conditions"][0]["message"]
+
+
+def test_permanent_create_failure_fails_and_requeues_slowly(store: MemoryStore, runner: FakeRunner, config: Path,
+                                                            clock: Clock) -> None:
+    proxy = store.add("eu-1", {**SPEC, "image": "windows-95"})
+    name = instance_name(proxy, spec_hash({**SPEC, "image": "windows-95"}))
+    runner.fail[("kvm_proxy", name)] = ("permanent", "image: 'windows-95' is not an image of this provider")
+    rec = reconciler(store, runner, config, clock)
+    rec.sweep()
+    assert store.get("eu-1").status["phase"] == "Failed"
+    clock.now += 300
+    rec.sweep()
+    assert runner.verbs().count("create") == 1
+    clock.now += 301
+    rec.sweep()
+    assert runner.verbs().count("create") == 2
+
+
+def test_unknown_provider_is_a_permanent_condition(store: MemoryStore, runner: FakeRunner, config: Path,
+                                                   clock: Clock) -> None:
+    store.add("eu-1", {"provider": "gone-provider"})
+    reconciler(store, runner, config, clock).sweep()
+    saved = store.get("eu-1")
+    assert saved.status["phase"] == "Failed"
+    assert saved.status["conditions"][0]["reason"] == "ProviderNotConfigured"
+    assert "gone-provider" in saved.status["conditions"][0]["message"]
+    assert "create" not in runner.verbs()
+
+
+# -- deletion, in the order of design.md -----------------------------------------------------
+
+
+def ready_then_deleted(store: MemoryStore, runner: FakeRunner, config: Path, clock: Clock,
+                       annotations: dict[str, str] | None = None) -> tuple[Reconciler, str]:
+    store.add("eu-1", SPEC, annotations=annotations)
+    rec = reconciler(store, runner, config, clock)
+    rec.sweep()
+    provider_id = store.get("eu-1").status["providerID"]
+    store.delete("eu-1")
+    return rec, provider_id
+
+
+def test_delete_without_provider_id_releases(store: MemoryStore, runner: FakeRunner, config: Path,
+                                             clock: Clock) -> None:
+    store.add("eu-1", SPEC)
+    proxy = store.objects[("crawlers", "eu-1")]
+    proxy.finalizers = [FINALIZER]
+    store.delete("eu-1")
+    reconciler(store, runner, config, clock).sweep()
+    assert not store.exists("eu-1")
+    assert "get" not in runner.verbs() and "delete" not in runner.verbs()
+
+
+def test_delete_with_skip_cleanup_abandons_before_the_provider_lookup(store: MemoryStore, runner: FakeRunner,
+                                                                      config: Path, clock: Clock) -> None:
+    rec, provider_id = ready_then_deleted(store, runner, config, clock,
+                                          {"crawl.example.com/skip-cleanup": "true"})
+    store.objects[("crawlers", "eu-1")].spec["provider"] = "removed-from-config"
+    rec.sweep()
+    assert not store.exists("eu-1")
+    assert provider_id in runner.instances  # abandoned, not deleted
+    assert "get" not in runner.verbs() and "delete" not in runner.verbs()
+    assert store.reasons()[-1] == "Abandoned"
+
+
+def test_delete_with_provider_missing_is_permanent_until_skip_cleanup(store: MemoryStore, runner: FakeRunner,
+                                                                      config: Path, clock: Clock) -> None:
+    rec, _ = ready_then_deleted(store, runner, config, clock)
+    store.objects[("crawlers", "eu-1")].spec["provider"] = "removed-from-config"
+    rec.sweep()
+    saved = store.get("eu-1")
+    assert saved.status["phase"] == "Deleting"
+    assert saved.status["conditions"][0]["reason"] == "ProviderNotConfigured"
+    assert "skip-cleanup" in saved.status["conditions"][0]["message"]
+    store.objects[("crawlers", "eu-1")].annotations["crawl.example.com/skip-cleanup"] = "true"
+    rec.sweep()
+    assert not store.exists("eu-1")
+
+
+def test_delete_when_get_says_not_found_releases_without_delete(store: MemoryStore, runner: FakeRunner,
+                                                                config: Path, clock: Clock) -> None:
+    rec, provider_id = ready_then_deleted(store, runner, config, clock)
+    del runner.instances[provider_id]  # gone behind our back
+    rec.sweep()
+    assert not store.exists("eu-1")
+    assert runner.verbs()[-1] == "get"
+
+
+def test_delete_when_get_is_permanent_calls_delete_anyway(store: MemoryStore, runner: FakeRunner, config: Path,
+                                                          clock: Clock) -> None:
+    rec, provider_id = ready_then_deleted(store, runner, config, clock)
+    runner.fail[("kvm_proxy_info", provider_id)] = ("permanent", "host h1 is not configured")
+    rec.sweep()
+    assert not store.exists("eu-1")
+    assert runner.verbs()[-2:] == ["get", "delete"]
+    assert provider_id not in runner.instances
+
+
+def test_delete_when_get_and_delete_both_fail_reports_both(store: MemoryStore, runner: FakeRunner, config: Path,
+                                                           clock: Clock) -> None:
+    rec, provider_id = ready_then_deleted(store, runner, config, clock)
+    runner.fail[("kvm_proxy_info", provider_id)] = ("permanent", "GET-ERROR")
+    runner.fail[("kvm_proxy", provider_id)] = ("transient", "DELETE-ERROR")
+    rec.sweep()
+    saved = store.get("eu-1")
+    assert saved.status["phase"] == "Deleting"
+    message = saved.status["conditions"][0]["message"]
+    assert "GET-ERROR" in message and "DELETE-ERROR" in message
+    assert FINALIZER in saved.finalizers
+
+
+def test_delete_when_get_is_transient_backs_off(store: MemoryStore, runner: FakeRunner, config: Path,
+                                                clock: Clock) -> None:
+    rec, provider_id = ready_then_deleted(store, runner, config, clock)
+    runner.fail[("kvm_proxy_info", provider_id)] = ("transient", "timed out")
+    rec.sweep()
+    assert store.exists("eu-1") and "delete" not in runner.verbs()
+    rec.sweep()
+    assert runner.verbs().count("get") == 1  # backing off
+    del runner.fail[("kvm_proxy_info", provider_id)]
+    clock.now += 10
+    rec.sweep()
+    assert not store.exists("eu-1")
+
+
+def test_status_conflicts_are_retried_with_a_fresh_read(store: MemoryStore, runner: FakeRunner, config: Path,
+                                                        clock: Clock) -> None:
+    store.add("eu-1", SPEC)
+    store.conflicts_to_inject = 3
+    reconciler(store, runner, config, clock).sweep()
+    assert store.get("eu-1").status["phase"] == "Ready"
+
+
+# -- garbage collection -----------------------------------------------------------------------
+
+
+def orphan(runner: FakeRunner, name: str, owner: str = "test-owner", created: str = "2026-01-01T00:00:00Z") -> str:
+    provider_id = f"kvm://hosts/h1/domains/{name}"
+    runner.instances[provider_id] = {"provider_id": provider_id, "name": name, "location": "h1",
+                                     "state": "running", "ip": None, "created": created,
+                                     "tags": {OWNER_TAG: owner, UID_TAG: "no-such-uid",
+                                              "crawl.example.com/proxy": "crawlers/old"}}
+    return provider_id
+
+
+def test_gc_deletes_old_orphans_only(store: MemoryStore, runner: FakeRunner, config: Path, clock: Clock) -> None:
+    old = orphan(runner, "old")
+    young = orphan(runner, "young", created="2999-01-01T00:00:00Z")
+    report = reconciler(store, runner, config, clock, gc_grace_seconds=60).sweep()
+    assert report.gc == [old]
+    assert old not in runner.instances and young in runner.instances
+    assert store.reasons("crawlers/old") == ["GarbageCollected"]
+
+
+def test_gc_never_touches_foreign_owners(store: MemoryStore, runner: FakeRunner, config: Path, clock: Clock) -> None:
+    foreign = orphan(runner, "foreign", owner="other-cluster")
+    runner.run("home-kvm", "list", [])  # the fake lists by tag, as the module does; check the filter too
+    report = reconciler(store, runner, config, clock, gc_grace_seconds=0).sweep()
+    assert report.gc == [] and foreign in runner.instances
+
+
+def test_gc_does_nothing_when_a_listing_failed(store: MemoryStore, runner: FakeRunner, config: Path,
+                                               clock: Clock) -> None:
+    old = orphan(runner, "old")
+    runner.list_failure = ("transient", "listing failed on KVM host(s): h2: does not answer")
+    report = reconciler(store, runner, config, clock, gc_grace_seconds=0).sweep()
+    assert report.gc == [] and old in runner.instances
+
+
+def test_gc_does_nothing_when_listing_proxies_failed(store: MemoryStore, runner: FakeRunner, config: Path,
+                                                     clock: Clock) -> None:
+    old = orphan(runner, "old")
+
+    def broken() -> tuple[list[object], str]:
+        from egress_proxies.store import StoreError
+
+        raise StoreError("the API server is down")
+
+    store.list_proxies = broken  # type: ignore[assignment,method-assign]
+    report = reconciler(store, runner, config, clock, gc_grace_seconds=0).sweep()
+    assert not report.ok and old in runner.instances
+    assert runner.calls == []
+
+
+def test_gc_dry_run_only_reports(store: MemoryStore, runner: FakeRunner, config: Path, clock: Clock) -> None:
+    old = orphan(runner, "old")
+    report = reconciler(store, runner, config, clock, gc_grace_seconds=0, gc_dry_run=True).sweep()
+    assert report.gc == [old] and old in runner.instances
+    assert "gc" not in runner.verbs()

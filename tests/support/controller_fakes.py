@@ -1,0 +1,157 @@
+"""Fakes of the controller's two edges, for reconcile tests that need no runner and no API.
+
+``MemoryStore`` keeps Proxies as the API server would (resourceVersion, finalizers,
+deletionTimestamp); ``FakeRunner`` plays a provider behind the module contract, with
+scripted failures. The real edges are tested for real elsewhere.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from egress_proxies.model import FINALIZER, Proxy
+from egress_proxies.runner import Operation, OperationResult
+from egress_proxies.store import Conflict, Gone, WatchEvent
+
+
+class MemoryStore:
+    def __init__(self) -> None:
+        self.objects: dict[tuple[str, str], Proxy] = {}
+        self.events: list[tuple[str, str, str, str]] = []
+        self.conflicts_to_inject = 0
+        self._versions = itertools.count(1)
+
+    def add(self, name: str, spec: dict[str, Any], namespace: str = "crawlers",
+            annotations: dict[str, str] | None = None) -> Proxy:
+        proxy = Proxy(namespace=namespace, name=name, uid=str(uuid.uuid4()), spec=copy.deepcopy(spec),
+                      annotations=dict(annotations or {}), resource_version=str(next(self._versions)),
+                      creation_timestamp="2026-01-01T00:00:00Z")
+        self.objects[(namespace, name)] = proxy
+        return copy.deepcopy(proxy)
+
+    def get(self, name: str, namespace: str = "crawlers") -> Proxy:
+        return copy.deepcopy(self.objects[(namespace, name)])
+
+    def update_spec(self, name: str, **changes: Any) -> None:
+        proxy = self.objects[("crawlers", name)]
+        proxy.spec.update(changes)
+        proxy.generation += 1
+        proxy.resource_version = str(next(self._versions))
+
+    def delete(self, name: str, namespace: str = "crawlers") -> None:
+        proxy = self.objects[(namespace, name)]
+        if proxy.finalizers:
+            proxy.deletion_timestamp = "2026-01-02T00:00:00Z"
+            proxy.resource_version = str(next(self._versions))
+        else:
+            del self.objects[(namespace, name)]
+
+    def exists(self, name: str, namespace: str = "crawlers") -> bool:
+        return (namespace, name) in self.objects
+
+    # -- ProxyStore ----------------------------------------------------------------------------
+
+    def list_proxies(self) -> tuple[list[Proxy], str]:
+        return [copy.deepcopy(p) for p in self.objects.values()], str(next(self._versions))
+
+    def get_proxy(self, namespace: str, name: str) -> Proxy:
+        if (namespace, name) not in self.objects:
+            raise Gone(f"{namespace}/{name}")
+        return copy.deepcopy(self.objects[(namespace, name)])
+
+    def watch_proxies(self, resource_version: str, timeout_seconds: int) -> Iterator[WatchEvent]:  # noqa: ARG002
+        return iter(())
+
+    def _write(self, proxy: Proxy, what: str) -> Proxy:
+        key = (proxy.namespace, proxy.name)
+        if key not in self.objects:
+            raise Gone(proxy.key)
+        stored = self.objects[key]
+        if self.conflicts_to_inject > 0:
+            self.conflicts_to_inject -= 1
+            stored.resource_version = str(next(self._versions))  # someone else wrote meanwhile
+        if proxy.resource_version != stored.resource_version:
+            raise Conflict(f"{proxy.key}: stale resourceVersion")
+        if what == "metadata":
+            stored.finalizers = list(proxy.finalizers)
+            stored.annotations = dict(proxy.annotations)
+            if stored.deleting and FINALIZER not in stored.finalizers and not stored.finalizers:
+                del self.objects[key]
+                return copy.deepcopy(proxy)
+        else:
+            stored.status = copy.deepcopy(proxy.status)
+        stored.resource_version = str(next(self._versions))
+        return copy.deepcopy(stored)
+
+    def replace_metadata(self, proxy: Proxy) -> Proxy:
+        return self._write(proxy, "metadata")
+
+    def replace_status(self, proxy: Proxy) -> Proxy:
+        return self._write(proxy, "status")
+
+    def record_event(self, proxy: Proxy, event_type: str, reason: str, message: str) -> None:
+        self.events.append((proxy.key, event_type, reason, message))
+
+    def reasons(self, key: str = "crawlers/eu-1") -> list[str]:
+        return [reason for event_key, _, reason, _ in self.events if event_key == key]
+
+
+@dataclass
+class Call:
+    provider: str
+    verb: str
+    operations: list[Operation]
+
+
+@dataclass
+class FakeRunner:
+    """A provider behind the module contract. ``fail`` maps (module, provider_id or name) to a
+    failure (error_class, message) returned instead of acting."""
+
+    instances: dict[str, dict[str, Any]] = field(default_factory=dict)
+    calls: list[Call] = field(default_factory=list)
+    fail: dict[tuple[str, str], tuple[str, str]] = field(default_factory=dict)
+    list_failure: tuple[str, str] | None = None
+    provider: str = "home-kvm"  # the provider this fake plays; every other one is empty
+    ip: str | None = "192.0.2.10"
+    created: str = "2026-01-01T00:00:00Z"
+
+    def run(self, provider: str, verb: str, operations: Sequence[Operation]) -> list[OperationResult]:
+        self.calls.append(Call(provider, verb, list(operations)))
+        if provider != self.provider:
+            return [OperationResult(ok=True, result={"instances": []}) for _ in operations]
+        return [self._one(op) for op in operations]
+
+    def _one(self, op: Operation) -> OperationResult:
+        args = op.args
+        target = args.get("provider_id") or args.get("name") or ""
+        scripted = self.fail.get((op.module, target))
+        if scripted:
+            return OperationResult.failure(scripted[0], scripted[1], {"error_class": scripted[0]})
+        if op.module.endswith("_info"):
+            if "tags" in args:
+                if self.list_failure:
+                    return OperationResult.failure(*self.list_failure, result={
+                        "instances": list(self.instances.values())})
+                wanted = args["tags"]
+                return OperationResult(ok=True, result={"instances": [
+                    i for i in self.instances.values() if all(i["tags"].get(k) == v for k, v in wanted.items())]})
+            if target in self.instances:
+                return OperationResult(ok=True, result={"instances": [self.instances[target]]})
+            return OperationResult.failure("not_found", f"{target} does not exist")
+        if args.get("state") == "absent":
+            existed = self.instances.pop(target, None) is not None
+            return OperationResult(ok=True, result={"changed": existed, "provider_id": target})
+        provider_id = f"kvm://hosts/h1/domains/{args['name']}"
+        instance = self.instances.setdefault(provider_id, {
+            "provider_id": provider_id, "name": args["name"], "location": "h1", "state": "running",
+            "ip": self.ip, "tags": dict(args["tags"]), "created": self.created})
+        return OperationResult(ok=True, result={"changed": True, "instance": instance, "provider_id": provider_id})
+
+    def verbs(self) -> list[str]:
+        return [call.verb for call in self.calls]
