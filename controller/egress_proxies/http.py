@@ -109,7 +109,7 @@ class ControllerHTTPServer:
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.2},
                                         name="http", daemon=True)
         self._thread.start()
-        log.info("HTTP server on %s:%d (/healthz /readyz /metrics /v1/proxies)", host, self.port)
+        log.debug("HTTP server on %s:%d (/healthz /readyz /metrics /v1/proxies)", host, self.port)
 
     @property
     def port(self) -> int:

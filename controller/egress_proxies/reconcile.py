@@ -38,6 +38,7 @@ from egress_proxies.model import (
     Proxy,
     instance_name,
     instance_tags,
+    ready_condition,
     spec_hash,
 )
 from egress_proxies.runner import Operation, OperationResult, Runner
@@ -477,14 +478,13 @@ class Reconciler:
         if phase in (PHASE_PENDING, PHASE_FAILED) and not status.get("providerID"):
             status.pop("ip", None)
             status.pop("endpoint", None)
-        if phase != PHASE_READY:
-            status.pop("endpoint", None) if phase != PHASE_PROVISIONING else None
+        if phase not in (PHASE_READY, PHASE_PROVISIONING):
+            status.pop("endpoint", None)
         status["phase"] = phase
         status["observedGeneration"] = proxy.generation
         previous = next((c for c in proxy.status.get("conditions") or [] if c.get("type") == "Ready"), None)
         transition = previous["lastTransitionTime"] if previous and previous.get("status") == ready else self.now()
-        status["conditions"] = [{"type": "Ready", "status": ready, "reason": reason, "message": message,
-                                 "lastTransitionTime": transition, "observedGeneration": proxy.generation}]
+        status["conditions"] = [ready_condition(ready, reason, message, transition, proxy.generation)]
         return status
 
     def _write_status(self, proxy: Proxy, status: dict[str, Any]) -> Proxy:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 from egress_proxies.model import Proxy
 
@@ -54,8 +54,3 @@ class ProxyStore(Protocol):
     def record_event(self, proxy: Proxy, event_type: str, reason: str, message: str) -> None:
         """Emit an Event about the Proxy (best effort: never raises)."""
 
-
-def condition(status: str, reason: str, message: str, now: str, generation: int) -> dict[str, Any]:
-    """A metav1.Condition of type Ready."""
-    return {"type": "Ready", "status": status, "reason": reason, "message": message, "lastTransitionTime": now,
-            "observedGeneration": generation}

@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Any, cast
 
 import pytest
+from kubernetes import client
+
 from egress_proxies.kube import KubeStore, kube_client
 from egress_proxies.model import API_VERSION, FINALIZER, GROUP, KIND, PLURAL, SPEC_HASH_ANNOTATION, VERSION, Proxy
 from egress_proxies.store import Conflict, Gone, StoreError, WatchEvent, WatchExpired
-from kubernetes import client
-
 from support.kube_emulator import KubeEmulator
 
 pytestmark = pytest.mark.timeout(30)
@@ -279,7 +279,7 @@ def test_record_event_describes_the_proxy(api: client.ApiClient, store: KubeStor
     events = client.CoreV1Api(api).list_namespaced_event(NS).items
     assert len(events) == 1
     event = events[0]
-    assert event.metadata.name.startswith("eu-1.")
+    assert event.metadata.name is not None and event.metadata.name.startswith("eu-1.")
     involved = event.involved_object
     assert (involved.api_version, involved.kind, involved.namespace, involved.name, involved.uid) == (
         API_VERSION, KIND, NS, "eu-1", proxy.uid)

@@ -23,7 +23,8 @@ import yaml
 
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.config import parse_provider_config
 from egress_proxies import model
-from egress_proxies.store import condition
+from egress_proxies.cli import parse_args
+from egress_proxies.model import ready_condition
 
 ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = ROOT / "controller" / "manifests"
@@ -188,12 +189,12 @@ def test_a_status_as_the_controller_writes_it_is_valid() -> None:
     proxy["status"] = {
         "phase": model.PHASE_READY, "providerID": "kvm://hosts/beelink/domains/p-crawlers-p-abcdef",
         "ip": "192.0.2.10", "endpoint": "192.0.2.10:3128", "observedGeneration": 3,
-        "conditions": [condition("True", "InstanceRunning", "instance is running", "2026-01-02T03:04:05Z", 3)],
+        "conditions": [ready_condition("True", "InstanceRunning", "instance is running", "2026-01-02T03:04:05Z", 3)],
     }
     assert schema_errors(proxy) == []
     proxy["status"]["phase"] = "Running"
-    assert schema_errors(proxy) == ["status.phase: 'Running' is not one of "
-                                    "['Pending', 'Provisioning', 'Ready', 'Deleting', 'Failed']"]
+    phases = "['Pending', 'Provisioning', 'Ready', 'Deleting', 'Failed']"
+    assert schema_errors(proxy) == [f"status.phase: 'Running' is not one of {phases}"]
 
 
 def test_base64_of_64_kib_binary_user_data_fits() -> None:
@@ -287,6 +288,25 @@ def test_deployment_runs_the_controller_against_kubernetes() -> None:
     assert options["--work-dir"] == "/var/lib/egress-proxies"
     # The provider config comes from the example ConfigMap's only key.
     assert set(one("ConfigMap")["data"]) == {"providers.yaml"}
+
+
+def test_deployment_command_is_accepted_by_the_cli() -> None:
+    """The command line drifts with the CLI; parse it with the real parser, $(VAR)s expanded as
+    the kubelet does (only variables the container defines)."""
+    main = container()
+    env = {item["name"]: f"<{item['name']}>" for item in main["env"]}
+    args = []
+    for arg in main["command"][1:]:
+        for name, value in env.items():
+            arg = arg.replace(f"$({name})", value)
+        assert "$(" not in arg, f"{arg}: not a variable the container defines"
+        args.append(arg)
+    settings = parse_args(args)
+    assert (settings.source, settings.listen) == ("kubernetes", "0.0.0.0:8080")
+    assert (settings.lease_namespace, settings.identity) == ("<POD_NAMESPACE>", "<POD_NAME>")
+    sources = {item["name"]: item.get("valueFrom") for item in main["env"]}
+    assert sources["POD_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+    assert sources["POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
 
 
 def test_deployment_probes_and_port() -> None:

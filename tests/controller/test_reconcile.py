@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from egress_proxies.backoff import Backoff
 from egress_proxies.model import (
     FINALIZER,
@@ -22,7 +23,6 @@ from egress_proxies.model import (
     spec_hash,
 )
 from egress_proxies.reconcile import Reconciler, ReconcileSettings
-
 from support.controller_fakes import FakeRunner, MemoryStore
 
 SPEC = {"provider": "home-kvm", "cloudInit": "#cloud-config\n"}
