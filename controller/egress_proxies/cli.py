@@ -96,7 +96,7 @@ def build_store(settings: Settings) -> tuple[ProxyStore, Elector | None]:
     from egress_proxies.leader import LeaseElector
 
     api = kube.kube_client(settings.kubeconfig)
-    elector = LeaseElector(kube.LeaseApi(api), settings.lease_namespace, settings.lease_name, settings.identity)
+    elector = LeaseElector(kube.KubeLeases(api), settings.lease_namespace, settings.lease_name, settings.identity)
     return kube.KubeStore(api, namespace=settings.namespace), elector
 
 

@@ -83,7 +83,9 @@ def _translated(what: str) -> Iterator[None]:
 
 
 def _proxy(obj: Obj) -> Proxy:
-    proxy = Proxy.from_object(obj)
+    # The Proxy gets its own copy: a caller changing its spec or status in place (nested
+    # values included) must not change the object a later PUT sends back.
+    proxy = Proxy.from_object(copy.deepcopy(obj))
     proxy.raw = obj
     return proxy
 

@@ -20,6 +20,9 @@ log = logging.getLogger(__name__)
 
 
 class Elector(Protocol):
+    @property
+    def is_leader(self) -> bool: ...
+
     def try_acquire_or_renew(self) -> bool: ...
 
     def release(self) -> None: ...
@@ -94,7 +97,9 @@ class Controller:
 
     def _sweep_loop(self) -> None:
         while not self.stopping.is_set():
-            if self._leader.is_set():
+            # Ask the elector, not only our flag: a loop that stalled past the lease must not
+            # sweep once more on leadership it no longer holds.
+            if self._leader.is_set() and (self.elector is None or self.elector.is_leader):
                 self.sweep_once()
             self._wake.wait(self.settings.interval_seconds)
             if self.stopping.is_set():

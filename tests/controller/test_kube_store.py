@@ -168,6 +168,7 @@ def test_replace_metadata_adds_and_removes_our_finalizer_and_keeps_the_rest(
 
     proxy.finalizers.append(FINALIZER)
     proxy.annotations[SPEC_HASH_ANNOTATION] = "0123456789abcdef"
+    proxy.spec["port"] = 9999  # only finalizers and annotations are written
     written = store.replace_metadata(proxy)
 
     obj = stored(kube, "eu-1")

@@ -198,24 +198,29 @@ def assert_won(contender: LeaseElector) -> None:
     assert contender.try_acquire_or_renew()
 
 
+def contend_at_once(contenders: list[LeaseElector]) -> dict[str, bool]:
+    """One try_acquire_or_renew per contender, all released together from a barrier."""
+    start = threading.Barrier(len(contenders))
+    results: dict[str, bool] = {}
+
+    def contend(contender: LeaseElector) -> None:
+        start.wait()
+        results[contender.identity] = contender.try_acquire_or_renew()
+
+    threads = [threading.Thread(target=contend, args=(c,)) for c in contenders]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=10)
+    return results
+
+
 def test_contenders_in_threads_never_both_win(leases: KubeLeases, clock: FakeClock) -> None:
     contenders = [elector(leases, clock, name) for name in ("a", "b", "c")]
     for _ in range(15):
         clock.advance(20)  # every round starts with the lease expired: all three contend
-        start = threading.Barrier(len(contenders))
-        results: dict[str, bool] = {}
-
-        def contend(contender: LeaseElector, start: threading.Barrier = start,
-                    results: dict[str, bool] = results) -> None:
-            start.wait()
-            results[contender.identity] = contender.try_acquire_or_renew()
-
-        threads = [threading.Thread(target=contend, args=(c,)) for c in contenders]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(timeout=10)
-        assert sum(results.values()) == 1, results
+        results = contend_at_once(contenders)
+        assert len(results) == 3 and sum(results.values()) == 1, results
         assert sum(c.is_leader for c in contenders) == 1
 
 

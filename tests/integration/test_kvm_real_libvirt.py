@@ -7,6 +7,10 @@ volume content (downloaded with a libvirt stream), and the seed ISO opened with 
 
 Each module run is a new process, so "the next call works without a restart" is simply the
 next ``run_module`` on the same config file.
+
+The test's own reads use ``qemu+libssh2``: with libvirt 9.0 and libssh 0.10 (Debian 12), a
+``qemu+libssh`` reply over 4 KiB (the XML of a running domain, a volume download) stalls until
+other traffic arrives on the connection, which without an event loop never happens (measured).
 """
 
 from __future__ import annotations
@@ -36,41 +40,16 @@ from support.hypervisor_host import HypervisorHost
 from support.provider_config import OWNER_TAGS, BaseImage, kvm_host, make_base_image, write_kvm_config
 
 HOST = "hv"
+# The transport the provider config names for the host.
+TRANSPORT = "libssh"
+# A module run that hangs fails the test after this long instead of after pytest's timeout.
+MODULE_TIMEOUT = 60
 BASE_VOLUME = "base-debian-12.qcow2"
 # The guest_agent role's script is the source of truth for the default vendor-data.
 GUEST_AGENT_SCRIPT = (REPO / "roles" / "guest_agent" / "files" / "install-qemu-guest-agent.sh").read_bytes()
 
 
 # --- reading outcomes back from libvirt --------------------------------------------------------
-
-
-def download(host: HypervisorHost, volume: libvirt.virStorageVol) -> bytes:
-    """A volume's bytes, streamed over the libvirt connection (virStorageVolDownload)."""
-    stream = host.connection.newStream(0)
-    volume.download(stream, 0, 0, 0)
-    chunks: list[bytes] = []
-
-    def collect(_stream: libvirt.virStream, data: bytes, sink: list[bytes]) -> int:
-        sink.append(data)
-        return 0
-
-    stream.recvAll(collect, chunks)
-    stream.finish()
-    return b"".join(chunks)
-
-
-def pool(host: HypervisorHost) -> libvirt.virStoragePool:
-    return host.connection.storagePoolLookupByName("default")
-
-
-def volume_names(host: HypervisorHost) -> set[str]:
-    default = pool(host)
-    default.refresh(0)
-    return set(default.listVolumes())
-
-
-def domain_names(host: HypervisorHost) -> set[str]:
-    return {domain.name() for domain in host.connection.listAllDomains(0)}
 
 
 @dataclass(frozen=True)
@@ -81,31 +60,81 @@ class Seed:
     rock_ridge: bool
     joliet: bool
     files: dict[str, bytes]  # by Rock Ridge name
-    joliet_files: dict[str, bytes]  # by Joliet name
+    joliet_files: dict[str, bytes]  # by Joliet name, read through the Joliet tree
+
+    @property
+    def instance_id(self) -> str:
+        meta_data = yaml.safe_load(self.files["meta-data"])
+        assert isinstance(meta_data, dict)
+        return str(meta_data["instance-id"])
 
 
-def read_seed(host: HypervisorHost, name: str) -> Seed:
-    image = io.BytesIO(download(host, pool(host).storageVolLookupByName(f"{name}-seed.iso")))
-    iso = pycdlib.PyCdlib()
-    iso.open_fp(image)
-    try:
-        files: dict[str, bytes] = {}
-        joliet_files: dict[str, bytes] = {}
-        for child in iso.list_children(rr_path="/"):
-            if child.is_dot() or child.is_dotdot():
-                continue
-            rr_name = child.rock_ridge.name().decode()
-            files[rr_name] = _iso_file(iso, rr_path="/" + rr_name)
-            joliet_files[rr_name] = _iso_file(iso, joliet_path="/" + rr_name)
-        return Seed(
-            volume_id=iso.pvd.volume_identifier.decode().rstrip(),
-            rock_ridge=iso.has_rock_ridge(),
-            joliet=iso.has_joliet(),
-            files=files,
-            joliet_files=joliet_files,
-        )
-    finally:
-        iso.close()
+@dataclass
+class Hypervisor:
+    """The hypervisor host as the test sees it, over its own (libssh2) connection."""
+
+    host: HypervisorHost
+    conn: libvirt.virConnect
+
+    def pool(self) -> libvirt.virStoragePool:
+        pool = self.conn.storagePoolLookupByName("default")
+        pool.refresh(0)
+        return pool
+
+    def volume_names(self) -> set[str]:
+        return set(self.pool().listVolumes())
+
+    def domain_names(self) -> set[str]:
+        return {domain.name() for domain in self.conn.listAllDomains(0)}
+
+    def download(self, volume: libvirt.virStorageVol) -> bytes:
+        """A volume's bytes, streamed over the connection (virStorageVolDownload)."""
+        stream = self.conn.newStream(0)
+        volume.download(stream, 0, 0, 0)
+        chunks: list[bytes] = []
+
+        def collect(_stream: libvirt.virStream, data: bytes, sink: list[bytes]) -> int:
+            sink.append(data)
+            return 0
+
+        stream.recvAll(collect, chunks)
+        stream.finish()
+        return b"".join(chunks)
+
+    def read_seed(self, name: str) -> Seed:
+        image = io.BytesIO(self.download(self.pool().storageVolLookupByName(f"{name}-seed.iso")))
+        iso = pycdlib.PyCdlib()
+        iso.open_fp(image)
+        try:
+            names = [
+                child.rock_ridge.name().decode()
+                for child in iso.list_children(rr_path="/")
+                if not (child.is_dot() or child.is_dotdot())
+            ]
+            return Seed(
+                volume_id=iso.pvd.volume_identifier.decode().rstrip(),
+                rock_ridge=iso.has_rock_ridge(),
+                joliet=iso.has_joliet(),
+                files={name: _iso_file(iso, rr_path="/" + name) for name in names},
+                joliet_files={name: _iso_file(iso, joliet_path="/" + name) for name in names},
+            )
+        finally:
+            iso.close()
+
+    def remove_instance(self, name: str) -> None:
+        """Clean-up without a module run (the delete path itself is tested through the module)."""
+        try:
+            domain = self.conn.lookupByName(name)
+        except libvirt.libvirtError:
+            domain = None
+        if domain is not None:
+            if domain.isActive():
+                domain.destroy()
+            domain.undefine()
+        pool = self.pool()
+        for volume_name in (f"{name}.qcow2", f"{name}-seed.iso"):
+            if volume_name in pool.listVolumes():
+                pool.storageVolLookupByName(volume_name).delete(0)
 
 
 def _iso_file(iso: pycdlib.PyCdlib, **path: str) -> bytes:
@@ -114,27 +143,21 @@ def _iso_file(iso: pycdlib.PyCdlib, **path: str) -> bytes:
     return out.getvalue()
 
 
-def instance_id(seed: Seed) -> str:
-    meta_data = yaml.safe_load(seed.files["meta-data"])
-    assert isinstance(meta_data, dict)
-    return str(meta_data["instance-id"])
-
-
-def remove_instance(host: HypervisorHost, name: str) -> None:
-    """Clean-up without a module run (the delete path itself is tested through the module)."""
+@pytest.fixture(scope="module")
+def hv(hypervisor_host: HypervisorHost) -> Iterator[Hypervisor]:
+    conn = libvirt.open(hypervisor_host.uri("libssh2"))
     try:
-        domain = host.connection.lookupByName(name)
-    except libvirt.libvirtError:
-        domain = None
-    if domain is not None:
-        if domain.isActive():
-            domain.destroy()
-        domain.undefine()
-    default = pool(host)
-    default.refresh(0)
-    for volume_name in (f"{name}.qcow2", f"{name}-seed.iso"):
-        if volume_name in default.listVolumes():
-            default.storageVolLookupByName(volume_name).delete(0)
+        yield Hypervisor(hypervisor_host, conn)
+    finally:
+        conn.close()
+
+
+@pytest.fixture(autouse=True)
+def _no_leftovers(hv: Hypervisor) -> Iterator[None]:
+    """Every test ends with no domain and nothing but the base image in the pool."""
+    yield
+    assert hv.domain_names() == set()
+    assert hv.volume_names() <= {BASE_VOLUME}
 
 
 # --- configs and module calls ------------------------------------------------------------------
@@ -147,45 +170,49 @@ def base_image(tmp_path_factory: pytest.TempPathFactory) -> BaseImage:
 
 @dataclass
 class Lab:
-    """One provider config for the hypervisor host, and the calls the tests make with it."""
+    """One provider config for the hypervisor host, and the module calls the tests make with it."""
 
-    host: HypervisorHost
+    hv: Hypervisor
     config: Path
     cache_dir: Path
 
     def create(self, name: str, check_mode: bool = False, **args: Any) -> ModuleRun:
         args.setdefault("tags", {**OWNER_TAGS, "crawl.example.com/proxy": f"lab/{name}"})
-        return run_module("kvm_proxy", {**self._common(), "name": name, **args}, check_mode=check_mode)
+        return self._run("kvm_proxy", {**self._common(), "name": name, **args}, check_mode)
 
     def delete(self, provider_id: str) -> ModuleRun:
-        return run_module("kvm_proxy", {**self._common(), "state": "absent", "provider_id": provider_id})
+        return self._run("kvm_proxy", {**self._common(), "state": "absent", "provider_id": provider_id})
 
     def info(self, **args: Any) -> ModuleRun:
         common = self._common()
         del common["image_cache_dir"]  # the info module has no image cache
-        return run_module("kvm_proxy_info", {**common, **args})
+        return self._run("kvm_proxy_info", {**common, **args})
 
     def _common(self) -> dict[str, Any]:
         return {"provider_config": str(self.config), "provider": "lab", "image_cache_dir": str(self.cache_dir)}
 
+    @staticmethod
+    def _run(module: str, args: dict[str, Any], check_mode: bool = False) -> ModuleRun:
+        return run_module(module, args, check_mode=check_mode, timeout=MODULE_TIMEOUT)
 
-def make_lab(host: HypervisorHost, base_image: BaseImage, directory: Path, hosts: list[dict[str, Any]] | None = None,
+
+def make_lab(hv: Hypervisor, base_image: BaseImage, directory: Path, hosts: list[dict[str, Any]] | None = None,
              ssh: dict[str, str] | None = None, **kvm_overrides: Any) -> Lab:
-    """A config reaching ``host`` over qemu+libssh with the host's key and known_hosts."""
+    """A config reaching the host over SSH with the host's client key and known_hosts."""
     config = write_kvm_config(
         directory / "providers.yaml",
-        hosts if hosts is not None else [kvm_host(HOST, host_uri(host))],
+        hosts if hosts is not None else [kvm_host(HOST, host_uri(hv.host))],
         base_image,
-        ssh=ssh or {"keyFile": str(host.key_file), "knownHostsFile": str(host.known_hosts_file)},
+        ssh=ssh or {"keyFile": str(hv.host.key_file), "knownHostsFile": str(hv.host.known_hosts_file)},
         **kvm_overrides,
     )
-    return Lab(host, config, directory / "image-cache")
+    return Lab(hv, config, directory / "image-cache")
 
 
 def host_uri(host: HypervisorHost, port: int | None = None) -> str:
     """The bare URI; the module adds keyfile, known_hosts and sshauth itself."""
     address = host.address if port is None else f"{host.address}:{port}"
-    return f"qemu+libssh://root@{address}/system"
+    return f"qemu+{TRANSPORT}://root@{address}/system"
 
 
 def provider_id(name: str) -> str:
@@ -193,20 +220,20 @@ def provider_id(name: str) -> str:
 
 
 def succeeded(run: ModuleRun) -> dict[str, Any]:
+    assert run.status == "successful", (run.status, run.result)
     assert not run.failed, run.result
-    assert run.status == "successful", run.result
     return run.result
 
 
 def failed(run: ModuleRun, error_class: str) -> dict[str, Any]:
-    assert run.failed, run.result
+    assert run.failed, (run.status, run.result)
     assert run.result.get("error_class") == error_class, run.result
     return run.result
 
 
 @pytest.fixture
-def lab(hypervisor_host: HypervisorHost, base_image: BaseImage, tmp_path: Path) -> Lab:
-    return make_lab(hypervisor_host, base_image, tmp_path)
+def lab(hv: Hypervisor, base_image: BaseImage, tmp_path: Path) -> Lab:
+    return make_lab(hv, base_image, tmp_path)
 
 
 # --- 1. life cycle -----------------------------------------------------------------------------
@@ -467,11 +494,3 @@ def test_delete_from_a_missing_pool_succeeds(hypervisor_host: HypervisorHost, ba
                    hosts=[kvm_host(HOST, host_uri(hypervisor_host), pool="nope")])
     result = succeeded(lab.delete(provider_id("egp-poolless")))
     assert result["changed"] is False
-
-
-@pytest.fixture(autouse=True)
-def _no_leftovers(hypervisor_host: HypervisorHost) -> Iterator[None]:
-    """Each test starts and ends with only the base image in the pool and no domains."""
-    yield
-    assert domain_names(hypervisor_host) == set()
-    assert volume_names(hypervisor_host) <= {BASE_VOLUME}
