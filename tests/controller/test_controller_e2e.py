@@ -95,17 +95,19 @@ def create_proxy(objects: client.CustomObjectsApi, name: str, spec: dict[str, An
                  annotations: dict[str, str] | None = None) -> dict[str, Any]:
     body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Proxy",
             "metadata": {"name": name, "namespace": NAMESPACE, "annotations": annotations or {}}, "spec": spec}
-    created: dict[str, Any] = objects.create_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, body)
+    created = objects.create_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, body)
+    assert isinstance(created, dict)
     return created
 
 
 def read_proxy(objects: client.CustomObjectsApi, name: str) -> dict[str, Any] | None:
     try:
-        found: dict[str, Any] = objects.get_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, name)
+        found = objects.get_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, name)
     except client.ApiException as error:
         if error.status == 404:
             return None
         raise
+    assert isinstance(found, dict)
     return found
 
 
@@ -119,8 +121,8 @@ def domains(daemon: LibvirtTestDaemon) -> set[str]:
 
 def event_reasons(api: client.ApiClient, name: str) -> list[str]:
     events = client.CoreV1Api(api).list_namespaced_event(NAMESPACE).items
-    return [e.reason for e in sorted(events, key=lambda e: e.metadata.resource_version and
-                                     int(e.metadata.resource_version)) if e.involved_object.name == name]
+    ordered = sorted(events, key=lambda e: int(e.metadata.resource_version or 0))
+    return [str(e.reason) for e in ordered if e.involved_object.name == name]
 
 
 SQUID = {"provider": "lab", "cloudInit": "#cloud-config\npackages: [squid]\n"}
@@ -183,6 +185,7 @@ def with_finalizer_and_status(objects: client.CustomObjectsApi, name: str, spec:
     proxy = create_proxy(objects, name, spec, annotations)
     proxy["metadata"]["finalizers"] = [FINALIZER]
     proxy = objects.replace_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, name, proxy)
+    assert isinstance(proxy, dict)
     if status:
         proxy["status"] = status
         objects.replace_namespaced_custom_object_status(GROUP, VERSION, NAMESPACE, PLURAL, name, proxy)
