@@ -184,11 +184,11 @@ def with_finalizer_and_status(objects: client.CustomObjectsApi, name: str, spec:
                               status: dict[str, Any], annotations: dict[str, str] | None = None) -> None:
     proxy = create_proxy(objects, name, spec, annotations)
     proxy["metadata"]["finalizers"] = [FINALIZER]
-    proxy = objects.replace_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, name, proxy)
-    assert isinstance(proxy, dict)
+    replaced = objects.replace_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, name, proxy)
+    assert isinstance(replaced, dict)
     if status:
-        proxy["status"] = status
-        objects.replace_namespaced_custom_object_status(GROUP, VERSION, NAMESPACE, PLURAL, name, proxy)
+        replaced["status"] = status
+        objects.replace_namespaced_custom_object_status(GROUP, VERSION, NAMESPACE, PLURAL, name, replaced)
 
 
 def test_delete_without_provider_id_releases_at_once(api: client.ApiClient, objects: client.CustomObjectsApi,
