@@ -17,6 +17,7 @@ import logging
 import os
 import re
 import shutil
+import signal
 import sys
 import threading
 import time
@@ -38,6 +39,8 @@ ERROR_CLASSES = ("not_found", "permanent", "transient")
 # Memory one ansible-playbook run takes here (measured ~100 MiB), with headroom.
 RUN_MEMORY_BYTES = 160 * 1024 * 1024
 _TASK_NAME = re.compile(r"^op (\d+)$")
+# Every process of a run inherits this variable, which is how its leftovers are found.
+RUN_MARKER = "EGRESS_PROXIES_RUN"
 
 
 @dataclass(frozen=True)
@@ -124,6 +127,29 @@ def results_from_events(events: Sequence[dict[str, Any]], count: int, status: st
     return [result or OperationResult.failure("transient", f"no result: {reason}") for result in results]
 
 
+def kill_run_processes(ident: str, proc: Path = Path("/proc")) -> list[int]:
+    """SIGKILL every process still carrying this run's marker; returns their pids.
+
+    ansible-runner kills the ansible-playbook process group on timeout, but Ansible starts
+    each task worker with ``os.setsid()``, so workers and the modules they run live in
+    other process groups and would outlive the kill (measured: a module hung in an SSH
+    handshake kept running after the timeout). The marker in their environment finds them.
+    """
+    marker = f"{RUN_MARKER}={ident}".encode()
+    killed = []
+    for entry in proc.iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if marker not in (entry / "environ").read_bytes().split(b"\0"):
+                continue
+            os.kill(int(entry.name), signal.SIGKILL)
+            killed.append(int(entry.name))
+        except (OSError, ValueError):
+            continue  # gone meanwhile, or not ours to read
+    return killed
+
+
 def memory_available_bytes() -> int:
     """What this process may still use: the cgroup limit if set, else MemAvailable."""
     available = 0
@@ -182,14 +208,19 @@ class AnsibleRunner:
                     inventory={"all": {"hosts": {"localhost": {
                         "ansible_connection": "local", "ansible_python_interpreter": sys.executable}}}},
                     envvars={"ANSIBLE_COLLECTIONS_PATH": self.collections_path, "ANSIBLE_NOCOLOR": "1",
-                             "ANSIBLE_RETRY_FILES_ENABLED": "0"},
+                             "ANSIBLE_RETRY_FILES_ENABLED": "0", RUN_MARKER: ident},
                     timeout=self.timeout_seconds, quiet=True, rotate_artifacts=self.keep_artifacts,
                 )
                 events = list(outcome.events)
                 status = str(outcome.status)
             finally:
-                # The playbook holds user-data: it never outlives the run.
+                # The playbook holds user-data: it never outlives the run, and neither does
+                # any process of it (a timed-out run's workers sit in their own sessions).
                 playbook.unlink(missing_ok=True)
+                leftovers = kill_run_processes(ident)
+                if leftovers:
+                    log.warning("runner %s %s: killed %d leftover process(es) of the run", provider, verb,
+                                len(leftovers))
             elapsed = time.monotonic() - started
         results = results_from_events(events, len(operations), status)
         self._index(ident, operations)

@@ -1,0 +1,224 @@
+"""The ansible-runner edge for real: batches, templating safety, timeouts, artifacts."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from egress_proxies.runner import (
+    RUN_MARKER,
+    RUN_MEMORY_BYTES,
+    AnsibleRunner,
+    Operation,
+    build_playbook,
+    concurrency_for_memory,
+    results_from_events,
+)
+from support.ansible_modules import collections_path
+from support.libvirt_daemon import LibvirtTestDaemon
+from support.provider_config import OWNER_TAGS, BaseImage, kvm_host, make_base_image, write_kvm_config
+
+POOL = "default-pool"
+
+
+@pytest.fixture
+def image(tmp_path: Path) -> BaseImage:
+    return make_base_image(tmp_path)
+
+
+@pytest.fixture
+def config(tmp_path: Path, libvirt_test: LibvirtTestDaemon, image: BaseImage) -> Path:
+    return write_kvm_config(tmp_path / "providers.yaml", [kvm_host("h1", libvirt_test.uri, pool=POOL)], image)
+
+
+@pytest.fixture
+def runner(tmp_path: Path) -> AnsibleRunner:
+    return AnsibleRunner(tmp_path / "work", timeout_seconds=120, max_concurrent=2, keep_artifacts=3,
+                         collections_path=collections_path())
+
+
+def info(config: Path, key: str = "") -> Operation:
+    return Operation("kvm_proxy_info", {"provider_config": str(config), "provider": "lab", "tags": OWNER_TAGS},
+                     key=key)
+
+
+def test_a_batch_returns_one_result_per_operation_in_order(runner: AnsibleRunner, config: Path,
+                                                           tmp_path: Path) -> None:
+    base = {"provider_config": str(config), "provider": "lab", "image_cache_dir": str(tmp_path / "cache")}
+    results = runner.run("lab", "create", [
+        Operation("kvm_proxy", {**base, "name": "first", "tags": OWNER_TAGS}),
+        Operation("kvm_proxy", {**base, "name": "Not_A_Name"}),  # fails; the batch goes on
+        Operation("kvm_proxy", {**base, "name": "third", "tags": OWNER_TAGS}),
+    ])
+    assert [r.ok for r in results] == [True, False, True]
+    assert results[0].result["provider_id"] == "kvm://hosts/h1/domains/first"
+    assert results[1].error_class == "permanent" and "name" in results[1].message
+    assert results[2].result["provider_id"] == "kvm://hosts/h1/domains/third"
+
+
+def test_nothing_from_a_proxy_is_templated(runner: AnsibleRunner, config: Path, tmp_path: Path,
+                                           libvirt_test: LibvirtTestDaemon) -> None:
+    marker = tmp_path / "template-code-ran"
+    attack = "{{ lookup('pipe', 'touch %s') }}" % marker
+    base = {"provider_config": str(config), "provider": "lab", "image_cache_dir": str(tmp_path / "cache")}
+    results = runner.run("lab", "create", [
+        Operation("kvm_proxy", {**base, "name": "tagged", "tags": {**OWNER_TAGS, "crawl.example.com/proxy": attack}}),
+        Operation("kvm_proxy", {**base, "name": "located", "location": attack}),
+    ])
+    assert results[0].ok, results[0].message
+    # The tag value reached libvirt unchanged ...
+    assert results[0].result["instance"]["tags"]["crawl.example.com/proxy"] == attack
+    xml = libvirt_test.connection.lookupByName("tagged").XMLDesc()
+    assert "lookup(&apos;pipe&apos;" in xml or "lookup('pipe'" in xml
+    # ... and an unknown location is reported as such, verbatim, not evaluated.
+    assert results[1].error_class == "permanent" and attack in results[1].message
+    assert not marker.exists()
+
+
+def test_the_playbook_marks_every_string_unsafe() -> None:
+    text = build_playbook([Operation("kvm_proxy", {"name": "{{ x }}", "tags": {"k": "{% raw %}"}, "port": 3128})])
+    assert "name: !unsafe '{{ x }}'" in text
+    assert "k: !unsafe '{% raw %}'" in text
+    assert "port: 3128" in text
+
+
+def test_results_missing_from_the_events_are_transient() -> None:
+    events = [{"event": "runner_on_ok", "event_data": {"task": "op 0", "res": {"changed": False}}},
+              {"event": "runner_on_failed", "event_data": {"task": "op 1", "res": {"msg": "boom"}}}]
+    results = results_from_events(events, 3, "timeout")
+    assert results[0].ok
+    assert results[1].error_class == "transient" and results[1].message == "boom"  # unclassified
+    assert results[2].error_class == "transient" and "timed out" in results[2].message
+
+
+@pytest.fixture
+def silent_ssh_port() -> Iterator[int]:
+    """A TCP port that accepts connections and never says a word (a hung sshd)."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    accepted: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        server.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                accepted.append(server.accept()[0])
+            except TimeoutError:
+                continue
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    yield server.getsockname()[1]
+    stop.set()
+    thread.join()
+    for connection in accepted:
+        connection.close()
+    server.close()
+
+
+def run_processes(provider: str) -> set[int]:
+    """Processes of runs for ``provider`` (other tests and benchmarks may run modules meanwhile)."""
+    marker = f"{RUN_MARKER}=".encode()
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                variables = (entry / "environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if any(v.startswith(marker) and f"-{provider}-".encode() in v for v in variables):
+                found.add(int(entry.name))
+    return found
+
+
+def test_a_hung_run_is_killed_with_its_process_group(tmp_path: Path, silent_ssh_port: int,
+                                                     image: BaseImage) -> None:
+    key = tmp_path / "id_ed25519"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    known_hosts = tmp_path / "known_hosts"
+    known_hosts.write_text("127.0.0.1 " + " ".join(Path(f"{key}.pub").read_text().split()[:2]) + "\n")
+    config = write_kvm_config(tmp_path / "providers.yaml",
+                              [kvm_host("hung", f"qemu+libssh://root@127.0.0.1:{silent_ssh_port}/system")],
+                              image, ssh={"keyFile": str(key), "knownHostsFile": str(known_hosts)})
+    runner = AnsibleRunner(tmp_path / "work", timeout_seconds=3, max_concurrent=1,
+                           collections_path=collections_path())
+    seen: set[int] = set()
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            seen.update(run_processes("hung-test"))
+            time.sleep(0.1)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    started = time.monotonic()
+    (result,) = runner.run("hung-test", "list", [info(config)])
+    elapsed = time.monotonic() - started
+    done.set()
+    watcher.join()
+    assert result.error_class == "transient"
+    assert "timed out" in result.message
+    assert elapsed < 9  # libssh alone would wait 10 s before giving up
+    assert len(seen) >= 3  # ansible-playbook, its task worker (own session) and the module
+    assert run_processes("hung-test") == set()  # nothing of the run survives it
+
+
+def test_artifacts_are_rotated_and_purged_per_proxy(runner: AnsibleRunner, config: Path) -> None:
+    for key in ("uid-a", "uid-b", "uid-c", "uid-d"):
+        runner.run("lab", "list", [info(config, key=key)])
+    artifacts = runner.private_dir / "artifacts"
+    kept = [d for d in artifacts.iterdir() if d.is_dir()]
+    assert len(kept) == 3  # keep_artifacts
+    assert not list((runner.private_dir / "project").glob("*.yml"))  # playbooks (they hold user-data) are gone
+    assert runner.purge_artifacts({"uid-c"}) == 1
+    remaining = sorted((d / "egress-proxies-keys.json").read_text() for d in artifacts.iterdir() if d.is_dir())
+    assert remaining == ['["uid-b"]', '["uid-d"]']
+
+
+@pytest.mark.parametrize(
+    ("available", "expected"),
+    [(0, 1), (256 * 2**20, 1), (256 * 2**20 + 3 * RUN_MEMORY_BYTES, 3), (64 * 2**30, 8)],
+)
+def test_concurrency_is_set_by_memory(available: int, expected: int) -> None:
+    assert concurrency_for_memory(available) == expected
+
+
+def test_concurrent_runs_never_exceed_the_cap(runner: AnsibleRunner, config: Path) -> None:
+    assert runner.max_concurrent == 2
+    peak = 0
+    running = 0
+    lock = threading.Lock()
+    original = runner._slots
+
+    class Counting:
+        def __enter__(self) -> None:
+            nonlocal running, peak
+            original.acquire()
+            with lock:
+                running += 1
+                peak = max(peak, running)
+
+        def __exit__(self, *_exc: object) -> None:
+            nonlocal running
+            with lock:
+                running -= 1
+            original.release()
+
+    runner._slots = Counting()  # type: ignore[assignment]
+    threads = [threading.Thread(target=runner.run, args=("lab", "list", [info(config)])) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert peak == 2
+    assert os.environ.get("PATH", "").split(os.pathsep)[0]  # the runner put its bin dir on PATH
