@@ -66,7 +66,7 @@ def test_a_batch_returns_one_result_per_operation_in_order(runner: AnsibleRunner
 def test_nothing_from_a_proxy_is_templated(runner: AnsibleRunner, config: Path, tmp_path: Path,
                                            libvirt_test: LibvirtTestDaemon) -> None:
     marker = tmp_path / "template-code-ran"
-    attack = "{{ lookup('pipe', 'touch %s') }}" % marker
+    attack = "{{ lookup('pipe', 'touch " + str(marker) + "') }}"
     base = {"provider_config": str(config), "provider": "lab", "image_cache_dir": str(tmp_path / "cache")}
     results = runner.run("lab", "create", [
         Operation("kvm_proxy", {**base, "name": "tagged", "tags": {**OWNER_TAGS, "crawl.example.com/proxy": attack}}),
