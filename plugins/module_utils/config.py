@@ -17,6 +17,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Tuple
+from urllib.parse import urlsplit
 
 try:
     import yaml
@@ -117,13 +118,24 @@ class GcpSettings:
 @dataclass(frozen=True)
 class KubernetesSettings:
     namespace: str
+    """Where a Proxy without ``location`` gets its Pod."""
     image: str
+    """The squid container image; it must have ``squid`` on its PATH."""
     kubeconfig: Optional[str] = None
+    """Path of a kubeconfig file; None = in-cluster config (KUBERNETES_SERVICE_HOST)."""
     squid_config: Optional[str] = None
+    """A squid.conf without ``http_port`` (the module adds one per Proxy); None = the built-in default."""
     host_network: bool = False
     spread_nodes: bool = True
     cpu_request: str = "100m"
     memory_request: str = "128Mi"
+    namespaces: Tuple[str, ...] = ()
+    """Further namespaces a Proxy may name as its ``location`` (listing covers them all)."""
+
+    @property
+    def locations(self) -> Tuple[str, ...]:
+        """Every namespace this provider creates Pods in and lists, the default first."""
+        return (self.namespace,) + tuple(n for n in self.namespaces if n != self.namespace)
 
 
 @dataclass(frozen=True)
@@ -349,19 +361,63 @@ def _parse_gcp(reader: _Reader) -> GcpSettings:
         default_image=_default_key(reader, "defaultImage", images, "images"),
         network=reader.string("network", "global/networks/default"),
         credentials_file=reader.optional_string("credentialsFile"),
-        external_ip=reader.boolean("externalIP", True), api_endpoint=reader.optional_string("apiEndpoint"))
+        external_ip=reader.boolean("externalIP", True), api_endpoint=_gcp_api_endpoint(reader))
+
+
+def _gcp_api_endpoint(reader: _Reader) -> Optional[str]:
+    """``https://`` anywhere; plain ``http://`` only on loopback (a local emulator), because a
+    token sent over plain HTTP to anywhere else would be readable on the way."""
+    endpoint = reader.optional_string("apiEndpoint")
+    if endpoint is None:
+        return None
+    parts = urlsplit(endpoint)
+    loopback = parts.hostname in ("127.0.0.1", "localhost", "::1")
+    if not parts.hostname or parts.scheme not in ("http", "https") or (parts.scheme == "http" and not loopback):
+        raise ConfigError("%s: %r must be an https:// URL, or http:// on 127.0.0.1, localhost or [::1] for a "
+                          "local emulator" % (reader.at("apiEndpoint"), endpoint))
+    return endpoint
+
+
+# A namespace name is an RFC 1123 label (providerIDs rely on it: k8s://namespaces/<ns>/pods/<name>).
+NAMESPACE_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+NAMESPACE_RULE = "is not a valid Kubernetes namespace name (RFC 1123 label: lowercase letters, digits, '-')"
+# A Kubernetes resource quantity as requests take it ("100m", "0.5", "128Mi", "1G").
+QUANTITY_RE = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
+QUANTITY_RULE = "is not a Kubernetes quantity such as 100m, 0.5, 128Mi or 1Gi"
+# squid.conf travels in a Pod annotation (all annotations together are capped at 256 KiB).
+SQUID_CONFIG_MAX_BYTES = 64 * 1024
+_HTTP_PORT_LINE = re.compile(r"^[ \t]*http_port\b", re.MULTILINE)
 
 
 def _parse_kubernetes(reader: _Reader) -> KubernetesSettings:
-    reader.only("namespace", "image", "kubeconfig", "squidConfig", "hostNetwork", "spreadNodes", "cpuRequest",
-                "memoryRequest")
+    reader.only("namespace", "namespaces", "image", "kubeconfig", "squidConfig", "hostNetwork", "spreadNodes",
+                "cpuRequest", "memoryRequest")
+    namespace = reader.string("namespace", pattern=NAMESPACE_RE, rule=NAMESPACE_RULE)
+    namespaces: List[str] = []
+    if reader.data.get("namespaces") is not None:
+        for index, item in enumerate(reader.non_empty_list("namespaces")):
+            if not isinstance(item, str) or not NAMESPACE_RE.fullmatch(item):
+                raise ConfigError("%s[%d]: %r %s" % (reader.at("namespaces"), index, item, NAMESPACE_RULE))
+            namespaces.append(item)
+    image = reader.string("image")
+    if any(char.isspace() for char in image):
+        raise ConfigError("%s: %r is not a container image reference (it contains whitespace)" % (
+            reader.at("image"), image))
+    squid_config = reader.optional_string("squidConfig")
+    if squid_config is not None:
+        if len(squid_config.encode("utf-8")) > SQUID_CONFIG_MAX_BYTES:
+            raise ConfigError("%s: is longer than %d bytes; it travels in a Pod annotation" % (
+                reader.at("squidConfig"), SQUID_CONFIG_MAX_BYTES))
+        if _HTTP_PORT_LINE.search(squid_config):
+            raise ConfigError("%s: must not contain http_port: the module adds 'http_port <port>' from each "
+                              "Proxy's port; remove the line" % reader.at("squidConfig"))
     return KubernetesSettings(
-        namespace=reader.string("namespace", pattern=re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"),
-                                rule="is not a valid Kubernetes namespace name (RFC 1123 label)"),
-        image=reader.string("image"), kubeconfig=reader.optional_string("kubeconfig"),
-        squid_config=reader.optional_string("squidConfig"), host_network=reader.boolean("hostNetwork", False),
-        spread_nodes=reader.boolean("spreadNodes", True), cpu_request=reader.string("cpuRequest", "100m"),
-        memory_request=reader.string("memoryRequest", "128Mi"))
+        namespace=namespace, image=image, kubeconfig=reader.optional_string("kubeconfig"),
+        squid_config=squid_config, host_network=reader.boolean("hostNetwork", False),
+        spread_nodes=reader.boolean("spreadNodes", True),
+        cpu_request=reader.string("cpuRequest", "100m", pattern=QUANTITY_RE, rule=QUANTITY_RULE),
+        memory_request=reader.string("memoryRequest", "128Mi", pattern=QUANTITY_RE, rule=QUANTITY_RULE),
+        namespaces=tuple(namespaces))
 
 
 def _is_ssh_uri(uri: str) -> bool:

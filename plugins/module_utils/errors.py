@@ -11,6 +11,8 @@ and the controller maps that string back to its reaction (see design.md).
 
 from __future__ import annotations
 
+from typing import Any, Dict, Optional
+
 NOT_FOUND = "not_found"
 PERMANENT = "permanent"
 TRANSIENT = "transient"
@@ -19,9 +21,17 @@ ERROR_CLASSES = (NOT_FOUND, PERMANENT, TRANSIENT)
 
 
 class ProxyError(Exception):
-    """Base of the hierarchy. Unclassified failures are transient."""
+    """Base of the hierarchy. Unclassified failures are transient.
+
+    ``details`` are extra result fields a failure still reports (a listing that failed on
+    one location returns what it saw on the others).
+    """
 
     error_class = TRANSIENT
+
+    def __init__(self, message: str, details: Optional[Dict[str, Any]] = None) -> None:
+        super().__init__(message)
+        self.details: Dict[str, Any] = dict(details or {})
 
 
 class NotFound(ProxyError):

@@ -11,9 +11,14 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional
 
-from ansible_collections.crawl.egress_proxies.plugins.module_utils.errors import Permanent
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.errors import (
+    PERMANENT,
+    Permanent,
+    ProxyError,
+    Transient,
+)
 
 STATES = ("pending", "running", "stopped", "error")
 DEFAULT_PORT = 3128
@@ -86,3 +91,26 @@ def validate_tags(tags: Optional[Mapping[Any, Any]]) -> Dict[str, str]:
 def matches_tags(instance_tags: Mapping[str, str], wanted: Mapping[str, str]) -> bool:
     """True when the instance carries every wanted tag with the same value."""
     return all(instance_tags.get(key) == value for key, value in wanted.items())
+
+
+@dataclass
+class ListResult:
+    """Instances found by a listing, plus the locations that could not be listed (and why)."""
+
+    instances: List[Instance]
+    failed_locations: Dict[str, ProxyError] = field(default_factory=dict)
+
+    def to_result(self, what: str) -> Dict[str, Any]:
+        """The info module's result. A failed location fails the whole listing, so nothing
+        garbage-collects on a partial view, but the failure still carries what was seen."""
+        instances = [instance.to_dict() for instance in self.instances]
+        if not self.failed_locations:
+            return {"changed": False, "instances": instances, "failed_locations": {}}
+        failed = {location: {"error_class": error.error_class, "msg": str(error)}
+                  for location, error in self.failed_locations.items()}
+        # Permanent only when no location could heal by itself.
+        permanent = all(error.error_class == PERMANENT for error in self.failed_locations.values())
+        failure_class = Permanent if permanent else Transient
+        raise failure_class("listing failed on %s: %s" % (what, "; ".join(
+            "%s: %s" % (location, error) for location, error in sorted(self.failed_locations.items()))),
+            details={"instances": instances, "failed_locations": failed})

@@ -10,13 +10,15 @@ offers ``fail_from(error)``, which always reports ``msg`` and ``error_class``.
 
 from __future__ import annotations
 
-from typing import Any, Dict, NoReturn, Sequence, Tuple
+from typing import Any, Callable, Dict, NoReturn, Optional, Protocol, Sequence, Tuple, TypeVar
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.cloudinit import decode_user_data
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.config import (
-    Provider,
+    Provider as ProviderSettings,
+)
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.config import (
     load_provider_config,
 )
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.errors import (
@@ -30,6 +32,15 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.instance impo
     validate_port,
     validate_tags,
 )
+
+
+class Provider(Protocol):
+    """What every provider object offers the wrapper: a way to let go of its connections."""
+
+    def close(self) -> None: ...
+
+
+P = TypeVar("P", bound=Provider)
 
 COMMON_ARGUMENT_SPEC: Dict[str, Any] = {
     "provider_config": {"type": "path", "required": True},
@@ -80,7 +91,7 @@ class ProxyModule:
     def check_mode(self) -> bool:
         return bool(self.module.check_mode)
 
-    def provider(self) -> Provider:
+    def provider(self) -> ProviderSettings:
         """This module's provider section; a missing or wrong provider is Permanent."""
         config = load_provider_config(self.params["provider_config"])
         return config.provider(self.params["provider"], self.provider_type)
@@ -104,7 +115,24 @@ class ProxyModule:
         self.module.exit_json(**result)
         raise AssertionError("exit_json returned")  # pragma: no cover - it always exits
 
-    def fail_from(self, error: ProxyError, **result: Any) -> NoReturn:
-        """Report ``error`` with its class; never an SDK traceback in place of a class."""
-        self.module.fail_json(msg=str(error), error_class=error_class_of(error), **result)
+    def fail_from(self, error: ProxyError) -> NoReturn:
+        """Report ``error`` with its class (and its details); never an SDK traceback in place of a class."""
+        self.module.fail_json(msg=str(error), error_class=error_class_of(error), **error.details)
         raise AssertionError("fail_json returned")  # pragma: no cover - it always exits
+
+    def run(self, open_provider: Callable[["ProxyModule"], P], act: Callable[[P], Dict[str, Any]]) -> NoReturn:
+        """Open the provider, act, report: the whole body of every module's ``main()``.
+
+        Any ``ProxyError`` becomes a failure with its ``error_class``; the provider's
+        connections are closed whatever happens.
+        """
+        provider: Optional[P] = None
+        try:
+            provider = open_provider(self)
+            result = act(provider)
+        except ProxyError as error:
+            self.fail_from(error)
+        finally:
+            if provider is not None:
+                provider.close()
+        self.exit(**result)

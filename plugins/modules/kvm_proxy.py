@@ -116,9 +116,8 @@ error_class:
   type: str
 """
 
-from typing import Any, Callable, Dict  # noqa: E402
+from typing import Any, Dict  # noqa: E402
 
-from ansible_collections.crawl.egress_proxies.plugins.module_utils.errors import ProxyError  # noqa: E402
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.instances import KvmProvider  # noqa: E402
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.module import (  # noqa: E402
     LIBRARIES,
@@ -156,17 +155,8 @@ def main() -> None:
         spec, "kvm", required_libs=LIBRARIES, supports_check_mode=True,
         required_if=[("state", "present", ["name"]), ("state", "absent", ["provider_id"])],
     )
-    provider = None
-    try:
-        provider = kvm_provider(module)
-        handler: Callable[[ProxyModule, KvmProvider], Dict[str, Any]] = (
-            ensure_present if module.params["state"] == "present" else ensure_absent)
-        module.exit(**handler(module, provider))
-    except ProxyError as error:
-        module.fail_from(error)
-    finally:
-        if provider is not None:
-            provider.close()
+    handler = ensure_present if module.params["state"] == "present" else ensure_absent
+    module.run(kvm_provider, lambda provider: handler(module, provider))
 
 
 if __name__ == "__main__":

@@ -93,13 +93,10 @@ error_class:
   type: str
 """
 
-from ansible_collections.crawl.egress_proxies.plugins.module_utils.errors import (  # noqa: E402
-    PERMANENT,
-    Permanent,
-    ProxyError,
-    Transient,
-)
+from typing import Any, Dict  # noqa: E402
+
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.instance import validate_tags  # noqa: E402
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.instances import KvmProvider  # noqa: E402
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.module import (  # noqa: E402
     LIBRARIES,
     kvm_provider,
@@ -110,34 +107,18 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.proxy_module 
 )
 
 
+def find(module: ProxyModule, provider: KvmProvider) -> Dict[str, Any]:
+    if module.params["provider_id"]:
+        return {"changed": False, "instances": [provider.get(module.params["provider_id"]).to_dict()]}
+    return provider.list(validate_tags(module.params["tags"])).to_result("KVM host(s)")
+
+
 def main() -> None:
     module = ProxyModule(
         INFO_ARGUMENT_SPEC, "kvm", required_libs=LIBRARIES, supports_check_mode=True,
         mutually_exclusive=[("provider_id", "tags")], required_one_of=[("provider_id", "tags")],
     )
-    provider = None
-    try:
-        provider = kvm_provider(module)
-        if module.params["provider_id"]:
-            instance = provider.get(module.params["provider_id"])
-            module.exit(changed=False, instances=[instance.to_dict()])
-        listed = provider.list(validate_tags(module.params["tags"]))
-        instances = [instance.to_dict() for instance in listed.instances]
-        if listed.failed_locations:
-            failed = {host: {"error_class": error.error_class, "msg": str(error)}
-                      for host, error in listed.failed_locations.items()}
-            # Permanent only when no host could heal by itself.
-            permanent = all(error.error_class == PERMANENT for error in listed.failed_locations.values())
-            failure_class = Permanent if permanent else Transient
-            failure = failure_class("listing failed on KVM host(s): %s" % "; ".join(
-                "%s: %s" % (host, error) for host, error in sorted(listed.failed_locations.items())))
-            module.fail_from(failure, instances=instances, failed_locations=failed)
-        module.exit(changed=False, instances=instances, failed_locations={})
-    except ProxyError as error:
-        module.fail_from(error)
-    finally:
-        if provider is not None:
-            provider.close()
+    module.run(kvm_provider, lambda provider: find(module, provider))
 
 
 if __name__ == "__main__":

@@ -42,7 +42,7 @@ from support.provider_config import OWNER_TAGS, BaseImage, kvm_host, make_base_i
 
 HOST = "hv"
 # The transport the provider config names for the host.
-TRANSPORT = "libssh2"
+TRANSPORT = "libssh"
 # A module run that hangs fails the test after this long instead of after pytest's timeout.
 MODULE_TIMEOUT = 30
 BASE_VOLUME = "base-debian-12.qcow2"
@@ -126,7 +126,9 @@ class Hypervisor:
         """Clean-up without a module run (the delete path itself is tested through the module)."""
         try:
             domain = self.conn.lookupByName(name)
-        except libvirt.libvirtError:
+        except libvirt.libvirtError as error:
+            if error.get_error_code() != libvirt.VIR_ERR_NO_DOMAIN:
+                raise
             domain = None
         if domain is not None:
             if domain.isActive():

@@ -5,7 +5,9 @@
 
 SSH transports always verify the host key against the configured known_hosts:
 - ``qemu+libssh://`` / ``qemu+libssh2://``: libvirt's own SSH clients, which honour
-  ``keyfile=``, ``known_hosts=`` and ``sshauth=privkey`` (measured with libvirt 9.0).
+  ``keyfile=``, ``known_hosts=`` and ``sshauth=privkey`` (measured with libvirt 9.0). Both
+  are carried over libssh2: libvirt 9.0's libssh transport stalls on any reply over 4 KiB
+  (a running domain's XML) until more traffic arrives, which without an event loop is never.
 - ``qemu+ssh://``: libvirt 9's plain transport ignores ``known_hosts=``, so it is run
   through a small ssh wrapper that adds ``UserKnownHostsFile`` and
   ``StrictHostKeyChecking=yes``.
@@ -153,17 +155,21 @@ def connection_uri(uri: str, ssh: Optional[SshSettings], wrapper_dir: Optional[s
     params = dict(parse_qsl(parts.query, keep_blank_values=True))
     if params.get("no_verify", "0") != "0":
         raise Permanent("kvm.hosts[].uri: %s sets no_verify; host keys are always verified, remove it" % uri)
+    scheme = parts.scheme
     if transport in ("libssh", "libssh2"):
-        params.update(keyfile=ssh.key_file, known_hosts=ssh.known_hosts_file, sshauth="privkey")
-        if transport == "libssh2":
-            params["known_hosts_verify"] = "normal"
+        # libvirt 9.0's libssh transport stalls on any reply over 4 KiB (a running domain's
+        # XML) until more traffic arrives, i.e. forever without an event loop (measured):
+        # both take the same parameters, so libssh2 carries both.
+        scheme = scheme.split("+", 1)[0] + "+libssh2"
+        params.update(keyfile=ssh.key_file, known_hosts=ssh.known_hosts_file, sshauth="privkey",
+                      known_hosts_verify="normal")
     else:
         if wrapper_dir is None:
             raise Permanent("internal: the ssh transport needs a directory for its command wrapper")
         params.update(command=_ssh_wrapper(ssh, wrapper_dir), keyfile=ssh.key_file)
     params["no_verify"] = "0"
     query = "&".join("%s=%s" % (key, quote(value, safe="/")) for key, value in params.items())
-    return urlunsplit((parts.scheme, parts.netloc, parts.path, query, parts.fragment))
+    return urlunsplit((scheme, parts.netloc, parts.path, query, parts.fragment))
 
 
 def _check_reachable(uri: str) -> None:
@@ -171,17 +177,25 @@ def _check_reachable(uri: str) -> None:
     parts = urlsplit(uri)
     if not parts.hostname:
         return
+    where = "%s:%s" % (parts.hostname, parts.port or 22)
     try:
-        with socket.create_connection((parts.hostname, parts.port or 22), timeout=CONNECT_TIMEOUT_SECONDS):
-            pass
+        with socket.create_connection((parts.hostname, parts.port or 22), timeout=CONNECT_TIMEOUT_SECONDS) as sock:
+            # libssh2 waits forever for a banner that never comes (a hung sshd): ask for it here.
+            banner = sock.recv(255)
     except OSError as error:
-        raise Transient("host %s:%s does not answer: %s" % (parts.hostname, parts.port or 22, error)) from error
+        raise Transient("host %s does not answer: %s" % (where, error)) from error
+    if not banner.startswith(b"SSH-"):
+        raise Transient("host %s accepted the connection but sent no SSH banner within %d s" % (
+            where, CONNECT_TIMEOUT_SECONDS))
 
 
 def classify(error: Any, context: str) -> ProxyError:
     """Map a libvirtError to our error classes. Unknown codes are transient."""
     code = error.get_error_code()
     message = "%s: %s" % (context, error.get_error_message() or error)
+    if _is_host_key_failure(message):
+        return Permanent(message + " (the host's key does not match kvm.ssh.knownHostsFile; "
+                         "if the host was reinstalled, update known_hosts)")
     if code in (libvirt.VIR_ERR_NO_DOMAIN, libvirt.VIR_ERR_NO_STORAGE_VOL):
         return NotFound(message)
     if code in (libvirt.VIR_ERR_NO_STORAGE_POOL, libvirt.VIR_ERR_NO_NETWORK):
@@ -190,9 +204,6 @@ def classify(error: Any, context: str) -> ProxyError:
                 libvirt.VIR_ERR_XML_ERROR, libvirt.VIR_ERR_XML_DETAIL, libvirt.VIR_ERR_CONFIG_UNSUPPORTED,
                 libvirt.VIR_ERR_INVALID_ARG, libvirt.VIR_ERR_NO_SUPPORT, libvirt.VIR_ERR_NO_DOMAIN_METADATA):
         return Permanent(message)
-    if _is_host_key_failure(message):
-        return Permanent(message + " (the host's key does not match kvm.ssh.knownHostsFile; "
-                         "if the host was reinstalled, update known_hosts)")
     return Transient(message)
 
 
@@ -233,16 +244,12 @@ class KvmConnections:
                 self._wrapper_dir = tempfile.mkdtemp(prefix="egress-proxies-ssh-")
             uri = connection_uri(uri, self.ssh, self._wrapper_dir)
             _check_reachable(uri)
+        # No keepalive: libvirt needs an event loop for it, and a module run is short-lived;
+        # the controller's runner timeout bounds a peer that dies mid-call.
         try:
             connection = libvirt.open(uri)
         except libvirt.libvirtError as error:
             raise classify(error, "connecting to KVM host %s" % host.name) from error
-        if transport_of(uri):
-            # Notice a dead peer within ~15 s instead of waiting on TCP timeouts.
-            try:
-                connection.setKeepAlive(5, 3)
-            except libvirt.libvirtError:
-                pass
         self._connections[host.name] = connection
         return connection
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import datetime
 import io
-from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 try:
@@ -41,6 +40,7 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.instance impo
     OWNER_TAG,
     Instance,
     InstanceRequest,
+    ListResult,
     matches_tags,
 )
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.addresses import domain_ip
@@ -88,14 +88,6 @@ def _state_names() -> Dict[int, str]:
         libvirt.VIR_DOMAIN_CRASHED: "error",
         libvirt.VIR_DOMAIN_PMSUSPENDED: "stopped",
     }
-
-
-@dataclass
-class ListResult:
-    """Instances found, plus the hosts that could not be listed (and why)."""
-
-    instances: List[Instance]
-    failed_locations: Dict[str, ProxyError]
 
 
 class KvmProvider:

@@ -56,12 +56,13 @@ def test_transport_of(uri: str, transport: str) -> None:
     assert transport_of(uri) == transport
 
 
-def test_libssh_pins_key_and_known_hosts() -> None:
+def test_libssh_travels_over_libssh2_with_key_and_known_hosts_pinned() -> None:
+    # libvirt 9.0's libssh transport stalls on replies over 4 KiB (a running domain's XML).
     uri = connection_uri("qemu+libssh://root@beelink/system", SSH)
     parts = urlsplit(uri)
-    assert (parts.scheme, parts.netloc, parts.path) == ("qemu+libssh", "root@beelink", "/system")
+    assert (parts.scheme, parts.netloc, parts.path) == ("qemu+libssh2", "root@beelink", "/system")
     assert query_of(uri) == {"keyfile": SSH.key_file, "known_hosts": SSH.known_hosts_file, "sshauth": "privkey",
-                             "no_verify": "0"}
+                             "known_hosts_verify": "normal", "no_verify": "0"}
 
 
 def test_libssh2_also_asks_for_normal_host_key_verification() -> None:

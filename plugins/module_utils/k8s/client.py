@@ -1,0 +1,207 @@
+# -*- coding: utf-8 -*-
+# Copyright: (c) 2026, egress-proxies developers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The Kubernetes API edge: the only importer of the ``kubernetes`` client in the collection,
+and ``classify``, the one place its errors become our error classes.
+
+One thin method per API call, each taking and returning plain dicts (the JSON the server
+sent, never the SDK's models), each bounded by ``REQUEST_TIMEOUT`` and each re-raising as
+``NotFound`` / ``Permanent`` / ``Transient``. Nothing above this file sees an SDK exception.
+
+Connection: the kubeconfig named in the provider config; without one, the in-cluster
+service account when ``KUBERNETES_SERVICE_HOST`` is set. A kubeconfig file that does not
+exist (yet) is ``Transient``: it may be a Secret mounted later, and the next sweep heals
+without a restart. One that does not parse is ``Permanent``.
+
+Retries: urllib3 would by default retry 413/429/503 answers carrying ``Retry-After`` three
+times inside one call, sleeping as told; the controller already backs off per object, so
+here only connection failures (nothing reached the server) are retried, twice, and every
+error answer goes straight to ``classify`` (measured against the emulator: an injected 503
+costs one request).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Callable, Dict, List, Optional, Tuple, Type
+
+try:
+    import urllib3
+    from kubernetes import client as kube_client
+    from kubernetes import config as kube_config
+    from kubernetes.client.exceptions import ApiException
+    from kubernetes.config.config_exception import ConfigException
+except ImportError:  # pragma: no cover - the modules report it via missing_required_lib
+    HAS_KUBERNETES = False
+
+    class _NotInstalled(Exception):
+        """Stands in for the client's exception types, which nothing can raise without it."""
+
+    urllib3 = None  # type: ignore[assignment]
+    kube_client = None  # type: ignore[assignment]
+    kube_config = None  # type: ignore[assignment]
+    ApiException = ConfigException = _NotInstalled  # type: ignore[assignment,misc]
+else:
+    HAS_KUBERNETES = True
+
+try:
+    import yaml
+except ImportError:  # pragma: no cover - config.py needs it first and reports it
+    yaml = None  # type: ignore[assignment]
+
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.config import KubernetesSettings
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.errors import (
+    NotFound,
+    Permanent,
+    ProxyError,
+    Transient,
+)
+
+# (connect, read) seconds for every request: a wedged API server fails the module as
+# transient long before the controller's runner timeout kills the whole run.
+REQUEST_TIMEOUT = (5.0, 20.0)
+CONNECT_RETRIES = 2
+IN_CLUSTER_ENV = "KUBERNETES_SERVICE_HOST"
+
+# Answers that retrying cannot change: the request itself (400, 405, 413, 415, 422) or our
+# credentials and RBAC (401, 403, which also covers an admission webhook or a Pod Security
+# level refusing the Pod).
+PERMANENT_STATUSES = frozenset((400, 401, 403, 405, 413, 415, 422))
+
+
+class AlreadyExists(Transient):
+    """409 AlreadyExists on create. The caller reads the existing object to decide whether
+    it is ours (idempotent success) or someone else's (permanent); left unhandled it is
+    transient, like any conflict."""
+
+
+def _status_message(error: Any) -> str:
+    """The Status object's message when the body is one, else the HTTP reason."""
+    body = getattr(error, "body", None)
+    try:
+        status = json.loads(body) if body else None
+    except ValueError:
+        status = None
+    if isinstance(status, dict) and status.get("message"):
+        return str(status["message"])
+    return str(getattr(error, "reason", "") or body or "no details")
+
+
+def _status_reason(error: Any) -> str:
+    try:
+        status = json.loads(error.body) if getattr(error, "body", None) else None
+    except ValueError:
+        return ""
+    return str(status.get("reason") or "") if isinstance(status, dict) else ""
+
+
+def classify(error: BaseException, context: str) -> ProxyError:
+    """Map anything the client raised to our classes; whatever is not recognised is transient.
+
+    404 -> NotFound (a pod, or its whole namespace, is gone); 409 AlreadyExists ->
+    AlreadyExists (create decides); PERMANENT_STATUSES -> Permanent; every other status
+    (5xx, 429, 409 Conflict, 410) -> Transient. Connection errors and timeouts are
+    transient; a TLS certificate the kubeconfig's CA does not accept is permanent.
+    """
+    if isinstance(error, ProxyError):
+        return error
+    if isinstance(error, ApiException):
+        code = int(error.status or 0)
+        message = "%s: %s %s" % (context, code or "", _status_message(error))
+        if code == 404:
+            return NotFound(message)
+        if code == 409 and _status_reason(error) == "AlreadyExists":
+            return AlreadyExists(message)
+        if code in PERMANENT_STATUSES:
+            return Permanent(message)
+        if code == 0 and "CERTIFICATE_VERIFY_FAILED" in message:  # the client's wrapping of an SSLError
+            return Permanent(message + " (the API server's certificate does not verify against the kubeconfig)")
+        return Transient(message)
+    if isinstance(error, ConfigException):
+        return Permanent("%s: %s" % (context, error))
+    return Transient("%s: %s: %s" % (context, type(error).__name__, error))  # timeouts, refused connections
+
+
+def client_errors() -> Tuple[Type[BaseException], ...]:
+    """What the client raises for a failed call: the server's answers (ApiException), the
+    transport's failures (urllib3, sockets) and the config loader's complaints."""
+    return (ApiException, ConfigException, urllib3.exceptions.HTTPError, OSError)
+
+
+def _configuration(settings: KubernetesSettings) -> Any:
+    """A client Configuration from the kubeconfig file, else the in-cluster service account."""
+    configuration = kube_client.Configuration()
+    path = settings.kubeconfig
+    try:
+        if path is None:
+            if not os.environ.get(IN_CLUSTER_ENV):
+                raise Permanent("kubernetes.kubeconfig: not set, and not running inside a cluster (%s is unset); "
+                                "set kubeconfig in the provider config" % IN_CLUSTER_ENV)
+            kube_config.load_incluster_config(client_configuration=configuration)
+        else:
+            if not os.path.isfile(path):
+                raise Transient("kubernetes.kubeconfig: %s does not exist (yet): the Secret holding it may not be "
+                                "mounted; will retry" % path)
+            kube_config.load_kube_config(config_file=path, client_configuration=configuration,
+                                         persist_config=False)
+    except OSError as error:
+        raise Transient("kubernetes.kubeconfig: cannot read %s: %s; will retry" % (path, error.strerror)) from error
+    except (ConfigException, yaml.YAMLError, TypeError, AttributeError, KeyError, ValueError) as error:
+        # The loader walks the document without checking its shape first, so a file that
+        # is YAML but not a kubeconfig surfaces as a TypeError/AttributeError/KeyError.
+        raise Permanent("kubernetes.kubeconfig: %s is not a usable kubeconfig: %s" % (
+            path or "in-cluster config", error)) from error
+    configuration.retries = urllib3.util.Retry(
+        total=CONNECT_RETRIES, connect=CONNECT_RETRIES, read=0, status=0, other=0,
+        respect_retry_after_header=False, backoff_factor=0.2, raise_on_status=False)
+    return configuration
+
+
+class KubeClient:
+    """The four Pod calls the provider makes, on plain dicts."""
+
+    def __init__(self, settings: KubernetesSettings) -> None:
+        self.api_client = kube_client.ApiClient(_configuration(settings))
+        self.core = kube_client.CoreV1Api(self.api_client)
+
+    def close(self) -> None:
+        self.api_client.close()
+
+    def _call(self, context: str, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Dict[str, Any]:
+        try:
+            response = method(*args, _request_timeout=REQUEST_TIMEOUT, _preload_content=False, **kwargs)
+            data = response.data
+        except client_errors() as error:
+            raise classify(error, context) from error
+        try:
+            document = json.loads(data)
+        except ValueError as error:
+            raise Transient("%s: the API server answered with something that is not JSON: %s" % (
+                context, error)) from error
+        if not isinstance(document, dict):
+            raise Transient("%s: the API server answered with a JSON %s, not an object" % (
+                context, type(document).__name__))
+        return document
+
+    def create_pod(self, namespace: str, pod: Dict[str, Any]) -> Dict[str, Any]:
+        return self._call("creating pod %s/%s" % (namespace, pod["metadata"]["name"]),
+                          self.core.create_namespaced_pod, namespace, pod)
+
+    def read_pod(self, namespace: str, name: str) -> Dict[str, Any]:
+        return self._call("reading pod %s/%s" % (namespace, name), self.core.read_namespaced_pod, name, namespace)
+
+    def delete_pod(self, namespace: str, name: str, uid: Optional[str]) -> Dict[str, Any]:
+        """Delete exactly the Pod that was inspected: a uid precondition makes the server
+        refuse (409, transient) if a different Pod of that name took its place meanwhile."""
+        body: Dict[str, Any] = {"apiVersion": "v1", "kind": "DeleteOptions"}
+        if uid:
+            body["preconditions"] = {"uid": uid}
+        return self._call("deleting pod %s/%s" % (namespace, name), self.core.delete_namespaced_pod, name,
+                          namespace, body=body)
+
+    def list_pods(self, namespace: str, label_selector: str) -> List[Dict[str, Any]]:
+        document = self._call("listing pods in namespace %s" % namespace, self.core.list_namespaced_pod, namespace,
+                              label_selector=label_selector)
+        items = document.get("items") or []
+        return [item for item in items if isinstance(item, dict)]

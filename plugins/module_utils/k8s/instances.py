@@ -1,0 +1,174 @@
+# -*- coding: utf-8 -*-
+# Copyright: (c) 2026, egress-proxies developers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The Kubernetes provider: create, get, delete and list proxy Pods.
+
+Called by the two k8s modules (module.py builds it). It decides; ``pods.py`` builds and
+reads manifests; ``client.py`` talks to the API and raises only our error classes.
+
+A Pod is one object, so every operation is one or two API calls and idempotent by name:
+- create: POST; a 409 AlreadyExists is read back and is success (``changed: false``) when
+  the Pod is ours (our managed-by label and the same owner label), else ``Permanent``
+  naming ``name`` (someone else's Pod is never adopted or touched);
+- delete: GET, refuse a Pod that is not ours, DELETE with a uid precondition; gone = success;
+- get: GET; 404 (the Pod or its whole namespace is gone) = ``NotFound``;
+- list: one label-selected LIST per configured namespace, failures recorded per namespace.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Tuple
+
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.config import KubernetesSettings
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.errors import (
+    NotFound,
+    Permanent,
+    ProxyError,
+    Transient,
+)
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.instance import (
+    OWNER_TAG,
+    Instance,
+    InstanceRequest,
+    matches_tags,
+)
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.k8s.client import AlreadyExists, KubeClient
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.k8s.pods import (
+    build_pod,
+    is_managed,
+    is_ours,
+    label_selector,
+    pod_instance,
+    pod_tags,
+)
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.provider_id import (
+    format_provider_id,
+    parse_provider_id,
+)
+
+
+@dataclass
+class ListResult:
+    """Instances found, plus the namespaces that could not be listed (and why)."""
+
+    instances: List[Instance]
+    failed_locations: Dict[str, ProxyError]
+
+
+def check_request(settings: KubernetesSettings, request: InstanceRequest) -> str:
+    """Reject what a Pod cannot honour, naming the field; return the target namespace."""
+    if request.user_data:
+        raise Permanent(
+            "user_data: a Pod has no cloud-init, so user-data cannot be delivered; leave the Proxy's cloudInit "
+            "empty and configure squid with the provider's squidConfig")
+    if request.machine_type:
+        raise Permanent("machine_type: the Kubernetes provider has no machine types; the Pod's requests come "
+                        "from the provider's cpuRequest and memoryRequest")
+    if request.image:
+        raise Permanent("image: the Kubernetes provider has no image keys; the container image comes from the "
+                        "provider's image")
+    namespace = request.location or settings.namespace
+    if namespace not in settings.locations:
+        raise Permanent("location: namespace %r is not configured for this provider (configured: %s); add it "
+                        "to the provider's namespaces" % (namespace, ", ".join(settings.locations)))
+    return namespace
+
+
+class K8sProvider:
+    def __init__(self, settings: KubernetesSettings, client: KubeClient) -> None:
+        self.settings = settings
+        self.client = client
+
+    def close(self) -> None:
+        self.client.close()
+
+    # -- create ----------------------------------------------------------------------------
+
+    def create(self, request: InstanceRequest, check_mode: bool) -> Tuple[bool, Instance]:
+        namespace = check_request(self.settings, request)
+        pod = build_pod(self.settings, request, namespace)  # validates the tags before any call
+        if check_mode:
+            existing = self._existing(namespace, request)
+            if existing is not None:
+                return False, pod_instance(existing)
+            return True, Instance(provider_id=format_provider_id("k8s", namespace, request.name), name=request.name,
+                                  location=namespace, state="pending", tags=dict(request.tags))
+        try:
+            return True, pod_instance(self.client.create_pod(namespace, pod))
+        except AlreadyExists:
+            existing = self._existing(namespace, request)
+            if existing is None:  # deleted between our POST and GET: let the next sweep create it
+                raise Transient("pod %s/%s was being replaced while creating it; will retry" % (
+                    namespace, request.name)) from None
+            return False, pod_instance(existing)
+
+    def _existing(self, namespace: str, request: InstanceRequest) -> Optional[Dict[str, Any]]:
+        """The Pod of that name if it is ours, None if there is none; someone else's is Permanent."""
+        try:
+            pod = self.client.read_pod(namespace, request.name)
+        except NotFound:
+            return None
+        if not is_ours(pod, request.tags):
+            raise Permanent(
+                "name: a pod %s/%s already exists and is not an egress-proxies instance of owner %r; it is left "
+                "alone: rename one of them" % (namespace, request.name, request.tags.get(OWNER_TAG)))
+        return pod
+
+    # -- get / delete ----------------------------------------------------------------------
+
+    def _managed_pod(self, provider_id: str) -> Dict[str, Any]:
+        parsed = parse_provider_id(provider_id, "k8s")
+        try:
+            pod = self.client.read_pod(parsed.location, parsed.name)
+        except NotFound as error:
+            raise NotFound("pod %s/%s does not exist (%s)" % (parsed.location, parsed.name, error)) from error
+        if not is_managed(pod):
+            # Never not_found: the controller would "recreate" it and collide by name.
+            raise Permanent("provider_id: pod %s/%s exists but is not an egress-proxies instance; it is left "
+                            "alone" % (parsed.location, parsed.name))
+        return pod
+
+    def get(self, provider_id: str) -> Instance:
+        return pod_instance(self._managed_pod(provider_id))
+
+    def delete(self, provider_id: str, check_mode: bool) -> bool:
+        """Delete the Pod; whether anything was (or would be) deleted. Gone already = False."""
+        try:
+            pod = self._managed_pod(provider_id)
+        except NotFound:
+            return False
+        metadata = pod.get("metadata") or {}
+        if metadata.get("deletionTimestamp"):
+            return False  # already terminating: nothing left for us to do
+        if check_mode:
+            return True
+        parsed = parse_provider_id(provider_id, "k8s")
+        try:
+            self.client.delete_pod(parsed.location, parsed.name, metadata.get("uid"))
+        except NotFound:
+            return False
+        return True
+
+    # -- list ------------------------------------------------------------------------------
+
+    def list(self, tags: Dict[str, str]) -> ListResult:
+        """Every Pod of ours carrying ``tags`` in every configured namespace.
+
+        The label selector narrows by the label-safe tags; the annotation (the full tags)
+        decides. A namespace that fails is recorded, not fatal to the others.
+        """
+        selector = label_selector(tags)
+        instances: List[Instance] = []
+        failed: Dict[str, ProxyError] = {}
+        for namespace in self.settings.locations:
+            try:
+                pods = self.client.list_pods(namespace, selector)
+            except NotFound:
+                continue  # no such namespace (the real server lists one as empty): no Pods there
+            except ProxyError as error:
+                failed[namespace] = error
+                continue
+            instances.extend(pod_instance(pod) for pod in pods
+                             if is_managed(pod) and matches_tags(pod_tags(pod), tags))
+        return ListResult(instances, failed)

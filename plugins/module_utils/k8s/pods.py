@@ -1,0 +1,259 @@
+# -*- coding: utf-8 -*-
+# Copyright: (c) 2026, egress-proxies developers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The Pod of one Proxy, as plain dicts: built from the config and the request, read back
+into an ``Instance``. Pure functions, no API calls, so every rule here is unit-tested with
+tables (tests/unit/plugins/module_utils/k8s/test_pods.py).
+
+Anatomy (docs/kubernetes-provider.md has the why):
+- labels ``app.kubernetes.io/name: egress-proxy``, ``app.kubernetes.io/managed-by:
+  egress-proxies`` and every tag that is a valid label as it stands (the owner tag always is:
+  config.py validates it as a label value). Listing selects on these.
+- annotation ``crawl.example.com/tags``: all tags as JSON, the source of truth when reading
+  back (``crawl.example.com/proxy: ns/name`` is not a valid label value, so labels alone
+  cannot carry every tag);
+- annotation ``crawl.example.com/squid-conf``: the squid.conf (``http_port <port>`` first),
+  projected into the container as a file by a downwardAPI volume, so the whole instance is
+  one object created in one call: no ConfigMap to create, clean up or grant RBAC for;
+- one container running ``squid -N -f /etc/egress-proxy/squid.conf``, with the port, the
+  resource requests and a tcpSocket readiness probe on the port;
+- optional ``hostNetwork`` (egress from the node's IP) and a topology spread constraint over
+  ``kubernetes.io/hostname`` on the owner's Pods (egress from different nodes).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, Dict, List, Mapping, Optional
+
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.config import KubernetesSettings
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.errors import Permanent
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.instance import (
+    OWNER_TAG,
+    Instance,
+    InstanceRequest,
+)
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.provider_id import format_provider_id
+
+NAME_LABEL = "app.kubernetes.io/name"
+NAME_VALUE = "egress-proxy"
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+MANAGED_BY_VALUE = "egress-proxies"
+FIXED_LABELS = {NAME_LABEL: NAME_VALUE, MANAGED_BY_LABEL: MANAGED_BY_VALUE}
+TAGS_ANNOTATION = "crawl.example.com/tags"
+SQUID_CONF_ANNOTATION = "crawl.example.com/squid-conf"
+
+CONTAINER_NAME = "squid"
+PORT_NAME = "proxy"
+CONF_VOLUME = "squid-conf"
+CONF_DIR = "/etc/egress-proxy"
+CONF_FILE = "squid.conf"
+HOSTNAME_TOPOLOGY_KEY = "kubernetes.io/hostname"
+# squid's own shutdown_lifetime in the default config is 3 s; this leaves it room.
+TERMINATION_GRACE_SECONDS = 10
+
+# What squid serves when the provider config has no squidConfig: a forward proxy for
+# private-address clients only (an open proxy on a node IP would be abused within hours),
+# CONNECT only to 443, no disk cache, logs on the container's stdout/stderr.
+DEFAULT_SQUID_CONFIG = """\
+acl localnet src 10.0.0.0/8 172.16.0.0/12 192.168.0.0/16 100.64.0.0/10 fc00::/7 fe80::/10
+acl SSL_ports port 443
+acl Safe_ports port 80 443
+acl CONNECT method CONNECT
+http_access deny !Safe_ports
+http_access deny CONNECT !SSL_ports
+http_access allow localnet
+http_access deny all
+cache deny all
+access_log stdio:/dev/stdout
+cache_log /dev/stderr
+pid_filename none
+shutdown_lifetime 3 seconds
+"""
+
+# Label syntax (k8s.io/apimachinery validation): an optional DNS-subdomain prefix and "/",
+# then a name of at most 63 characters; values are empty or a name-shaped string.
+_LABEL_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+_LABEL_PREFIX = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+_LABEL_KEY_RE = re.compile(r"^(?:(?P<prefix>%s)/)?%s$" % (_LABEL_PREFIX, _LABEL_NAME))
+_LABEL_VALUE_RE = re.compile(r"^(%s)?$" % _LABEL_NAME)
+
+# Waiting reasons that do not heal by waiting: the instance is in error, not pending.
+FAILING_WAIT_REASONS = frozenset((
+    "CrashLoopBackOff", "ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull",
+    "CreateContainerConfigError", "CreateContainerError", "RunContainerError",
+))
+
+
+def is_label_key(key: str) -> bool:
+    match = _LABEL_KEY_RE.fullmatch(key)
+    return match is not None and len(match.group("prefix") or "") <= 253
+
+
+def is_label_value(value: str) -> bool:
+    return _LABEL_VALUE_RE.fullmatch(value) is not None
+
+
+def tag_labels(tags: Mapping[str, str]) -> Dict[str, str]:
+    """The tags that are valid labels as they stand; the others live only in the annotation."""
+    return {key: value for key, value in tags.items() if is_label_key(key) and is_label_value(value)}
+
+
+def pod_labels(tags: Mapping[str, str]) -> Dict[str, str]:
+    for key in tags:
+        if key in FIXED_LABELS:
+            raise Permanent("tags.%s: is reserved for the label the Kubernetes provider sets itself; "
+                            "use another tag key" % key)
+    labels = dict(FIXED_LABELS)
+    labels.update(tag_labels(tags))
+    return labels
+
+
+def label_selector(tags: Mapping[str, str]) -> str:
+    """Our Pods carrying the label-safe part of ``tags``; the rest is filtered by the caller."""
+    wanted = dict(FIXED_LABELS)
+    wanted.update(tag_labels(tags))
+    return ",".join("%s=%s" % (key, value) for key, value in sorted(wanted.items()))
+
+
+def squid_conf(settings: KubernetesSettings, port: int) -> str:
+    """The squid.conf of one Pod: ``http_port`` from the request, then the configured text."""
+    body = settings.squid_config if settings.squid_config is not None else DEFAULT_SQUID_CONFIG
+    if not body.endswith("\n"):
+        body += "\n"
+    return "http_port %d\n%s" % (port, body)
+
+
+def build_pod(settings: KubernetesSettings, request: InstanceRequest, namespace: str) -> Dict[str, Any]:
+    """The Pod manifest for ``request`` in ``namespace`` (a plain dict, as the API takes it)."""
+    labels = pod_labels(request.tags)
+    port: Dict[str, Any] = {"name": PORT_NAME, "containerPort": request.port, "protocol": "TCP"}
+    if settings.host_network:
+        # The API server defaults hostPort to containerPort with hostNetwork; stating it keeps
+        # the manifest equal to what is stored, and the scheduler never puts two on one port.
+        port["hostPort"] = request.port
+    container: Dict[str, Any] = {
+        "name": CONTAINER_NAME,
+        "image": settings.image,
+        "command": ["squid", "-N", "-f", "%s/%s" % (CONF_DIR, CONF_FILE)],
+        "ports": [port],
+        "readinessProbe": {"tcpSocket": {"port": PORT_NAME}, "initialDelaySeconds": 2, "periodSeconds": 5,
+                           "timeoutSeconds": 2, "failureThreshold": 3},
+        "resources": {"requests": {"cpu": settings.cpu_request, "memory": settings.memory_request}},
+        "volumeMounts": [{"name": CONF_VOLUME, "mountPath": CONF_DIR, "readOnly": True}],
+    }
+    spec: Dict[str, Any] = {
+        "containers": [container],
+        "restartPolicy": "Always",
+        "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
+        # squid needs neither the API nor Service environment variables.
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "volumes": [{"name": CONF_VOLUME, "downwardAPI": {"items": [{
+            "path": CONF_FILE,
+            "fieldRef": {"fieldPath": "metadata.annotations['%s']" % SQUID_CONF_ANNOTATION},
+        }]}}],
+    }
+    if settings.host_network:
+        spec["hostNetwork"] = True
+        spec["dnsPolicy"] = "ClusterFirstWithHostNet"
+    if settings.spread_nodes:
+        selector = {key: labels[key] for key in (MANAGED_BY_LABEL, OWNER_TAG) if key in labels}
+        # ScheduleAnyway: with more Proxies than nodes the extra ones still run (sharing a
+        # node's IP) instead of staying Pending; the scheduler still spreads them evenly.
+        spec["topologySpreadConstraints"] = [{
+            "maxSkew": 1, "topologyKey": HOSTNAME_TOPOLOGY_KEY, "whenUnsatisfiable": "ScheduleAnyway",
+            "labelSelector": {"matchLabels": selector},
+        }]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": request.name,
+            "namespace": namespace,
+            "labels": labels,
+            "annotations": {
+                TAGS_ANNOTATION: json.dumps(request.tags, sort_keys=True, separators=(",", ":")),
+                SQUID_CONF_ANNOTATION: squid_conf(settings, request.port),
+            },
+        },
+        "spec": spec,
+    }
+
+
+# -- reading a Pod back ----------------------------------------------------------------------
+
+
+def _metadata(pod: Mapping[str, Any]) -> Mapping[str, Any]:
+    return pod.get("metadata") or {}
+
+
+def is_managed(pod: Mapping[str, Any]) -> bool:
+    """Whether the Pod was made by this provider (any owner)."""
+    return (_metadata(pod).get("labels") or {}).get(MANAGED_BY_LABEL) == MANAGED_BY_VALUE
+
+
+def is_ours(pod: Mapping[str, Any], tags: Mapping[str, str]) -> bool:
+    """Made by this provider for the same owner as ``tags`` names (checked on the label)."""
+    labels = _metadata(pod).get("labels") or {}
+    return is_managed(pod) and labels.get(OWNER_TAG) == tags.get(OWNER_TAG)
+
+
+def pod_tags(pod: Mapping[str, Any]) -> Dict[str, str]:
+    """The tags from the annotation; a Pod whose annotation is missing or broken has none,
+    so no tag filter (the owner's above all) ever matches it and it is never touched."""
+    raw = (_metadata(pod).get("annotations") or {}).get(TAGS_ANNOTATION)
+    try:
+        tags = json.loads(raw) if isinstance(raw, str) else None
+    except ValueError:
+        return {}
+    if not isinstance(tags, dict):
+        return {}
+    return {key: value for key, value in tags.items() if isinstance(key, str) and isinstance(value, str)}
+
+
+def _ready(status: Mapping[str, Any]) -> bool:
+    conditions: List[Mapping[str, Any]] = status.get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def _failing(status: Mapping[str, Any]) -> bool:
+    for container in status.get("containerStatuses") or []:
+        waiting = (container.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") in FAILING_WAIT_REASONS:
+            return True
+    return False
+
+
+def pod_state(pod: Mapping[str, Any]) -> str:
+    """Phase and readiness as the contract's states (table in docs/kubernetes-provider.md)."""
+    if _metadata(pod).get("deletionTimestamp"):
+        return "stopped"  # terminating: it will not serve again
+    status = pod.get("status") or {}
+    phase = status.get("phase") or "Pending"
+    if phase in ("Pending", "Running") and _failing(status):
+        return "error"
+    if phase == "Running":
+        return "running" if _ready(status) else "pending"
+    if phase == "Pending":
+        return "pending"
+    if phase == "Succeeded":
+        return "stopped"
+    return "error"  # Failed, Unknown (node lost), anything newer than this code
+
+
+def pod_ip(pod: Mapping[str, Any]) -> Optional[str]:
+    """The address crawlers reach: the node's with hostNetwork, else the Pod's."""
+    status = pod.get("status") or {}
+    if (pod.get("spec") or {}).get("hostNetwork"):
+        return status.get("hostIP") or status.get("podIP") or None
+    return status.get("podIP") or None
+
+
+def pod_instance(pod: Mapping[str, Any]) -> Instance:
+    meta = _metadata(pod)
+    namespace, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
+    return Instance(
+        provider_id=format_provider_id("k8s", namespace, name), name=name, location=namespace,
+        state=pod_state(pod), ip=pod_ip(pod), tags=pod_tags(pod), created=meta.get("creationTimestamp"))

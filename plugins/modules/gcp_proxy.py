@@ -1,0 +1,167 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: (c) 2026, egress-proxies developers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: gcp_proxy
+short_description: Create or delete an egress proxy instance on Google Compute Engine
+version_added: 0.1.0
+description:
+  - Creates a proxy instance in one of the provider's zones, idempotent by O(name), or deletes one by
+    O(provider_id).
+  - "An instance is: the machine type and boot image that the config's C(machineTypes) and C(images) map
+    O(machine_type) and O(image) to, one NIC on the configured network with a one-to-one NAT when
+    C(externalIP) is true, the user-data in the metadata item C(user-data) byte for byte (base64 text plus
+    C(user-data-encoding=base64) with O(user_data_encoding=base64)), the full tags as JSON in the metadata
+    item C(egress-proxies-tags), and the labels C(egress_proxies=v1), C(egress_proxies_owner),
+    C(egress_proxies_uid) and C(egress_proxies_spec_hash) for server-side filtering."
+  - The owner tag C(crawl.example.com/owner) must be a valid GCE label value; it is what the sweep filters on.
+  - Without O(location), one aggregated list of this collection's instances finds an existing instance of
+    that name in any configured zone, else the instance goes to the zone with the fewest instances of the
+    same owner (config order breaks ties). A zone that cannot be listed fails the run
+    (RV(error_class=transient)) rather than risk a duplicate.
+  - An instance of that name that does not carry the C(egress_proxies=v1) label is never touched
+    (RV(error_class=permanent)), neither adopted nor deleted.
+  - Creating and deleting wait for the zone operation, at most 240 seconds; past that the run fails
+    RV(error_class=transient) and a retry picks the instance up by name.
+  - Deleting an instance that does not exist (a zone that no longer exists too) is success with
+    RV(ignore:changed=false).
+  - "Credentials: the config's C(credentialsFile) (a missing file is RV(error_class=transient), a file that
+    is not a credentials file RV(error_class=permanent)), else Application Default Credentials. An
+    C(apiEndpoint) of C(http://) on a loopback address without C(credentialsFile) uses anonymous
+    credentials (a local emulator)."
+author:
+  - egress-proxies developers (@egress-proxies)
+extends_documentation_fragment:
+  - crawl.egress_proxies.common
+  - crawl.egress_proxies.common.instance
+attributes:
+  check_mode:
+    support: full
+    description: Reports what would be created or deleted without writing anything (reads still happen).
+  diff_mode:
+    support: none
+    description: No diff is produced.
+requirements:
+  - google-cloud-compute
+  - PyYAML
+seealso:
+  - module: crawl.egress_proxies.gcp_proxy_info
+"""
+
+EXAMPLES = r"""
+- name: Create a proxy instance (the provider picks the zone)
+  crawl.egress_proxies.gcp_proxy:
+    provider_config: /etc/egress-proxies/providers.yaml
+    provider: gcp-eu
+    name: crawlers-eu-1-3f9c2a
+    user_data: |
+      #cloud-config
+      packages: [squid]
+    tags:
+      crawl.example.com/owner: prod-cluster-1
+      crawl.example.com/proxy: crawlers/eu-1
+  register: proxy
+
+- name: Binary (gzip) user-data goes base64-encoded
+  crawl.egress_proxies.gcp_proxy:
+    provider_config: /etc/egress-proxies/providers.yaml
+    provider: gcp-eu
+    name: crawlers-eu-2-77aa01
+    location: europe-west1-b
+    user_data: "{{ lookup('file', 'user-data.gz.b64') }}"
+    user_data_encoding: base64
+
+- name: Delete it again
+  crawl.egress_proxies.gcp_proxy:
+    provider_config: /etc/egress-proxies/providers.yaml
+    provider: gcp-eu
+    state: absent
+    provider_id: "{{ proxy.instance.provider_id }}"
+"""
+
+RETURN = r"""
+instance:
+  description: The instance (with O(state=absent), the one that was deleted, as far as known).
+  returned: always
+  type: dict
+  contains:
+    provider_id:
+      description: C(gce://<project>/zones/<zone>/instances/<name>).
+      type: str
+      sample: gce://my-project/zones/europe-west1-b/instances/crawlers-eu-1-3f9c2a
+    name:
+      description: The instance name.
+      type: str
+    location:
+      description: The zone.
+      type: str
+    state:
+      description: >-
+        One of C(pending) (PROVISIONING, STAGING, REPAIRING), C(running) (RUNNING), C(stopped) (STOPPING,
+        STOPPED, SUSPENDING, SUSPENDED, TERMINATED) or C(error) (any other status).
+      type: str
+    ip:
+      description: The external NAT IP when the instance has one, else its internal IP; null until assigned.
+      type: str
+    tags:
+      description: The tags, decoded from the metadata item C(egress-proxies-tags).
+      type: dict
+    created:
+      description: Creation time, UTC, ISO 8601.
+      type: str
+provider_id:
+  description: Same as RV(instance.provider_id), for convenience.
+  returned: always
+  type: str
+error_class:
+  description: On failure, C(not_found), C(permanent) or C(transient).
+  returned: failed
+  type: str
+"""
+
+from typing import Any, Dict  # noqa: E402
+
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.gcp.instances import GcpProvider  # noqa: E402
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.gcp.module import (  # noqa: E402
+    LIBRARIES,
+    gcp_provider,
+)
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.provider_id import (  # noqa: E402
+    parse_provider_id,
+)
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.proxy_module import (  # noqa: E402
+    INSTANCE_ARGUMENT_SPEC,
+    ProxyModule,
+)
+
+
+def ensure_present(module: ProxyModule, provider: GcpProvider) -> Dict[str, Any]:
+    changed, instance = provider.create(module.instance_request(), module.params["user_data_encoding"],
+                                        module.check_mode)
+    return {"changed": changed, "instance": instance.to_dict(), "provider_id": instance.provider_id}
+
+
+def ensure_absent(module: ProxyModule, provider: GcpProvider) -> Dict[str, Any]:
+    provider_id = module.params["provider_id"]
+    parsed = parse_provider_id(provider_id, "gce")
+    changed = provider.delete(provider_id, module.check_mode)
+    instance = {"provider_id": provider_id, "name": parsed.name, "location": parsed.location,
+                "state": "stopped" if changed else None, "ip": None, "tags": {}, "created": None}
+    return {"changed": changed, "instance": instance, "provider_id": provider_id}
+
+
+def main() -> None:
+    module = ProxyModule(
+        INSTANCE_ARGUMENT_SPEC, "gcp", required_libs=LIBRARIES, supports_check_mode=True,
+        required_if=[("state", "present", ["name"]), ("state", "absent", ["provider_id"])],
+    )
+    handler = ensure_present if module.params["state"] == "present" else ensure_absent
+    module.run(gcp_provider, lambda provider: handler(module, provider))
+
+
+if __name__ == "__main__":
+    main()

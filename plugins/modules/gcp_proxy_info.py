@@ -1,0 +1,127 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: (c) 2026, egress-proxies developers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: gcp_proxy_info
+short_description: Look up egress proxy instances on Google Compute Engine, by providerID or by tags
+version_added: 0.1.0
+description:
+  - With O(provider_id), returns that one instance with its state and IP; an instance that does not exist
+    fails with RV(error_class=not_found), and so does one in a zone that does not exist (any more). A
+    providerID of another project than the configured one fails with RV(error_class=permanent).
+  - With O(tags), lists every instance of this collection (label C(egress_proxies=v1)) carrying all of
+    them, across every configured zone, in one C(aggregatedList) call filtered on the owner label; the
+    other tags are matched on the tags decoded from the metadata item C(egress-proxies-tags). Zones that
+    are not configured are ignored.
+  - If any configured zone cannot be listed (reported unreachable inside the aggregated result, or the call
+    itself fails), the module fails (so nothing garbage-collects on a partial view) but still returns what
+    it saw in RV(instances) and the failing zones in RV(failed_locations).
+  - IP is the external NAT IP when the instance has one, else its internal IP.
+author:
+  - egress-proxies developers (@egress-proxies)
+extends_documentation_fragment:
+  - crawl.egress_proxies.common
+  - crawl.egress_proxies.common.info
+attributes:
+  check_mode:
+    support: full
+    description: The module never changes anything.
+  diff_mode:
+    support: none
+    description: No diff is produced.
+requirements:
+  - google-cloud-compute
+  - PyYAML
+seealso:
+  - module: crawl.egress_proxies.gcp_proxy
+"""
+
+EXAMPLES = r"""
+- name: One instance by providerID
+  crawl.egress_proxies.gcp_proxy_info:
+    provider_config: /etc/egress-proxies/providers.yaml
+    provider: gcp-eu
+    provider_id: gce://my-project/zones/europe-west1-b/instances/crawlers-eu-1-3f9c2a
+  register: found
+
+- name: Every instance this controller owns, in every configured zone
+  crawl.egress_proxies.gcp_proxy_info:
+    provider_config: /etc/egress-proxies/providers.yaml
+    provider: gcp-eu
+    tags:
+      crawl.example.com/owner: prod-cluster-1
+  register: fleet
+"""
+
+RETURN = r"""
+instances:
+  description: The matching instances (one with O(provider_id)).
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    provider_id:
+      description: C(gce://<project>/zones/<zone>/instances/<name>).
+      type: str
+    name:
+      description: The instance name.
+      type: str
+    location:
+      description: The zone.
+      type: str
+    state:
+      description: One of C(pending), C(running), C(stopped), C(error).
+      type: str
+    ip:
+      description: The external NAT IP, else the internal IP; null until assigned.
+      type: str
+    tags:
+      description: The tags, decoded from the metadata item C(egress-proxies-tags).
+      type: dict
+    created:
+      description: Creation time, UTC, ISO 8601.
+      type: str
+failed_locations:
+  description: Zones that could not be listed, each with C(error_class) and C(msg).
+  returned: with O(tags)
+  type: dict
+error_class:
+  description: On failure, C(not_found), C(permanent) or C(transient).
+  returned: failed
+  type: str
+"""
+
+from typing import Any, Dict  # noqa: E402
+
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.gcp.instances import GcpProvider  # noqa: E402
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.gcp.module import (  # noqa: E402
+    LIBRARIES,
+    gcp_provider,
+)
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.instance import validate_tags  # noqa: E402
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.proxy_module import (  # noqa: E402
+    INFO_ARGUMENT_SPEC,
+    ProxyModule,
+)
+
+
+def find(module: ProxyModule, provider: GcpProvider) -> Dict[str, Any]:
+    if module.params["provider_id"]:
+        return {"changed": False, "instances": [provider.get(module.params["provider_id"]).to_dict()]}
+    return provider.list(validate_tags(module.params["tags"])).to_result("GCP zone(s)")
+
+
+def main() -> None:
+    module = ProxyModule(
+        INFO_ARGUMENT_SPEC, "gcp", required_libs=LIBRARIES, supports_check_mode=True,
+        mutually_exclusive=[("provider_id", "tags")], required_one_of=[("provider_id", "tags")],
+    )
+    module.run(gcp_provider, lambda provider: find(module, provider))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,163 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: (c) 2026, egress-proxies developers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: k8s_proxy
+short_description: Create or delete an egress proxy Pod (squid) on Kubernetes
+version_added: 0.1.0
+description:
+  - Creates a squid Pod named O(name) in the namespace O(location) (default the provider's C(namespace)),
+    idempotent by name, or deletes one by O(provider_id).
+  - "A Pod is: one C(squid) container from the provider's C(image) running
+    C(squid -N -f /etc/egress-proxy/squid.conf), the port O(port) with a tcpSocket readiness probe on it, the
+    provider's C(cpuRequest)/C(memoryRequest) as requests, optional C(hostNetwork) and a topology spread
+    constraint over C(kubernetes.io/hostname) (C(spreadNodes))."
+  - The squid.conf is C(http_port <port>) followed by the provider's C(squidConfig) (or a built-in default that
+    only serves private-address clients); it is stored in the Pod annotation C(crawl.example.com/squid-conf)
+    and projected into the container by a downwardAPI volume, so the Pod is the only object created.
+  - All tags are kept as JSON in the annotation C(crawl.example.com/tags); the tags that are valid labels as they
+    stand (the owner tag always is) are labels too, beside C(app.kubernetes.io/managed-by=egress-proxies).
+  - An existing Pod of that name is success with RV(ignore:changed=false) when it carries the managed-by label
+    and the same C(crawl.example.com/owner) label; any other Pod of that name fails with
+    RV(error_class=permanent) naming O(name) and is never touched.
+  - A Pod has no cloud-init, and the image and requests come from the provider config, so a non-empty
+    O(user_data), or any O(machine_type) or O(image), fails with RV(error_class=permanent) naming the option.
+  - Deleting reads the Pod first and deletes it only if it carries the managed-by label (with a uid
+    precondition); a Pod or namespace that is already gone is success.
+author:
+  - egress-proxies developers (@egress-proxies)
+extends_documentation_fragment:
+  - crawl.egress_proxies.common
+  - crawl.egress_proxies.common.instance
+attributes:
+  check_mode:
+    support: full
+    description: Reads the Pod and reports what would be created or deleted without writing anything.
+  diff_mode:
+    support: none
+    description: No diff is produced.
+requirements:
+  - kubernetes (the Python client)
+  - PyYAML
+seealso:
+  - module: crawl.egress_proxies.k8s_proxy_info
+"""
+
+EXAMPLES = r"""
+- name: Create a proxy Pod in the provider's default namespace
+  crawl.egress_proxies.k8s_proxy:
+    provider_config: /etc/egress-proxies/providers.yaml
+    provider: cluster
+    name: crawlers-eu-1-3f9c2a
+    port: 3128
+    tags:
+      crawl.example.com/owner: prod-cluster-1
+      crawl.example.com/proxy: crawlers/eu-1
+  register: proxy
+
+- name: Delete it again
+  crawl.egress_proxies.k8s_proxy:
+    provider_config: /etc/egress-proxies/providers.yaml
+    provider: cluster
+    state: absent
+    provider_id: "{{ proxy.instance.provider_id }}"
+"""
+
+RETURN = r"""
+instance:
+  description: The instance (with O(state=absent), the one that was deleted, as far as known).
+  returned: always
+  type: dict
+  contains:
+    provider_id:
+      description: C(k8s://namespaces/<namespace>/pods/<name>).
+      type: str
+      sample: k8s://namespaces/egress/pods/crawlers-eu-1-3f9c2a
+    name:
+      description: The Pod name.
+      type: str
+    location:
+      description: The namespace.
+      type: str
+    state:
+      description: >-
+        One of C(pending) (Pending, or Running but not Ready), C(running) (Running and Ready), C(stopped)
+        (Succeeded or terminating), C(error) (Failed, Unknown, or a container stuck in CrashLoopBackOff or an
+        image pull error).
+      type: str
+    ip:
+      description: The Pod IP (the node's IP with C(hostNetwork)); null until assigned.
+      type: str
+    tags:
+      description: The tags from the Pod's C(crawl.example.com/tags) annotation.
+      type: dict
+    created:
+      description: The Pod's creationTimestamp, UTC, ISO 8601.
+      type: str
+provider_id:
+  description: Same as RV(instance.provider_id), for convenience.
+  returned: always
+  type: str
+error_class:
+  description: On failure, C(not_found), C(permanent) or C(transient).
+  returned: failed
+  type: str
+"""
+
+from typing import Any, Callable, Dict  # noqa: E402
+
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.errors import ProxyError  # noqa: E402
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.k8s.instances import K8sProvider  # noqa: E402
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.k8s.module import (  # noqa: E402
+    LIBRARIES,
+    k8s_provider,
+)
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.provider_id import (  # noqa: E402
+    parse_provider_id,
+)
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.proxy_module import (  # noqa: E402
+    INSTANCE_ARGUMENT_SPEC,
+    ProxyModule,
+)
+
+
+def ensure_present(module: ProxyModule, provider: K8sProvider) -> Dict[str, Any]:
+    changed, instance = provider.create(module.instance_request(), module.check_mode)
+    return {"changed": changed, "instance": instance.to_dict(), "provider_id": instance.provider_id}
+
+
+def ensure_absent(module: ProxyModule, provider: K8sProvider) -> Dict[str, Any]:
+    provider_id = module.params["provider_id"]
+    parsed = parse_provider_id(provider_id, "k8s")
+    changed = provider.delete(provider_id, module.check_mode)
+    instance = {"provider_id": provider_id, "name": parsed.name, "location": parsed.location,
+                "state": "stopped" if changed else None, "ip": None, "tags": {}, "created": None}
+    return {"changed": changed, "instance": instance, "provider_id": provider_id}
+
+
+def main() -> None:
+    module = ProxyModule(
+        INSTANCE_ARGUMENT_SPEC, "kubernetes", required_libs=LIBRARIES, supports_check_mode=True,
+        required_if=[("state", "present", ["name"]), ("state", "absent", ["provider_id"])],
+    )
+    provider = None
+    try:
+        if module.params["state"] == "absent":
+            parse_provider_id(module.params["provider_id"], "k8s")  # a bad id fails before connecting
+        provider = k8s_provider(module)
+        handler: Callable[[ProxyModule, K8sProvider], Dict[str, Any]] = (
+            ensure_present if module.params["state"] == "present" else ensure_absent)
+        module.exit(**handler(module, provider))
+    except ProxyError as error:
+        module.fail_from(error)
+    finally:
+        if provider is not None:
+            provider.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,138 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: (c) 2026, egress-proxies developers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: k8s_proxy_info
+short_description: Look up egress proxy Pods on Kubernetes, by providerID or by tags
+version_added: 0.1.0
+description:
+  - With O(provider_id), returns that one Pod with its state and IP. A Pod that does not exist, or whose
+    namespace is gone, fails with RV(error_class=not_found); a Pod of that name without the
+    C(app.kubernetes.io/managed-by=egress-proxies) label fails with RV(error_class=permanent), never C(not_found).
+  - With O(tags), lists every Pod of ours carrying all of them, one label-selected list per namespace the
+    provider configures (C(namespace) and C(namespaces)); the labels narrow the list, the tags annotation
+    decides. Pods without the managed-by label are never listed.
+  - If any namespace cannot be listed, the module fails (so nothing garbage-collects on a partial view) but
+    still returns what it saw in RV(instances) and the failing namespaces in RV(failed_locations).
+author:
+  - egress-proxies developers (@egress-proxies)
+extends_documentation_fragment:
+  - crawl.egress_proxies.common
+  - crawl.egress_proxies.common.info
+attributes:
+  check_mode:
+    support: full
+    description: The module never changes anything.
+  diff_mode:
+    support: none
+    description: No diff is produced.
+requirements:
+  - kubernetes (the Python client)
+  - PyYAML
+seealso:
+  - module: crawl.egress_proxies.k8s_proxy
+"""
+
+EXAMPLES = r"""
+- name: One Pod by providerID
+  crawl.egress_proxies.k8s_proxy_info:
+    provider_config: /etc/egress-proxies/providers.yaml
+    provider: cluster
+    provider_id: k8s://namespaces/egress/pods/crawlers-eu-1-3f9c2a
+  register: found
+
+- name: Every Pod this controller owns, in every configured namespace
+  crawl.egress_proxies.k8s_proxy_info:
+    provider_config: /etc/egress-proxies/providers.yaml
+    provider: cluster
+    tags:
+      crawl.example.com/owner: prod-cluster-1
+  register: fleet
+"""
+
+RETURN = r"""
+instances:
+  description: The matching instances (one with O(provider_id)).
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    provider_id:
+      description: C(k8s://namespaces/<namespace>/pods/<name>).
+      type: str
+    name:
+      description: The Pod name.
+      type: str
+    location:
+      description: The namespace.
+      type: str
+    state:
+      description: One of C(pending), C(running), C(stopped), C(error) (see M(crawl.egress_proxies.k8s_proxy)).
+      type: str
+    ip:
+      description: The Pod IP (the node's IP with C(hostNetwork)); null until assigned.
+      type: str
+    tags:
+      description: The tags from the Pod's C(crawl.example.com/tags) annotation.
+      type: dict
+    created:
+      description: The Pod's creationTimestamp, UTC, ISO 8601.
+      type: str
+failed_locations:
+  description: Namespaces that could not be listed, each with C(error_class) and C(msg).
+  returned: with O(tags)
+  type: dict
+error_class:
+  description: On failure, C(not_found), C(permanent) or C(transient).
+  returned: failed
+  type: str
+"""
+
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.errors import ProxyError  # noqa: E402
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.instance import validate_tags  # noqa: E402
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.k8s.module import (  # noqa: E402
+    LIBRARIES,
+    k8s_provider,
+    listing_failure,
+)
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.provider_id import (  # noqa: E402
+    parse_provider_id,
+)
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.proxy_module import (  # noqa: E402
+    INFO_ARGUMENT_SPEC,
+    ProxyModule,
+)
+
+
+def main() -> None:
+    module = ProxyModule(
+        INFO_ARGUMENT_SPEC, "kubernetes", required_libs=LIBRARIES, supports_check_mode=True,
+        mutually_exclusive=[("provider_id", "tags")], required_one_of=[("provider_id", "tags")],
+    )
+    provider = None
+    try:
+        if module.params["provider_id"]:
+            parse_provider_id(module.params["provider_id"], "k8s")  # a bad id fails before connecting
+        provider = k8s_provider(module)
+        if module.params["provider_id"]:
+            instance = provider.get(module.params["provider_id"])
+            module.exit(changed=False, instances=[instance.to_dict()])
+        listed = provider.list(validate_tags(module.params["tags"]))
+        instances = [instance.to_dict() for instance in listed.instances]
+        if listed.failed_locations:
+            failure, failed = listing_failure(listed)
+            module.fail_from(failure, instances=instances, failed_locations=failed)
+        module.exit(changed=False, instances=instances, failed_locations={})
+    except ProxyError as error:
+        module.fail_from(error)
+    finally:
+        if provider is not None:
+            provider.close()
+
+
+if __name__ == "__main__":
+    main()
