@@ -11,7 +11,9 @@ connects to ``/run/libvirt/libvirt-sock`` -- that path must be the private libvi
 Transports measured against libvirt 9.0 on Debian 12 (see :meth:`HypervisorHost.uri`):
 ``qemu+libssh`` and ``qemu+libssh2`` both honour ``keyfile=`` and ``known_hosts=`` and refuse a
 host whose key differs from the known_hosts entry (plain ``qemu+ssh`` ignores ``known_hosts=``,
-see the design notes, so it is not offered).
+see the design notes, so it is not offered). ``qemu+libssh`` stalls on replies over 4 KiB (a
+running domain's XML, a volume download) without an event loop, so the held connection and the
+default URI use ``qemu+libssh2``, as the collection does.
 """
 
 from __future__ import annotations
@@ -156,15 +158,15 @@ class HypervisorHost:
 
     @property
     def connection(self) -> libvirt.virConnect:
-        """A connection over SSH (``qemu+libssh``) held for the host's lifetime."""
+        """A connection over SSH (``qemu+libssh2``) held for the host's lifetime."""
         if self._connection is None:
             raise RuntimeError("HypervisorHost is not started")
         return self._connection
 
-    def uri(self, transport: str = "libssh", known_hosts: Path | None = None) -> str:
+    def uri(self, transport: str = "libssh2", known_hosts: Path | None = None) -> str:
         """The libvirt URI of this host over ``qemu+<transport>``, verifying the host key.
 
-        ``transport`` is ``libssh`` (what the collection uses) or ``libssh2``; ``known_hosts``
+        ``transport`` is ``libssh2`` (what the collection connects with) or ``libssh``; ``known_hosts``
         defaults to :attr:`known_hosts_file`.
         """
         if transport not in ("libssh", "libssh2"):
