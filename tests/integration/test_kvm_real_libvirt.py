@@ -36,7 +36,10 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.domain_xm
     GUEST_AGENT_CHANNEL,
     METADATA_NS,
 )
-from support.ansible_modules import REPO, ModuleRun, run_module
+from egress_proxies.directory import DirectoryStore
+from egress_proxies.reconcile import Reconciler
+from egress_proxies.runner import AnsibleRunner
+from support.ansible_modules import REPO, ModuleRun, collections_path, run_module
 from support.hypervisor_host import HypervisorHost
 from support.provider_config import OWNER_TAGS, BaseImage, kvm_host, make_base_image, write_kvm_config
 
@@ -513,3 +516,41 @@ def test_a_failed_start_leaves_nothing_behind(hv: Hypervisor, base_image: BaseIm
 def test_delete_from_a_missing_pool_succeeds(hv: Hypervisor, base_image: BaseImage, tmp_path: Path) -> None:
     lab = make_lab(hv, base_image, tmp_path, hosts=[kvm_host(HOST, host_uri(hv.host.address), pool="nope")])
     assert succeeded(lab.delete(provider_id("egp-poolless")))["changed"] is False
+
+
+# --- 8. through the controller -----------------------------------------------------------------
+
+
+def test_the_controller_delivers_a_template_unchanged_and_runs_none_of_it(lab: Lab, tmp_path: Path) -> None:
+    """A ``## template: jinja`` cloudInit is for cloud-init to render on the instance: it reaches
+    the seed byte for byte, and none of it is evaluated inside the controller."""
+    marker = tmp_path / "template-code-ran-in-the-controller"
+    cloud_init = (
+        "## template: jinja\n#cloud-config\n"
+        "hostname: {{ v1.local_hostname }}\n"
+        "bootcmd: [\"echo {{ lookup('pipe', 'touch " + str(marker) + "') }}\"]\n"
+        "{% if v1.region %}write_files: [{path: /etc/region, content: '{{ v1.region }}'}]{% endif %}\n"
+    )
+    proxies = tmp_path / "proxies"
+    proxies.mkdir()
+    (proxies / "eu-1.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "crawl.example.com/v1alpha1", "kind": "Proxy",
+        "metadata": {"name": "eu-1", "namespace": "crawlers"},
+        "spec": {"provider": "lab", "location": HOST, "cloudInit": cloud_init}}))
+    store = DirectoryStore(proxies)
+    runner = AnsibleRunner(tmp_path / "work", timeout_seconds=120, collections_path=collections_path())
+    reconciler = Reconciler(store, runner, str(lab.config))
+
+    assert reconciler.sweep().ok
+    (proxy,) = store.list_proxies()[0]
+    # The guest has no OS here (an empty base image), so it runs without an IP: Provisioning.
+    assert proxy.status["phase"] == "Provisioning"
+    name = proxy.status["providerID"].rsplit("/", 1)[1]
+    assert name in lab.hv.domain_names()
+    assert lab.hv.read_seed(name).files["user-data"] == cloud_init.encode()
+    assert not marker.exists()
+
+    (proxies / "eu-1.yaml").unlink()  # deleting the Proxy
+    assert reconciler.sweep().ok
+    assert store.list_proxies()[0] == []
+    assert name not in lab.hv.domain_names()
