@@ -50,6 +50,7 @@ class Operation:
     module: str
     args: dict[str, Any]
     key: str = ""
+    check_mode: bool = False
 
 
 @dataclass(frozen=True)
@@ -99,7 +100,8 @@ def _unsafe(value: Any) -> Any:
 def build_playbook(operations: Sequence[Operation]) -> str:
     """The playbook text for a batch: one ``ignore_errors`` task per operation, all values unsafe."""
     tasks = [
-        {"name": f"op {index}", f"{COLLECTION}.{op.module}": _unsafe(op.args), "ignore_errors": True}
+        {"name": f"op {index}", f"{COLLECTION}.{op.module}": _unsafe(op.args), "ignore_errors": True,
+         **({"check_mode": True} if op.check_mode else {})}
         for index, op in enumerate(operations)
     ]
     play = [{"name": "egress-proxies batch", "hosts": "localhost", "gather_facts": False, "tasks": tasks}]
