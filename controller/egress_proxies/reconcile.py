@@ -226,6 +226,7 @@ class Reconciler:
                 if self.backoff.due(proxy.uid):
                     creates.append(_Create(proxy, instance_name(proxy, desired), desired))
                 continue
+            self.backoff.succeeded(proxy.uid)  # its provider answers again: no stale backoff
             proxy = self._observe(proxy, current, desired)
             if self._is_ready(current):
                 retire.extend((proxy, old) for old in mine if old is not current)
