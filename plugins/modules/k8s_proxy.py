@@ -108,9 +108,8 @@ error_class:
   type: str
 """
 
-from typing import Any, Callable, Dict  # noqa: E402
+from typing import Any, Dict  # noqa: E402
 
-from ansible_collections.crawl.egress_proxies.plugins.module_utils.errors import ProxyError  # noqa: E402
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.k8s.instances import K8sProvider  # noqa: E402
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.k8s.module import (  # noqa: E402
     LIBRARIES,
@@ -144,19 +143,8 @@ def main() -> None:
         INSTANCE_ARGUMENT_SPEC, "kubernetes", required_libs=LIBRARIES, supports_check_mode=True,
         required_if=[("state", "present", ["name"]), ("state", "absent", ["provider_id"])],
     )
-    provider = None
-    try:
-        if module.params["state"] == "absent":
-            parse_provider_id(module.params["provider_id"], "k8s")  # a bad id fails before connecting
-        provider = k8s_provider(module)
-        handler: Callable[[ProxyModule, K8sProvider], Dict[str, Any]] = (
-            ensure_present if module.params["state"] == "present" else ensure_absent)
-        module.exit(**handler(module, provider))
-    except ProxyError as error:
-        module.fail_from(error)
-    finally:
-        if provider is not None:
-            provider.close()
+    handler = ensure_present if module.params["state"] == "present" else ensure_absent
+    module.run(k8s_provider, lambda provider: handler(module, provider))
 
 
 if __name__ == "__main__":

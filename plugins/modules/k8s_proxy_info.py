@@ -92,15 +92,13 @@ error_class:
   type: str
 """
 
-from ansible_collections.crawl.egress_proxies.plugins.module_utils.errors import ProxyError  # noqa: E402
+from typing import Any, Dict  # noqa: E402
+
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.instance import validate_tags  # noqa: E402
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.k8s.instances import K8sProvider  # noqa: E402
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.k8s.module import (  # noqa: E402
     LIBRARIES,
     k8s_provider,
-    listing_failure,
-)
-from ansible_collections.crawl.egress_proxies.plugins.module_utils.provider_id import (  # noqa: E402
-    parse_provider_id,
 )
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.proxy_module import (  # noqa: E402
     INFO_ARGUMENT_SPEC,
@@ -108,30 +106,18 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.proxy_module 
 )
 
 
+def find(module: ProxyModule, provider: K8sProvider) -> Dict[str, Any]:
+    if module.params["provider_id"]:
+        return {"changed": False, "instances": [provider.get(module.params["provider_id"]).to_dict()]}
+    return provider.list(validate_tags(module.params["tags"])).to_result("namespace(s)")
+
+
 def main() -> None:
     module = ProxyModule(
         INFO_ARGUMENT_SPEC, "kubernetes", required_libs=LIBRARIES, supports_check_mode=True,
         mutually_exclusive=[("provider_id", "tags")], required_one_of=[("provider_id", "tags")],
     )
-    provider = None
-    try:
-        if module.params["provider_id"]:
-            parse_provider_id(module.params["provider_id"], "k8s")  # a bad id fails before connecting
-        provider = k8s_provider(module)
-        if module.params["provider_id"]:
-            instance = provider.get(module.params["provider_id"])
-            module.exit(changed=False, instances=[instance.to_dict()])
-        listed = provider.list(validate_tags(module.params["tags"]))
-        instances = [instance.to_dict() for instance in listed.instances]
-        if listed.failed_locations:
-            failure, failed = listing_failure(listed)
-            module.fail_from(failure, instances=instances, failed_locations=failed)
-        module.exit(changed=False, instances=instances, failed_locations={})
-    except ProxyError as error:
-        module.fail_from(error)
-    finally:
-        if provider is not None:
-            provider.close()
+    module.run(k8s_provider, lambda provider: find(module, provider))
 
 
 if __name__ == "__main__":

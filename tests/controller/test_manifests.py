@@ -231,9 +231,15 @@ def test_a_proxy_without_spec_is_rejected() -> None:
 # -- RBAC ----------------------------------------------------------------------------------------
 
 
-def rules(kind: str) -> set[tuple[str, str, tuple[str, ...]]]:
+def rules(kind: str, name: str | None = None) -> set[tuple[str, str, tuple[str, ...]]]:
     return {(group, resource, tuple(rule["verbs"]))
-            for rule in one(kind)["rules"] for group in rule["apiGroups"] for resource in rule["resources"]}
+            for rule in one(kind, name)["rules"] for group in rule["apiGroups"] for resource in rule["resources"]}
+
+
+LEADER_ROLE = "egress-proxies-leader-election"
+PODS_ROLE = "egress-proxies-pods"
+# The Kubernetes provider's namespace in the manifests (a provider config's `namespace`).
+PODS_NAMESPACE = "egress"
 
 
 def test_rbac_is_least_privilege() -> None:
@@ -242,27 +248,41 @@ def test_rbac_is_least_privilege() -> None:
         ("crawl.example.com", "proxies/status", ("get", "update", "patch")),
         ("", "events", ("create", "patch")),
     }
-    role = one("Role")
-    assert role["metadata"]["namespace"] == NAMESPACE
-    assert rules("Role") == {("coordination.k8s.io", "leases", ("get", "create", "update"))}
-    for kind in ("ClusterRole", "Role"):
-        for rule in one(kind)["rules"]:
+    assert one("Role", LEADER_ROLE)["metadata"]["namespace"] == NAMESPACE
+    assert rules("Role", LEADER_ROLE) == {("coordination.k8s.io", "leases", ("get", "create", "update"))}
+    # The Kubernetes provider's Pods, in its namespace only: no update/patch/watch, no exec or logs.
+    assert one("Role", PODS_ROLE)["metadata"]["namespace"] == PODS_NAMESPACE
+    assert rules("Role", PODS_ROLE) == {("", "pods", ("get", "list", "create", "delete"))}
+    roles = [one("ClusterRole"), one("Role", LEADER_ROLE), one("Role", PODS_ROLE)]
+    assert len([obj for _, obj in objects() if obj["kind"] in ("ClusterRole", "Role")]) == len(roles)
+    for role in roles:
+        for rule in role["rules"]:
             assert set(rule) == {"apiGroups", "resources", "verbs"}  # no nonResourceURLs, no resourceNames tricks
             for value in (*rule["apiGroups"], *rule["resources"], *rule["verbs"]):
                 assert "*" not in value
-            assert not {"secrets", "pods", "configmaps"} & set(rule["resources"])
+            assert not {"secrets", "configmaps"} & set(rule["resources"])
+            if role["metadata"]["name"] != PODS_ROLE:
+                assert "pods" not in rule["resources"]
+
+
+def test_the_pods_namespace_exists_and_admits_squid() -> None:
+    namespace = one("Namespace", PODS_NAMESPACE)
+    assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "baseline"
 
 
 def test_bindings_grant_the_roles_to_the_controller_service_account() -> None:
     account = one("ServiceAccount")
     assert account["metadata"]["namespace"] == NAMESPACE
-    for binding_kind, role_kind in (("ClusterRoleBinding", "ClusterRole"), ("RoleBinding", "Role")):
-        binding = one(binding_kind)
-        assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": role_kind,
-                                      "name": one(role_kind)["metadata"]["name"]}
+    bindings = [(one("ClusterRoleBinding"), one("ClusterRole")),
+                (one("RoleBinding", LEADER_ROLE), one("Role", LEADER_ROLE)),
+                (one("RoleBinding", PODS_ROLE), one("Role", PODS_ROLE))]
+    for binding, role in bindings:
+        assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": role["kind"],
+                                      "name": role["metadata"]["name"]}
         assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account["metadata"]["name"],
                                         "namespace": NAMESPACE}]
-    assert one("RoleBinding")["metadata"]["namespace"] == NAMESPACE
+        assert binding["metadata"].get("namespace") == role["metadata"].get("namespace")
+    assert len([obj for _, obj in objects() if obj["kind"] in ("ClusterRoleBinding", "RoleBinding")]) == 3
     assert one("Deployment")["spec"]["template"]["spec"]["serviceAccountName"] == account["metadata"]["name"]
 
 

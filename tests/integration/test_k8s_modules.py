@@ -3,6 +3,11 @@
 Each module run is its own process talking to the emulator over HTTP with the official
 client, as under the controller. The emulator has no kubelet: tests play it by writing the
 Pod's status (phase, Ready, podIP) through the status subresource.
+
+Every module run costs about two seconds, so this file proves what only a real module run
+can (options, results, check mode, idempotency, error_class in the result); the full tables
+of API errors and bad input run in-process against the same emulator in
+tests/unit/plugins/module_utils/k8s/test_instances.py.
 """
 
 from __future__ import annotations
@@ -107,8 +112,6 @@ def test_create_get_list_delete_round_trip(config: Path, kube: KubeEmulator, cor
     assert again.result["provider_id"] == PROVIDER_ID
     assert [m for m, _ in kube.requests()].count("POST") == 2  # the re-create met a 409 and read the Pod back
 
-    be_the_kubelet(core, ready=False)
-    assert info(config, provider_id=PROVIDER_ID).result["instances"][0]["state"] == "pending"
     be_the_kubelet(core)
     by_id = info(config, provider_id=PROVIDER_ID)
     assert by_id.status == "successful", by_id.result
@@ -139,9 +142,6 @@ def test_create_get_list_delete_round_trip(config: Path, kube: KubeEmulator, cor
 
     gone = info(config, provider_id=PROVIDER_ID)
     assert gone.failed and gone.result["error_class"] == "not_found"
-    # A namespace that does not exist (or was deleted) answers 404 the same way.
-    no_namespace = info(config, provider_id="k8s://namespaces/deleted-ns/pods/x")
-    assert no_namespace.failed and no_namespace.result["error_class"] == "not_found"
 
 
 def test_host_network_without_spreading_reports_the_node_ip(tmp_path: Path, kubeconfig: Path, kube: KubeEmulator,
@@ -169,13 +169,12 @@ def test_host_network_without_spreading_reports_the_node_ip(tmp_path: Path, kube
 
 def test_a_foreign_pod_of_that_name_is_never_touched(config: Path, kube: KubeEmulator,
                                                      core: client.CoreV1Api) -> None:
-    core.create_namespaced_pod(NAMESPACE, {"metadata": {"name": NAME, "labels": {"app": "web"}},
-                                           "spec": {"containers": [{"name": "web", "image": "nginx"}]}})
+    core.create_namespaced_pod(NAMESPACE, client.V1Pod(
+        metadata=client.V1ObjectMeta(name=NAME, labels={"app": "web"}),
+        spec=client.V1PodSpec(containers=[client.V1Container(name="web", image="nginx")])))
     created = proxy(config, name=NAME, tags=TAGS)
     assert created.failed and created.result["error_class"] == "permanent"
     assert created.result["msg"].startswith("name: ")
-    got = info(config, provider_id=PROVIDER_ID)
-    assert got.failed and got.result["error_class"] == "permanent"
     deleted = proxy(config, state="absent", provider_id=PROVIDER_ID)
     assert deleted.failed and deleted.result["error_class"] == "permanent"
     pod = kube.get_object("pods", NAMESPACE, NAME)
@@ -183,26 +182,15 @@ def test_a_foreign_pod_of_that_name_is_never_touched(config: Path, kube: KubeEmu
     assert "DELETE" not in {method for method, _ in kube.requests()}
 
 
-def test_another_owners_pod_of_that_name_is_permanent(config: Path) -> None:
-    assert proxy(config, name=NAME, tags={"crawl.example.com/owner": "other-cluster"}).status == "successful"
-    created = proxy(config, name=NAME, tags=TAGS)
-    assert created.failed and created.result["error_class"] == "permanent"
-    assert created.result["msg"].startswith("name: ")
-
-
 @pytest.mark.parametrize(
     ("module", "method", "status", "error_class"),
     [
         ("k8s_proxy", "POST", 403, "permanent"),
-        ("k8s_proxy", "POST", 422, "permanent"),
-        ("k8s_proxy", "POST", 500, "transient"),
         ("k8s_proxy_info", "GET", 500, "transient"),
-        ("k8s_proxy_info", "GET", 503, "transient"),
-        ("k8s_proxy_info", "GET", 403, "permanent"),
     ],
     ids=lambda value: str(value),
 )
-def test_api_errors_are_classified(config: Path, kube: KubeEmulator, module: str, method: str, status: int,
+def test_api_errors_reach_the_result_classified(config: Path, kube: KubeEmulator, module: str, method: str, status: int,
                                    error_class: str) -> None:
     kube.fail_next(method, r"/pods", status, count=10, message=f"injected {status}")
     args: dict[str, Any] = {"name": NAME, "tags": TAGS} if module == "k8s_proxy" else {"provider_id": PROVIDER_ID}
@@ -224,22 +212,14 @@ def test_a_namespace_that_cannot_be_listed_fails_the_listing_with_what_was_seen(
     assert listed.result["failed_locations"]["crawl-b"]["error_class"] == "transient"
 
 
-GOOD = {"name": NAME, "tags": TAGS}
+GOOD: dict[str, Any] = {"name": NAME, "tags": TAGS}
 
 
 @pytest.mark.parametrize(
     ("module", "args", "field"),
     [
         ("k8s_proxy", {**GOOD, "user_data": "#cloud-config\n"}, "user_data"),
-        ("k8s_proxy", {**GOOD, "machine_type": "small"}, "machine_type"),
-        ("k8s_proxy", {**GOOD, "image": "debian-12"}, "image"),
-        ("k8s_proxy", {**GOOD, "location": "kube-system"}, "location"),
-        ("k8s_proxy", {**GOOD, "name": "Bad_Name"}, "name"),
-        ("k8s_proxy", {**GOOD, "port": 0}, "port"),
-        ("k8s_proxy", {**GOOD, "tags": {**TAGS, "app.kubernetes.io/managed-by": "me"}}, "tags"),
-        ("k8s_proxy", {"state": "absent", "provider_id": "k8s://namespaces/egress/pod/x"}, "provider_id"),
         ("k8s_proxy", {"state": "absent", "provider_id": "kvm://hosts/h1/domains/x"}, "provider_id"),
-        ("k8s_proxy_info", {"provider_id": "k8s://namespaces/Egress/pods/x"}, "provider_id"),
     ],
     ids=lambda value: value if isinstance(value, str) else None,
 )

@@ -55,3 +55,27 @@ def write_kvm_config(path: Path, hosts: Sequence[dict[str, Any]], image: BaseIma
     document = {"owner": OWNER, "providers": [{"name": "lab", "type": "kvm", "kvm": kvm}, *extra_providers]}
     path.write_text(yaml.safe_dump(document, sort_keys=False))
     return path
+
+
+def write_kubeconfig(path: Path, server: str) -> Path:
+    """A kubeconfig pointing at ``server`` (the emulator's URL) with a bearer token."""
+    document = {
+        "apiVersion": "v1", "kind": "Config", "current-context": "test",
+        "clusters": [{"name": "test", "cluster": {"server": server}}],
+        "users": [{"name": "test", "user": {"token": "test-token"}}],
+        "contexts": [{"name": "test", "context": {"cluster": "test", "user": "test"}}],
+    }
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
+    return path
+
+
+def write_kubernetes_config(path: Path, kubeconfig: Path | None, namespace: str = "egress",
+                            **kubernetes_overrides: Any) -> Path:
+    """A provider config with one Kubernetes provider named ``cluster``."""
+    kubernetes: dict[str, Any] = {"namespace": namespace, "image": "ubuntu/squid:6.6-24.04_beta"}
+    if kubeconfig is not None:
+        kubernetes["kubeconfig"] = str(kubeconfig)
+    kubernetes.update(kubernetes_overrides)
+    document = {"owner": OWNER, "providers": [{"name": "cluster", "type": "kubernetes", "kubernetes": kubernetes}]}
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
+    return path

@@ -138,13 +138,13 @@ def _configuration(settings: KubernetesSettings) -> Any:
             if not os.environ.get(IN_CLUSTER_ENV):
                 raise Permanent("kubernetes.kubeconfig: not set, and not running inside a cluster (%s is unset); "
                                 "set kubeconfig in the provider config" % IN_CLUSTER_ENV)
-            kube_config.load_incluster_config(client_configuration=configuration)
+            kube_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
         else:
             if not os.path.isfile(path):
                 raise Transient("kubernetes.kubeconfig: %s does not exist (yet): the Secret holding it may not be "
                                 "mounted; will retry" % path)
-            kube_config.load_kube_config(config_file=path, client_configuration=configuration,
-                                         persist_config=False)
+            kube_config.load_kube_config(  # type: ignore[no-untyped-call]
+                config_file=path, client_configuration=configuration, persist_config=False)
     except OSError as error:
         raise Transient("kubernetes.kubeconfig: cannot read %s: %s; will retry" % (path, error.strerror)) from error
     except (ConfigException, yaml.YAMLError, TypeError, AttributeError, KeyError, ValueError) as error:
@@ -166,7 +166,7 @@ class KubeClient:
         self.core = kube_client.CoreV1Api(self.api_client)
 
     def close(self) -> None:
-        self.api_client.close()
+        self.api_client.close()  # type: ignore[no-untyped-call]
 
     def _call(self, context: str, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Dict[str, Any]:
         try:

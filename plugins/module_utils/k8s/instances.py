@@ -9,7 +9,8 @@ reads manifests; ``client.py`` talks to the API and raises only our error classe
 A Pod is one object, so every operation is one or two API calls and idempotent by name:
 - create: POST; a 409 AlreadyExists is read back and is success (``changed: false``) when
   the Pod is ours (our managed-by label and the same owner label), else ``Permanent``
-  naming ``name`` (someone else's Pod is never adopted or touched);
+  naming ``name`` (someone else's Pod is never adopted or touched); a 404 (no such
+  namespace) is ``Permanent`` naming ``location``;
 - delete: GET, refuse a Pod that is not ours, DELETE with a uid precondition; gone = success;
 - get: GET; 404 (the Pod or its whole namespace is gone) = ``NotFound``;
 - list: one label-selected LIST per configured namespace, failures recorded per namespace.
@@ -17,7 +18,6 @@ A Pod is one object, so every operation is one or two API calls and idempotent b
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.config import KubernetesSettings
@@ -31,6 +31,7 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.instance impo
     OWNER_TAG,
     Instance,
     InstanceRequest,
+    ListResult,
     matches_tags,
 )
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.k8s.client import AlreadyExists, KubeClient
@@ -46,14 +47,6 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.provider_id i
     format_provider_id,
     parse_provider_id,
 )
-
-
-@dataclass
-class ListResult:
-    """Instances found, plus the namespaces that could not be listed (and why)."""
-
-    instances: List[Instance]
-    failed_locations: Dict[str, ProxyError]
 
 
 def check_request(settings: KubernetesSettings, request: InstanceRequest) -> str:
@@ -96,6 +89,11 @@ class K8sProvider:
                                   location=namespace, state="pending", tags=dict(request.tags))
         try:
             return True, pod_instance(self.client.create_pod(namespace, pod))
+        except NotFound as error:
+            # On create, a 404 means the namespace is missing: nothing to "recreate", the
+            # config or the cluster needs fixing (the slow permanent requeue retries it).
+            raise Permanent("location: namespace %s does not exist; create it, or fix the Proxy's location or the "
+                            "provider's namespace (%s)" % (namespace, error)) from error
         except AlreadyExists:
             existing = self._existing(namespace, request)
             if existing is None:  # deleted between our POST and GET: let the next sweep create it

@@ -1,22 +1,16 @@
 # -*- coding: utf-8 -*-
 # Copyright: (c) 2026, egress-proxies developers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""What the two Kubernetes modules share: their libraries, how they build the provider,
-and how a listing with failed namespaces is reported."""
+"""What the two Kubernetes modules share: their libraries and how they build the provider."""
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Tuple
+from typing import List, Tuple
 
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.config import HAS_YAML
-from ansible_collections.crawl.egress_proxies.plugins.module_utils.errors import (
-    PERMANENT,
-    Permanent,
-    ProxyError,
-    Transient,
-)
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.errors import Permanent
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.k8s.client import HAS_KUBERNETES, KubeClient
-from ansible_collections.crawl.egress_proxies.plugins.module_utils.k8s.instances import K8sProvider, ListResult
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.k8s.instances import K8sProvider
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.proxy_module import ProxyModule
 
 LIBRARIES: List[Tuple[str, bool]] = [("kubernetes", HAS_KUBERNETES), ("PyYAML", HAS_YAML)]
@@ -28,15 +22,3 @@ def k8s_provider(module: ProxyModule) -> K8sProvider:
     if settings is None:  # provider() checked the type, so this is a bug
         raise Permanent("provider: %r has no kubernetes section" % module.params["provider"])
     return K8sProvider(settings, KubeClient(settings))
-
-
-def listing_failure(listed: ListResult) -> Tuple[ProxyError, Dict[str, Any]]:
-    """The error to fail a partial listing with (permanent only when no namespace could heal
-    by itself) and the ``failed_locations`` result."""
-    failed = {namespace: {"error_class": error.error_class, "msg": str(error)}
-              for namespace, error in listed.failed_locations.items()}
-    permanent = all(error.error_class == PERMANENT for error in listed.failed_locations.values())
-    failure_class = Permanent if permanent else Transient
-    failure = failure_class("listing failed in namespace(s): %s" % "; ".join(
-        "%s: %s" % (namespace, error) for namespace, error in sorted(listed.failed_locations.items())))
-    return failure, failed

@@ -55,7 +55,10 @@ TERMINATION_GRACE_SECONDS = 10
 
 # What squid serves when the provider config has no squidConfig: a forward proxy for
 # private-address clients only (an open proxy on a node IP would be abused within hours),
-# CONNECT only to 443, no disk cache, logs on the container's stdout/stderr.
+# CONNECT only to 443, no disk cache, no access log. Squid opens its logs after dropping to
+# its cache_effective_user, which may not open the container's /dev/stdout (squid 5.7 then
+# exits: "FATAL: Cannot open '/dev/stdout' for writing", measured), and a log file in the
+# container would grow unrotated; cache.log falls back to stderr by itself.
 DEFAULT_SQUID_CONFIG = """\
 acl localnet src 10.0.0.0/8 172.16.0.0/12 192.168.0.0/16 100.64.0.0/10 fc00::/7 fe80::/10
 acl SSL_ports port 443
@@ -66,7 +69,7 @@ http_access deny CONNECT !SSL_ports
 http_access allow localnet
 http_access deny all
 cache deny all
-access_log stdio:/dev/stdout
+access_log none
 cache_log /dev/stderr
 pid_filename none
 shutdown_lifetime 3 seconds

@@ -1,0 +1,248 @@
+"""The Kubernetes provider's decisions, in-process, with the real client against the emulator.
+
+The module runs in tests/integration/test_k8s_modules.py cost two seconds each; here every
+API error and every bad input of the tables costs milliseconds, through the same code below
+the module wrapper.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.config import KubernetesSettings
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.errors import (
+    NOT_FOUND,
+    PERMANENT,
+    TRANSIENT,
+    NotFound,
+    Permanent,
+    ProxyError,
+    Transient,
+)
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.instance import InstanceRequest
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.k8s.client import KubeClient
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.k8s.instances import K8sProvider
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.k8s.pods import TAGS_ANNOTATION, build_pod
+from support.kube_emulator import KubeEmulator
+from support.provider_config import write_kubeconfig
+
+OWNER = {"crawl.example.com/owner": "prod-cluster-1"}
+TAGS = {**OWNER, "crawl.example.com/proxy": "crawlers/eu-1"}
+REQUEST = InstanceRequest(name="eu-1", user_data=b"", tags=TAGS)
+PROVIDER_ID = "k8s://namespaces/egress/pods/eu-1"
+
+
+@pytest.fixture
+def kube() -> Iterator[KubeEmulator]:
+    with KubeEmulator() as emulator:
+        yield emulator
+
+
+@pytest.fixture
+def provider(tmp_path: Path, kube: KubeEmulator) -> Iterator[K8sProvider]:
+    settings = KubernetesSettings(namespace="egress", image="squid", namespaces=("crawl-b",),
+                                  kubeconfig=str(write_kubeconfig(tmp_path / "kubeconfig", kube.url)))
+    provider = K8sProvider(settings, KubeClient(settings))
+    yield provider
+    provider.close()
+
+
+def methods(kube: KubeEmulator) -> list[str]:
+    return [method for method, _ in kube.requests()]
+
+
+def put_pod(kube_provider: K8sProvider, name: str, labels: dict[str, str], annotations: dict[str, str],
+            namespace: str = "egress") -> dict[str, Any]:
+    """A Pod made behind the provider's back, through the same API."""
+    manifest = {"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": name, "labels": labels, "annotations": annotations},
+                "spec": {"containers": [{"name": "c", "image": "nginx"}]}}
+    return kube_provider.client.create_pod(namespace, manifest)
+
+
+# -- create ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"user_data": b"#cloud-config\n"}, "user_data"),
+        ({"machine_type": "small"}, "machine_type"),
+        ({"image": "debian-12"}, "image"),
+        ({"location": "kube-system"}, "location"),
+        ({"tags": {**TAGS, "app.kubernetes.io/name": "x"}}, "tags.app.kubernetes.io/name"),
+    ],
+    ids=lambda value: value if isinstance(value, str) else None,
+)
+def test_what_a_pod_cannot_honour_is_permanent_naming_the_field(provider: K8sProvider, kube: KubeEmulator,
+                                                                change: dict[str, Any], field: str) -> None:
+    with pytest.raises(Permanent) as caught:
+        provider.create(dataclasses.replace(REQUEST, **change), check_mode=False)
+    assert str(caught.value).startswith(f"{field}: ")
+    assert kube.requests() == []  # refused before any API call
+
+
+def test_create_is_idempotent_by_name_and_check_mode_writes_nothing(provider: K8sProvider,
+                                                                     kube: KubeEmulator) -> None:
+    assert provider.create(REQUEST, check_mode=True)[0] is True
+    assert methods(kube) == ["GET"]
+    changed, instance = provider.create(dataclasses.replace(REQUEST, location="crawl-b"), check_mode=False)
+    assert changed is True and instance.provider_id == "k8s://namespaces/crawl-b/pods/eu-1"
+    again = provider.create(dataclasses.replace(REQUEST, location="crawl-b"), check_mode=False)
+    assert again == (False, instance)
+    assert provider.create(dataclasses.replace(REQUEST, location="crawl-b"), check_mode=True) == (False, instance)
+
+
+@pytest.mark.parametrize("check_mode", [False, True])
+def test_a_pod_of_that_name_that_is_not_ours_is_permanent_naming_name(provider: K8sProvider, kube: KubeEmulator,
+                                                                       check_mode: bool) -> None:
+    put_pod(provider, "eu-1", {"app.kubernetes.io/managed-by": "egress-proxies",
+                               "crawl.example.com/owner": "other-cluster"}, {})
+    with pytest.raises(Permanent, match=r"^name: a pod egress/eu-1 already exists"):
+        provider.create(REQUEST, check_mode=check_mode)
+    assert methods(kube).count("DELETE") == 0
+
+
+@pytest.mark.parametrize(
+    ("status", "error_class"),
+    [(401, PERMANENT), (403, PERMANENT), (422, PERMANENT), (429, TRANSIENT), (500, TRANSIENT), (503, TRANSIENT)],
+)
+def test_create_errors(provider: K8sProvider, kube: KubeEmulator, status: int, error_class: str) -> None:
+    kube.fail_next("POST", r"/pods$", status, count=5)
+    with pytest.raises(ProxyError) as caught:
+        provider.create(REQUEST, check_mode=False)
+    assert caught.value.error_class == error_class
+    assert methods(kube) == ["POST"]  # one request: nothing retried inside the call
+
+
+def test_create_in_a_namespace_that_does_not_exist_is_permanent_naming_location(provider: K8sProvider,
+                                                                                kube: KubeEmulator) -> None:
+    kube.fail_next("POST", r"/namespaces/egress/pods$", 404, message='namespaces "egress" not found')
+    with pytest.raises(Permanent, match=r"^location: namespace egress does not exist"):
+        provider.create(REQUEST, check_mode=False)
+
+
+def test_a_409_whose_pod_vanished_before_the_read_is_transient(provider: K8sProvider, kube: KubeEmulator) -> None:
+    kube.fail_next("POST", r"/pods$", 409, reason="AlreadyExists")
+    with pytest.raises(Transient, match="was being replaced"):
+        provider.create(REQUEST, check_mode=False)
+    assert methods(kube) == ["POST", "GET"]
+
+
+# -- get / delete ----------------------------------------------------------------------------
+
+
+def test_get_of_a_missing_pod_or_namespace_is_not_found(provider: K8sProvider) -> None:
+    for provider_id in (PROVIDER_ID, "k8s://namespaces/deleted-namespace/pods/eu-1"):
+        with pytest.raises(NotFound):
+            provider.get(provider_id)
+
+
+@pytest.mark.parametrize(("status", "error_class"), [(403, PERMANENT), (500, TRANSIENT), (404, NOT_FOUND)])
+def test_get_errors(provider: K8sProvider, kube: KubeEmulator, status: int, error_class: str) -> None:
+    provider.create(REQUEST, check_mode=False)
+    kube.fail_next("GET", r"/pods/eu-1$", status)
+    with pytest.raises(ProxyError) as caught:
+        provider.get(PROVIDER_ID)
+    assert caught.value.error_class == error_class
+
+
+def test_a_foreign_pod_is_never_read_as_ours_nor_deleted(provider: K8sProvider, kube: KubeEmulator) -> None:
+    put_pod(provider, "eu-1", {"app": "web"}, {})
+    with pytest.raises(Permanent, match=r"^provider_id: pod egress/eu-1 exists but is not an egress-proxies"):
+        provider.get(PROVIDER_ID)
+    with pytest.raises(Permanent):
+        provider.delete(PROVIDER_ID, check_mode=False)
+    assert "DELETE" not in methods(kube)
+
+
+def test_delete_is_idempotent_and_check_mode_deletes_nothing(provider: K8sProvider, kube: KubeEmulator) -> None:
+    provider.create(REQUEST, check_mode=False)
+    assert provider.delete(PROVIDER_ID, check_mode=True) is True
+    assert kube.get_object("pods", "egress", "eu-1") is not None
+    assert provider.delete(PROVIDER_ID, check_mode=False) is True
+    assert kube.get_object("pods", "egress", "eu-1") is None
+    assert provider.delete(PROVIDER_ID, check_mode=False) is False
+    assert provider.delete("k8s://namespaces/deleted-namespace/pods/eu-1", check_mode=False) is False
+
+
+def test_delete_of_a_terminating_pod_changes_nothing(provider: K8sProvider, kube: KubeEmulator) -> None:
+    manifest = build_pod(provider.settings, REQUEST, "egress")
+    manifest["metadata"]["finalizers"] = ["example.com/hold"]  # keeps it terminating in the emulator
+    provider.client.create_pod("egress", manifest)
+    assert provider.delete(PROVIDER_ID, check_mode=False) is True
+    assert provider.get(PROVIDER_ID).state == "stopped"
+    assert provider.delete(PROVIDER_ID, check_mode=False) is False
+    assert methods(kube).count("DELETE") == 1
+
+
+def test_delete_errors_are_classified(provider: K8sProvider, kube: KubeEmulator) -> None:
+    provider.create(REQUEST, check_mode=False)
+    kube.fail_next("DELETE", r"/pods/eu-1$", 403)
+    with pytest.raises(Permanent):
+        provider.delete(PROVIDER_ID, check_mode=False)
+    kube.fail_next("DELETE", r"/pods/eu-1$", 500)
+    with pytest.raises(Transient):
+        provider.delete(PROVIDER_ID, check_mode=False)
+    kube.fail_next("DELETE", r"/pods/eu-1$", 404)  # gone between our read and our delete
+    assert provider.delete(PROVIDER_ID, check_mode=False) is False
+
+
+# -- list ------------------------------------------------------------------------------------
+
+
+def test_list_selects_by_label_and_decides_by_the_tags_annotation(provider: K8sProvider, kube: KubeEmulator) -> None:
+    provider.create(REQUEST, check_mode=False)
+    provider.create(InstanceRequest(name="eu-2", user_data=b"", location="crawl-b",
+                                    tags={**OWNER, "crawl.example.com/proxy": "crawlers/eu-2"}), check_mode=False)
+    provider.create(InstanceRequest(name="other", user_data=b"", tags={"crawl.example.com/owner": "other"}),
+                    check_mode=False)
+    # Ours by label, but its tags annotation is broken: no tag filter can match it.
+    put_pod(provider, "broken", {"app.kubernetes.io/managed-by": "egress-proxies",
+                                 "app.kubernetes.io/name": "egress-proxy", **OWNER}, {TAGS_ANNOTATION: "{"})
+    # Carries our owner label but not our managed-by label: never listed.
+    put_pod(provider, "foreign", dict(OWNER), {TAGS_ANNOTATION: '{"crawl.example.com/owner": "prod-cluster-1"}'})
+
+    owned = provider.list(dict(OWNER))
+    assert sorted(i.provider_id for i in owned.instances) == [
+        "k8s://namespaces/crawl-b/pods/eu-2", PROVIDER_ID]
+    assert owned.failed_locations == {}
+    # "crawlers/eu-1" is no label value: the selector cannot carry it, the annotation decides.
+    one = provider.list({"crawl.example.com/proxy": "crawlers/eu-1"})
+    assert [i.name for i in one.instances] == ["eu-1"]
+    lists = [path for method, path in kube.requests() if method == "GET" and "labelSelector=" in path]
+    assert len(lists) == 4  # one per configured namespace per listing, never all namespaces
+    assert all(path.startswith(("/api/v1/namespaces/egress/pods?", "/api/v1/namespaces/crawl-b/pods?"))
+               for path in lists)
+
+
+@pytest.mark.parametrize(
+    ("faults", "error_class"),
+    [({"egress": 500}, TRANSIENT), ({"egress": 403, "crawl-b": 403}, PERMANENT),
+     ({"egress": 403, "crawl-b": 503}, TRANSIENT)],
+    ids=["one-transient", "all-permanent", "mixed"],
+)
+def test_a_namespace_that_cannot_be_listed_fails_the_listing(provider: K8sProvider, kube: KubeEmulator,
+                                                             faults: dict[str, int], error_class: str) -> None:
+    provider.create(REQUEST, check_mode=False)
+    provider.create(dataclasses.replace(REQUEST, name="eu-2", location="crawl-b"), check_mode=False)
+    for namespace, status in faults.items():
+        kube.fail_next("GET", rf"/namespaces/{namespace}/pods\?", status)
+    listed = provider.list(dict(OWNER))
+    assert set(listed.failed_locations) == set(faults)
+    assert len(listed.instances) == 2 - len(faults)
+    with pytest.raises(ProxyError) as caught:
+        listed.to_result("namespace(s)")
+    assert caught.value.error_class == error_class
+    assert set(caught.value.details["failed_locations"]) == set(faults)
+
+
+def test_a_namespace_that_does_not_exist_lists_as_empty(provider: K8sProvider, kube: KubeEmulator) -> None:
+    kube.fail_next("GET", r"/namespaces/crawl-b/pods\?", 404)
+    listed = provider.list(dict(OWNER))
+    assert (listed.instances, listed.failed_locations) == ([], {})

@@ -1,0 +1,221 @@
+"""The proxy Pod's manifest, the label encoding of tags, and reading state and IP back."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+import kubernetes_validate  # type: ignore[import-untyped]
+import pytest
+
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.config import KubernetesSettings
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.errors import Permanent
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.instance import InstanceRequest
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.k8s.pods import (
+    DEFAULT_SQUID_CONFIG,
+    SQUID_CONF_ANNOTATION,
+    TAGS_ANNOTATION,
+    build_pod,
+    is_label_key,
+    is_label_value,
+    is_managed,
+    is_ours,
+    label_selector,
+    pod_instance,
+    pod_ip,
+    pod_state,
+    pod_tags,
+    squid_conf,
+    tag_labels,
+)
+
+SETTINGS = KubernetesSettings(namespace="egress", image="ubuntu/squid:6.6-24.04_beta")
+TAGS = {
+    "crawl.example.com/owner": "prod-cluster-1",
+    "crawl.example.com/proxy": "crawlers/eu-1",
+    "crawl.example.com/uid": "8d4f1c2e-0000-4000-8000-000000000001",
+    "crawl.example.com/spec-hash": "3f9c2a",
+}
+REQUEST = InstanceRequest(name="crawlers-eu-1-3f9c2a", user_data=b"", tags=TAGS, port=3128)
+KUBERNETES_VERSIONS = ("1.30.0", "1.37.0")
+
+
+def pod(settings: KubernetesSettings = SETTINGS, request: InstanceRequest = REQUEST) -> dict[str, Any]:
+    return build_pod(settings, request, "egress")
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+@pytest.mark.parametrize(
+    "settings",
+    [SETTINGS, dataclasses.replace(SETTINGS, host_network=True, spread_nodes=False, squid_config="acl a src all\n")],
+    ids=["default", "host-network"],
+)
+def test_the_manifest_is_a_valid_pod(settings: KubernetesSettings, version: str) -> None:
+    """Strict schema validation: a misspelled field would fail here, not on a real cluster."""
+    assert kubernetes_validate.validate(pod(settings), version, strict=True) == version.rsplit(".", 1)[0]
+
+
+def test_the_manifest_runs_squid_on_the_port_with_probe_and_requests() -> None:
+    manifest = pod(dataclasses.replace(SETTINGS, cpu_request="250m", memory_request="64Mi"),
+                   dataclasses.replace(REQUEST, port=8080))
+    spec = manifest["spec"]
+    (container,) = spec["containers"]
+    assert container["image"] == SETTINGS.image
+    assert container["command"] == ["squid", "-N", "-f", "/etc/egress-proxy/squid.conf"]
+    assert container["ports"] == [{"name": "proxy", "containerPort": 8080, "protocol": "TCP"}]
+    assert container["readinessProbe"]["tcpSocket"] == {"port": "proxy"}
+    assert container["resources"] == {"requests": {"cpu": "250m", "memory": "64Mi"}}
+    assert spec["automountServiceAccountToken"] is False
+    # squid.conf reaches the container from the Pod's own annotation: one object, one call.
+    assert container["volumeMounts"] == [{"name": "squid-conf", "mountPath": "/etc/egress-proxy", "readOnly": True}]
+    (volume,) = spec["volumes"]
+    assert volume["downwardAPI"]["items"] == [{
+        "path": "squid.conf", "fieldRef": {"fieldPath": "metadata.annotations['crawl.example.com/squid-conf']"}}]
+    assert manifest["metadata"]["annotations"][SQUID_CONF_ANNOTATION] == "http_port 8080\n" + DEFAULT_SQUID_CONFIG
+
+
+def test_spreading_and_host_network() -> None:
+    spread = pod()["spec"]
+    assert "hostNetwork" not in spread
+    assert spread["topologySpreadConstraints"] == [{
+        "maxSkew": 1, "topologyKey": "kubernetes.io/hostname", "whenUnsatisfiable": "ScheduleAnyway",
+        "labelSelector": {"matchLabels": {"app.kubernetes.io/managed-by": "egress-proxies",
+                                          "crawl.example.com/owner": "prod-cluster-1"}}}]
+    host = pod(dataclasses.replace(SETTINGS, host_network=True, spread_nodes=False))["spec"]
+    assert (host["hostNetwork"], host["dnsPolicy"]) == (True, "ClusterFirstWithHostNet")
+    assert host["containers"][0]["ports"][0]["hostPort"] == 3128
+    assert "topologySpreadConstraints" not in host
+
+
+def test_squid_conf_puts_the_port_first_and_keeps_the_configured_text() -> None:
+    configured = dataclasses.replace(SETTINGS, squid_config="http_access allow all")
+    assert squid_conf(configured, 3129) == "http_port 3129\nhttp_access allow all\n"
+    assert squid_conf(SETTINGS, 3128).startswith("http_port 3128\nacl localnet src 10.0.0.0/8 ")
+    assert "http_access deny all" in DEFAULT_SQUID_CONFIG  # the default is never an open proxy
+
+
+def test_tags_are_labels_where_they_can_be_and_all_of_them_in_the_annotation() -> None:
+    metadata = pod()["metadata"]
+    assert metadata["labels"] == {
+        "app.kubernetes.io/name": "egress-proxy", "app.kubernetes.io/managed-by": "egress-proxies",
+        "crawl.example.com/owner": "prod-cluster-1", "crawl.example.com/uid": TAGS["crawl.example.com/uid"],
+        "crawl.example.com/spec-hash": "3f9c2a"}
+    assert json.loads(metadata["annotations"][TAGS_ANNOTATION]) == TAGS
+    assert pod_tags(pod()) == TAGS  # reversible: exactly the tags that went in
+
+
+@pytest.mark.parametrize(
+    ("key", "valid"),
+    [("crawl.example.com/owner", True), ("owner", True), ("a.b/C_d-e.f", True), ("Crawl.example.com/x", False),
+     ("/x", False), ("a/b/c", False), ("x" * 63, True), ("x" * 64, False), ("-x", False), ("", False),
+     ("%s/x" % ("a" * 254), False)],
+)
+def test_label_keys(key: str, valid: bool) -> None:
+    assert is_label_key(key) is valid
+
+
+@pytest.mark.parametrize(
+    ("value", "valid"),
+    [("prod-cluster-1", True), ("", True), ("A.b_c", True), ("crawlers/eu-1", False), ("x" * 63, True),
+     ("x" * 64, False), ("-x", False), ("x-", False), ("a b", False)],
+)
+def test_label_values(value: str, valid: bool) -> None:
+    assert is_label_value(value) is valid
+
+
+def test_tag_labels_leave_out_what_is_not_a_label() -> None:
+    assert tag_labels({"crawl.example.com/proxy": "ns/name", "bad key!": "x", "ok": "yes"}) == {"ok": "yes"}
+
+
+def test_a_tag_on_a_label_the_provider_sets_is_rejected_naming_tags() -> None:
+    with pytest.raises(Permanent, match=r"^tags\.app\.kubernetes\.io/managed-by: "):
+        pod(request=dataclasses.replace(REQUEST, tags={"app.kubernetes.io/managed-by": "me"}))
+
+
+def test_the_selector_asks_for_our_pods_and_the_label_safe_tags() -> None:
+    assert label_selector(TAGS) == (
+        "app.kubernetes.io/managed-by=egress-proxies,app.kubernetes.io/name=egress-proxy,"
+        "crawl.example.com/owner=prod-cluster-1,crawl.example.com/spec-hash=3f9c2a,"
+        "crawl.example.com/uid=8d4f1c2e-0000-4000-8000-000000000001")
+    assert label_selector({}) == "app.kubernetes.io/managed-by=egress-proxies,app.kubernetes.io/name=egress-proxy"
+
+
+@pytest.mark.parametrize(
+    ("annotation", "tags"),
+    [(None, {}), ("not json", {}), ("[1, 2]", {}), ('{"a": "b", "n": 1}', {"a": "b"})],
+    ids=["missing", "not-json", "not-an-object", "non-string-dropped"],
+)
+def test_a_broken_tags_annotation_reads_as_no_tags(annotation: str | None, tags: dict[str, str]) -> None:
+    manifest = pod()
+    if annotation is None:
+        del manifest["metadata"]["annotations"][TAGS_ANNOTATION]
+    else:
+        manifest["metadata"]["annotations"][TAGS_ANNOTATION] = annotation
+    assert pod_tags(manifest) == tags
+
+
+def test_ours_means_our_label_and_the_same_owner() -> None:
+    manifest = pod()
+    assert is_managed(manifest) and is_ours(manifest, TAGS)
+    assert not is_ours(manifest, {"crawl.example.com/owner": "other-cluster"})
+    assert not is_ours(manifest, {})  # an ownerless request never adopts an owned Pod
+    manifest["metadata"]["labels"].pop("app.kubernetes.io/managed-by")
+    assert not is_managed(manifest) and not is_ours(manifest, TAGS)
+
+
+def with_status(status: dict[str, Any], deleting: bool = False, host_network: bool = False) -> dict[str, Any]:
+    manifest = pod(dataclasses.replace(SETTINGS, host_network=host_network))
+    manifest["status"] = status
+    if deleting:
+        manifest["metadata"]["deletionTimestamp"] = "2026-01-02T03:04:05Z"
+    return manifest
+
+
+def ready(value: str) -> list[dict[str, str]]:
+    return [{"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": value}]
+
+
+def waiting(reason: str) -> list[dict[str, Any]]:
+    return [{"name": "squid", "state": {"waiting": {"reason": reason}}}]
+
+
+@pytest.mark.parametrize(
+    ("status", "deleting", "state"),
+    [
+        ({}, False, "pending"),
+        ({"phase": "Pending"}, False, "pending"),
+        ({"phase": "Pending", "containerStatuses": waiting("ContainerCreating")}, False, "pending"),
+        ({"phase": "Pending", "containerStatuses": waiting("ImagePullBackOff")}, False, "error"),
+        ({"phase": "Running", "conditions": ready("True")}, False, "running"),
+        ({"phase": "Running", "conditions": ready("False")}, False, "pending"),
+        ({"phase": "Running"}, False, "pending"),
+        ({"phase": "Running", "conditions": ready("False"), "containerStatuses": waiting("CrashLoopBackOff")},
+         False, "error"),
+        ({"phase": "Running", "conditions": ready("True")}, True, "stopped"),
+        ({"phase": "Succeeded"}, False, "stopped"),
+        ({"phase": "Failed"}, False, "error"),
+        ({"phase": "Unknown"}, False, "error"),
+    ],
+    ids=["no-status", "pending", "creating", "image-pull", "ready", "not-ready", "no-conditions", "crashloop",
+         "terminating", "succeeded", "failed", "unknown"],
+)
+def test_state_from_phase_readiness_and_waiting_reasons(status: dict[str, Any], deleting: bool, state: str) -> None:
+    assert pod_state(with_status(status, deleting)) == state
+
+
+def test_the_ip_is_the_pods_or_with_host_network_the_nodes() -> None:
+    addresses = {"phase": "Running", "podIP": "10.244.1.7", "hostIP": "192.0.2.21"}
+    assert pod_ip(with_status(addresses)) == "10.244.1.7"
+    assert pod_ip(with_status(addresses, host_network=True)) == "192.0.2.21"
+    assert pod_ip(with_status({"phase": "Pending"})) is None
+    assert pod_ip(with_status({"phase": "Pending", "podIP": ""})) is None
+
+
+def test_an_instance_from_a_stored_pod() -> None:
+    stored = with_status({"phase": "Running", "podIP": "10.244.1.7", "conditions": ready("True")})
+    stored["metadata"]["creationTimestamp"] = "2026-01-02T03:04:05Z"
+    assert pod_instance(stored).to_dict() == {
+        "provider_id": "k8s://namespaces/egress/pods/crawlers-eu-1-3f9c2a", "name": "crawlers-eu-1-3f9c2a",
+        "location": "egress", "state": "running", "ip": "10.244.1.7", "tags": TAGS,
+        "created": "2026-01-02T03:04:05Z"}
