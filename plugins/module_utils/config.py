@@ -135,7 +135,7 @@ class KubernetesSettings:
     @property
     def locations(self) -> Tuple[str, ...]:
         """Every namespace this provider creates Pods in and lists, the default first."""
-        return (self.namespace,) + tuple(n for n in self.namespaces if n != self.namespace)
+        return (self.namespace, *(n for n in self.namespaces if n != self.namespace))
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,7 @@ try:
     from google.auth import exceptions as auth_exceptions
     from google.auth.credentials import AnonymousCredentials
     from google.cloud import compute_v1
+    from google.oauth2 import service_account
 except ImportError:  # pragma: no cover - the modules report it via missing_required_lib
     HAS_GOOGLE = False
 else:
@@ -164,19 +165,21 @@ def load_credentials(settings: GcpSettings) -> Any:
             raise Transient("gcp.credentialsFile: %s does not exist (yet): the Secret may not be mounted; "
                             "will retry" % path)
         try:
-            credentials, _ = google.auth.load_credentials_from_file(  # type: ignore[no-untyped-call]
+            # Service-account keys only: google-auth's generic loader would also follow
+            # external-account files, whose URLs a config file should not be able to direct.
+            credentials = service_account.Credentials.from_service_account_file(  # type: ignore[no-untyped-call]
                 path, scopes=list(SCOPES))
         except OSError as error:
             raise Transient("gcp.credentialsFile: cannot read %s: %s; will retry" % (path, error.strerror)) from error
         except (auth_exceptions.GoogleAuthError, ValueError) as error:
             # The SDK's text may quote the file; say only what is wrong with it.
-            raise Permanent("gcp.credentialsFile: %s is not a Google credentials file (a service-account key "
-                            "JSON is expected); replace it" % path) from error
+            raise Permanent("gcp.credentialsFile: %s is not a service-account key file (the JSON key of a "
+                            "service account is expected); replace it" % path) from error
         return credentials
     if _is_loopback_http(settings.api_endpoint):
         return AnonymousCredentials()  # type: ignore[no-untyped-call]
     try:
-        credentials, _ = google.auth.default(scopes=list(SCOPES))
+        credentials, _project = google.auth.default(scopes=list(SCOPES))
     except auth_exceptions.DefaultCredentialsError as error:
         # Workload identity or a mounted GOOGLE_APPLICATION_CREDENTIALS may appear later.
         raise Transient("gcp: no Application Default Credentials found and no gcp.credentialsFile configured; "
@@ -273,7 +276,7 @@ class ComputeClient:
 
     def _wait(self, zone: str, operation: Any, context: str) -> None:
         deadline = time.monotonic() + OPERATION_TIMEOUT_SECONDS
-        while operation.status != "DONE":
+        while operation.status != compute_v1.Operation.Status.DONE:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise Transient("%s: operation %s still not done after %ds; will retry" % (
@@ -299,8 +302,9 @@ class ComputeClient:
         """
         wanted = set(zones)
         listing = AggregatedListing()
-        request = compute_v1.AggregatedListInstancesRequest(
-            project=self.project, filter=list_filter, return_partial_success=True)
+        # google-cloud-compute 1.57 has no returnPartialSuccess for instances: an unreachable
+        # zone comes back as a scope warning (or in ``unreachables``), not as a failed call.
+        request = compute_v1.AggregatedListInstancesRequest(project=self.project, filter=list_filter)
         try:
             for page in self.instances.aggregated_list(request=request, retry=None,
                                                        timeout=REQUEST_TIMEOUT_SECONDS).pages:

@@ -22,4 +22,3 @@ def gcp_provider(module: ProxyModule) -> GcpProvider:
     if settings is None:  # provider() checked the type, so this is a bug
         raise Permanent("provider: %r has no gcp section" % module.params["provider"])
     return GcpProvider(settings, ComputeClient(settings))
-

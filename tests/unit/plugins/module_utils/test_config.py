@@ -150,6 +150,14 @@ def test_the_valid_document_parses() -> None:
     assert (kubernetes.namespace, kubernetes.image) == ("egress", "ubuntu/squid:latest")
 
 
+@pytest.mark.parametrize("endpoint", ["https://compute.example.com", "http://127.0.0.1:8085",
+                                      "http://localhost:8085", "http://[::1]:8085"])
+def test_gcp_api_endpoint_is_https_or_a_loopback_emulator(endpoint: str) -> None:
+    gcp = parse_provider_config(changed(((*GCP, "apiEndpoint"), endpoint))).providers[1].gcp
+    assert gcp is not None
+    assert gcp.api_endpoint == endpoint
+
+
 def test_kubernetes_settings_and_their_defaults() -> None:
     minimal = parse_provider_config(valid_document()).providers[2].kubernetes
     assert minimal is not None
@@ -262,6 +270,11 @@ BAD_FIELDS = [
                  id="gcp-zone-with-trailing-newline"),
     pytest.param(changed(((*GCP, "project"), "My_Project")), "providers[1].gcp.project: 'My_Project'",
                  id="gcp-project-invalid"),
+    pytest.param(changed(((*GCP, "apiEndpoint"), "http://compute.example.com")),
+                 "providers[1].gcp.apiEndpoint: 'http://compute.example.com' must be an https:// URL",
+                 id="gcp-plain-http-endpoint-off-loopback"),
+    pytest.param(changed(((*GCP, "apiEndpoint"), "127.0.0.1:8085")),
+                 "providers[1].gcp.apiEndpoint: '127.0.0.1:8085' must be", id="gcp-endpoint-without-scheme"),
     pytest.param(changed(((*K8S, "namespace"), "Egress")), "providers[2].kubernetes.namespace: 'Egress'",
                  id="kubernetes-namespace-invalid"),
     pytest.param(changed(((*K8S, "namespaces"), ["crawl-a", "Crawl_B"])),
