@@ -188,9 +188,12 @@ class AnsibleRunner:
         limit = max_concurrent or concurrency_for_memory(memory_available_bytes())
         self.max_concurrent = limit
         self._slots = threading.BoundedSemaphore(limit)
-        self.private_dir = work_dir / "runner"
-        (self.private_dir / "project").mkdir(parents=True, exist_ok=True)
-        (self.private_dir / "artifacts").mkdir(parents=True, exist_ok=True)
+        # Each run gets its own private data dir (ansible-runner writes env/envvars and the
+        # inventory there, so concurrent runs must not share one); artifacts go to one place.
+        self.runs_dir = work_dir / "runs"
+        self.artifact_dir = work_dir / "artifacts"
+        self.runs_dir.mkdir(parents=True, exist_ok=True)
+        self.artifact_dir.mkdir(parents=True, exist_ok=True)
         # ansible-runner looks for ansible-playbook on PATH; use the one beside this interpreter.
         bin_dir = str(Path(sys.executable).parent)
         if bin_dir not in os.environ.get("PATH", "").split(os.pathsep):
@@ -200,13 +203,15 @@ class AnsibleRunner:
         if not operations:
             return []
         ident = f"{time.strftime('%Y%m%dT%H%M%S')}-{provider}-{verb}-{uuid.uuid4().hex[:8]}"
-        playbook = self.private_dir / "project" / f"{ident}.yml"
+        private = self.runs_dir / ident
         with self._slots:
             started = time.monotonic()
-            playbook.write_text(build_playbook(operations))
+            (private / "project").mkdir(parents=True)
+            (private / "project" / "batch.yml").write_text(build_playbook(operations))
             try:
                 outcome = ansible_runner.run(
-                    private_data_dir=str(self.private_dir), playbook=playbook.name, ident=ident,
+                    private_data_dir=str(private), playbook="batch.yml", ident=ident,
+                    artifact_dir=str(self.artifact_dir),
                     inventory={"all": {"hosts": {"localhost": {
                         "ansible_connection": "local", "ansible_python_interpreter": sys.executable}}}},
                     envvars={"ANSIBLE_COLLECTIONS_PATH": self.collections_path, "ANSIBLE_NOCOLOR": "1",
@@ -218,7 +223,7 @@ class AnsibleRunner:
             finally:
                 # The playbook holds user-data: it never outlives the run, and neither does
                 # any process of it (a timed-out run's workers sit in their own sessions).
-                playbook.unlink(missing_ok=True)
+                shutil.rmtree(private, ignore_errors=True)
                 leftovers = kill_run_processes(ident)
                 if leftovers:
                     log.warning("runner %s %s: killed %d leftover process(es) of the run", provider, verb,
@@ -235,14 +240,14 @@ class AnsibleRunner:
 
     def _index(self, ident: str, operations: Sequence[Operation]) -> None:
         """Which Proxies a run touched, so their artifacts can be purged when they go."""
-        artifact = self.private_dir / "artifacts" / ident
+        artifact = self.artifact_dir / ident
         if artifact.is_dir():
             (artifact / "egress-proxies-keys.json").write_text(json.dumps(sorted({op.key for op in operations})))
 
     def purge_artifacts(self, keys: set[str]) -> int:
         """Remove every run's artifacts that touched one of ``keys``; returns how many."""
         removed = 0
-        for index in (self.private_dir / "artifacts").glob("*/egress-proxies-keys.json"):
+        for index in self.artifact_dir.glob("*/egress-proxies-keys.json"):
             try:
                 touched = set(json.loads(index.read_text()))
             except (OSError, ValueError):

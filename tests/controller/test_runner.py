@@ -176,10 +176,10 @@ def test_a_hung_run_is_killed_with_its_process_group(tmp_path: Path, silent_ssh_
 def test_artifacts_are_rotated_and_purged_per_proxy(runner: AnsibleRunner, config: Path) -> None:
     for key in ("uid-a", "uid-b", "uid-c", "uid-d"):
         runner.run("lab", "list", [info(config, key=key)])
-    artifacts = runner.private_dir / "artifacts"
+    artifacts = runner.artifact_dir
     kept = [d for d in artifacts.iterdir() if d.is_dir()]
     assert len(kept) == 3  # keep_artifacts
-    assert not list((runner.private_dir / "project").glob("*.yml"))  # playbooks (they hold user-data) are gone
+    assert list(runner.runs_dir.iterdir()) == []  # playbooks (they hold user-data) are gone
     assert runner.purge_artifacts({"uid-c"}) == 1
     remaining = sorted((d / "egress-proxies-keys.json").read_text() for d in artifacts.iterdir() if d.is_dir())
     assert remaining == ['["uid-b"]', '["uid-d"]']
@@ -215,10 +215,17 @@ def test_concurrent_runs_never_exceed_the_cap(runner: AnsibleRunner, config: Pat
             original.release()
 
     runner._slots = Counting()  # type: ignore[assignment]
-    threads = [threading.Thread(target=runner.run, args=("lab", "list", [info(config)])) for _ in range(4)]
+    outcomes: list[bool] = []
+
+    def one(provider: str) -> None:
+        outcomes.extend(result.ok for result in runner.run(provider, "list", [info(config)]))
+
+    threads = [threading.Thread(target=one, args=(f"p{n}",)) for n in range(4)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
     assert peak == 2
+    # Concurrent runs never share state (each has its own private data dir and marker).
+    assert outcomes == [True] * 4
     assert os.environ.get("PATH", "").split(os.pathsep)[0]  # the runner put its bin dir on PATH

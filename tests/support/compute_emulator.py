@@ -156,6 +156,12 @@ class ComputeEmulator:
         with self._lock:
             self._faults.append(_Fault(method.upper(), re.compile(path_regex), status, count))
 
+    def clear_faults(self) -> None:
+        """The outage is over: no injected fault answers any more."""
+        with self._lock:
+            self._faults.clear()
+            self._operation_faults.clear()
+
     def fail_next_operation(self, code: str, message: str, http_status: int) -> None:
         """The next insert is accepted, but its operation finishes DONE with this error (no instance)."""
         with self._lock:

@@ -1,0 +1,180 @@
+"""Three providers in one controller: a real libvirtd over SSH (KVM), the Compute emulator (GCP)
+and the Kubernetes API emulator (Pods, and the Proxies themselves), through the real runner.
+
+This is the predecessor's negative check, automated: one provider failing (its SSH key
+missing, or its API answering 503) degrades only its own Proxies, the sweep and the process
+stay up, and restoring it heals them with no restart.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import libvirt
+import pytest
+import yaml
+from egress_proxies.backoff import Backoff
+from egress_proxies.kube import KubeStore
+from egress_proxies.model import GROUP, PLURAL, VERSION
+from egress_proxies.reconcile import Reconciler
+from egress_proxies.runner import AnsibleRunner, Operation, OperationResult
+from kubernetes import client
+
+from support.ansible_modules import collections_path
+from support.compute_emulator import ComputeEmulator
+from support.hypervisor_host import HypervisorHost
+from support.kube_emulator import KubeEmulator
+from support.provider_config import OWNER, make_base_image, write_kubeconfig
+
+NAMESPACE = "crawlers"
+ZONE = "europe-west1-b"
+PROJECT = "test-project"
+
+
+class CountingRunner:
+    def __init__(self, inner: AnsibleRunner) -> None:
+        self.inner = inner
+        self.calls: list[tuple[str, str]] = []
+
+    def run(self, provider: str, verb: str, operations: list[Operation]) -> list[OperationResult]:
+        self.calls.append((provider, verb))
+        return self.inner.run(provider, verb, operations)
+
+
+@pytest.fixture
+def kube() -> Iterator[KubeEmulator]:
+    with KubeEmulator() as emulator:
+        yield emulator
+
+
+@pytest.fixture
+def compute() -> Iterator[ComputeEmulator]:
+    with ComputeEmulator(project=PROJECT, zones=(ZONE,)) as emulator:
+        yield emulator
+
+
+def provider_config(path: Path, host: HypervisorHost, ssh_dir: Path, compute: ComputeEmulator, kubeconfig: Path,
+                    image_dir: Path, with_gcp: bool = True) -> Path:
+    image = make_base_image(image_dir)
+    providers: list[dict[str, Any]] = [
+        {"name": "home-kvm", "type": "kvm", "kvm": {
+            "ssh": {"keyFile": str(ssh_dir / "id_ed25519"), "knownHostsFile": str(ssh_dir / "known_hosts")},
+            "hosts": [{"name": "beelink", "uri": f"qemu+libssh://root@{host.address}/system", "domainType": "qemu"}],
+            "images": {"debian-12": {"url": image.url, "sha256": image.sha256}},
+            "machineTypes": {"small": {"vcpus": 1, "memoryMiB": 256, "diskGiB": 1}}}},
+        {"name": "cluster", "type": "kubernetes", "kubernetes": {
+            "namespace": "egress", "image": "ubuntu/squid:6.6-24.04_beta", "kubeconfig": str(kubeconfig)}},
+    ]
+    if with_gcp:
+        providers.insert(1, {"name": "gcp-eu", "type": "gcp", "gcp": {
+            "project": PROJECT, "zones": [ZONE], "machineTypes": {"small": "e2-small"},
+            "images": {"debian-12": "projects/debian-cloud/global/images/family/debian-12"},
+            "apiEndpoint": compute.endpoint}})
+    path.write_text(yaml.safe_dump({"owner": OWNER, "providers": providers}, sort_keys=False))
+    return path
+
+
+def phase_and_reason(objects: client.CustomObjectsApi, name: str) -> tuple[str, str, str]:
+    proxy = objects.get_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, name)
+    assert isinstance(proxy, dict)
+    status = proxy.get("status") or {}
+    condition = (status.get("conditions") or [{}])[0]
+    return str(status.get("phase")), str(condition.get("reason")), str(condition.get("message"))
+
+
+def be_the_kubelet(core: client.CoreV1Api) -> None:
+    for pod in core.list_namespaced_pod("egress").items:
+        core.patch_namespaced_pod_status(pod.metadata.name, "egress", {"status": {
+            "phase": "Running", "podIP": "10.244.1.7", "hostIP": "192.0.2.21",
+            "conditions": [{"type": "Ready", "status": "True"}]}})
+
+
+def test_three_providers_one_sweep_and_one_failing_provider_degrades_only_its_own(
+        kube: KubeEmulator, compute: ComputeEmulator, hypervisor_host: HypervisorHost, tmp_path: Path) -> None:
+    ssh_dir = tmp_path / "kvm-ssh"
+    ssh_dir.mkdir()
+    shutil.copy(hypervisor_host.key_file, ssh_dir / "id_ed25519")
+    shutil.copy(hypervisor_host.known_hosts_file, ssh_dir / "known_hosts")
+    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", kube.url)
+    config = provider_config(tmp_path / "providers.yaml", hypervisor_host, ssh_dir, compute, kubeconfig, tmp_path)
+
+    api = client.ApiClient(client.Configuration(host=kube.url))
+    objects = client.CustomObjectsApi(api)
+    core = client.CoreV1Api(api)
+    for name, provider in (("kvm-1", "home-kvm"), ("gcp-1", "gcp-eu"), ("k8s-1", "cluster")):
+        objects.create_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, {
+            "apiVersion": f"{GROUP}/{VERSION}", "kind": "Proxy",
+            "metadata": {"name": name, "namespace": NAMESPACE}, "spec": {"provider": provider}})
+    runner = CountingRunner(AnsibleRunner(tmp_path / "work", timeout_seconds=120, max_concurrent=3,
+                                          collections_path=collections_path()))
+    # Immediate retries, so the recovery shows in the very next sweep.
+    reconciler = Reconciler(KubeStore(api), runner, str(config), backoff=Backoff(base_seconds=0, jitter=0))
+
+    try:
+        assert reconciler.sweep().ok
+        be_the_kubelet(core)
+        runner.calls.clear()
+        assert reconciler.sweep().ok
+        # Every provider listed exactly once per sweep; nothing else needed in steady state.
+        assert sorted(runner.calls) == [("cluster", "list"), ("gcp-eu", "list"), ("home-kvm", "list")]
+        assert phase_and_reason(objects, "gcp-1")[0] == "Ready"
+        assert phase_and_reason(objects, "k8s-1")[0] == "Ready"
+        # The KVM guest has no OS here (empty base image): it runs, without an IP.
+        assert phase_and_reason(objects, "kvm-1")[:2] == ("Provisioning", "Provisioning")
+
+        # Break two providers: the KVM key Secret goes away, the Compute API answers 503.
+        (ssh_dir / "id_ed25519").unlink()
+        compute.fail_next("GET", "/aggregated/instances", 503, count=100)
+        report = reconciler.sweep()
+        assert report.ok  # the sweep (and the process) stay up
+        kvm_phase, kvm_reason, kvm_message = phase_and_reason(objects, "kvm-1")
+        assert kvm_reason == "ListFailed" and "transient" in kvm_message and "keyFile" in kvm_message
+        gcp_phase, gcp_reason, gcp_message = phase_and_reason(objects, "gcp-1")
+        assert gcp_reason == "ListFailed" and "transient" in gcp_message
+        assert phase_and_reason(objects, "k8s-1")[0] == "Ready"  # untouched
+        assert report.gc == []  # and no garbage collection on a partial view
+
+        # Restore both, no restart: the next sweep heals them, without duplicates.
+        shutil.copy(hypervisor_host.key_file, ssh_dir / "id_ed25519")
+        compute.clear_faults()
+        assert reconciler.sweep().ok
+        assert phase_and_reason(objects, "gcp-1")[0] == "Ready"
+        assert phase_and_reason(objects, "k8s-1")[0] == "Ready"
+        assert phase_and_reason(objects, "kvm-1")[:2] == ("Provisioning", "Provisioning")
+        assert len(hypervisor_host.connection.listAllDomains()) == 1
+        assert len(compute.instances) == 1
+
+        # The GCP provider is removed from the config: its Proxy fails permanently, naming it,
+        # and only the skip-cleanup annotation lets it go.
+        provider_config(config, hypervisor_host, ssh_dir, compute, kubeconfig, tmp_path, with_gcp=False)
+        assert reconciler.sweep().ok
+        assert phase_and_reason(objects, "gcp-1")[:2] == ("Failed", "ProviderNotConfigured")
+        assert "gcp-eu" in phase_and_reason(objects, "gcp-1")[2]
+        objects.delete_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, "gcp-1")
+        reconciler.sweep()
+        assert phase_and_reason(objects, "gcp-1")[:2] == ("Deleting", "ProviderNotConfigured")
+        objects.patch_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, "gcp-1", {
+            "metadata": {"annotations": {"crawl.example.com/skip-cleanup": "true"}}})
+        reconciler.sweep()
+        with pytest.raises(client.ApiException) as gone:
+            objects.get_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, "gcp-1")
+        assert gone.value.status == 404
+        assert len(compute.instances) == 1  # abandoned, as asked
+    finally:
+        for name in ("kvm-1", "k8s-1"):
+            try:
+                objects.delete_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, name)
+            except client.ApiException:
+                pass
+        shutil.copy(hypervisor_host.key_file, ssh_dir / "id_ed25519")
+        reconciler.sweep()
+        for domain in hypervisor_host.connection.listAllDomains():  # only if a step above failed
+            if domain.isActive():
+                domain.destroy()
+            domain.undefineFlags(libvirt.VIR_DOMAIN_UNDEFINE_MANAGED_SAVE)
+        api.close()
+    assert core.list_namespaced_pod("egress").items == []
+
