@@ -16,13 +16,13 @@ from typing import Any
 import libvirt
 import pytest
 import yaml
+from kubernetes import client
+
 from egress_proxies.backoff import Backoff
 from egress_proxies.kube import KubeStore
 from egress_proxies.model import GROUP, PLURAL, VERSION
 from egress_proxies.reconcile import Reconciler
 from egress_proxies.runner import AnsibleRunner, Operation, OperationResult
-from kubernetes import client
-
 from support.ansible_modules import collections_path
 from support.compute_emulator import ComputeEmulator
 from support.hypervisor_host import HypervisorHost
@@ -48,6 +48,12 @@ class CountingRunner:
 def kube() -> Iterator[KubeEmulator]:
     with KubeEmulator() as emulator:
         yield emulator
+
+
+@pytest.fixture
+def api(kube: KubeEmulator) -> Iterator[client.ApiClient]:
+    with client.ApiClient(client.Configuration(host=kube.url)) as api_client:
+        yield api_client
 
 
 @pytest.fixture
@@ -93,7 +99,8 @@ def be_the_kubelet(core: client.CoreV1Api) -> None:
 
 
 def test_three_providers_one_sweep_and_one_failing_provider_degrades_only_its_own(
-        kube: KubeEmulator, compute: ComputeEmulator, hypervisor_host: HypervisorHost, tmp_path: Path) -> None:
+        kube: KubeEmulator, api: client.ApiClient, compute: ComputeEmulator, hypervisor_host: HypervisorHost,
+        tmp_path: Path) -> None:
     ssh_dir = tmp_path / "kvm-ssh"
     ssh_dir.mkdir()
     shutil.copy(hypervisor_host.key_file, ssh_dir / "id_ed25519")
@@ -101,7 +108,6 @@ def test_three_providers_one_sweep_and_one_failing_provider_degrades_only_its_ow
     kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", kube.url)
     config = provider_config(tmp_path / "providers.yaml", hypervisor_host, ssh_dir, compute, kubeconfig, tmp_path)
 
-    api = client.ApiClient(client.Configuration(host=kube.url))
     objects = client.CustomObjectsApi(api)
     core = client.CoreV1Api(api)
     for name, provider in (("kvm-1", "home-kvm"), ("gcp-1", "gcp-eu"), ("k8s-1", "cluster")):
@@ -130,9 +136,9 @@ def test_three_providers_one_sweep_and_one_failing_provider_degrades_only_its_ow
         compute.fail_next("GET", "/aggregated/instances", 503, count=100)
         report = reconciler.sweep()
         assert report.ok  # the sweep (and the process) stay up
-        kvm_phase, kvm_reason, kvm_message = phase_and_reason(objects, "kvm-1")
+        _, kvm_reason, kvm_message = phase_and_reason(objects, "kvm-1")
         assert kvm_reason == "ListFailed" and "transient" in kvm_message and "keyFile" in kvm_message
-        gcp_phase, gcp_reason, gcp_message = phase_and_reason(objects, "gcp-1")
+        _, gcp_reason, gcp_message = phase_and_reason(objects, "gcp-1")
         assert gcp_reason == "ListFailed" and "transient" in gcp_message
         assert phase_and_reason(objects, "k8s-1")[0] == "Ready"  # untouched
         assert report.gc == []  # and no garbage collection on a partial view
@@ -175,6 +181,5 @@ def test_three_providers_one_sweep_and_one_failing_provider_degrades_only_its_ow
             if domain.isActive():
                 domain.destroy()
             domain.undefineFlags(libvirt.VIR_DOMAIN_UNDEFINE_MANAGED_SAVE)
-        api.close()
     assert core.list_namespaced_pod("egress").items == []
 
