@@ -13,7 +13,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,29 +28,15 @@ from egress_proxies.leader import LeaseElector
 from egress_proxies.loop import Controller, LoopSettings
 from egress_proxies.model import FINALIZER, GROUP, PLURAL, VERSION
 from egress_proxies.reconcile import Reconciler, ReconcileSettings
-from egress_proxies.runner import AnsibleRunner, Operation, OperationResult
+from egress_proxies.runner import AnsibleRunner
 from support.ansible_modules import collections_path, run_module
+from support.controller_fakes import RecordingRunner
 from support.kube_emulator import KubeEmulator
 from support.libvirt_daemon import LibvirtTestDaemon
 from support.provider_config import OWNER, BaseImage, kvm_host, make_base_image, write_kvm_config
 
 POOL = "default-pool"
 NAMESPACE = "crawlers"
-
-
-class RecordingRunner:
-    """The real AnsibleRunner, remembering which provider and verb each call was for."""
-
-    def __init__(self, inner: AnsibleRunner) -> None:
-        self.inner = inner
-        self.calls: list[tuple[str, str, list[Operation]]] = []
-
-    def run(self, provider: str, verb: str, operations: Sequence[Operation]) -> list[OperationResult]:
-        self.calls.append((provider, verb, list(operations)))
-        return self.inner.run(provider, verb, operations)
-
-    def verbs(self) -> list[str]:
-        return [verb for _, verb, _ in self.calls]
 
 
 @pytest.fixture

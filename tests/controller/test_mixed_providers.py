@@ -22,9 +22,10 @@ from egress_proxies.backoff import Backoff
 from egress_proxies.kube import KubeStore
 from egress_proxies.model import GROUP, PLURAL, VERSION
 from egress_proxies.reconcile import Reconciler
-from egress_proxies.runner import AnsibleRunner, Operation, OperationResult
+from egress_proxies.runner import AnsibleRunner
 from support.ansible_modules import collections_path
 from support.compute_emulator import ComputeEmulator
+from support.controller_fakes import RecordingRunner
 from support.hypervisor_host import HypervisorHost
 from support.kube_emulator import KubeEmulator
 from support.provider_config import OWNER, make_base_image, write_kubeconfig
@@ -32,16 +33,6 @@ from support.provider_config import OWNER, make_base_image, write_kubeconfig
 NAMESPACE = "crawlers"
 ZONE = "europe-west1-b"
 PROJECT = "test-project"
-
-
-class CountingRunner:
-    def __init__(self, inner: AnsibleRunner) -> None:
-        self.inner = inner
-        self.calls: list[tuple[str, str]] = []
-
-    def run(self, provider: str, verb: str, operations: list[Operation]) -> list[OperationResult]:
-        self.calls.append((provider, verb))
-        return self.inner.run(provider, verb, operations)
 
 
 @pytest.fixture
@@ -93,6 +84,7 @@ def phase_and_reason(objects: client.CustomObjectsApi, name: str) -> tuple[str, 
 
 def be_the_kubelet(core: client.CoreV1Api) -> None:
     for pod in core.list_namespaced_pod("egress").items:
+        assert pod.metadata is not None and pod.metadata.name
         core.patch_namespaced_pod_status(pod.metadata.name, "egress", {"status": {
             "phase": "Running", "podIP": "10.244.1.7", "hostIP": "192.0.2.21",
             "conditions": [{"type": "Ready", "status": "True"}]}})
@@ -114,7 +106,7 @@ def test_three_providers_one_sweep_and_one_failing_provider_degrades_only_its_ow
         objects.create_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, {
             "apiVersion": f"{GROUP}/{VERSION}", "kind": "Proxy",
             "metadata": {"name": name, "namespace": NAMESPACE}, "spec": {"provider": provider}})
-    runner = CountingRunner(AnsibleRunner(tmp_path / "work", timeout_seconds=120, max_concurrent=3,
+    runner = RecordingRunner(AnsibleRunner(tmp_path / "work", timeout_seconds=120, max_concurrent=3,
                                           collections_path=collections_path()))
     # Immediate retries, so the recovery shows in the very next sweep.
     reconciler = Reconciler(KubeStore(api), runner, str(config), backoff=Backoff(base_seconds=0, jitter=0))
@@ -125,7 +117,8 @@ def test_three_providers_one_sweep_and_one_failing_provider_degrades_only_its_ow
         runner.calls.clear()
         assert reconciler.sweep().ok
         # Every provider listed exactly once per sweep; nothing else needed in steady state.
-        assert sorted(runner.calls) == [("cluster", "list"), ("gcp-eu", "list"), ("home-kvm", "list")]
+        assert sorted((provider, verb) for provider, verb, _ in runner.calls) == [
+            ("cluster", "list"), ("gcp-eu", "list"), ("home-kvm", "list")]
         assert phase_and_reason(objects, "gcp-1")[0] == "Ready"
         assert phase_and_reason(objects, "k8s-1")[0] == "Ready"
         # The KVM guest has no OS here (empty base image): it runs, without an IP.

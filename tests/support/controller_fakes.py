@@ -1,4 +1,5 @@
-"""Fakes of the controller's two edges, for reconcile tests that need no runner and no API.
+"""Fakes of the controller's two edges, for reconcile tests that need no runner and no API
+(and ``RecordingRunner``, which wraps the real runner to remember what was asked of it).
 
 ``MemoryStore`` keeps Proxies as the API server would (resourceVersion, finalizers,
 deletionTimestamp); ``FakeRunner`` plays a provider behind the module contract, with
@@ -15,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from egress_proxies.model import FINALIZER, Proxy
-from egress_proxies.runner import Operation, OperationResult
+from egress_proxies.runner import AnsibleRunner, Operation, OperationResult
 from egress_proxies.store import Conflict, Gone, WatchEvent
 
 
@@ -155,3 +156,18 @@ class FakeRunner:
 
     def verbs(self) -> list[str]:
         return [call.verb for call in self.calls]
+
+
+class RecordingRunner:
+    """The real AnsibleRunner, remembering which provider and verb each call was for."""
+
+    def __init__(self, inner: AnsibleRunner) -> None:
+        self.inner = inner
+        self.calls: list[tuple[str, str, list[Operation]]] = []
+
+    def run(self, provider: str, verb: str, operations: Sequence[Operation]) -> list[OperationResult]:
+        self.calls.append((provider, verb, list(operations)))
+        return self.inner.run(provider, verb, operations)
+
+    def verbs(self) -> list[str]:
+        return [verb for _, verb, _ in self.calls]
