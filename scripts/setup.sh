@@ -75,13 +75,14 @@ make_venv() {
 install_requirements() {
     # The stamp holds the hash of what pip installs from: pip runs again only when it changes.
     local stamp=$VENV/.requirements.sha256 digest
-    digest=$(cat "$ROOT/requirements.txt" "$ROOT/requirements-test.txt" "$ROOT/controller/pyproject.toml" |
+    digest=$(cat "$ROOT/requirements.txt" "$ROOT/requirements-test.txt" "$ROOT/constraints.txt" "$ROOT/controller/pyproject.toml" |
         sha256sum | cut -d' ' -f1)
     if [[ -f $stamp && $(<"$stamp") == "$digest" ]]; then
         return
     fi
     echo "setup.sh: installing requirements-test.txt and the controller into .venv"
-    quietly "$VENV/bin/python" -m pip install --disable-pip-version-check -r "$ROOT/requirements-test.txt"
+    quietly "$VENV/bin/python" -m pip install --disable-pip-version-check -r "$ROOT/requirements-test.txt" \
+        -c "$ROOT/constraints.txt"
     # Editable, so the `egress-proxies` command runs this tree; its dependencies are the pins above.
     quietly "$VENV/bin/python" -m pip install --disable-pip-version-check --no-deps -e "$ROOT/controller"
     echo "$digest" >"$stamp"
