@@ -44,6 +44,8 @@ class InstanceRequest:
     machine_type: Optional[str] = None
     image: Optional[str] = None
     port: int = DEFAULT_PORT
+    # How user_data arrived; GCP passes base64 input on as base64 metadata (design.md).
+    user_data_encoding: str = "plain"
 
 
 @dataclass

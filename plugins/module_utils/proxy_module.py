@@ -6,6 +6,8 @@
 It merges the shared options (documented once in ``doc_fragments/common.py``),
 loads the provider config, turns module parameters into an ``InstanceRequest``, and
 offers ``fail_from(error)``, which always reports ``msg`` and ``error_class``.
+``run_proxy_module`` and ``run_info_module`` are the whole ``main()`` of the modules:
+every provider answers the same contract, so the modules differ only in their docs.
 """
 
 from __future__ import annotations
@@ -27,17 +29,32 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.errors import
 )
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.instance import (
     DEFAULT_PORT,
+    Instance,
     InstanceRequest,
+    ListResult,
     validate_name,
     validate_port,
     validate_tags,
 )
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.provider_id import parse_provider_id
 
 
 class Provider(Protocol):
     """What every provider object offers the wrapper: a way to let go of its connections."""
 
     def close(self) -> None: ...
+
+
+class InstanceProvider(Provider, Protocol):
+    """The contract every provider's instance layer implements (design.md, "Modules")."""
+
+    def create(self, request: InstanceRequest, check_mode: bool) -> Tuple[bool, Instance]: ...
+
+    def delete(self, provider_id: str, check_mode: bool) -> bool: ...
+
+    def get(self, provider_id: str) -> Instance: ...
+
+    def list(self, tags: Dict[str, str]) -> ListResult: ...
 
 
 P = TypeVar("P", bound=Provider)
@@ -106,6 +123,7 @@ class ProxyModule:
             machine_type=params["machine_type"],
             image=params["image"],
             port=validate_port(params["port"]),
+            user_data_encoding=params["user_data_encoding"],
         )
 
     def warn(self, message: str) -> None:
@@ -136,3 +154,44 @@ class ProxyModule:
             if provider is not None:
                 provider.close()
         self.exit(**result)
+
+
+def run_proxy_module(provider_type: str, scheme: str, libraries: Sequence[Tuple[str, bool]],
+                     open_provider: Callable[[ProxyModule], InstanceProvider],
+                     extra_spec: Optional[Dict[str, Any]] = None) -> NoReturn:
+    """The ``P_proxy`` module: create by ``name`` (state present) or delete by ``provider_id``."""
+    module = ProxyModule(
+        dict(INSTANCE_ARGUMENT_SPEC, **(extra_spec or {})), provider_type, required_libs=libraries,
+        supports_check_mode=True,
+        required_if=[("state", "present", ["name"]), ("state", "absent", ["provider_id"])],
+    )
+
+    def act(provider: InstanceProvider) -> Dict[str, Any]:
+        if module.params["state"] == "present":
+            changed, instance = provider.create(module.instance_request(), module.check_mode)
+            return {"changed": changed, "instance": instance.to_dict(), "provider_id": instance.provider_id}
+        provider_id = module.params["provider_id"]
+        parsed = parse_provider_id(provider_id, scheme)
+        changed = provider.delete(provider_id, module.check_mode)
+        gone = Instance(provider_id=provider_id, name=parsed.name, location=parsed.location, state="stopped")
+        return {"changed": changed, "instance": gone.to_dict(), "provider_id": provider_id}
+
+    module.run(open_provider, act)
+
+
+def run_info_module(provider_type: str, libraries: Sequence[Tuple[str, bool]],
+                    open_provider: Callable[[ProxyModule], InstanceProvider], locations: str) -> NoReturn:
+    """The ``P_proxy_info`` module: one instance by ``provider_id``, or all carrying ``tags``.
+
+    ``locations`` names the provider's locations in messages (``KVM host(s)``)."""
+    module = ProxyModule(
+        INFO_ARGUMENT_SPEC, provider_type, required_libs=libraries, supports_check_mode=True,
+        mutually_exclusive=[("provider_id", "tags")], required_one_of=[("provider_id", "tags")],
+    )
+
+    def act(provider: InstanceProvider) -> Dict[str, Any]:
+        if module.params["provider_id"]:
+            return {"changed": False, "instances": [provider.get(module.params["provider_id"]).to_dict()]}
+        return provider.list(validate_tags(module.params["tags"])).to_result(locations)
+
+    module.run(open_provider, act)

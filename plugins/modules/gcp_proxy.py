@@ -123,44 +123,15 @@ error_class:
   type: str
 """
 
-from typing import Any, Dict  # noqa: E402
-
-from ansible_collections.crawl.egress_proxies.plugins.module_utils.gcp.instances import GcpProvider  # noqa: E402
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.gcp.module import (  # noqa: E402
     LIBRARIES,
     gcp_provider,
 )
-from ansible_collections.crawl.egress_proxies.plugins.module_utils.provider_id import (  # noqa: E402
-    parse_provider_id,
-)
-from ansible_collections.crawl.egress_proxies.plugins.module_utils.proxy_module import (  # noqa: E402
-    INSTANCE_ARGUMENT_SPEC,
-    ProxyModule,
-)
-
-
-def ensure_present(module: ProxyModule, provider: GcpProvider) -> Dict[str, Any]:
-    changed, instance = provider.create(module.instance_request(), module.params["user_data_encoding"],
-                                        module.check_mode)
-    return {"changed": changed, "instance": instance.to_dict(), "provider_id": instance.provider_id}
-
-
-def ensure_absent(module: ProxyModule, provider: GcpProvider) -> Dict[str, Any]:
-    provider_id = module.params["provider_id"]
-    parsed = parse_provider_id(provider_id, "gce")
-    changed = provider.delete(provider_id, module.check_mode)
-    instance = {"provider_id": provider_id, "name": parsed.name, "location": parsed.location,
-                "state": "stopped" if changed else None, "ip": None, "tags": {}, "created": None}
-    return {"changed": changed, "instance": instance, "provider_id": provider_id}
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.proxy_module import run_proxy_module  # noqa: E402
 
 
 def main() -> None:
-    module = ProxyModule(
-        INSTANCE_ARGUMENT_SPEC, "gcp", required_libs=LIBRARIES, supports_check_mode=True,
-        required_if=[("state", "present", ["name"]), ("state", "absent", ["provider_id"])],
-    )
-    handler = ensure_present if module.params["state"] == "present" else ensure_absent
-    module.run(gcp_provider, lambda provider: handler(module, provider))
+    run_proxy_module("gcp", "gce", LIBRARIES, gcp_provider)
 
 
 if __name__ == "__main__":

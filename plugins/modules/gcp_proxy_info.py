@@ -95,32 +95,15 @@ error_class:
   type: str
 """
 
-from typing import Any, Dict  # noqa: E402
-
-from ansible_collections.crawl.egress_proxies.plugins.module_utils.gcp.instances import GcpProvider  # noqa: E402
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.gcp.module import (  # noqa: E402
     LIBRARIES,
     gcp_provider,
 )
-from ansible_collections.crawl.egress_proxies.plugins.module_utils.instance import validate_tags  # noqa: E402
-from ansible_collections.crawl.egress_proxies.plugins.module_utils.proxy_module import (  # noqa: E402
-    INFO_ARGUMENT_SPEC,
-    ProxyModule,
-)
-
-
-def find(module: ProxyModule, provider: GcpProvider) -> Dict[str, Any]:
-    if module.params["provider_id"]:
-        return {"changed": False, "instances": [provider.get(module.params["provider_id"]).to_dict()]}
-    return provider.list(validate_tags(module.params["tags"])).to_result("GCP zone(s)")
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.proxy_module import run_info_module  # noqa: E402
 
 
 def main() -> None:
-    module = ProxyModule(
-        INFO_ARGUMENT_SPEC, "gcp", required_libs=LIBRARIES, supports_check_mode=True,
-        mutually_exclusive=[("provider_id", "tags")], required_one_of=[("provider_id", "tags")],
-    )
-    module.run(gcp_provider, lambda provider: find(module, provider))
+    run_info_module("gcp", LIBRARIES, gcp_provider, "GCP zone(s)")
 
 
 if __name__ == "__main__":

@@ -93,32 +93,15 @@ error_class:
   type: str
 """
 
-from typing import Any, Dict  # noqa: E402
-
-from ansible_collections.crawl.egress_proxies.plugins.module_utils.instance import validate_tags  # noqa: E402
-from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.instances import KvmProvider  # noqa: E402
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.module import (  # noqa: E402
     LIBRARIES,
     kvm_provider,
 )
-from ansible_collections.crawl.egress_proxies.plugins.module_utils.proxy_module import (  # noqa: E402
-    INFO_ARGUMENT_SPEC,
-    ProxyModule,
-)
-
-
-def find(module: ProxyModule, provider: KvmProvider) -> Dict[str, Any]:
-    if module.params["provider_id"]:
-        return {"changed": False, "instances": [provider.get(module.params["provider_id"]).to_dict()]}
-    return provider.list(validate_tags(module.params["tags"])).to_result("KVM host(s)")
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.proxy_module import run_info_module  # noqa: E402
 
 
 def main() -> None:
-    module = ProxyModule(
-        INFO_ARGUMENT_SPEC, "kvm", required_libs=LIBRARIES, supports_check_mode=True,
-        mutually_exclusive=[("provider_id", "tags")], required_one_of=[("provider_id", "tags")],
-    )
-    module.run(kvm_provider, lambda provider: find(module, provider))
+    run_info_module("kvm", LIBRARIES, kvm_provider, "KVM host(s)")
 
 
 if __name__ == "__main__":

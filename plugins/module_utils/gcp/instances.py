@@ -155,7 +155,7 @@ class GcpProvider:
 
     # -- create ----------------------------------------------------------------------------
 
-    def _plan(self, request: InstanceRequest, user_data_encoding: str) -> "_Plan":
+    def _plan(self, request: InstanceRequest) -> "_Plan":
         """Everything about the instance that does not depend on its zone, checked before any API call."""
         machine_key = request.machine_type or self.settings.default_machine_type
         if machine_key not in self.settings.machine_types:
@@ -168,7 +168,7 @@ class GcpProvider:
         if request.location:
             self._zone(request.location)
         labels, tags_json = encode_tags(request.tags)
-        metadata = [*user_data_metadata(request.user_data, user_data_encoding),
+        metadata = [*user_data_metadata(request.user_data, request.user_data_encoding),
                     (TAGS_METADATA_KEY, tags_json), (PORT_METADATA_KEY, str(request.port))]
         return _Plan(self.settings.machine_types[machine_key], self.settings.images[image_key], labels, metadata)
 
@@ -212,9 +212,9 @@ class GcpProvider:
                             "refusing to touch it" % (field, found.name, found.zone, MARKER_LABEL, MARKER_VALUE))
         return found
 
-    def create(self, request: InstanceRequest, user_data_encoding: str, check_mode: bool) -> Tuple[bool, Instance]:
+    def create(self, request: InstanceRequest, check_mode: bool) -> Tuple[bool, Instance]:
         """Create ``request`` unless an instance of that name exists (then changed is False)."""
-        plan = self._plan(request, user_data_encoding)
+        plan = self._plan(request)
         found, zone = self._existing_and_zone(request)
         if found is not None:
             return False, self._instance(self._ours_or_fail(found, "name"))

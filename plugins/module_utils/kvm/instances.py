@@ -91,10 +91,11 @@ def _state_names() -> Dict[int, str]:
 
 
 class KvmProvider:
-    def __init__(self, settings: KvmSettings, cache_dir: str, log: Log) -> None:
+    def __init__(self, settings: KvmSettings, cache_dir: str, log: Log, warn: Optional[Log] = None) -> None:
         self.settings = settings
         self.cache_dir = cache_dir
         self.log = log
+        self.warn = warn or log
         self.connections = KvmConnections(settings.ssh)
 
     def close(self) -> None:
@@ -303,8 +304,8 @@ class KvmProvider:
         if host is None:
             # Nothing this controller can clean: succeeding releases the Proxy instead of
             # pinning its finalizer forever. The VM, if any, must be removed by hand.
-            self.log("delete %s: KVM host %r is not configured; nothing to clean, treating as deleted" % (
-                provider_id, parsed.location))
+            self.warn("KVM host %r is not configured: nothing to clean for %s, treated as deleted; "
+                      "remove any VM there by hand" % (parsed.location, provider_id))
             return False
         connection = self.connections.open(host)
         changed = False

@@ -25,4 +25,4 @@ def kvm_provider(module: ProxyModule) -> KvmProvider:
     if settings is None:  # provider() checked the type, so this is a bug
         raise Permanent("provider: %r has no kvm section" % module.params["provider"])
     cache_dir = module.params.get("image_cache_dir") or default_cache_dir()
-    return KvmProvider(settings, cache_dir, module.module.log)
+    return KvmProvider(settings, cache_dir, module.module.log, module.warn)

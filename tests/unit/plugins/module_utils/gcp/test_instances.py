@@ -69,10 +69,10 @@ def pid(zone: str, name: str = NAME, project: str = "test-project") -> str:
 @pytest.mark.parametrize(
     ("action", "field"),
     [
-        (lambda p: p.create(request(machine_type="huge"), "plain", False), "machine_type"),
-        (lambda p: p.create(request(image="windows-95"), "plain", False), "image"),
-        (lambda p: p.create(request(location="us-central1-a"), "plain", False), "location"),
-        (lambda p: p.create(request(tags={"crawl.example.com/owner": "A B"}), "plain", False),
+        (lambda p: p.create(request(machine_type="huge"), False), "machine_type"),
+        (lambda p: p.create(request(image="windows-95"), False), "image"),
+        (lambda p: p.create(request(location="us-central1-a"), False), "location"),
+        (lambda p: p.create(request(tags={"crawl.example.com/owner": "A B"}), False),
          "tags.crawl.example.com/owner"),
         (lambda p: p.get(pid(ZONES[0], project="other-project")), "provider_id"),
         (lambda p: p.delete(pid(ZONES[0], project="other-project"), False), "provider_id"),
@@ -99,7 +99,7 @@ def test_a_failed_operation_is_classified_and_leaves_nothing(provider: GcpProvid
                                                              code: str, status: int, expected: type) -> None:
     emulator.fail_next_operation(code, "the operation failed", status)
     with pytest.raises(expected, match=code):
-        provider.create(request(location=ZONES[0]), "plain", False)
+        provider.create(request(location=ZONES[0]), False)
     assert emulator.instances == {}
 
 
@@ -107,9 +107,9 @@ def test_an_operation_that_does_not_finish_in_time_is_transient(provider: GcpPro
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(client_module, "OPERATION_TIMEOUT_SECONDS", 0.0)
     with pytest.raises(Transient, match="still not done"):
-        provider.create(request(location=ZONES[0]), "plain", False)
+        provider.create(request(location=ZONES[0]), False)
     # The retry finds it by name instead of making a second one.
-    changed, found = provider.create(request(location=ZONES[0]), "plain", False)
+    changed, found = provider.create(request(location=ZONES[0]), False)
     assert (changed, found.name) == (False, NAME)
 
 
@@ -124,14 +124,14 @@ def test_an_unreachable_endpoint_is_transient(emulator: ComputeEmulator) -> None
 def test_a_conflict_on_insert_means_it_exists(provider: GcpProvider, emulator: ComputeEmulator) -> None:
     seed(emulator, ZONES[0])
     emulator.fail_next("GET", NAME + "$", 404)  # made by a concurrent run between our get and our insert
-    changed, found = provider.create(request(location=ZONES[0]), "plain", False)
+    changed, found = provider.create(request(location=ZONES[0]), False)
     assert (changed, found.provider_id) == (False, pid(ZONES[0]))
 
 
 def test_a_foreign_instance_is_neither_adopted_nor_deleted(provider: GcpProvider, emulator: ComputeEmulator) -> None:
     emulator.add_instance(ZONES[0], NAME)
     with pytest.raises(Permanent, match=r"^name: .*not made by egress-proxies"):
-        provider.create(request(location=ZONES[0]), "plain", False)
+        provider.create(request(location=ZONES[0]), False)
     with pytest.raises(Permanent, match=r"^provider_id: .*refusing to touch it"):
         provider.delete(pid(ZONES[0]), False)
     assert (ZONES[0], NAME) in emulator.instances
@@ -146,7 +146,7 @@ def test_check_mode_deletes_nothing(provider: GcpProvider, emulator: ComputeEmul
 
 
 def test_check_mode_creates_nothing(provider: GcpProvider, emulator: ComputeEmulator) -> None:
-    changed, planned = provider.create(request(), "plain", check_mode=True)
+    changed, planned = provider.create(request(), check_mode=True)
     assert (changed, planned.provider_id, planned.state) == (True, pid(ZONES[0]), "pending")
     assert emulator.requests_to("POST", ".") == []
 
@@ -159,7 +159,7 @@ def test_deleting_in_a_retired_zone_succeeds(provider: GcpProvider, emulator: Co
 def test_placement_refuses_when_a_zone_cannot_be_listed(provider: GcpProvider, emulator: ComputeEmulator) -> None:
     emulator.set_unreachable(ZONES[1])
     with pytest.raises(Transient, match=f"cannot place {NAME}: listing failed in zone.*{ZONES[1]}"):
-        provider.create(request(), "plain", False)
+        provider.create(request(), False)
     assert emulator.instances == {}
 
 
@@ -182,7 +182,7 @@ def test_the_internal_ip_is_used_without_a_nat(emulator: ComputeEmulator) -> Non
     settings = gcp_settings(emulator.endpoint)
     without_nat = GcpSettings(**{**settings.__dict__, "external_ip": False})
     provider = GcpProvider(without_nat, ComputeClient(without_nat))
-    _, created = provider.create(request(location=ZONES[0]), "plain", False)
+    _, created = provider.create(request(location=ZONES[0]), False)
     assert created.ip is not None and created.ip.startswith("10.128.")
     assert "accessConfigs" not in str(emulator.requests_to("POST", "/instances$")[0].body)
 
