@@ -14,7 +14,7 @@ import base64
 import datetime
 import logging
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -82,6 +82,8 @@ class ReconcileSettings:
     gc_grace_seconds: float = 600.0
     gc_dry_run: bool = False
     batch_size: int = 50
+    # Create batches of one provider run side by side; the runner's memory cap still bounds them.
+    parallel_batches: int = 4
 
 
 @dataclass
@@ -231,27 +233,40 @@ class Reconciler:
             if self._is_ready(current):
                 retire.extend((proxy, old) for old in mine if old is not current)
 
-        for chunk in _chunks(creates, self.settings.batch_size):
+        def create_batch(chunk: list[_Create]) -> tuple[list[_Create], list[OperationResult]]:
             operations = [Operation(f"{kind}_proxy", self._create_args(config, name, c), key=c.proxy.uid)
                           for c in chunk]
-            results = self.runner.run(name, "create", operations)
-            report.runner_calls += 1
-            for create, result in zip(chunk, results, strict=True):
-                if result.ok:
-                    report.created += 1
-                    instance = result.result.get("instance") or {}
-                    replaced = bool(create.proxy.status.get("providerID"))
-                    self.store.record_event(create.proxy, "Normal", "Replacing" if replaced else "Created",
-                                            f"instance {instance.get('provider_id')} created")
-                    self.backoff.succeeded(create.proxy.uid)
-                    proxy = self._observe(create.proxy, instance, create.hash)
-                    if self._is_ready(instance):
-                        retire.extend((proxy, old) for old in listing.instances
-                                      if old.get("tags", {}).get(UID_TAG) == proxy.uid
-                                      and old.get("provider_id") != instance.get("provider_id"))
-                else:
-                    self._failed(create.proxy, result, "CreateFailed")
+            return chunk, self.runner.run(name, "create", operations)
+
+        # Batches run side by side (the runner's memory cap bounds how many at once); each
+        # batch's results are recorded as soon as it returns, so a providerID is never lost
+        # to a slower batch.
+        chunks = _chunks(creates, self.settings.batch_size)
+        with ThreadPoolExecutor(max_workers=max(1, min(len(chunks), self.settings.parallel_batches))) as pool:
+            done = [pool.submit(create_batch, chunk) for chunk in chunks]
+            for future in as_completed(done):
+                chunk, results = future.result()
+                report.runner_calls += 1
+                self._record_creates(chunk, results, listing, retire, report)
         self._retire(kind, name, config, retire, report)
+
+    def _record_creates(self, chunk: list[_Create], results: list[OperationResult], listing: Listing,
+                        retire: list[tuple[Proxy, dict[str, Any]]], report: SweepReport) -> None:
+        for create, result in zip(chunk, results, strict=True):
+            if result.ok:
+                report.created += 1
+                instance = result.result.get("instance") or {}
+                replaced = bool(create.proxy.status.get("providerID"))
+                self.store.record_event(create.proxy, "Normal", "Replacing" if replaced else "Created",
+                                        f"instance {instance.get('provider_id')} created")
+                self.backoff.succeeded(create.proxy.uid)
+                proxy = self._observe(create.proxy, instance, create.hash)
+                if self._is_ready(instance):
+                    retire.extend((proxy, old) for old in listing.instances
+                                  if old.get("tags", {}).get(UID_TAG) == proxy.uid
+                                  and old.get("provider_id") != instance.get("provider_id"))
+            else:
+                self._failed(create.proxy, result, "CreateFailed")
 
     def _create_args(self, config: ProviderConfigView, provider: str, create: _Create) -> dict[str, Any]:
         spec = create.proxy.spec

@@ -101,8 +101,8 @@ def test_many_proxies_are_batched(store: MemoryStore, runner: FakeRunner, config
     for n in range(7):
         store.add(f"p{n}", SPEC)
     reconciler(store, runner, config, clock, batch_size=3).sweep()
-    creates = [len(call.operations) for call in runner.calls if call.verb == "create"]
-    assert creates == [3, 3, 1]
+    creates = sorted(len(call.operations) for call in runner.calls if call.verb == "create")
+    assert creates == [1, 3, 3]  # bounded batches (run side by side, so in any order)
 
 
 def test_spec_change_makes_before_it_breaks(store: MemoryStore, runner: FakeRunner, config: Path,
