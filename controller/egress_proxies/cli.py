@@ -166,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def stop(signum: int, _frame: FrameType | None) -> None:
         log.info("signal %d: stopping", signum)
+        runner.cancel()
         controller.stop()
 
     signal.signal(signal.SIGTERM, stop)

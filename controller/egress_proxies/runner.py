@@ -125,7 +125,8 @@ def results_from_events(events: Sequence[dict[str, Any]], count: int, status: st
         else:
             results[int(match.group(1))] = OperationResult.failure(
                 classify_failure(res), str(res.get("msg") or "module failed without a message"), res)
-    reason = "the run timed out and was killed" if status == "timeout" else f"the run ended ({status}) first"
+    reason = {"timeout": "the run timed out and was killed", "canceled": "the run was cancelled (shutdown)"}.get(
+        status, f"the run ended ({status}) first")
     return [result or OperationResult.failure("transient", f"no result: {reason}") for result in results]
 
 
@@ -188,6 +189,8 @@ class AnsibleRunner:
         limit = max_concurrent or concurrency_for_memory(memory_available_bytes())
         self.max_concurrent = limit
         self._slots = threading.BoundedSemaphore(limit)
+        self._rotate_lock = threading.Lock()
+        self._cancelled = threading.Event()
         # Each run gets its own private data dir (ansible-runner writes env/envvars and the
         # inventory there, so concurrent runs must not share one); artifacts go to one place.
         self.runs_dir = work_dir / "runs"
@@ -209,6 +212,9 @@ class AnsibleRunner:
             (private / "project").mkdir(parents=True)
             (private / "project" / "batch.yml").write_text(build_playbook(operations))
             try:
+                # cancel_callback: without one, ansible-runner takes over SIGINT/SIGTERM for good
+                # when called from the main thread (--once, --until-ready); with it, stopping
+                # the controller cancels runs in flight.
                 outcome = ansible_runner.run(
                     private_data_dir=str(private), playbook="batch.yml", ident=ident,
                     artifact_dir=str(self.artifact_dir),
@@ -216,10 +222,13 @@ class AnsibleRunner:
                         "ansible_connection": "local", "ansible_python_interpreter": sys.executable}}}},
                     envvars={"ANSIBLE_COLLECTIONS_PATH": self.collections_path, "ANSIBLE_NOCOLOR": "1",
                              "ANSIBLE_RETRY_FILES_ENABLED": "0", RUN_MARKER: ident},
-                    timeout=self.timeout_seconds, quiet=True, rotate_artifacts=self.keep_artifacts,
+                    timeout=self.timeout_seconds, quiet=True, cancel_callback=self._cancelled.is_set,
                 )
                 events = list(outcome.events)
                 status = str(outcome.status)
+            except Exception as error:  # the runner itself failing is transient by contract
+                log.exception("runner %s %s failed to run", provider, verb)
+                events, status = [], f"error: {error}"
             finally:
                 # The playbook holds user-data: it never outlives the run, and neither does
                 # any process of it (a timed-out run's workers sit in their own sessions).
@@ -231,12 +240,25 @@ class AnsibleRunner:
             elapsed = time.monotonic() - started
         results = results_from_events(events, len(operations), status)
         self._index(ident, operations)
+        self._rotate()
         metrics.RUNNER_CALLS.labels(provider=provider, verb=verb).inc()
         metrics.RUNNER_SECONDS.labels(provider=provider, verb=verb).observe(elapsed)
         failed = sum(1 for result in results if not result.ok)
         log.info("runner %s %s: %d operation(s), %d failed, %.1f s (%s)", provider, verb, len(operations),
                  failed, elapsed, status)
         return results
+
+    def cancel(self) -> None:
+        """Cancel runs in flight and refuse new ones (on shutdown); their operations end transient."""
+        self._cancelled.set()
+
+    def _rotate(self) -> None:
+        """Keep the newest ``keep_artifacts`` runs' artifacts. Done here, under a lock, because
+        ansible-runner's own rotation races when runs finish side by side (measured)."""
+        with self._rotate_lock:
+            runs = sorted((d for d in self.artifact_dir.iterdir() if d.is_dir()), key=lambda d: d.stat().st_mtime)
+            for stale in runs[: max(0, len(runs) - self.keep_artifacts)]:
+                shutil.rmtree(stale, ignore_errors=True)
 
     def _index(self, ident: str, operations: Sequence[Operation]) -> None:
         """Which Proxies a run touched, so their artifacts can be purged when they go."""

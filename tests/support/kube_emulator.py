@@ -943,6 +943,9 @@ class _Handler(BaseHTTPRequestHandler):
     """Translates HTTP to the emulator's verbs; every error becomes a Status object."""
 
     protocol_version = "HTTP/1.1"  # keep-alive and chunked watch streams, as the client expects
+    # A real API server never waits on Nagle: without this every small request sits ~40 ms on a
+    # delayed ACK (measured: 44 ms against 0.6 ms per GET).
+    disable_nagle_algorithm = True
     server_version = "kube-emulator"
 
     @property
