@@ -14,7 +14,7 @@ Measured, in this order:
 3. per-object from empty (``kvm_proxy`` create with a batch of one per Proxy) on a sample of
    fresh Proxies, after the test driver has been emptied.
 
-A full per-object pass over 1,000 Proxies takes ~25 minutes, so per-object figures are
+A full per-object pass over 1,000 Proxies takes 16-20 minutes here, so per-object figures are
 measured on the sample and extrapolated linearly to N; the output labels every figure as
 measured or extrapolated.
 
@@ -37,6 +37,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
@@ -65,6 +66,11 @@ from support.provider_config import kvm_host, make_base_image, write_kvm_config 
 MIB = 1024 * 1024
 PROVIDER = "lab"  # the one KVM provider support.provider_config writes
 POOL = "default-pool"  # the test driver's built-in pool
+# The test driver gives every pool 100 GiB and a volume without <allocation> allocates its
+# capacity, so one host holds at most 99 overlays of the smallest disk (1 GiB): the bench runs
+# one test-driver libvirtd per this many Proxies, each a KVM host of the one provider (as a
+# real fleet would spread 1,000 proxy VMs over many hypervisors).
+PROXIES_PER_HOST = 90
 BATCH_NAMESPACE = "bench"
 PER_OBJECT_NAMESPACE = "bench-per-object"
 # A Proxy as a crawler team would write it: the provider picks the host (placement runs).
@@ -79,9 +85,15 @@ TARGET_RSS_MIB = 200.0
 # Runs in its own process: the emulator's memory (every object, its history) must not count
 # against the controller's RSS. It serves until its stdin closes, so it also ends when the
 # bench dies without cleaning up.
+# TCP_NODELAY on its connections, as a real API server has (Go sets it on every TCP
+# connection): without it every request whose response is small (a PUT, a GET of one object)
+# waits ~40 ms for the client's delayed ACK (Nagle), measured 44 ms against 0.6 ms, which
+# would make the emulator, not the controller, dominate every write-heavy figure.
 EMULATOR_LAUNCHER = """
 import sys
+from support import kube_emulator
 from support.kube_emulator import KubeEmulator
+kube_emulator._Handler.disable_nagle_algorithm = True
 emulator = KubeEmulator(port=0).start()
 sys.stdout.write(emulator.url + "\\n")
 sys.stdout.flush()
@@ -92,6 +104,22 @@ emulator.stop()
 
 class BenchError(RuntimeError):
     """The bench could not measure what it set out to (a sweep failed, Proxies never got Ready)."""
+
+
+class Stopping(Exception):
+    """The bench is being interrupted: no new runner call may start."""
+
+
+@dataclass
+class Shutdown:
+    """What an interrupt needs to stop the measurement thread's runner calls, and only those."""
+
+    stopping: threading.Event = field(default_factory=threading.Event)
+    spare: set[int] = field(default_factory=set)  # our children that stop through their own cleanup
+
+    def stop_runner_calls(self) -> None:
+        self.stopping.set()
+        kill_children(self.spare)
 
 
 def say(line: str = "") -> None:
@@ -112,11 +140,14 @@ class Call:
 class CountingRunner:
     """The real AnsibleRunner, recording each call's verb, size and wall time."""
 
-    def __init__(self, inner: AnsibleRunner) -> None:
+    def __init__(self, inner: AnsibleRunner, stopping: threading.Event) -> None:
         self.inner = inner
+        self.stopping = stopping
         self.calls: list[Call] = []
 
     def run(self, provider: str, verb: str, operations: Sequence[Operation]) -> list[OperationResult]:
+        if self.stopping.is_set():
+            raise Stopping
         started = time.monotonic()
         results = self.inner.run(provider, verb, operations)
         self.calls.append(Call(verb, len(operations), time.monotonic() - started))
@@ -304,6 +335,7 @@ class Results:
     proxies: int
     sample: int
     batch_size: int
+    hosts: int
     empty_list_seconds: float = 0.0
     from_empty: Phase = field(default_factory=Phase)
     steady: list[Phase] = field(default_factory=list)
@@ -323,11 +355,13 @@ def print_results(r: Results) -> None:
     for_target = "" if n == 1000 else f" (target is for 1000; this run has {n})"
 
     say()
-    say(f"== batch: the controller as shipped, {n} Proxies, batch size {r.batch_size} (all measured)")
+    say(f"== batch: the controller as shipped, {n} Proxies on 1 provider of {r.hosts} KVM host(s), "
+        f"batch size {r.batch_size} (all measured)")
     fe = r.from_empty
     row("time until all Ready, from empty", f"{fe.seconds:.1f} s",
         f"{fe.sweeps} sweep(s), {fe.spawns} runner call(s): {fe.by_verb()}")
-    row("  of which inside runner calls", f"{fe.runner_seconds:.1f} s",
+    # Summed over calls: more than the wall time when create batches run side by side.
+    row("  runner call time, summed", f"{fe.runner_seconds:.1f} s",
         f"{fe.runner_seconds / max(1, sum(c.operations for c in fe.calls if c.verb == 'create')):.2f} s per create")
     row("steady sweep wall time (median of 3)", f"{steady_median:.2f} s",
         f"[{', '.join(f'{p.seconds:.2f}' for p in r.steady)}]  {verdict(steady_median <= TARGET_STEADY_SECONDS)}"
@@ -371,7 +405,8 @@ def print_results(r: Results) -> None:
         f"{pe.seconds * scale:.0f} s (extrapolated) vs {fe.seconds:.0f} s (measured)")
     if r.profile:
         say()
-        say("== cProfile of one more steady sweep (controller process only; runner time is in subprocess waits)")
+        say("== cProfile of one more steady sweep (controller process only; waiting for the runner "
+        "shows as lock acquire, for the API as socket reads)")
         say(r.profile)
 
 
@@ -384,30 +419,32 @@ def profile_sweep(reconciler: Reconciler) -> str:
     checked(reconciler.sweep())
     profiler.disable()
     out = io.StringIO()
-    pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(15)
+    pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(20)
     return out.getvalue()
 
 
-def run(args: argparse.Namespace, stack: contextlib.ExitStack) -> Results:
+def run(args: argparse.Namespace, stack: contextlib.ExitStack, shutdown: Shutdown) -> Results:
     results = Results(proxies=args.proxies, sample=min(args.per_object_sample, args.proxies),
-                      batch_size=args.batch_size)
+                      batch_size=args.batch_size, hosts=-(-args.proxies // args.proxies_per_host))
     work = Path(tempfile.mkdtemp(prefix="egress-proxies-bench-"))
     stack.callback(shutil.rmtree, work, ignore_errors=True)
     # The modules cache base images here instead of under ~/.cache.
     os.environ["EGRESS_PROXIES_CACHE_DIR"] = str(work / "image-cache")
 
-    say("starting libvirtd (test driver) and the Kubernetes API emulator ...")
-    daemon = stack.enter_context(LibvirtTestDaemon())
+    hosts = results.hosts
+    say(f"starting {hosts} libvirtd(s) (test driver) and the Kubernetes API emulator ...")
+    daemons = [stack.enter_context(LibvirtTestDaemon()) for _ in range(hosts)]
     url = stack.enter_context(emulator_process())
     api = stack.enter_context(client.ApiClient(client.Configuration(host=url)))
     objects = client.CustomObjectsApi(api)
-    config = write_kvm_config(work / "providers.yaml", [kvm_host("h1", daemon.uri, pool=POOL)],
-                              make_base_image(work))
-    # Registered last, so it runs first: no runner call outlives the daemon or the work dir.
-    stack.callback(kill_children, own_children())
+    host_entries = [kvm_host(f"h{index:02d}", daemon.uri, pool=POOL) for index, daemon in enumerate(daemons)]
+    config = write_kvm_config(work / "providers.yaml", host_entries, make_base_image(work))
+    # Registered last, so it runs first: no runner call outlives the daemons or the work dir.
+    shutdown.spare = own_children()
+    stack.callback(shutdown.stop_runner_calls)
     runner = CountingRunner(AnsibleRunner(work / "runner", timeout_seconds=args.runner_timeout,
                                           max_concurrent=args.max_runners, keep_artifacts=5,
-                                          collections_path=collections_path()))
+                                          collections_path=collections_path()), shutdown.stopping)
     # GC never fires here (every instance belongs to a Proxy); a long grace keeps it that way
     # for the per-object sample's instances too.
     settings = ReconcileSettings(gc_grace_seconds=10**9, batch_size=args.batch_size)
@@ -432,7 +469,8 @@ def run(args: argparse.Namespace, stack: contextlib.ExitStack) -> Results:
 
     say(f"per-object: {results.sample} Proxies from empty, batch size 1 ...")
     # From empty means no domains: drop the batch run's, so placement sees an empty host.
-    daemon.reset()
+    for daemon in daemons:
+        daemon.reset()
     create_proxies(objects, PER_OBJECT_NAMESPACE, results.sample)
     sample_store = KubeStore(api, namespace=PER_OBJECT_NAMESPACE)
     per_object = Reconciler(sample_store, runner, str(config),
@@ -453,13 +491,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="Proxies the per-object mode is measured on (default: %(default)s)")
     parser.add_argument("--batch-size", type=int, default=ReconcileSettings.batch_size,
                         help="module calls per runner call in batch mode (default: the controller's, %(default)s)")
+    parser.add_argument("--proxies-per-host", type=int, default=PROXIES_PER_HOST,
+                        help="Proxies per test-driver libvirtd (at most 99 fit one; default: %(default)s)")
     parser.add_argument("--max-runners", type=int, default=2, help="concurrent runner processes (default: 2)")
     parser.add_argument("--runner-timeout", type=int, default=1800, help="seconds per runner call")
     parser.add_argument("--max-sweeps", type=int, default=5, help="give up when not all Ready after this many")
     parser.add_argument("--profile", action="store_true", help="also cProfile one steady sweep (controller side)")
     args = parser.parse_args(argv)
-    if args.proxies < 1 or args.per_object_sample < 1:
-        parser.error("--proxies and --per-object-sample must be at least 1")
+    if min(args.proxies, args.per_object_sample, args.proxies_per_host) < 1:
+        parser.error("--proxies, --per-object-sample and --proxies-per-host must be at least 1")
     return args
 
 
@@ -470,9 +510,36 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     signal.signal(signal.SIGTERM, interrupt)
     started = time.monotonic()
+    shutdown = Shutdown()
+    outcome: list[Results | BaseException] = []
+
+    def measure(stack: contextlib.ExitStack) -> None:
+        try:
+            outcome.append(run(args, stack, shutdown))
+        except BaseException as error:  # noqa: BLE001 - handed to the main thread, which re-raises it
+            outcome.append(error)
+
     try:
         with contextlib.ExitStack() as stack:
-            results = run(args, stack)
+            # The measurement runs in a thread, as the controller's sweeps do (loop.Controller):
+            # ansible-runner replaces the SIGINT/SIGTERM handlers when called from the main
+            # thread (to cancel its run instead), which would make Ctrl-C stop one runner call
+            # and let the bench carry on. Here the main thread keeps the signals.
+            worker = threading.Thread(target=measure, args=(stack,), name="bench", daemon=True)
+            worker.start()
+            try:
+                while worker.is_alive():
+                    worker.join(0.5)
+            except KeyboardInterrupt:
+                # Stop the runner calls and let the thread unwind before the daemons and the
+                # emulator go (the ExitStack), so nothing it starts outlives them.
+                shutdown.stop_runner_calls()
+                worker.join(60)
+                raise
+        (result,) = outcome
+        if isinstance(result, BaseException):
+            raise result
+        results = result
     except KeyboardInterrupt:
         say("interrupted; every process and temporary directory of the bench was removed")
         return 130
