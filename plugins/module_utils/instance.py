@@ -90,6 +90,16 @@ def validate_tags(tags: Optional[Mapping[Any, Any]]) -> Dict[str, str]:
     return result
 
 
+def choose_key(option: str, requested: Optional[str], default: str, table: Mapping[str, Any], what: str) -> str:
+    """The requested key of a config table (machine types, images), else the default; an
+    unknown key is Permanent, naming the module option and the keys there are."""
+    key = requested or default
+    if key not in table:
+        raise Permanent("%s: %r is not %s of this provider (known: %s)" % (
+            option, key, what, ", ".join(sorted(table))))
+    return key
+
+
 def matches_tags(instance_tags: Mapping[str, str], wanted: Mapping[str, str]) -> bool:
     """True when the instance carries every wanted tag with the same value."""
     return all(instance_tags.get(key) == value for key, value in wanted.items())

@@ -38,6 +38,7 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.instance impo
     Instance,
     InstanceRequest,
     ListResult,
+    choose_key,
     matches_tags,
 )
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.provider_id import (
@@ -157,14 +158,9 @@ class GcpProvider:
 
     def _plan(self, request: InstanceRequest) -> "_Plan":
         """Everything about the instance that does not depend on its zone, checked before any API call."""
-        machine_key = request.machine_type or self.settings.default_machine_type
-        if machine_key not in self.settings.machine_types:
-            raise Permanent("machine_type: %r is not a machine type of this provider (known: %s)" % (
-                machine_key, ", ".join(sorted(self.settings.machine_types))))
-        image_key = request.image or self.settings.default_image
-        if image_key not in self.settings.images:
-            raise Permanent("image: %r is not an image of this provider (known: %s)" % (
-                image_key, ", ".join(sorted(self.settings.images))))
+        machine_key = choose_key("machine_type", request.machine_type, self.settings.default_machine_type,
+                                 self.settings.machine_types, "a machine type")
+        image_key = choose_key("image", request.image, self.settings.default_image, self.settings.images, "an image")
         if request.location:
             self._zone(request.location)
         labels, tags_json = encode_tags(request.tags)

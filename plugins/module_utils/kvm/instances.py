@@ -41,6 +41,7 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.instance impo
     Instance,
     InstanceRequest,
     ListResult,
+    choose_key,
     matches_tags,
 )
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.addresses import domain_ip
@@ -214,14 +215,9 @@ class KvmProvider:
 
     def plan_create(self, request: InstanceRequest) -> Tuple[KvmHost, Optional[Any]]:
         """Validate the request against the config; return the target host and any existing domain."""
-        machine_key = request.machine_type or self.settings.default_machine_type
-        if machine_key not in self.settings.machine_types:
-            raise Permanent("machine_type: %r is not a machine type of this provider (known: %s)" % (
-                machine_key, ", ".join(sorted(self.settings.machine_types))))
-        image_key = request.image or self.settings.default_image
-        if image_key not in self.settings.images:
-            raise Permanent("image: %r is not an image of this provider (known: %s)" % (
-                image_key, ", ".join(sorted(self.settings.images))))
+        choose_key("machine_type", request.machine_type, self.settings.default_machine_type,
+                   self.settings.machine_types, "a machine type")
+        choose_key("image", request.image, self.settings.default_image, self.settings.images, "an image")
         host, domain = self._existing(request)
         return (host or self._place(request)), domain
 
