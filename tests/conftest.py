@@ -1,18 +1,26 @@
-"""Fixtures that start real libvirt daemons (see tests/support/); they need root.
+"""Fixtures shared across the suite: real libvirt daemons (they need root), the Kubernetes API
+emulator with a client on it, a base image and a provider config for the test driver.
 
-They fail instead of skipping when not root: CI runs as root, and a skipped integration test
-would look like a passing one.
+The libvirt fixtures fail instead of skipping when not root: CI runs as root, and a skipped
+integration test would look like a passing one.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+from kubernetes import client
 
 from support.hypervisor_host import HypervisorHost
+from support.kube_emulator import KubeEmulator
 from support.libvirt_daemon import LibvirtTestDaemon
+from support.provider_config import BaseImage, kvm_host, make_base_image, write_kvm_config
+
+# The test driver's built-in storage pool.
+TEST_DRIVER_POOL = "default-pool"
 
 
 def _require_root(what: str) -> None:
@@ -47,3 +55,30 @@ def hypervisor_host() -> Iterator[HypervisorHost]:
         host.define_default_pool()
         host.define_isolated_network()
         yield host
+
+
+@pytest.fixture
+def image(tmp_path: Path) -> BaseImage:
+    """A small real qcow2 base image with its sha256, served from a file:// URL."""
+    return make_base_image(tmp_path)
+
+
+@pytest.fixture
+def testdriver_config(tmp_path: Path, libvirt_test: LibvirtTestDaemon, image: BaseImage) -> Path:
+    """A provider config with one KVM provider ``lab`` whose host ``h1`` is the test-driver daemon."""
+    return write_kvm_config(tmp_path / "providers.yaml", [kvm_host("h1", libvirt_test.uri, pool=TEST_DRIVER_POOL)],
+                            image)
+
+
+@pytest.fixture
+def kube() -> Iterator[KubeEmulator]:
+    """The Kubernetes API emulator on 127.0.0.1 (tests/support/kube_emulator.py)."""
+    with KubeEmulator() as emulator:
+        yield emulator
+
+
+@pytest.fixture
+def api(kube: KubeEmulator) -> Iterator[client.ApiClient]:
+    """The official client, pointed at the emulator."""
+    with client.ApiClient(client.Configuration(host=kube.url)) as api_client:
+        yield api_client

@@ -27,24 +27,6 @@ Obj = dict[str, Any]
 
 
 @pytest.fixture
-def kube() -> Iterator[KubeEmulator]:
-    emulator = KubeEmulator().start()
-    try:
-        yield emulator
-    finally:
-        emulator.stop()
-
-
-@pytest.fixture
-def api(kube: KubeEmulator) -> Iterator[client.ApiClient]:
-    api_client = client.ApiClient(client.Configuration(host=kube.url))
-    try:
-        yield api_client
-    finally:
-        api_client.close()  # type: ignore[no-untyped-call]
-
-
-@pytest.fixture
 def core(api: client.ApiClient) -> client.CoreV1Api:
     return client.CoreV1Api(api)
 

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,22 +33,10 @@ from support.ansible_modules import collections_path, run_module
 from support.controller_fakes import RecordingRunner
 from support.kube_emulator import KubeEmulator
 from support.libvirt_daemon import LibvirtTestDaemon
-from support.provider_config import OWNER, BaseImage, kvm_host, make_base_image, write_kvm_config
+from support.provider_config import OWNER, BaseImage, kvm_host, write_kvm_config
 
 POOL = "default-pool"
 NAMESPACE = "crawlers"
-
-
-@pytest.fixture
-def kube() -> Iterator[KubeEmulator]:
-    with KubeEmulator() as emulator:
-        yield emulator
-
-
-@pytest.fixture
-def api(kube: KubeEmulator) -> Iterator[client.ApiClient]:
-    with client.ApiClient(client.Configuration(host=kube.url)) as api_client:
-        yield api_client
 
 
 @pytest.fixture
@@ -57,13 +45,8 @@ def objects(api: client.ApiClient) -> client.CustomObjectsApi:
 
 
 @pytest.fixture
-def image(tmp_path: Path) -> BaseImage:
-    return make_base_image(tmp_path)
-
-
-@pytest.fixture
-def config(tmp_path: Path, libvirt_test: LibvirtTestDaemon, image: BaseImage) -> Path:
-    return write_kvm_config(tmp_path / "providers.yaml", [kvm_host("h1", libvirt_test.uri, pool=POOL)], image)
+def config(testdriver_config: Path) -> Path:
+    return testdriver_config
 
 
 @pytest.fixture

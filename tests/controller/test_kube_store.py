@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import socket
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -27,21 +26,6 @@ pytestmark = pytest.mark.timeout(30)
 
 NS = "crawlers"
 Obj = dict[str, Any]
-
-
-@pytest.fixture
-def kube() -> Iterator[KubeEmulator]:
-    with KubeEmulator() as emulator:
-        yield emulator
-
-
-@pytest.fixture
-def api(kube: KubeEmulator) -> Iterator[client.ApiClient]:
-    api_client = client.ApiClient(client.Configuration(host=kube.url))
-    try:
-        yield api_client
-    finally:
-        api_client.close()  # type: ignore[no-untyped-call]
 
 
 @pytest.fixture

@@ -38,12 +38,6 @@ class FakeClock:
 
 
 @pytest.fixture
-def kube() -> Iterator[KubeEmulator]:
-    with KubeEmulator() as emulator:
-        yield emulator
-
-
-@pytest.fixture
 def leases(kube: KubeEmulator) -> Iterator[KubeLeases]:
     api_client = client.ApiClient(client.Configuration(host=kube.url))
     try:

@@ -36,18 +36,6 @@ PROJECT = "test-project"
 
 
 @pytest.fixture
-def kube() -> Iterator[KubeEmulator]:
-    with KubeEmulator() as emulator:
-        yield emulator
-
-
-@pytest.fixture
-def api(kube: KubeEmulator) -> Iterator[client.ApiClient]:
-    with client.ApiClient(client.Configuration(host=kube.url)) as api_client:
-        yield api_client
-
-
-@pytest.fixture
 def compute() -> Iterator[ComputeEmulator]:
     with ComputeEmulator(project=PROJECT, zones=(ZONE,)) as emulator:
         yield emulator

@@ -13,7 +13,6 @@ tests/unit/plugins/module_utils/k8s/test_instances.py.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,12 +28,6 @@ NAME = "crawlers-eu-1-3f9c2a"
 PROVIDER_ID = f"k8s://namespaces/{NAMESPACE}/pods/{NAME}"
 TAGS = {**OWNER_TAGS, "crawl.example.com/proxy": "crawlers/eu-1", "crawl.example.com/uid": "0f6c-11",
         "crawl.example.com/spec-hash": "3f9c2a"}
-
-
-@pytest.fixture
-def kube() -> Iterator[KubeEmulator]:
-    with KubeEmulator() as emulator:
-        yield emulator
 
 
 @pytest.fixture

@@ -15,19 +15,14 @@ import pytest
 
 from support.ansible_modules import ModuleRun, run_module
 from support.libvirt_daemon import LibvirtTestDaemon
-from support.provider_config import OWNER_TAGS, BaseImage, kvm_host, make_base_image, write_kvm_config
+from support.provider_config import OWNER_TAGS, BaseImage, kvm_host, write_kvm_config
 
 POOL = "default-pool"  # the test driver's built-in pool
 
 
 @pytest.fixture
-def image(tmp_path: Path) -> BaseImage:
-    return make_base_image(tmp_path)
-
-
-@pytest.fixture
-def config(tmp_path: Path, libvirt_test: LibvirtTestDaemon, image: BaseImage) -> Path:
-    return write_kvm_config(tmp_path / "providers.yaml", [kvm_host("h1", libvirt_test.uri, pool=POOL)], image)
+def config(testdriver_config: Path) -> Path:
+    return testdriver_config
 
 
 def proxy(config: Path, tmp_path: Path, **args: Any) -> ModuleRun:
