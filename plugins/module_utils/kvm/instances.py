@@ -156,7 +156,8 @@ class KvmProvider:
             raise NotFound("domain %s does not exist on KVM host %s" % (parsed.name, host.name))
         return self._describe(host, domain)
 
-    def _our_domains(self, host: KvmHost, tags: Dict[str, str], with_ip: bool) -> List[Instance]:
+    def _matching_domains(self, host: KvmHost, tags: Dict[str, str]) -> List[Tuple[Any, DomainInfo]]:
+        """Our domains on ``host`` carrying ``tags``, with their parsed XML (one read each)."""
         connection = self.connections.open(host)
         try:
             domains = connection.listAllDomains(0)
@@ -166,14 +167,22 @@ class KvmProvider:
         for domain in domains:
             try:
                 info = parse_domain_xml(domain.XMLDesc(0))
-                # Without our metadata a domain is never ours, and never touched.
-                if info.ours and matches_tags(info.tags, tags):
-                    found.append(self._instance(host, domain, info, with_ip))
             except libvirt.libvirtError as error:
-                if error.get_error_code() != libvirt.VIR_ERR_NO_DOMAIN:  # undefined meanwhile: skip it
-                    raise classify(error, "reading domain on host %s" % host.name) from error
+                if error.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN:
+                    continue  # undefined between listing and reading: not there any more
+                raise classify(error, "reading domain on host %s" % host.name) from error
+            # Without our metadata a domain is never ours, and never touched.
+            if info.ours and matches_tags(info.tags, tags):
+                found.append((domain, info))
+        return found
+
+    def _our_domains(self, host: KvmHost, tags: Dict[str, str], with_ip: bool) -> List[Instance]:
+        found = []
+        for domain, info in self._matching_domains(host, tags):
+            try:
+                found.append(self._instance(host, domain, info, with_ip))
             except NotFound:
-                continue
+                continue  # undefined meanwhile
         return found
 
     def list(self, tags: Dict[str, str]) -> ListResult:
@@ -209,7 +218,7 @@ class KvmProvider:
         if request.location:
             return self._host(request.location)
         owner = {OWNER_TAG: request.tags[OWNER_TAG]} if OWNER_TAG in request.tags else {}
-        counts = [(len(self._our_domains(host, owner, with_ip=False)), index, host)
+        counts = [(len(self._matching_domains(host, owner)), index, host)
                   for index, host in enumerate(self.settings.hosts)]
         return min(counts, key=lambda item: (item[0], item[1]))[2]
 
