@@ -84,9 +84,14 @@ class DirectoryStore:
     def _load(self, stem: str, path: Path | None) -> Proxy | None:
         state = self._read_state(stem)
         document = self._read_spec(path) if path is not None else None
-        if document is None and path is not None:
-            return None  # unreadable file: never treated as a deletion
         metadata = state.get("metadata") or {}
+        if document is None and path is not None:
+            if not metadata:
+                return None  # never seen before: nothing to protect, nothing to do
+            # Unreadable now, known before: present the last good spec, so a typo in the file
+            # neither deletes the Proxy nor lets garbage collection take its instance.
+            document = {"metadata": {"name": metadata.get("name"), "namespace": metadata.get("namespace")},
+                        "spec": state.get("spec") or {}}
         if document is None:
             if not metadata.get("finalizers"):
                 return None
