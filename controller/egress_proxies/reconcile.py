@@ -338,7 +338,11 @@ class Reconciler:
         delay = self.backoff.failed(proxy.uid, error_class)
         message = f"{error_class}: {result.message} (next attempt in {delay:.0f} s)"
         log.warning("%s: %s: %s", proxy.key, reason, message)
-        self.store.record_event(proxy, "Warning", reason, message)
+        previous = next((c for c in proxy.status.get("conditions") or [] if c.get("type") == "Ready"), {})
+        if previous.get("reason") != reason or not str(previous.get("message", "")).startswith(
+                f"{error_class}: {result.message}"):
+            # One Event when a failure starts or changes, not one per sweep while it lasts.
+            self.store.record_event(proxy, "Warning", reason, message)
         if phase is None:
             phase = PHASE_FAILED if error_class == "permanent" else (
                 PHASE_PROVISIONING if proxy.status.get("providerID") else PHASE_PENDING)

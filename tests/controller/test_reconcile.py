@@ -171,10 +171,12 @@ def test_transient_create_failure_backs_off_exponentially(store: MemoryStore, ru
     assert "transient: host h1 does not answer (next attempt in 5 s)" in saved.status["conditions"][0]["message"]
     rec.sweep()  # too early: no second attempt
     assert runner.verbs().count("create") == 1
+    assert store.reasons() == ["CreateFailed"]
     clock.now += 5
     rec.sweep()
     assert runner.verbs().count("create") == 2
     assert "next attempt in 10 s" in store.get("eu-1").status["conditions"][0]["message"]
+    assert store.reasons() == ["CreateFailed"]  # the same failure again: no second Event
 
 
 def test_permanent_create_failure_fails_and_requeues_slowly(store: MemoryStore, runner: FakeRunner, config: Path,
