@@ -1,25 +1,35 @@
 """Benchmark of the controller at scale: prints figures, asserts nothing (not part of pytest).
 
 N Proxies in the Kubernetes API emulator (its own process, so its memory is not the
-controller's), the KVM provider on libvirt's test driver served by a libvirtd (another
-process), and the real ``Reconciler`` + ``KubeStore`` + ``AnsibleRunner`` running the real
-modules. This process hosts only the controller, so its peak RSS is the controller's.
+controller's), instances on emulated providers (other processes), and the real
+``Reconciler`` + ``KubeStore`` + ``AnsibleRunner`` running the real modules. This process
+hosts only the controller, so its peak RSS is the controller's.
+
+Two fleets:
+
+- KVM (the default): every Proxy on one KVM provider, libvirt's test driver served by one
+  libvirtd per ``--proxies-per-host`` Proxies;
+- ``--mixed``: the Proxies split round-robin over three providers in one controller: that KVM
+  provider, a GCP provider on the Compute REST emulator (its own process, three zones) and a
+  Kubernetes provider whose Pods live in the same Kubernetes API emulator as the Proxies. The
+  emulator has no kubelet, so a stand-in in this process marks new Pods Running and Ready
+  with a podIP between sweeps (the output says how long that took; it is not the controller).
 
 Measured, in this order:
 
 1. batch (the controller as shipped): sweeps from empty until all N are Ready, then three
    steady sweeps;
 2. per-object steady state (what the Operator SDK's Ansible operator does: one runner call
-   per Proxy per reconcile, here ``kvm_proxy_info`` by providerID) on a sample of the N;
-3. per-object from empty (``kvm_proxy`` create with a batch of one per Proxy) on a sample of
-   fresh Proxies, after the test driver has been emptied.
+   per Proxy per reconcile, here ``<kind>_proxy_info`` by providerID) on a sample of the N;
+3. per-object from empty (``<kind>_proxy`` create with a batch of one per Proxy) on a sample
+   of fresh Proxies, after the test driver has been emptied.
 
-A full per-object pass over 1,000 Proxies takes 16-20 minutes here, so per-object figures are
+A full per-object pass over 1,000 Proxies takes 15-27 minutes here, so per-object figures are
 measured on the sample and extrapolated linearly to N; the output labels every figure as
 measured or extrapolated.
 
 Run as root from the repository root (the test daemon needs a mount namespace):
-``.venv/bin/python bench/controller_bench.py [--proxies 1000] [--per-object-sample 30]``.
+``.venv/bin/python bench/controller_bench.py [--mixed] [--proxies 1000] [--per-object-sample 30]``.
 """
 
 from __future__ import annotations
@@ -28,6 +38,7 @@ import argparse
 import contextlib
 import cProfile
 import io
+import itertools
 import os
 import pstats
 import resource
@@ -44,37 +55,49 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-# The controller is installed editable in .venv; the test helpers (the emulator, the test
+# The controller is installed editable in .venv; the test helpers (the emulators, the test
 # daemon, provider configs) are imported the way pytest imports them, from tests/.
 TESTS = REPO / "tests"
 if str(TESTS) not in sys.path:
     sys.path.insert(0, str(TESTS))
 
 from kubernetes import client  # noqa: E402
+from prometheus_client import REGISTRY  # noqa: E402
 
 from egress_proxies.backoff import Backoff  # noqa: E402
 from egress_proxies.kube import KubeStore  # noqa: E402
 from egress_proxies.model import GROUP, PHASE_READY, PLURAL, VERSION, Proxy, spec_hash  # noqa: E402
-from egress_proxies.reconcile import Reconciler, ReconcileSettings, SweepReport  # noqa: E402
+from egress_proxies.reconcile import (  # noqa: E402
+    MODULES,
+    ProviderConfigView,
+    Reconciler,
+    ReconcileSettings,
+    SweepReport,
+)
 from egress_proxies.runner import AnsibleRunner, Operation, OperationResult  # noqa: E402
 from support.ansible_modules import collections_path  # noqa: E402
 from support.libvirt_daemon import LibvirtTestDaemon  # noqa: E402
-from support.provider_config import kvm_host, make_base_image, write_kvm_config  # noqa: E402
+from support.provider_config import kvm_host, make_base_image, write_kubeconfig, write_kvm_config  # noqa: E402
 
 MIB = 1024 * 1024
-PROVIDER = "lab"  # the one KVM provider support.provider_config writes
+KVM_PROVIDER = "lab"  # the KVM provider support.provider_config writes
+GCP_PROVIDER = "gcp-eu"
+K8S_PROVIDER = "cluster"
+GCP_PROJECT = "bench-project"
+GCP_ZONES = ("europe-west1-b", "europe-west4-a", "us-central1-a")
+POD_NAMESPACE = "egress"
 POOL = "default-pool"  # the test driver's built-in pool
 # The test driver gives every pool 100 GiB and a volume without <allocation> allocates its
 # capacity, so one host holds at most 99 overlays of the smallest disk (1 GiB): the bench runs
-# one test-driver libvirtd per this many Proxies, each a KVM host of the one provider (as a
+# one test-driver libvirtd per this many KVM Proxies, each a KVM host of the one provider (as a
 # real fleet would spread 1,000 proxy VMs over many hypervisors).
 PROXIES_PER_HOST = 90
 BATCH_NAMESPACE = "bench"
 PER_OBJECT_NAMESPACE = "bench-per-object"
-# A Proxy as a crawler team would write it: the provider picks the host (placement runs).
-SPEC = {"provider": PROVIDER, "cloudInit": "#cloud-config\npackages: [squid]\n"}
+CLOUD_INIT = "#cloud-config\npackages: [squid]\n"
 STEADY_SWEEPS = 3
 # The issue's targets (for 1,000 Proxies on this 2-core machine).
 TARGET_STEADY_SECONDS = 10.0
@@ -82,23 +105,31 @@ TARGET_CALLS_PER_PROVIDER = 1
 TARGET_SPAWN_RATIO = 100.0
 TARGET_RSS_MIB = 200.0
 
-# Runs in its own process: the emulator's memory (every object, its history) must not count
-# against the controller's RSS. It serves until its stdin closes, so it also ends when the
-# bench dies without cleaning up.
-# TCP_NODELAY on its connections, as a real API server has (Go sets it on every TCP
-# connection): without it every request whose response is small (a PUT, a GET of one object)
-# waits ~40 ms for the client's delayed ACK (Nagle), measured 44 ms against 0.6 ms, which
-# would make the emulator, not the controller, dominate every write-heavy figure.
-EMULATOR_LAUNCHER = """
+# The emulators run in processes of their own: their memory (every object, its history) must
+# not count against the controller's RSS. Each serves until its stdin closes, so it also ends
+# when the bench dies without cleaning up. The Kubernetes API emulator disables Nagle itself.
+KUBE_LAUNCHER = """
 import sys
-from support import kube_emulator
 from support.kube_emulator import KubeEmulator
-kube_emulator._Handler.disable_nagle_algorithm = True
 emulator = KubeEmulator(port=0).start()
 sys.stdout.write(emulator.url + "\\n")
 sys.stdout.flush()
 sys.stdin.read()
 emulator.stop()
+"""
+# The Compute emulator does not (yet) set TCP_NODELAY, so every request waits ~40 ms for the
+# client's delayed ACK (measured 43 ms against 0.2 ms per GET), two or three per create. A
+# real API endpoint has no such wait; this process serves nothing else, so turning it on for
+# every stream handler here is turning it on for the emulator's.
+COMPUTE_LAUNCHER = """
+import socketserver
+import sys
+from support.compute_emulator import ComputeEmulator
+socketserver.StreamRequestHandler.disable_nagle_algorithm = True
+with ComputeEmulator(project=sys.argv[1], zones=tuple(sys.argv[2:])) as emulator:
+    sys.stdout.write(emulator.endpoint + "\\n")
+    sys.stdout.flush()
+    sys.stdin.read()
 """
 
 
@@ -112,14 +143,17 @@ class Stopping(Exception):
 
 @dataclass
 class Shutdown:
-    """What an interrupt needs to stop the measurement thread's runner calls, and only those."""
+    """What an interrupt needs to stop the measurement thread's runner calls."""
 
     stopping: threading.Event = field(default_factory=threading.Event)
-    spare: set[int] = field(default_factory=set)  # our children that stop through their own cleanup
+    runner: AnsibleRunner | None = None
 
     def stop_runner_calls(self) -> None:
+        # The runner's cancel callback ends a run in flight within ansible-runner's poll
+        # interval (5 s) and kills what is left of it; no new call starts after this.
         self.stopping.set()
-        kill_children(self.spare)
+        if self.runner is not None:
+            self.runner.cancel()
 
 
 def say(line: str = "") -> None:
@@ -132,13 +166,14 @@ def say(line: str = "") -> None:
 
 @dataclass(frozen=True)
 class Call:
+    provider: str
     verb: str
     operations: int
-    seconds: float
+    seconds: float  # wall time of the call, including any wait for a free runner slot
 
 
 class CountingRunner:
-    """The real AnsibleRunner, recording each call's verb, size and wall time."""
+    """The real AnsibleRunner, recording each call's provider, verb, size and wall time."""
 
     def __init__(self, inner: AnsibleRunner, stopping: threading.Event) -> None:
         self.inner = inner
@@ -150,8 +185,16 @@ class CountingRunner:
             raise Stopping
         started = time.monotonic()
         results = self.inner.run(provider, verb, operations)
-        self.calls.append(Call(verb, len(operations), time.monotonic() - started))
+        self.calls.append(Call(provider, verb, len(operations), time.monotonic() - started))
         return results
+
+
+def runner_seconds(provider: str, verb: str) -> float:
+    """The runner's own time for (provider, verb) so far, from its metrics: a run's wall time
+    without the wait for a runner slot, which the bench's wall clock around a call includes."""
+    value = REGISTRY.get_sample_value("egress_proxies_runner_duration_seconds_sum",
+                                      {"provider": provider, "verb": verb})
+    return value or 0.0
 
 
 @dataclass
@@ -161,6 +204,9 @@ class Phase:
     seconds: float = 0.0
     sweeps: int = 0
     calls: list[Call] = field(default_factory=list)
+    list_seconds: dict[str, float] = field(default_factory=dict)  # provider -> runner's own list time
+    create_seconds: dict[str, float] = field(default_factory=dict)  # provider -> runner's own create time
+    kubelet_seconds: float = 0.0  # the bench's kubelet stand-in, inside ``seconds``
 
     @property
     def spawns(self) -> int:
@@ -174,19 +220,22 @@ class Phase:
         counts = Counter(call.verb for call in self.calls)
         return ", ".join(f"{count} {verb}" for verb, count in sorted(counts.items())) or "none"
 
+    def by_provider(self) -> Counter[str]:
+        return Counter(call.provider for call in self.calls)
+
 
 @contextlib.contextmanager
-def emulator_process() -> Iterator[str]:
-    """The Kubernetes API emulator in a child process; yields its URL."""
+def emulator_process(launcher: str, *args: str) -> Iterator[str]:
+    """An emulator in a child process; yields the URL it prints."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))}
     # Its own session: a Ctrl-C reaches only the bench, which then stops it in order.
-    process = subprocess.Popen([sys.executable, "-c", EMULATOR_LAUNCHER], stdin=subprocess.PIPE,
+    process = subprocess.Popen([sys.executable, "-c", launcher, *args], stdin=subprocess.PIPE,
                                stdout=subprocess.PIPE, env=env, text=True, start_new_session=True)
     try:
         assert process.stdout is not None
         url = process.stdout.readline().strip()
         if not url.startswith("http://"):
-            raise BenchError(f"the Kubernetes API emulator did not start (exit {process.poll()})")
+            raise BenchError(f"an emulator did not start (exit {process.poll()})")
         yield url
     finally:
         if process.stdin is not None:
@@ -199,35 +248,29 @@ def emulator_process() -> Iterator[str]:
             process.wait()
 
 
-def own_children() -> set[int]:
-    """The pids whose parent is this process."""
-    me, found = os.getpid(), set()
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        if parent == me:
-            found.add(int(stat.parent.name))
-    return found
+class KubeletStandIn:
+    """What the kubelet would report once a Pod's container runs and its readiness probe
+    passes: phase Running, Ready, a podIP. The emulator has none, so the bench plays it
+    between sweeps, as tests/controller/test_mixed_providers.py does."""
 
+    def __init__(self, core: client.CoreV1Api, namespace: str) -> None:
+        self.core = core
+        self.namespace = namespace
+        self.addresses = itertools.count(1)
+        self.seconds = 0.0
+        self.marked = 0
 
-def kill_children(spare: set[int]) -> None:
-    """Kill the process groups of our children not in ``spare`` (an interrupted runner call).
-
-    ansible-runner starts ansible-playbook through pexpect, which makes it a session leader,
-    so a Ctrl-C in the terminal never reaches it, and ansible-runner does not stop it on a
-    KeyboardInterrupt. Only direct children of this process (and their groups) are touched;
-    ``spare`` are the daemon and the emulator, which stop in order through their own cleanup.
-    """
-    for pid in own_children() - spare:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            if os.getpgid(pid) == pid:
-                os.killpg(pid, signal.SIGKILL)
-            else:
-                os.kill(pid, signal.SIGKILL)
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(pid, 0)
+    def run(self) -> None:
+        started = time.monotonic()
+        for pod in self.core.list_namespaced_pod(self.namespace).items:
+            if pod.metadata is None or not pod.metadata.name or (pod.status and pod.status.phase == "Running"):
+                continue
+            high, low = divmod(next(self.addresses), 250)
+            self.core.patch_namespaced_pod_status(pod.metadata.name, self.namespace, {"status": {
+                "phase": "Running", "podIP": f"10.244.{high}.{low + 1}", "hostIP": "192.0.2.21",
+                "conditions": [{"type": "Ready", "status": "True"}]}})
+            self.marked += 1
+        self.seconds += time.monotonic() - started
 
 
 def interrupt(signum: int, _frame: FrameType | None) -> None:
@@ -237,11 +280,21 @@ def interrupt(signum: int, _frame: FrameType | None) -> None:
 # -- the workload ----------------------------------------------------------------------------------
 
 
-def create_proxies(objects: client.CustomObjectsApi, namespace: str, count: int) -> None:
+def create_proxies(objects: client.CustomObjectsApi, namespace: str, count: int, providers: Sequence[str]) -> None:
+    """``count`` Proxies spread round-robin over ``providers``, placement left to each provider."""
     for index in range(count):
+        provider = providers[index % len(providers)]
+        # A Pod has no cloud-init (the provider refuses user-data, permanently): its squid
+        # comes from the provider config instead.
+        spec = {"provider": provider} if provider == K8S_PROVIDER else {"provider": provider, "cloudInit": CLOUD_INIT}
         body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Proxy",
-                "metadata": {"name": f"proxy-{index:05d}", "namespace": namespace}, "spec": dict(SPEC)}
+                "metadata": {"name": f"proxy-{index:05d}", "namespace": namespace}, "spec": spec}
         objects.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body)
+
+
+def share(count: int, providers: Sequence[str]) -> dict[str, int]:
+    """How many of ``count`` round-robin Proxies each provider gets."""
+    return {name: len(range(index, count, len(providers))) for index, name in enumerate(providers)}
 
 
 def ready_count(store: KubeStore) -> tuple[int, int]:
@@ -255,39 +308,58 @@ def checked(report: SweepReport) -> SweepReport:
     return report
 
 
-def until_ready(reconciler: Reconciler, store: KubeStore, runner: CountingRunner, max_sweeps: int) -> Phase:
-    """Sweep from empty until every Proxy of ``store`` is Ready."""
+def timed_sweep(reconciler: Reconciler, runner: CountingRunner, providers: Sequence[str]) -> Phase:
+    """One sweep, with its runner calls and each provider's list time (the runner's own)."""
     mark = len(runner.calls)
+    before = {name: runner_seconds(name, "list") for name in providers}
     started = time.monotonic()
+    checked(reconciler.sweep())
+    return Phase(time.monotonic() - started, 1, runner.calls[mark:],
+                 {name: runner_seconds(name, "list") - before[name] for name in providers})
+
+
+def until_ready(reconciler: Reconciler, store: KubeStore, runner: CountingRunner, providers: Sequence[str],
+                max_sweeps: int, kubelet: KubeletStandIn | None) -> Phase:
+    """Sweep from empty until every Proxy of ``store`` is Ready (the kubelet plays in between)."""
+    started = time.monotonic()
+    kubelet_before = kubelet.seconds if kubelet else 0.0
+    creates_before = {name: runner_seconds(name, "create") for name in providers}
     phase = Phase()
     while True:
-        checked(reconciler.sweep())
+        sweep = timed_sweep(reconciler, runner, providers)
         phase.sweeps += 1
+        phase.calls += sweep.calls
+        if phase.sweeps == 1:
+            phase.list_seconds = sweep.list_seconds  # the lists with no instance yet
+        if kubelet is not None:
+            kubelet.run()
         ready, total = ready_count(store)
         if ready == total:
             break
         if phase.sweeps >= max_sweeps:
             raise BenchError(f"only {ready} of {total} Proxies Ready after {phase.sweeps} sweeps")
     phase.seconds = time.monotonic() - started
-    phase.calls = runner.calls[mark:]
+    phase.kubelet_seconds = kubelet.seconds - kubelet_before if kubelet else 0.0
+    phase.create_seconds = {name: runner_seconds(name, "create") - creates_before[name] for name in providers}
     return phase
 
 
-def steady_sweeps(reconciler: Reconciler, runner: CountingRunner, count: int) -> list[Phase]:
+def steady_sweeps(reconciler: Reconciler, runner: CountingRunner, providers: Sequence[str],
+                  count: int) -> list[Phase]:
     phases = []
     for _ in range(count):
         mark = len(runner.calls)
-        started = time.monotonic()
-        report = checked(reconciler.sweep())
-        if report.created or report.deleted:
-            raise BenchError(f"a steady sweep changed instances: {report}")
-        phases.append(Phase(time.monotonic() - started, 1, runner.calls[mark:]))
+        phase = timed_sweep(reconciler, runner, providers)
+        changed = [c for c in runner.calls[mark:] if c.verb != "list"]
+        if changed:
+            raise BenchError(f"a steady sweep changed instances: {changed}")
+        phases.append(phase)
     return phases
 
 
 class PerObjectStrategy:
     """What the Operator SDK's Ansible operator does in steady state: one runner call per
-    Proxy per reconcile (``kvm_proxy_info`` by providerID), then that Proxy's status.
+    Proxy per reconcile (``<kind>_proxy_info`` by providerID), then that Proxy's status.
 
     The status comes from the controller's own ``Reconciler._observe``, so both modes do the
     same work per Proxy apart from how they ask the provider.
@@ -297,13 +369,15 @@ class PerObjectStrategy:
         self.reconciler = reconciler
         self.runner = runner
         self.config_path = config_path
+        self.kinds = {name: MODULES[kind] for name, kind in ProviderConfigView.load(config_path).providers.items()}
 
     def reconcile(self, proxy: Proxy) -> None:
-        (result,) = self.runner.run(PROVIDER, "get", [Operation("kvm_proxy_info", {
-            "provider_config": self.config_path, "provider": PROVIDER,
+        module = f"{self.kinds[proxy.provider]}_proxy_info"
+        (result,) = self.runner.run(proxy.provider, "get", [Operation(module, {
+            "provider_config": self.config_path, "provider": proxy.provider,
             "provider_id": proxy.status["providerID"]}, key=proxy.uid)])
         if not result.ok:
-            raise BenchError(f"{proxy.key}: kvm_proxy_info failed ({result.error_class}): {result.message}")
+            raise BenchError(f"{proxy.key}: {module} failed ({result.error_class}): {result.message}")
         (instance,) = result.result["instances"]
         self.reconciler._observe(proxy, instance, spec_hash(proxy.spec))
 
@@ -335,49 +409,88 @@ class Results:
     proxies: int
     sample: int
     batch_size: int
+    max_runners: int
+    providers: dict[str, int]  # provider -> Proxies on it
     hosts: int
-    empty_list_seconds: float = 0.0
     from_empty: Phase = field(default_factory=Phase)
     steady: list[Phase] = field(default_factory=list)
     per_object_steady: Phase = field(default_factory=Phase)
     per_object_empty: Phase = field(default_factory=Phase)
+    kubelet_pods: int = 0
     rss_self_mib: float = 0.0
     rss_children_mib: float = 0.0
     profile: str = ""
+
+    @property
+    def mixed(self) -> bool:
+        return len(self.providers) > 1
+
+
+DESCRIPTIONS = {KVM_PROVIDER: "KVM, {hosts} test-driver libvirtd(s)",
+                GCP_PROVIDER: f"GCP, Compute emulator, {len(GCP_ZONES)} zones",
+                K8S_PROVIDER: "Kubernetes Pods in the API emulator"}
 
 
 def print_results(r: Results) -> None:
     n, s = r.proxies, r.sample
     scale = n / s
     steady_median = statistics.median(p.seconds for p in r.steady)
-    steady_runner = statistics.median(p.runner_seconds for p in r.steady)
+    steady_runner = statistics.median(max((c.seconds for c in p.calls), default=0.0) for p in r.steady)
+    per_provider = {name: max(p.by_provider()[name] for p in r.steady) for name in r.providers}
     steady_calls = max(p.spawns for p in r.steady)
     for_target = "" if n == 1000 else f" (target is for 1000; this run has {n})"
+    fleet = ", ".join(f"{name} ({DESCRIPTIONS[name].format(hosts=r.hosts)}) {count}"
+                      for name, count in r.providers.items())
 
     say()
-    say(f"== batch: the controller as shipped, {n} Proxies on 1 provider of {r.hosts} KVM host(s), "
-        f"batch size {r.batch_size} (all measured)")
+    say(f"== batch: the controller as shipped, {n} Proxies on {len(r.providers)} provider(s): {fleet}; "
+        f"batch size {r.batch_size}, at most {r.max_runners} runner processes (all measured)")
+    if r.mixed:
+        say(f"   Pods get Running+Ready and a podIP from the bench's kubelet stand-in between sweeps "
+            f"(the emulator has no kubelet): {r.kubelet_pods} Pods marked")
     fe = r.from_empty
     row("time until all Ready, from empty", f"{fe.seconds:.1f} s",
         f"{fe.sweeps} sweep(s), {fe.spawns} runner call(s): {fe.by_verb()}")
-    # Summed over calls: more than the wall time when create batches run side by side.
-    row("  runner call time, summed", f"{fe.runner_seconds:.1f} s",
-        f"{fe.runner_seconds / max(1, sum(c.operations for c in fe.calls if c.verb == 'create')):.2f} s per create")
+    if r.mixed:
+        row("  of which the kubelet stand-in (bench)", f"{fe.kubelet_seconds:.1f} s",
+            "patching Pod status; a real kubelet does this, not the controller")
+        row("  runner calls by provider", ", ".join(f"{name} {count}" for name, count in fe.by_provider().items()))
+    # The runner's own time, summed over calls: more than the wall time when create batches
+    # run side by side, and each of those is slower for sharing the cores.
+    creates = Counter[str]()
+    for call in fe.calls:
+        if call.verb == "create":
+            creates[call.provider] += call.operations
+    row("  create calls' runner time, summed", f"{sum(fe.create_seconds.values()):.1f} s",
+        f"{sum(fe.create_seconds.values()) / max(1, creates.total()):.2f} s per create; runs side by side share "
+        f"{os.cpu_count()} cores")
+    if r.mixed:
+        for name in r.providers:
+            row(f"    {name}", f"{fe.create_seconds[name]:.1f} s",
+                f"{fe.create_seconds[name] / max(1, creates[name]):.2f} s per create, {creates[name]} creates")
     row("steady sweep wall time (median of 3)", f"{steady_median:.2f} s",
         f"[{', '.join(f'{p.seconds:.2f}' for p in r.steady)}]  {verdict(steady_median <= TARGET_STEADY_SECONDS)}"
         f" (target <= {TARGET_STEADY_SECONDS:.0f} s){for_target}")
-    row("  of which the one list runner call", f"{steady_runner:.2f} s",
-        f"the same call with 0 instances took {r.empty_list_seconds:.2f} s")
+    lists_label = "the list calls (side by side)" if r.mixed else "the one list runner call"
+    row(f"  of which {lists_label}", f"{steady_runner:.2f} s", "the slowest list call's wall time")
     row("  of which controller-side (API, diff)", f"{steady_median - steady_runner:.2f} s")
-    row("runner calls per steady sweep", f"{steady_calls} (1 provider)",
-        f"{verdict(steady_calls <= TARGET_CALLS_PER_PROVIDER)} (target <= {TARGET_CALLS_PER_PROVIDER} per provider)")
+    for name in r.providers:
+        times = [p.list_seconds[name] for p in r.steady]
+        row(f"  list call {name}", f"{statistics.median(times):.2f} s",
+            f"runner's own time, median of [{', '.join(f'{t:.2f}' for t in times)}]; "
+            f"{fe.list_seconds[name]:.2f} s with 0 instances")
+    by_provider = ", ".join(f"{name} {count}" for name, count in per_provider.items())
+    row("runner calls per steady sweep", f"{steady_calls} ({by_provider})",
+        f"{verdict(max(per_provider.values()) <= TARGET_CALLS_PER_PROVIDER)} "
+        f"(target <= {TARGET_CALLS_PER_PROVIDER} per provider)")
     row("controller peak RSS (RUSAGE_SELF)", f"{r.rss_self_mib:.0f} MiB",
         f"{verdict(r.rss_self_mib <= TARGET_RSS_MIB)} (target <= {TARGET_RSS_MIB:.0f} MiB)")
     row("runner children peak RSS (RUSAGE_CHILDREN)", f"{r.rss_children_mib:.0f} MiB",
         "largest single ansible-playbook/module process, not counted above")
 
     say()
-    say(f"== per-object: one runner call per Proxy per reconcile (Operator SDK style), sample of {s}")
+    say(f"== per-object: one runner call per Proxy per reconcile (Operator SDK style), sample of {s} "
+        f"({', '.join(f'{name} {count}' for name, count in share(s, list(r.providers)).items())})")
     ps, pe = r.per_object_steady, r.per_object_empty
     pe_creates = sum(1 for c in pe.calls if c.verb == "create")
     pe_lists = pe.spawns - pe_creates
@@ -406,7 +519,7 @@ def print_results(r: Results) -> None:
     if r.profile:
         say()
         say("== cProfile of one more steady sweep (controller process only; waiting for the runner "
-        "shows as lock acquire, for the API as socket reads)")
+            "shows as lock acquire, for the API as socket reads)")
         say(r.profile)
 
 
@@ -423,47 +536,71 @@ def profile_sweep(reconciler: Reconciler) -> str:
     return out.getvalue()
 
 
+def extra_providers(stack: contextlib.ExitStack, work: Path, kube_url: str) -> list[dict[str, Any]]:
+    """The GCP (Compute emulator, started here) and Kubernetes provider sections of the mixed fleet."""
+    compute_url = stack.enter_context(emulator_process(COMPUTE_LAUNCHER, GCP_PROJECT, *GCP_ZONES))
+    kubeconfig = write_kubeconfig(work / "kubeconfig", kube_url)
+    return [
+        {"name": GCP_PROVIDER, "type": "gcp", "gcp": {
+            "project": GCP_PROJECT, "zones": list(GCP_ZONES), "machineTypes": {"small": "e2-small"},
+            "images": {"debian-12": "projects/debian-cloud/global/images/family/debian-12"},
+            "defaultMachineType": "small", "defaultImage": "debian-12", "apiEndpoint": compute_url}},
+        {"name": K8S_PROVIDER, "type": "kubernetes", "kubernetes": {
+            "namespace": POD_NAMESPACE, "image": "ubuntu/squid:6.6-24.04_beta", "kubeconfig": str(kubeconfig)}},
+    ]
+
+
 def run(args: argparse.Namespace, stack: contextlib.ExitStack, shutdown: Shutdown) -> Results:
+    fleet = [KVM_PROVIDER, GCP_PROVIDER, K8S_PROVIDER] if args.mixed else [KVM_PROVIDER]
+    providers = share(args.proxies, fleet)
     results = Results(proxies=args.proxies, sample=min(args.per_object_sample, args.proxies),
-                      batch_size=args.batch_size, hosts=-(-args.proxies // args.proxies_per_host))
+                      batch_size=args.batch_size, max_runners=args.max_runners or len(fleet) + 1,
+                      providers=providers, hosts=-(-providers[KVM_PROVIDER] // args.proxies_per_host))
     work = Path(tempfile.mkdtemp(prefix="egress-proxies-bench-"))
     stack.callback(shutil.rmtree, work, ignore_errors=True)
     # The modules cache base images here instead of under ~/.cache.
     os.environ["EGRESS_PROXIES_CACHE_DIR"] = str(work / "image-cache")
 
-    hosts = results.hosts
-    say(f"starting {hosts} libvirtd(s) (test driver) and the Kubernetes API emulator ...")
-    daemons = [stack.enter_context(LibvirtTestDaemon()) for _ in range(hosts)]
-    url = stack.enter_context(emulator_process())
+    say(f"starting {results.hosts} libvirtd(s) (test driver) and the emulator(s) ...")
+    daemons = [stack.enter_context(LibvirtTestDaemon()) for _ in range(results.hosts)]
+    url = stack.enter_context(emulator_process(KUBE_LAUNCHER))
     api = stack.enter_context(client.ApiClient(client.Configuration(host=url)))
     objects = client.CustomObjectsApi(api)
+    kubelet = KubeletStandIn(client.CoreV1Api(api), POD_NAMESPACE) if args.mixed else None
     host_entries = [kvm_host(f"h{index:02d}", daemon.uri, pool=POOL) for index, daemon in enumerate(daemons)]
-    config = write_kvm_config(work / "providers.yaml", host_entries, make_base_image(work))
-    # Registered last, so it runs first: no runner call outlives the daemons or the work dir.
-    shutdown.spare = own_children()
+    config = write_kvm_config(work / "providers.yaml", host_entries, make_base_image(work),
+                              extra_providers=extra_providers(stack, work, url) if args.mixed else ())
+    # The runner's default artifact retention, as shipped: its rotation removes the oldest
+    # directories by mtime, in-flight runs' included, so a small keep (5) deletes the artifacts
+    # of a create batch still running beside others and that whole batch fails (seen here).
+    inner = AnsibleRunner(work / "runner", timeout_seconds=args.runner_timeout, max_concurrent=results.max_runners,
+                          collections_path=collections_path())
+    # Registered last, so it runs first: no runner call outlives the daemons, the emulators
+    # or the work dir.
+    shutdown.runner = inner
     stack.callback(shutdown.stop_runner_calls)
-    runner = CountingRunner(AnsibleRunner(work / "runner", timeout_seconds=args.runner_timeout,
-                                          max_concurrent=args.max_runners, keep_artifacts=5,
-                                          collections_path=collections_path()), shutdown.stopping)
+    runner = CountingRunner(inner, shutdown.stopping)
     # GC never fires here (every instance belongs to a Proxy); a long grace keeps it that way
     # for the per-object sample's instances too.
     settings = ReconcileSettings(gc_grace_seconds=10**9, batch_size=args.batch_size)
 
     say(f"creating {args.proxies} Proxies in the emulator ...")
-    create_proxies(objects, BATCH_NAMESPACE, args.proxies)
+    create_proxies(objects, BATCH_NAMESPACE, args.proxies, fleet)
     store = KubeStore(api, namespace=BATCH_NAMESPACE)
     reconciler = Reconciler(store, runner, str(config), settings, backoff=Backoff())
 
     say("batch: sweeping from empty until all are Ready ...")
-    results.from_empty = until_ready(reconciler, store, runner, args.max_sweeps)
-    results.empty_list_seconds = next(c.seconds for c in results.from_empty.calls if c.verb == "list")
+    results.from_empty = until_ready(reconciler, store, runner, fleet, args.max_sweeps, kubelet)
+    results.kubelet_pods = kubelet.marked if kubelet else 0
     say(f"  all Ready after {results.from_empty.seconds:.1f} s; {STEADY_SWEEPS} steady sweeps ...")
-    results.steady = steady_sweeps(reconciler, runner, STEADY_SWEEPS)
+    results.steady = steady_sweeps(reconciler, runner, fleet, STEADY_SWEEPS)
     if args.profile:
         results.profile = profile_sweep(reconciler)
 
     say(f"per-object: steady pass over {results.sample} of the Ready Proxies ...")
     proxies, _ = store.list_proxies()
+    # The same round-robin mix as the fleet: the first ``sample`` Proxies by name.
+    proxies.sort(key=lambda p: p.name)
     strategy = PerObjectStrategy(reconciler, runner, str(config))
     results.per_object_steady = strategy.measure(proxies[:results.sample])
 
@@ -471,13 +608,13 @@ def run(args: argparse.Namespace, stack: contextlib.ExitStack, shutdown: Shutdow
     # From empty means no domains: drop the batch run's, so placement sees an empty host.
     for daemon in daemons:
         daemon.reset()
-    create_proxies(objects, PER_OBJECT_NAMESPACE, results.sample)
+    create_proxies(objects, PER_OBJECT_NAMESPACE, results.sample, fleet)
     sample_store = KubeStore(api, namespace=PER_OBJECT_NAMESPACE)
     per_object = Reconciler(sample_store, runner, str(config),
                             ReconcileSettings(gc_grace_seconds=10**9, batch_size=1), backoff=Backoff())
-    results.per_object_empty = until_ready(per_object, sample_store, runner, args.max_sweeps)
+    results.per_object_empty = until_ready(per_object, sample_store, runner, fleet, args.max_sweeps, kubelet)
 
-    # Read before the daemon and the emulator are stopped and waited for, so that
+    # Read before the daemons and the emulators are stopped and waited for, so that
     # RUSAGE_CHILDREN holds only the runner processes (and qemu-img).
     results.rss_self_mib = peak_rss_mib(resource.RUSAGE_SELF)
     results.rss_children_mib = peak_rss_mib(resource.RUSAGE_CHILDREN)
@@ -487,19 +624,23 @@ def run(args: argparse.Namespace, stack: contextlib.ExitStack, shutdown: Shutdow
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0] if __doc__ else None)
     parser.add_argument("--proxies", type=int, default=1000, help="Proxies to create (default: %(default)s)")
+    parser.add_argument("--mixed", action="store_true",
+                        help="split the Proxies over KVM, GCP (Compute emulator) and Kubernetes Pods in one controller")
     parser.add_argument("--per-object-sample", type=int, default=30,
                         help="Proxies the per-object mode is measured on (default: %(default)s)")
     parser.add_argument("--batch-size", type=int, default=ReconcileSettings.batch_size,
                         help="module calls per runner call in batch mode (default: the controller's, %(default)s)")
     parser.add_argument("--proxies-per-host", type=int, default=PROXIES_PER_HOST,
-                        help="Proxies per test-driver libvirtd (at most 99 fit one; default: %(default)s)")
-    parser.add_argument("--max-runners", type=int, default=2, help="concurrent runner processes (default: 2)")
+                        help="KVM Proxies per test-driver libvirtd (at most 99 fit one; default: %(default)s)")
+    parser.add_argument("--max-runners", type=int, default=None,
+                        help="concurrent runner processes (default: one per provider plus one, so a sweep's "
+                             "list calls never wait for each other: 2, or 4 with --mixed)")
     parser.add_argument("--runner-timeout", type=int, default=1800, help="seconds per runner call")
     parser.add_argument("--max-sweeps", type=int, default=5, help="give up when not all Ready after this many")
     parser.add_argument("--profile", action="store_true", help="also cProfile one steady sweep (controller side)")
     args = parser.parse_args(argv)
-    if min(args.proxies, args.per_object_sample, args.proxies_per_host) < 1:
-        parser.error("--proxies, --per-object-sample and --proxies-per-host must be at least 1")
+    if min(args.proxies, args.per_object_sample, args.proxies_per_host, args.max_runners or 1) < 1:
+        parser.error("--proxies, --per-object-sample, --proxies-per-host and --max-runners must be at least 1")
     return args
 
 
@@ -521,10 +662,9 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         with contextlib.ExitStack() as stack:
-            # The measurement runs in a thread, as the controller's sweeps do (loop.Controller):
-            # ansible-runner replaces the SIGINT/SIGTERM handlers when called from the main
-            # thread (to cancel its run instead), which would make Ctrl-C stop one runner call
-            # and let the bench carry on. Here the main thread keeps the signals.
+            # The measurement runs in a thread, as the controller's sweeps do (loop.Controller),
+            # so the main thread keeps the signals: a Ctrl-C cancels the runner calls and the
+            # ExitStack stops every daemon and emulator.
             worker = threading.Thread(target=measure, args=(stack,), name="bench", daemon=True)
             worker.start()
             try:
@@ -532,7 +672,7 @@ def main(argv: list[str] | None = None) -> int:
                     worker.join(0.5)
             except KeyboardInterrupt:
                 # Stop the runner calls and let the thread unwind before the daemons and the
-                # emulator go (the ExitStack), so nothing it starts outlives them.
+                # emulators go (the ExitStack), so nothing it starts outlives them.
                 shutdown.stop_runner_calls()
                 worker.join(60)
                 raise
@@ -543,8 +683,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         say("interrupted; every process and temporary directory of the bench was removed")
         return 130
-    except BenchError as error:
-        say(f"controller_bench: {error}")
+    except (BenchError, Stopping) as error:
+        say(f"controller_bench: {str(error) or type(error).__name__}")
         return 1
     print_results(results)
     say()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import datetime
 import logging
+import threading
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
@@ -93,6 +94,15 @@ class Listing:
     instances: list[dict[str, Any]] = field(default_factory=list)
     complete: bool = True
     error: OperationResult | None = None
+    _by_uid: dict[str, list[dict[str, Any]]] | None = field(default=None, repr=False)
+
+    def of(self, uid: str) -> list[dict[str, Any]]:
+        """The instances of one Proxy (indexed once: a sweep asks this for every Proxy)."""
+        if self._by_uid is None:
+            self._by_uid = {}
+            for instance in self.instances:
+                self._by_uid.setdefault(str((instance.get("tags") or {}).get(UID_TAG)), []).append(instance)
+        return self._by_uid.get(uid, [])
 
 
 @dataclass
@@ -104,6 +114,16 @@ class SweepReport:
     released: int = 0
     gc: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    # Providers are reconciled in parallel threads that all count into one report.
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def add(self, counter: str, amount: int = 1) -> None:
+        with self._lock:
+            setattr(self, counter, getattr(self, counter) + amount)
+
+    def add_gc(self, provider_id: str) -> None:
+        with self._lock:
+            self.gc.append(provider_id)
 
 
 def utc_now() -> str:
@@ -196,7 +216,7 @@ class Reconciler:
             kind = MODULES[config.providers[name]]
             result = self.runner.run(name, "list", [Operation(f"{kind}_proxy_info", {
                 "provider_config": config.path, "provider": name, "tags": {OWNER_TAG: config.owner}})])[0]
-            report.runner_calls += 1
+            report.add("runner_calls")
             if result.ok:
                 return Listing(instances=list(result.result.get("instances") or []))
             metrics.ERRORS.labels(error_class=result.error_class or "transient").inc()
@@ -217,7 +237,7 @@ class Reconciler:
         retire: list[tuple[Proxy, dict[str, Any]]] = []
         for proxy in proxies:
             desired = spec_hash(proxy.spec)
-            mine = [i for i in listing.instances if i.get("tags", {}).get(UID_TAG) == proxy.uid]
+            mine = listing.of(proxy.uid)
             current = next((i for i in mine if i.get("tags", {}).get(SPEC_HASH_TAG) == desired), None)
             if current is None:
                 if not listing.complete and listing.error is not None and not mine:
@@ -246,7 +266,7 @@ class Reconciler:
             done = [pool.submit(create_batch, chunk) for chunk in chunks]
             for future in as_completed(done):
                 chunk, results = future.result()
-                report.runner_calls += 1
+                report.add("runner_calls")
                 self._record_creates(chunk, results, listing, retire, report)
         self._retire(kind, name, config, retire, report)
 
@@ -254,7 +274,7 @@ class Reconciler:
                         retire: list[tuple[Proxy, dict[str, Any]]], report: SweepReport) -> None:
         for create, result in zip(chunk, results, strict=True):
             if result.ok:
-                report.created += 1
+                report.add("created")
                 instance = result.result.get("instance") or {}
                 replaced = bool(create.proxy.status.get("providerID"))
                 self.store.record_event(create.proxy, "Normal", "Replacing" if replaced else "Created",
@@ -262,9 +282,8 @@ class Reconciler:
                 self.backoff.succeeded(create.proxy.uid)
                 proxy = self._observe(create.proxy, instance, create.hash)
                 if self._is_ready(instance):
-                    retire.extend((proxy, old) for old in listing.instances
-                                  if old.get("tags", {}).get(UID_TAG) == proxy.uid
-                                  and old.get("provider_id") != instance.get("provider_id"))
+                    retire.extend((proxy, old) for old in listing.of(proxy.uid)
+                                  if old.get("provider_id") != instance.get("provider_id"))
             else:
                 self._failed(create.proxy, result, "CreateFailed")
 
@@ -313,10 +332,10 @@ class Reconciler:
                                                       "state": "absent", "provider_id": old["provider_id"]},
                                     key=proxy.uid) for proxy, old in chunk]
             results = self.runner.run(provider, "delete", operations)
-            report.runner_calls += 1
+            report.add("runner_calls")
             for (proxy, old), result in zip(chunk, results, strict=True):
                 if result.ok:
-                    report.deleted += 1
+                    report.add("deleted")
                     message = f"old instance {old['provider_id']} deleted after its successor became ready"
                     self.store.record_event(proxy, "Normal", "Replaced", message)
                 else:
@@ -338,7 +357,8 @@ class Reconciler:
         delay = self.backoff.failed(proxy.uid, error_class)
         message = f"{error_class}: {result.message} (next attempt in {delay:.0f} s)"
         log.warning("%s: %s: %s", proxy.key, reason, message)
-        previous = next((c for c in proxy.status.get("conditions") or [] if c.get("type") == "Ready"), {})
+        previous: dict[str, Any] = next(
+            (c for c in proxy.status.get("conditions") or [] if c.get("type") == "Ready"), {})
         if previous.get("reason") != reason or not str(previous.get("message", "")).startswith(
                 f"{error_class}: {result.message}"):
             # One Event when a failure starts or changes, not one per sweep while it lasts.
@@ -381,7 +401,7 @@ class Reconciler:
             gets = self.runner.run(provider, "get", [
                 Operation(f"{kind}_proxy_info", {**common, "provider_id": p.status["providerID"]}, key=p.uid)
                 for p in chunk])
-            report.runner_calls += 1
+            report.add("runner_calls")
             to_delete: list[tuple[Proxy, OperationResult]] = []
             for proxy, got in zip(chunk, gets, strict=True):
                 if got.ok or got.error_class == "permanent":  # 4. permanent: call Delete anyway
@@ -395,10 +415,10 @@ class Reconciler:
             deletes = self.runner.run(provider, "delete", [
                 Operation(f"{kind}_proxy", {**common, "state": "absent", "provider_id": p.status["providerID"]},
                           key=p.uid) for p, _ in to_delete])
-            report.runner_calls += 1
+            report.add("runner_calls")
             for (proxy, got), deleted in zip(to_delete, deletes, strict=True):
                 if deleted.ok:
-                    report.deleted += 1
+                    report.add("deleted")
                     self.store.record_event(proxy, "Normal", "Deleted",
                                             f"instance {proxy.status['providerID']} deleted")
                     self._release(proxy, report)
@@ -419,7 +439,7 @@ class Reconciler:
             self._update_metadata(proxy, drop)
         except Gone:
             pass
-        report.released += 1
+        report.add("released")
         self.backoff.succeeded(proxy.uid)
         if self.purge is not None:
             self.purge({proxy.uid})
@@ -455,7 +475,7 @@ class Reconciler:
                 log.info("garbage collection%s: %s (Proxy %s, uid %s, no longer exists)",
                          " (dry run, not deleting)" if self.settings.gc_dry_run else "", instance["provider_id"],
                          instance["tags"].get(PROXY_TAG), instance["tags"].get(UID_TAG))
-                report.gc.append(instance["provider_id"])
+                report.add_gc(instance["provider_id"])
             if self.settings.gc_dry_run:
                 metrics.GC_DELETIONS.labels(provider=provider, dry_run=dry).inc(len(orphans))
                 continue
@@ -464,7 +484,7 @@ class Reconciler:
                 Operation(f"{kind}_proxy", {"provider_config": config.path, "provider": provider, "state": "absent",
                                             "provider_id": i["provider_id"]}, key=i["tags"].get(UID_TAG, ""))
                 for i in orphans])
-            report.runner_calls += 1
+            report.add("runner_calls")
             for instance, result in zip(orphans, results, strict=True):
                 if result.ok:
                     metrics.GC_DELETIONS.labels(provider=provider, dry_run=dry).inc()

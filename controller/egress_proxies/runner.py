@@ -190,6 +190,7 @@ class AnsibleRunner:
         self.max_concurrent = limit
         self._slots = threading.BoundedSemaphore(limit)
         self._rotate_lock = threading.Lock()
+        self._in_flight: set[str] = set()
         self._cancelled = threading.Event()
         # Each run gets its own private data dir (ansible-runner writes env/envvars and the
         # inventory there, so concurrent runs must not share one); artifacts go to one place.
@@ -207,6 +208,8 @@ class AnsibleRunner:
             return []
         ident = f"{time.strftime('%Y%m%dT%H%M%S')}-{provider}-{verb}-{uuid.uuid4().hex[:8]}"
         private = self.runs_dir / ident
+        with self._rotate_lock:
+            self._in_flight.add(ident)
         with self._slots:
             started = time.monotonic()
             (private / "project").mkdir(parents=True)
@@ -240,6 +243,8 @@ class AnsibleRunner:
             elapsed = time.monotonic() - started
         results = results_from_events(events, len(operations), status)
         self._index(ident, operations)
+        with self._rotate_lock:
+            self._in_flight.discard(ident)
         self._rotate()
         metrics.RUNNER_CALLS.labels(provider=provider, verb=verb).inc()
         metrics.RUNNER_SECONDS.labels(provider=provider, verb=verb).observe(elapsed)
@@ -254,9 +259,11 @@ class AnsibleRunner:
 
     def _rotate(self) -> None:
         """Keep the newest ``keep_artifacts`` runs' artifacts. Done here, under a lock, because
-        ansible-runner's own rotation races when runs finish side by side (measured)."""
+        ansible-runner's own rotation races when runs finish side by side (measured). Runs still
+        in flight are never rotated away: their artifacts are being written."""
         with self._rotate_lock:
-            runs = sorted((d for d in self.artifact_dir.iterdir() if d.is_dir()), key=lambda d: d.stat().st_mtime)
+            runs = sorted((d for d in self.artifact_dir.iterdir() if d.is_dir() and d.name not in self._in_flight),
+                          key=lambda d: d.stat().st_mtime)
             for stale in runs[: max(0, len(runs) - self.keep_artifacts)]:
                 shutil.rmtree(stale, ignore_errors=True)
 

@@ -115,6 +115,8 @@ class ComputeEmulator:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            # As a real API front end: no ~40 ms delayed-ACK wait on every small request.
+            disable_nagle_algorithm = True
 
             def log_message(self, format: str, *args: Any) -> None:
                 pass
