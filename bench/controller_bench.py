@@ -107,7 +107,7 @@ TARGET_RSS_MIB = 200.0
 
 # The emulators run in processes of their own: their memory (every object, its history) must
 # not count against the controller's RSS. Each serves until its stdin closes, so it also ends
-# when the bench dies without cleaning up. The Kubernetes API emulator disables Nagle itself.
+# when the bench dies without cleaning up. Both emulators disable Nagle themselves.
 KUBE_LAUNCHER = """
 import sys
 from support.kube_emulator import KubeEmulator
@@ -117,15 +117,9 @@ sys.stdout.flush()
 sys.stdin.read()
 emulator.stop()
 """
-# The Compute emulator does not (yet) set TCP_NODELAY, so every request waits ~40 ms for the
-# client's delayed ACK (measured 43 ms against 0.2 ms per GET), two or three per create. A
-# real API endpoint has no such wait; this process serves nothing else, so turning it on for
-# every stream handler here is turning it on for the emulator's.
 COMPUTE_LAUNCHER = """
-import socketserver
 import sys
 from support.compute_emulator import ComputeEmulator
-socketserver.StreamRequestHandler.disable_nagle_algorithm = True
 with ComputeEmulator(project=sys.argv[1], zones=tuple(sys.argv[2:])) as emulator:
     sys.stdout.write(emulator.endpoint + "\\n")
     sys.stdout.flush()
