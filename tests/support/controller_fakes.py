@@ -119,6 +119,7 @@ class FakeRunner:
     fail: dict[tuple[str, str], tuple[str, str]] = field(default_factory=dict)
     list_failure: tuple[str, str] | None = None
     provider: str = "home-kvm"  # the provider this fake plays; every other one is empty
+    filter_by_tags: bool = True  # False: a listing that (wrongly) returns every instance
     ip: str | None = "192.0.2.10"
     created: str = "2026-01-01T00:00:00Z"
 
@@ -139,7 +140,7 @@ class FakeRunner:
                 if self.list_failure:
                     return OperationResult.failure(*self.list_failure, result={
                         "instances": list(self.instances.values())})
-                wanted = args["tags"]
+                wanted = args["tags"] if self.filter_by_tags else {}
                 return OperationResult(ok=True, result={"instances": [
                     i for i in self.instances.values() if all(i["tags"].get(k) == v for k, v in wanted.items())]})
             if target in self.instances:
