@@ -79,9 +79,10 @@ class Controller:
             self.elector.release()
 
     def _elect_loop(self) -> None:
+        assert self.elector is not None  # started only with an elector
         while not self.stopping.is_set():
             try:
-                leading = self.elector.try_acquire_or_renew() if self.elector else True
+                leading = self.elector.try_acquire_or_renew()
             except StoreError as error:
                 log.warning("leader election: %s", error)
                 leading = False

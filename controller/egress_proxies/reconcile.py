@@ -159,6 +159,9 @@ class Reconciler:
         self.now = now
         self.purge = purge
         self.last_ready: list[Proxy] = []
+        # Every Proxy as last read or written in this sweep: the sweep's end state, without
+        # listing them all again.
+        self._latest: dict[str, Proxy] = {}
 
     # -- the sweep -----------------------------------------------------------------------------
 
@@ -178,6 +181,7 @@ class Reconciler:
         config = ProviderConfigView.load(self.config_path)
         proxies, _ = self.store.list_proxies()
         self.backoff.forget({p.uid for p in proxies})
+        self._latest = {p.uid: p for p in proxies}
         proxies = [self._ensure_finalizer(p) for p in proxies]
         listings = self._list_all(config, report)
 
@@ -199,7 +203,7 @@ class Reconciler:
         self._delete_proxies(config, deleting, report)
         self._collect_garbage(config, proxies, listings, report)
 
-        final, _ = self.store.list_proxies()
+        final = list(self._latest.values())
         phases: dict[str, int] = {}
         for proxy in final:
             phase = proxy.status.get("phase") or PHASE_PENDING
@@ -439,6 +443,7 @@ class Reconciler:
             self._update_metadata(proxy, drop)
         except Gone:
             pass
+        self._latest.pop(proxy.uid, None)  # no longer ours to report
         report.add("released")
         self.backoff.succeeded(proxy.uid)
         if self.purge is not None:
@@ -506,7 +511,7 @@ class Reconciler:
         for _ in range(CONFLICT_RETRIES):
             change(proxy)
             try:
-                return self.store.replace_metadata(proxy)
+                return self._remember(self.store.replace_metadata(proxy))
             except Conflict:
                 proxy = self.store.get_proxy(proxy.namespace, proxy.name)
         raise StoreError(f"{proxy.key}: metadata update kept conflicting")
@@ -527,17 +532,22 @@ class Reconciler:
         status["conditions"] = [ready_condition(ready, reason, message, transition, proxy.generation)]
         return status
 
+    def _remember(self, proxy: Proxy) -> Proxy:
+        self._latest[proxy.uid] = proxy
+        return proxy
+
     def _write_status(self, proxy: Proxy, status: dict[str, Any]) -> Proxy:
         for _ in range(CONFLICT_RETRIES):
             if proxy.status == status:
                 return proxy
             proxy.status = status
             try:
-                return self.store.replace_status(proxy)
+                return self._remember(self.store.replace_status(proxy))
             except Conflict:
                 proxy = self.store.get_proxy(proxy.namespace, proxy.name)
                 status = {**status, "observedGeneration": proxy.generation}
             except Gone:
+                self._latest.pop(proxy.uid, None)
                 return proxy
         raise StoreError(f"{proxy.key}: status update kept conflicting")
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from prometheus_client import REGISTRY
 
 from egress_proxies.backoff import Backoff
 from egress_proxies.model import (
@@ -69,8 +70,13 @@ def reconciler(store: MemoryStore, runner: FakeRunner, config: Path, clock: Cloc
 def test_create_ready_with_finalizer_status_and_tags(store: MemoryStore, runner: FakeRunner, config: Path,
                                                       clock: Clock) -> None:
     proxy = store.add("eu-1", SPEC)
-    report = reconciler(store, runner, config, clock).sweep()
+    rec = reconciler(store, runner, config, clock)
+    report = rec.sweep()
     assert report.ok and report.created == 1
+    # What discovery serves and the phase gauge: the sweep's end state.
+    assert [p.key for p in rec.last_ready] == ["crawlers/eu-1"]
+    assert rec.last_ready[0].status["endpoint"] == "192.0.2.10:3128"
+    assert REGISTRY.get_sample_value("egress_proxies_proxies", {"phase": "Ready"}) == 1
     # One list per provider, one batched create: never a runner call per Proxy.
     assert runner.verbs() == ["list", "list", "create"]
     saved = store.get("eu-1")
@@ -225,9 +231,11 @@ def test_delete_without_provider_id_releases(store: MemoryStore, runner: FakeRun
     proxy = store.objects[("crawlers", "eu-1")]
     proxy.finalizers = [FINALIZER]
     store.delete("eu-1")
-    reconciler(store, runner, config, clock).sweep()
+    rec = reconciler(store, runner, config, clock)
+    rec.sweep()
     assert not store.exists("eu-1")
     assert "get" not in runner.verbs() and "delete" not in runner.verbs()
+    assert rec.last_ready == []  # a released Proxy is no longer reported
 
 
 def test_delete_with_skip_cleanup_abandons_before_the_provider_lookup(store: MemoryStore, runner: FakeRunner,
