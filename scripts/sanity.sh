@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Run `ansible-test sanity` on a copy of the collection.
+# Run `ansible-test sanity` on the collection as it ships: the artifact `ansible-galaxy
+# collection build` makes, unpacked.
 #
 # ansible-test insists on a tree at .../ansible_collections/<namespace>/<name>, and writes its
-# results under tests/output inside it, so it runs on a throwaway copy of the working tree
-# (uncommitted files included, .gitignore'd ones not). Each sanity test gets its own venv,
-# installed from PyPI by ansible-test and cached in ~/.ansible/test/venv between runs.
+# results under tests/output inside it, so it runs on a throwaway tree. Each sanity test gets its
+# own venv, installed from PyPI by ansible-test and cached in ~/.ansible/test/venv between runs.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -58,16 +58,16 @@ PYTHON
 work=$(mktemp -d "${TMPDIR:-/tmp}/egress-proxies-sanity.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 tree=$work/ansible_collections/crawl/egress_proxies
-mkdir -p "$tree"
-# Sanity checks the collection as it ships: the folders galaxy.yml's build_ignore keeps out of
-# the artifact (the pytest suite, the controller package, helper scripts) are not collection
-# content, and are held to ruff and mypy instead.
-tar -C "$ROOT" -cf - \
-    --exclude=./.git --exclude=./.venv --exclude=./.ansible --exclude=./tests --exclude=./controller \
-    --exclude=./bench --exclude=./scripts --exclude=./tools --exclude=./.ci \
-    --exclude=.mypy_cache --exclude=.ruff_cache --exclude=.pytest_cache --exclude=__pycache__ . |
-    tar -C "$tree" -xf -
-# With a git repository, ansible-test tests exactly the files git would track.
+mkdir -p "$tree/tests"
+# What galaxy.yml's build_ignore keeps out of the artifact (the pytest suite, the controller
+# package, helper scripts) is not collection content, and is held to ruff and mypy instead.
+"$VENV/bin/ansible-galaxy" collection build --output-path "$work" "$ROOT" >/dev/null
+tar -C "$tree" -xzf "$work"/crawl-egress_proxies-*.tar.gz
+# The ignore files (tests/sanity/ignore-<ansible-core version>.txt) are not part of the artifact.
+cp -r "$ROOT/tests/sanity" "$tree/tests/"
+# With a git repository, ansible-test tests exactly the files git would track; not its own
+# output (tests/output, where it also puts its venvs).
+echo /tests/output/ >"$tree/.gitignore"
 git -C "$tree" init --quiet
 git -C "$tree" add --all
 

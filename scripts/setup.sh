@@ -13,11 +13,16 @@ PYTHON=${PYTHON:-/usr/bin/python3}
 
 # libvirt-dev, pkg-config, gcc and python3-dev build libvirt-python when pip finds no wheel;
 # qemu, libvirt, openssh, dnsmasq and iptables (libvirt's bridge networks) make the test
-# hypervisors, util-linux the namespaces they run in; shellcheck and git are used by
-# ansible-test sanity.
+# hypervisors, util-linux the namespaces they run in; debootstrap, fdisk (sfdisk), extlinux and
+# syslinux-common (mbr.bin) build the guest image (tests/support/guest_image/build.sh); the
+# kvm_hypervisor role's community.libvirt modules and apt module run on the host's own python3,
+# which needs python3-libvirt, python3-lxml and python3-apt; curl is the crawler in the
+# end-to-end test; shellcheck and git are used by ansible-test sanity.
 APT_PACKAGES=(
     libvirt-daemon-system libvirt-clients libvirt-dev pkg-config gcc python3-dev python3-venv
     qemu-system-x86 qemu-utils openssh-server openssh-client dnsmasq-base iproute2 iptables util-linux
+    debootstrap fdisk extlinux syslinux-common
+    python3-libvirt python3-lxml python3-apt curl
     git shellcheck
 )
 

@@ -11,11 +11,13 @@ import json
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, cast
 
 import pytest
 from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
+from kubernetes.dynamic import DynamicClient
 
 from support.kube_emulator import KubeEmulator, ResourceType
 
@@ -603,12 +605,13 @@ def test_discovery_lists_groups_and_resources(api: client.ApiClient) -> None:
     resources = client.CustomObjectsApi(api).get_api_resources(GROUP, VERSION)
     core_resources = client.CoreV1Api(api).get_api_resources()
 
-    assert {g.name for g in groups.groups} == {GROUP, "coordination.k8s.io"}
+    assert {g.name for g in groups.groups} == {GROUP, "coordination.k8s.io", "apps", "rbac.authorization.k8s.io",
+                                               "apiextensions.k8s.io"}
     assert core_versions.versions == ["v1"]
     assert {(r.name, r.kind, r.namespaced) for r in resources.resources} == {
         ("proxies", "Proxy", True), ("proxies/status", "Proxy", True)}
-    assert {"pods", "pods/status", "secrets", "events", "configmaps", "namespaces"} <= {
-        r.name for r in core_resources.resources}
+    assert {"pods", "pods/status", "secrets", "events", "configmaps", "namespaces", "serviceaccounts",
+            "services", "services/status"} <= {r.name for r in core_resources.resources}
 
 
 def test_registered_kinds_are_served_and_discovered(kube: KubeEmulator,
@@ -635,6 +638,102 @@ def test_namespaces_are_cluster_scoped(core: client.CoreV1Api) -> None:
     assert created.status.phase == "Active"
     assert [n.metadata.name for n in core.list_namespace().items if n.metadata] == [NS]
 
+
+
+# --- what deploy_controller.yml installs (kubernetes.core.k8s) ---------------------------------
+
+
+def deployment(name: str, image: str) -> Obj:
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name},
+            "spec": {"replicas": 1, "selector": {"matchLabels": {"app": name}},
+                     "template": {"metadata": {"labels": {"app": name}},
+                                  "spec": {"containers": [{"name": "c", "image": image}]}}}}
+
+
+def as_dict(api: client.ApiClient, model: Any) -> Obj:
+    """A client model back as the JSON the server sent (camelCase keys)."""
+    return cast(Obj, api.sanitize_for_serialization(model))  # type: ignore[no-untyped-call]
+
+
+def test_deployment_kinds_parse_into_the_client_models(api: client.ApiClient) -> None:
+    """Every kind the deploy playbook writes, created through its typed API and parsed back into
+    the client's model (which checks required fields), cluster-scoped kinds without a namespace."""
+    core, apps, rbac = client.CoreV1Api(api), client.AppsV1Api(api), client.RbacAuthorizationV1Api(api)
+    ref = {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "reader"}
+    subjects = [{"kind": "ServiceAccount", "name": "sa", "namespace": NS}]
+    rules = [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}]
+    crd_spec = {"group": GROUP, "scope": "Namespaced", "names": {"kind": "Proxy", "plural": PLURAL},
+                "versions": [{"name": VERSION, "served": True, "storage": True}]}
+    creates: list[tuple[Any, tuple[str, ...], Obj]] = [
+        (core.create_namespaced_service_account, (NS,), {"metadata": {"name": "sa"}}),
+        (core.create_namespaced_service, (NS,), {"metadata": {"name": "svc"}, "spec": {
+            "selector": {"app": "x"}, "ports": [{"name": "http", "port": 8080, "targetPort": "http"}]}}),
+        (apps.create_namespaced_deployment, (NS,), deployment("x", "image:1")),
+        (rbac.create_cluster_role, (), {"metadata": {"name": "reader"}, "rules": rules}),
+        (rbac.create_cluster_role_binding, (), {"metadata": {"name": "reader"}, "roleRef": ref,
+                                                "subjects": subjects}),
+        (rbac.create_namespaced_role, (NS,), {"metadata": {"name": "r"}, "rules": rules}),
+        (rbac.create_namespaced_role_binding, (NS,), {"metadata": {"name": "r"},
+                                                      "roleRef": {**ref, "kind": "Role", "name": "r"},
+                                                      "subjects": subjects}),
+        (client.ApiextensionsV1Api(api).create_custom_resource_definition, (),
+         {"metadata": {"name": f"{PLURAL}.{GROUP}"}, "spec": crd_spec}),
+    ]
+
+    created = [as_dict(api, create(*args, body)) for create, args, body in creates]
+
+    for (_, args, body), obj in zip(creates, created, strict=True):
+        assert obj["metadata"]["name"] == body["metadata"]["name"]
+        assert obj["metadata"].get("namespace") == (args[0] if args else None)
+        assert {key: obj[key] for key in body if key != "metadata"} == {
+            key: value for key, value in body.items() if key != "metadata"}
+    assert [obj["kind"] for obj in created] == ["ServiceAccount", "Service", "Deployment", "ClusterRole",
+                                                "ClusterRoleBinding", "Role", "RoleBinding",
+                                                "CustomResourceDefinition"]
+
+
+def test_deployment_status_is_a_subresource_and_generation_counts_spec(api: client.ApiClient) -> None:
+    apps = client.AppsV1Api(api)
+    apps.create_namespaced_deployment(NS, cast(Any, deployment("x", "image:1")))
+    status = {"status": {"observedGeneration": 1, "replicas": 1, "availableReplicas": 1}}
+
+    with_status = as_dict(api, apps.patch_namespaced_deployment_status("x", NS, status))
+    respecced = as_dict(api, apps.patch_namespaced_deployment("x", NS, {
+        "spec": {"template": {"metadata": {"annotations": {"restart": "1"}}}}, "status": {"replicas": 5}}))
+
+    assert (with_status["metadata"]["generation"], with_status["status"]["availableReplicas"]) == (1, 1)
+    assert respecced["metadata"]["generation"] == 2
+    assert respecced["status"]["replicas"] == 1  # a main write ignores status
+
+
+def test_strategic_merge_patch_on_a_custom_resource_is_415(proxies: Proxies) -> None:
+    """Custom resources have no patch strategy; kubernetes.core.k8s then retries as a merge patch."""
+    proxies.create("eu-1")
+    with pytest.raises(ApiException) as caught:
+        proxies.patch("eu-1", {"spec": {"port": 8080}}, "application/strategic-merge-patch+json")
+    assert caught.value.status == 415
+    assert proxies.patch("eu-1", {"spec": {"port": 8080}}, "application/merge-patch+json")["spec"]["port"] == 8080
+
+
+def test_dynamic_client_discovers_and_applies_like_kubernetes_core(api: client.ApiClient, tmp_path: Path) -> None:
+    """kubernetes.core.k8s's path: lazy discovery by apiVersion and kind, a GET, a create, then
+    merge patches; a patch that changes nothing keeps the resourceVersion (its "no change")."""
+    dynamic = DynamicClient(api, cache_file=str(tmp_path / "discovery.json"))  # type: ignore[no-untyped-call]
+    resource = dynamic.resources.get(api_version="rbac.authorization.k8s.io/v1", kind="ClusterRole")
+    crds = dynamic.resources.get(api_version="apiextensions.k8s.io/v1", kind="CustomResourceDefinition")
+    body = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": "reader"},
+            "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}]}
+
+    assert (resource.namespaced, crds.namespaced) == (False, False)
+    created = resource.create(body=body).to_dict()
+    same = resource.patch(body=body, name="reader", content_type="application/merge-patch+json").to_dict()
+    rule = {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]}
+    changed = resource.patch(body={"rules": [rule]}, name="reader",
+                             content_type="application/merge-patch+json").to_dict()
+
+    assert same["metadata"]["resourceVersion"] == created["metadata"]["resourceVersion"]
+    assert int(changed["metadata"]["resourceVersion"]) > int(created["metadata"]["resourceVersion"])
+    assert changed["rules"][0]["verbs"] == ["get", "list"]  # a merge patch replaces lists
 
 # --- fault injection -------------------------------------------------------------------------
 

@@ -14,21 +14,42 @@ host whose key differs from the known_hosts entry (plain ``qemu+ssh`` ignores ``
 see the design notes, so it is not offered). ``qemu+libssh`` stalls on replies over 4 KiB (a
 running domain's XML, a volume download) without an event loop, so the held connection and the
 default URI use ``qemu+libssh2``, as the collection does.
+
+The private mount namespace also holds a private, empty ``/root`` (root's home), so whatever
+logs in over SSH -- the ``kvm_hypervisor`` role authorizing a key in ``~/.ssh/authorized_keys``,
+Ansible's remote temporary files -- never touches the real machine's ``/root``. sshd accepts the
+keys in ``~/.ssh/authorized_keys`` there plus the harness's own file (:attr:`HypervisorHost.key_file`
+is authorized from the start; :attr:`HypervisorHost.controller_key_file` only once the role has
+run). :meth:`HypervisorHost.bootstrap_inventory` is the Ansible inventory for bootstrapping the
+host with ``playbooks/bootstrap_hypervisor.yml`` and :func:`bootstrap` runs that playbook.
+
+For molecule (and by hand) the host can outlive the Python process that made it::
+
+    cd tests && python -m support.hypervisor_host up --state FILE [--inventory FILE]
+    cd tests && python -m support.hypervisor_host down --state FILE
+
+``up`` leaves the daemons running and writes what ``down`` needs to the state file; ``down``
+kills every process in the namespace, removes namespace, veth pair and files, and marks the
+state file stopped (a missing or stopped state file is nothing to do).
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import shlex
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Self
+from typing import Any, Self
 
 import libvirt
 
@@ -47,6 +68,12 @@ from .libvirt_daemon import (
 VETH_PREFIX = "10.213"
 GUEST_NETWORK_PREFIX = "10.214"
 SLOTS = range(1, 255)
+
+REPO = Path(__file__).resolve().parents[2]
+BOOTSTRAP_PLAYBOOK = REPO / "playbooks" / "bootstrap_hypervisor.yml"
+# The name the bootstrap inventory gives the host, in the group the playbook targets by default.
+INVENTORY_HOST = "hypervisor"
+INVENTORY_GROUP = "kvm_hypervisors"
 
 # Software emulation as root without cgroups, namespaces, virtlogd or security labels: what
 # works inside a bare network namespace on a machine without systemd.
@@ -102,6 +129,9 @@ class HypervisorHost:
         self.slot = 0
         self._root: Path | None = None
         self._process: subprocess.Popen[bytes] | None = None
+        # The namespace's first process (sshd); also set when attached to a host another
+        # process started (see attach()), where there is no Popen to hold.
+        self._pid = 0
         self._connection: libvirt.virConnect | None = None
         self._wrong_known_hosts: Path | None = None
 
@@ -152,6 +182,29 @@ class HypervisorHost:
         return self.root / "ssh" / "known_hosts"
 
     @property
+    def ssh_dir(self) -> Path:
+        """Where sshd's host key (``ssh_host_ed25519_key[.pub]``) and the client keys live."""
+        return self.root / "ssh"
+
+    @property
+    def controller_key_file(self) -> Path:
+        """A second client key that the harness does *not* authorize: the bootstrap role does."""
+        return self.ssh_dir / "controller_id_ed25519"
+
+    @property
+    def home(self) -> Path:
+        """What the host's processes see as ``/root`` (root's home, bound over it)."""
+        return self.root / "home"
+
+    @property
+    def bootstrap_known_hosts_file(self) -> Path:
+        """Where the bootstrap inventory has the role write the host's known_hosts lines.
+
+        Its directory does not exist until the role makes it.
+        """
+        return self.root / "controller" / "known_hosts"
+
+    @property
     def pool_path(self) -> Path:
         """The directory behind the ``default`` storage pool."""
         return self.root / "pool"
@@ -163,18 +216,19 @@ class HypervisorHost:
             raise RuntimeError("HypervisorHost is not started")
         return self._connection
 
-    def uri(self, transport: str = "libssh2", known_hosts: Path | None = None) -> str:
+    def uri(self, transport: str = "libssh2", known_hosts: Path | None = None, key_file: Path | None = None) -> str:
         """The libvirt URI of this host over ``qemu+<transport>``, verifying the host key.
 
         ``transport`` is ``libssh2`` (what the collection connects with) or ``libssh``; ``known_hosts``
-        defaults to :attr:`known_hosts_file`.
+        defaults to :attr:`known_hosts_file`, ``key_file`` to :attr:`key_file`.
         """
         if transport not in ("libssh", "libssh2"):
             raise ValueError(f"transport must be libssh or libssh2, not {transport!r}")
         known = known_hosts or self.known_hosts_file
+        key = key_file or self.key_file
         return (
             f"qemu+{transport}://root@{self.address}/system"
-            f"?keyfile={self.key_file}&known_hosts={known}&sshauth=privkey&no_verify=0"
+            f"?keyfile={key}&known_hosts={known}&sshauth=privkey&no_verify=0"
         )
 
     def wrong_known_hosts_file(self) -> Path:
@@ -214,12 +268,15 @@ class HypervisorHost:
         sshd_config = self._write_ssh_files()
         mounts = private_mounts_script(self.root / "state")  # makes the private dirs
         self._write_libvirt_config()
+        self.home.mkdir(mode=0o700)
         marker = self.root / "mounted"
         libvirtd = ["libvirtd", "--pid-file", str(self.root / "libvirtd.pid")]
         sshd = ["/usr/sbin/sshd", "-D", "-e", "-f", str(sshd_config)]
         script = "\n".join(
             [
                 mounts,
+                # Root's home: what logs in over SSH may write ~/.ssh, ~/.ansible and so on.
+                f"mount --bind {shlex.quote(str(self.home))} /root",
                 "mkdir -p -m 0755 /run/sshd",  # sshd's privilege separation directory
                 f"touch {shlex.quote(str(marker))}",
                 f"{shlex.join(libvirtd)} &",
@@ -236,6 +293,7 @@ class HypervisorHost:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
+        self._pid = self._process.pid
         logs = [self.root / "daemons.out", self.root / "libvirtd.log"]
         remaining = self.start_timeout
         # Only once the marker exists does /proc/<pid>/root show the private /run, not the host's.
@@ -277,10 +335,11 @@ class HypervisorHost:
 
     def _write_ssh_files(self) -> Path:
         """Host and client keys, authorized_keys, known_hosts; return the sshd config."""
-        ssh_dir = self.root / "ssh"
+        ssh_dir = self.ssh_dir
         ssh_dir.mkdir(mode=0o700)
         host_key = _generate_key(ssh_dir / "ssh_host_ed25519_key")
         client_key = _generate_key(self.key_file)
+        _generate_key(self.controller_key_file)
         (ssh_dir / "authorized_keys").write_text(client_key + "\n")
         self.known_hosts_file.write_text(f"{self.address} {host_key}\n")
         sshd_config = ssh_dir / "sshd_config"
@@ -288,8 +347,11 @@ class HypervisorHost:
             f"ListenAddress {self.address}\n"
             f"HostKey {ssh_dir / 'ssh_host_ed25519_key'}\n"
             f"PidFile {self.root / 'sshd.pid'}\n"
-            f"AuthorizedKeysFile {ssh_dir / 'authorized_keys'}\n"
+            # The user's own file (in the private home) first, as a real host has it.
+            f"AuthorizedKeysFile .ssh/authorized_keys {ssh_dir / 'authorized_keys'}\n"
             "PermitRootLogin prohibit-password\n"
+            # Ansible copies files with sftp (scp runs over it too since OpenSSH 9).
+            "Subsystem sftp internal-sftp\n"
             "PasswordAuthentication no\n"
             "KbdInteractiveAuthentication no\n"
             "UsePAM no\n"
@@ -352,6 +414,7 @@ class HypervisorHost:
         if self._process is not None:
             stop_process_group(self._process)
             self._process = None
+        self._pid = 0
         if self.slot:
             # Deleting one end of a veth pair deletes both; the namespace may already be gone.
             subprocess.run(
@@ -367,6 +430,29 @@ class HypervisorHost:
             shutil.rmtree(self._root, ignore_errors=True)
             self._root = None
 
+    def save_state(self, path: Path) -> None:
+        """Write what :meth:`attach` needs to find and stop this host from another process."""
+        state = {"namespace": self.namespace, "slot": self.slot, "root": str(self.root), "pid": self._pid,
+                 "address": self.address, "stopped": False}
+        partial = path.with_name(path.name + ".partial")
+        partial.write_text(json.dumps(state, indent=2) + "\n")
+        partial.replace(path)
+
+    @classmethod
+    def attach(cls, path: Path) -> Self | None:
+        """The host a :meth:`save_state` file describes, to stop it; None when it is already gone.
+
+        "Gone" is a state marked stopped or a missing temporary directory: then the slot may
+        already belong to another host, which must not be touched.
+        """
+        state = json.loads(path.read_text())
+        root = Path(state["root"])
+        if state["stopped"] or not root.is_dir():
+            return None
+        host = cls()
+        host.slot, host._root, host._pid = int(state["slot"]), root, int(state["pid"])
+        return host
+
     def __enter__(self) -> Self:
         self.start()
         return self
@@ -379,19 +465,75 @@ class HypervisorHost:
     ) -> None:
         self.stop()
 
+    # --- bootstrapping with the kvm_hypervisor role ----------------------------------------
+
+    def bootstrap_inventory(self, **role_vars: Any) -> dict[str, Any]:
+        """An Ansible inventory for ``playbooks/bootstrap_hypervisor.yml`` on this host.
+
+        One host, ``hypervisor`` in the group ``kvm_hypervisors`` (the playbook's default), reached
+        as root with :attr:`key_file`, its host key checked against :attr:`known_hosts_file`. Its
+        variables make the role define pool and network ``default`` as :meth:`define_default_pool`
+        and :meth:`define_isolated_network` do (the pool under the host's directory, the network
+        isolated, DNS off), authorize :attr:`controller_key_file` for root and write the host's
+        known_hosts line to :attr:`bootstrap_known_hosts_file`. ``role_vars`` override any of
+        them; an override of None drops the variable, so the role's default applies.
+
+        Nothing the role does then reaches beyond the host: libvirtd is the harness's own (the
+        role must not manage the service; there is no init system), the packages are already
+        installed (no apt cache update), root's ``~/.ssh`` is the private home's, and no user is
+        created.
+        """
+        prefix = f"{GUEST_NETWORK_PREFIX}.{self.slot}"
+        host_vars: dict[str, Any] = {
+            "ansible_host": self.address,
+            "ansible_user": "root",
+            "ansible_ssh_private_key_file": str(self.key_file),
+            "ansible_ssh_common_args": (
+                f"-o UserKnownHostsFile={self.known_hosts_file} -o GlobalKnownHostsFile=/dev/null"
+                " -o StrictHostKeyChecking=yes -o IdentitiesOnly=yes"
+            ),
+            # A short ControlPersist: no SSH master outlives the run by more than a few seconds.
+            "ansible_ssh_args": "-o ControlMaster=auto -o ControlPersist=5s",
+            "ansible_pipelining": True,  # one SSH round trip per module, no file copies
+            "ansible_python_interpreter": "/usr/bin/python3",  # the one with python3-libvirt
+            "ansible_become": False,  # already root (and the machine has no sudo)
+            # Not the role's: the private half of kvm_hypervisor_controller_public_key, for
+            # whoever connects as the controller afterwards (molecule's verify, a provider config).
+            "hypervisor_controller_key_file": str(self.controller_key_file),
+            "kvm_hypervisor_manage_service": False,
+            "kvm_hypervisor_update_apt_cache": False,
+            "kvm_hypervisor_user": "root",
+            "kvm_hypervisor_controller_public_key": self.controller_key_file.with_suffix(".pub").read_text().strip(),
+            "kvm_hypervisor_ssh_host_key_dir": str(self.ssh_dir),
+            "kvm_hypervisor_known_hosts_file": str(self.bootstrap_known_hosts_file),
+            "kvm_hypervisor_pool_name": "default",
+            "kvm_hypervisor_pool_path": str(self.pool_path),
+            "kvm_hypervisor_network_name": "default",
+            "kvm_hypervisor_network_forward_mode": "none",
+            "kvm_hypervisor_network_bridge": "virbr0",  # the role's default, named for whoever checks it
+            "kvm_hypervisor_network_dns": False,
+            "kvm_hypervisor_network_address": self.guest_network_address,
+            "kvm_hypervisor_network_netmask": "255.255.255.0",
+            "kvm_hypervisor_network_dhcp_start": f"{prefix}.10",
+            "kvm_hypervisor_network_dhcp_end": f"{prefix}.250",
+        }
+        host_vars.update(role_vars)
+        host_vars = {name: value for name, value in host_vars.items() if value is not None}
+        return {INVENTORY_GROUP: {"hosts": {INVENTORY_HOST: host_vars}}}
+
     # --- inside the host --------------------------------------------------------------
 
     def run_in_namespace(
         self, cmd: Sequence[str], *, check: bool = True, timeout: float = 60.0
     ) -> subprocess.CompletedProcess[str]:
         """Run ``cmd`` in the host's network and mount namespaces (it sees the private /run)."""
-        if self._process is None:
+        if not self._pid:
             raise RuntimeError("HypervisorHost is not started")
         return subprocess.run(
             [
                 "nsenter",
                 "--target",
-                str(self._process.pid),
+                str(self._pid),
                 "--mount",
                 "--net",
                 "--",
@@ -425,3 +567,121 @@ class HypervisorHost:
         network.create()
         network.setAutostart(1)
         return network
+
+
+# --- running the bootstrap playbook ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BootstrapRun:
+    """One run of ``playbooks/bootstrap_hypervisor.yml`` through ansible-runner."""
+
+    status: str  # ansible-runner's: "successful", "failed", "timeout", ...
+    stdout: str  # ansible-playbook's output, recap included
+    seconds: float
+    known_hosts_file: Path  # where the role wrote the host's key lines (when it got that far)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "successful"
+
+
+class BootstrapError(RuntimeError):
+    """The bootstrap playbook failed; the message ends with the tail of its output."""
+
+
+def bootstrap(host: HypervisorHost, *, check: bool = True, check_mode: bool = False, timeout: int = 300,
+              **role_vars: Any) -> BootstrapRun:
+    """Bootstrap ``host`` with ``playbooks/bootstrap_hypervisor.yml`` as an operator would.
+
+    The inventory is :meth:`HypervisorHost.bootstrap_inventory` (``role_vars`` override its
+    variables); ansible-playbook is the one beside this interpreter, the collections those of
+    :func:`support.ansible_modules.collections_path`. With ``check`` a failed run raises
+    :class:`BootstrapError`; ``check_mode`` runs the playbook with ``--check``.
+    """
+    # Imported here: the harness itself (and its CLI) needs neither.
+    import ansible_runner
+
+    from .ansible_modules import collections_path
+
+    inventory = host.bootstrap_inventory(**role_vars)
+    known_hosts = Path(inventory[INVENTORY_GROUP]["hosts"][INVENTORY_HOST]["kvm_hypervisor_known_hosts_file"])
+    with tempfile.TemporaryDirectory(prefix="bootstrap-hypervisor-") as private:
+        started = time.monotonic()
+        outcome = ansible_runner.run(
+            private_data_dir=private,
+            playbook=str(BOOTSTRAP_PLAYBOOK),
+            inventory=inventory,
+            cmdline="--check" if check_mode else None,
+            # ansible-playbook from beside this interpreter, found on PATH.
+            envvars={"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+                     "ANSIBLE_COLLECTIONS_PATH": collections_path(), "ANSIBLE_NOCOLOR": "1",
+                     "ANSIBLE_RETRY_FILES_ENABLED": "0"},
+            timeout=timeout,
+            quiet=True,
+            # Without one, ansible-runner takes over SIGINT/SIGTERM of the test process for good.
+            cancel_callback=lambda: False,
+        )
+        seconds = time.monotonic() - started
+        with outcome.stdout as stdout:
+            run = BootstrapRun(str(outcome.status), stdout.read(), seconds, known_hosts)
+    if check and not run.ok:
+        tail = "\n".join(run.stdout.splitlines()[-40:])
+        raise BootstrapError(f"bootstrap of {host.namespace} ended {run.status}:\n{tail}")
+    return run
+
+
+# --- command line: a host that outlives the process, for molecule ------------------------------
+
+
+def _up(state: Path, inventory: Path | None) -> None:
+    host = HypervisorHost()
+    host.start()
+    try:
+        host.save_state(state)
+        if inventory is not None:
+            inventory.parent.mkdir(parents=True, exist_ok=True)
+            inventory.write_text(json.dumps(host.bootstrap_inventory(), indent=2) + "\n")
+    except BaseException:
+        host.stop()
+        raise
+    # The daemons run on in their own session; this process leaves without stopping them.
+    sys.stdout.write(f"hypervisor host {host.namespace} up at {host.address} in {host.startup_seconds:.1f} s\n")
+
+
+def _down(state: Path) -> None:
+    if not state.exists():
+        sys.stdout.write(f"no hypervisor host state at {state}: nothing to stop\n")
+        return
+    host = HypervisorHost.attach(state)
+    if host is None:
+        sys.stdout.write(f"the hypervisor host of {state} is already stopped\n")
+        return
+    namespace = host.namespace
+    host.stop()
+    recorded = json.loads(state.read_text())
+    recorded["stopped"] = True
+    state.write_text(json.dumps(recorded, indent=2) + "\n")
+    sys.stdout.write(f"hypervisor host {namespace} stopped and removed\n")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m support.hypervisor_host",
+        description="Start a test hypervisor host that outlives this command, or stop one.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    up = commands.add_parser("up", help="start a host; write its state (and an Ansible inventory)")
+    up.add_argument("--state", type=Path, required=True, help="where to write the host's state")
+    up.add_argument("--inventory", type=Path, help="where to write the bootstrap inventory (JSON)")
+    down = commands.add_parser("down", help="stop the host a state file describes and remove it")
+    down.add_argument("--state", type=Path, required=True, help="the state file `up` wrote")
+    args = parser.parse_args(argv)
+    if args.command == "up":
+        _up(args.state, args.inventory)
+    else:
+        _down(args.state)
+
+
+if __name__ == "__main__":
+    main()

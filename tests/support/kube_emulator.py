@@ -24,12 +24,21 @@ real server merges them by key); finalizers with ``deletionTimestamp``; watch wi
 ``resourceVersion``, ``ERROR`` 410 Expired once that version left the bounded history, and
 ``timeoutSeconds``; discovery; fault injection.
 
-Deliberately left out (the controller does not depend on them): admission, schema validation
-beyond object names, owner-reference garbage collection, namespace deletion cascading (and
-namespaced objects may be created in a namespace that does not exist), pagination (``limit`` is
-ignored: every list returns everything), ``dryRun``, server-side apply (415), BOOKMARK events,
-and a status write to a Pod changing its labels (the real Pod status strategy allows it; here
-every status write changes only ``status``, as for custom resources).
+Besides the controller's kinds it serves what ``playbooks/deploy_controller.yml`` installs with
+``kubernetes.core.k8s`` (ServiceAccounts, Services, Deployments, RBAC, CRDs), so that playbook is
+tested here: its client-side apply is a GET, then a POST or a JSON merge patch, and a strategic
+merge patch on a custom resource is refused with 415 as on the real server (custom resources
+have no patch strategy), which is what makes ``kubernetes.core.k8s`` fall back to a merge patch.
+
+Deliberately left out (nothing tested depends on them): admission, schema validation beyond
+object names, defaulting (a real server fills in e.g. a Deployment's ``strategy`` or a Service's
+``clusterIP``), workload controllers (a Deployment's status changes only when a test writes it),
+a created CRD starting to serve its kind (``Proxy`` is always served), a Secret's
+``stringData`` folding into ``data``, owner-reference garbage collection, namespace deletion
+cascading (and namespaced objects may be created in a namespace that does not exist),
+pagination (``limit`` is ignored: every list returns everything), ``dryRun``, server-side apply
+(415), BOOKMARK events, and a status write to a Pod changing its labels (the real Pod status
+strategy allows it; here every status write changes only ``status``, as for custom resources).
 """
 
 from __future__ import annotations
@@ -102,6 +111,9 @@ class ResourceType:
     ``Status`` of success (most other built-in kinds)."""
     initial_status: Mapping[str, Any] | None = None
     """What the server puts in ``status`` on create (the real server resets it for these kinds)."""
+    custom: bool = False
+    """A custom resource (served from a CRD): it has no strategic merge patch, only JSON merge
+    and JSON patch."""
 
     @property
     def api_version(self) -> str:
@@ -113,7 +125,7 @@ class ResourceType:
         return f"{self.plural}.{self.group}" if self.group else self.plural
 
 
-PROXY = ResourceType("crawl.example.com", "v1alpha1", "Proxy", "proxies", True, True, True)
+PROXY = ResourceType("crawl.example.com", "v1alpha1", "Proxy", "proxies", True, True, True, custom=True)
 
 DEFAULT_RESOURCES: tuple[ResourceType, ...] = (
     ResourceType("", "v1", "Namespace", "namespaces", False, True, False, {"phase": "Active"}),
@@ -121,7 +133,17 @@ DEFAULT_RESOURCES: tuple[ResourceType, ...] = (
     ResourceType("", "v1", "Secret", "secrets", True, False),
     ResourceType("", "v1", "ConfigMap", "configmaps", True, False),
     ResourceType("", "v1", "Event", "events", True, False),
+    ResourceType("", "v1", "ServiceAccount", "serviceaccounts", True, False),
+    ResourceType("", "v1", "Service", "services", True, True, False, {"loadBalancer": {}}),
     ResourceType("coordination.k8s.io", "v1", "Lease", "leases", True, False),
+    # What deploy_controller.yml installs besides the kinds above.
+    ResourceType("apps", "v1", "Deployment", "deployments", True, True),
+    ResourceType("rbac.authorization.k8s.io", "v1", "ClusterRole", "clusterroles", False, False),
+    ResourceType("rbac.authorization.k8s.io", "v1", "ClusterRoleBinding", "clusterrolebindings", False, False),
+    ResourceType("rbac.authorization.k8s.io", "v1", "Role", "roles", True, False),
+    ResourceType("rbac.authorization.k8s.io", "v1", "RoleBinding", "rolebindings", True, False),
+    ResourceType("apiextensions.k8s.io", "v1", "CustomResourceDefinition", "customresourcedefinitions", False,
+                 True),
     PROXY,
 )
 
@@ -862,6 +884,10 @@ class KubeEmulator:
                 if not isinstance(patch, dict):
                     raise ApiError(400, "a merge patch must be a JSON object")
                 if media == "application/strategic-merge-patch+json":
+                    if route.rtype.custom:
+                        raise ApiError(415, "the body of the request was in an unknown format - "
+                                            "accepted media types include: application/json-patch+json, "
+                                            "application/merge-patch+json, application/apply-patch+yaml")
                     _reject_strategic_directives(patch)
                 new = merge_patch(old, patch)
             else:

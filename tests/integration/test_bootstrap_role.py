@@ -1,0 +1,268 @@
+"""The kvm_hypervisor role (``playbooks/bootstrap_hypervisor.yml``) on a real hypervisor host.
+
+The molecule scenario ``extensions/molecule/kvm_hypervisor`` is the role's own test: it starts a
+:class:`HypervisorHost` (libvirtd + sshd in a network namespace), converges over SSH, converges
+again expecting no change, and verifies over ``qemu+libssh2`` with the key the role authorized and
+the known_hosts file the role wrote. It runs here as ``molecule test``, exactly as from a shell.
+
+The other tests run the playbook directly (:func:`support.hypervisor_host.bootstrap`, through
+ansible-runner) against one host whose pools, networks and domains each test sets up and removes:
+check mode changes nothing; the network Debian's packages define (NAT, DNS on: the role's
+defaults) is kept as it is; a pool or network that exists with another definition makes the role
+fail with a message naming the variable and the fix, and stays as it was; with
+``kvm_hypervisor_allow_redefine`` the role replaces a definition only while nothing uses it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import libvirt
+import pytest
+
+from support.ansible_modules import REPO, collections_path
+from support.hypervisor_host import GUEST_NETWORK_PREFIX, HypervisorHost, bootstrap
+
+SCENARIO = "kvm_hypervisor"
+# Installed with libvirt-daemon-system (libvirt-daemon-config-network).
+DEBIAN_DEFAULT_NETWORK = Path("/usr/share/libvirt/networks/default.xml")
+# The bootstrap inventory's network variables, which replace the role's defaults.
+NETWORK_VARIABLES = (
+    "kvm_hypervisor_network_forward_mode", "kvm_hypervisor_network_bridge", "kvm_hypervisor_network_address",
+    "kvm_hypervisor_network_netmask", "kvm_hypervisor_network_dhcp_start", "kvm_hypervisor_network_dhcp_end",
+    "kvm_hypervisor_network_dns",
+)
+MOLECULE_TIMEOUT = 280
+
+# What the role must never touch on the machine running the tests.
+REAL_ROOT_SSH = Path("/root/.ssh")
+
+
+def _directory_snapshot(directory: Path) -> dict[str, bytes] | None:
+    if not directory.is_dir():
+        return None
+    return {path.name: path.read_bytes() for path in sorted(directory.iterdir()) if path.is_file()}
+
+
+def _tail(text: str, lines: int = 60) -> str:
+    return "\n".join(text.splitlines()[-lines:])
+
+
+# --- the molecule scenario ---------------------------------------------------------------------
+
+
+@pytest.mark.timeout(MOLECULE_TIMEOUT + 20)
+def test_molecule_scenario_converges_is_idempotent_and_verifies(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.fail("the molecule scenario needs root (network and mount namespaces)", pytrace=False)
+    state = tmp_path / "hypervisor-host.json"
+    bin_dir = Path(sys.executable).parent
+    # ansible-playbook runs in the scenario's directory: every path it is given must be absolute.
+    collections = os.pathsep.join(str(Path(path).resolve()) for path in collections_path().split(os.pathsep))
+    env = {
+        **os.environ,
+        "ANSIBLE_COLLECTIONS_PATH": collections,
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+        "MOLECULE_EPHEMERAL_DIRECTORY": str(tmp_path / "molecule"),
+        "HYPERVISOR_HOST_STATE": str(state),
+        "ANSIBLE_NOCOLOR": "1",
+        "NO_COLOR": "1",
+    }
+    real_ssh_before = _directory_snapshot(REAL_ROOT_SSH)
+    try:
+        result = subprocess.run(
+            [str(bin_dir / "molecule"), "test", "--scenario-name", SCENARIO],
+            cwd=REPO, env=env, capture_output=True, text=True, timeout=MOLECULE_TIMEOUT, check=False,
+        )
+    finally:
+        # Molecule destroys the host after a failed step too; this covers molecule itself dying.
+        leftover = HypervisorHost.attach(state) if state.exists() else None
+        if leftover is not None:
+            leftover.stop()
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, _tail(output, 120)
+    for step in ("create", "converge", "idempotence", "verify", "destroy"):
+        assert f"{SCENARIO} > {step}: Executed: Successful" in output
+    recorded = json.loads(state.read_text())
+    assert recorded["stopped"], "molecule's destroy step did not stop the host"
+    assert leftover is None
+    assert not Path("/run/netns", recorded["namespace"]).exists()
+    assert not Path(recorded["root"]).exists()
+    assert _directory_snapshot(REAL_ROOT_SSH) == real_ssh_before
+
+
+# --- existing definitions: compare, refuse, redefine only what nothing uses ----------------------
+
+
+@pytest.fixture(scope="module")
+def host() -> Iterator[HypervisorHost]:
+    """A hypervisor host without pool or network; each test leaves it that way."""
+    if os.geteuid() != 0:
+        pytest.fail("the bootstrap tests need root (network and mount namespaces)", pytrace=False)
+    with HypervisorHost() as hypervisor:
+        yield hypervisor
+
+
+@pytest.fixture
+def conn(host: HypervisorHost) -> Iterator[libvirt.virConnect]:
+    """The host's libvirt connection; afterwards every domain, volume, pool and network is gone."""
+    yield host.connection
+    connection = host.connection
+    for domain in connection.listAllDomains():
+        if domain.isActive():
+            domain.destroy()
+        domain.undefine()
+    for pool in connection.listAllStoragePools():
+        if pool.isActive():
+            for volume in pool.listAllVolumes():
+                volume.delete()
+            pool.destroy()
+        pool.undefine()
+    for network in connection.listAllNetworks():
+        if network.isActive():
+            network.destroy()
+        network.undefine()
+
+
+def _other_network(host: HypervisorHost) -> str:
+    """A network ``default`` unlike the one the bootstrap inventory asks for: bridge and range."""
+    prefix = f"{GUEST_NETWORK_PREFIX}.{host.slot}"
+    return (
+        "<network><name>default</name><bridge name='virbr7'/><dns enable='no'/>"
+        f"<ip address='{host.guest_network_address}' netmask='255.255.255.0'>"
+        f"<dhcp><range start='{prefix}.100' end='{prefix}.199'/></dhcp></ip></network>"
+    )
+
+
+def _other_pool(host: HypervisorHost) -> str:
+    """A pool ``default`` in another directory than the bootstrap inventory's."""
+    return f"<pool type='dir'><name>default</name><target><path>{host.root / 'other-pool'}</path></target></pool>"
+
+
+def _pool_path(pool: libvirt.virStoragePool) -> str:
+    xml = str(pool.XMLDesc(0))
+    return xml.split("<path>", 1)[1].split("</path>", 1)[0]
+
+
+def test_check_mode_reports_changes_and_makes_none(host: HypervisorHost, conn: libvirt.virConnect) -> None:
+    run = bootstrap(host, check_mode=True)
+
+    assert "changed=0" not in run.stdout
+    assert conn.listAllStoragePools() == []
+    assert conn.listAllNetworks() == []
+    assert not run.known_hosts_file.exists()
+
+
+def test_the_network_a_fresh_debian_host_has_is_kept_as_it_is(host: HypervisorHost, conn: libvirt.virConnect) -> None:
+    # What libvirt-daemon-config-network defines on Debian: NAT, DNS on, the role's defaults.
+    network = conn.networkDefineXML(DEBIAN_DEFAULT_NETWORK.read_text())
+    uuid = network.UUIDString()
+    role_defaults: dict[str, Any] = dict.fromkeys(NETWORK_VARIABLES)
+
+    bootstrap(host, **role_defaults)
+
+    network = conn.networkLookupByName("default")
+    assert network.UUIDString() == uuid
+    assert network.isActive()
+    assert network.autostart()
+    assert "<forward mode='nat'>" in network.XMLDesc()
+
+
+def test_a_network_defined_differently_fails_the_role_and_is_left_alone(
+    host: HypervisorHost, conn: libvirt.virConnect
+) -> None:
+    network = conn.networkDefineXML(_other_network(host))
+    before = network.XMLDesc(libvirt.VIR_NETWORK_XML_INACTIVE)
+
+    run = bootstrap(host, check=False)
+
+    assert not run.ok
+    assert (
+        "The libvirt network 'default' on hypervisor already exists with another definition: "
+        "bridge is 'virbr7' where kvm_hypervisor_network_bridge wants 'virbr0'"
+    ) in run.stdout
+    prefix = f"{GUEST_NETWORK_PREFIX}.{host.slot}"
+    assert (
+        f"DHCP range is '{prefix}.100-{prefix}.199' where kvm_hypervisor_network_dhcp_start/"
+        f"kvm_hypervisor_network_dhcp_end wants '{prefix}.10-{prefix}.250'"
+    ) in run.stdout
+    assert "set kvm_hypervisor_allow_redefine to true" in run.stdout
+    assert conn.networkLookupByName("default").XMLDesc(libvirt.VIR_NETWORK_XML_INACTIVE) == before
+    # Nothing changes before both definitions are compared: not even the missing pool is added.
+    assert conn.listAllStoragePools() == []
+
+
+def test_a_pool_defined_differently_fails_the_role_and_is_left_alone(
+    host: HypervisorHost, conn: libvirt.virConnect
+) -> None:
+    pool = conn.storagePoolDefineXML(_other_pool(host))
+    uuid = pool.UUIDString()
+
+    run = bootstrap(host, check=False)
+
+    assert not run.ok
+    assert (
+        "The libvirt storage pool 'default' on hypervisor already exists with another definition: "
+        f"path is '{host.root / 'other-pool'}' where kvm_hypervisor_pool_path wants '{host.pool_path}'"
+    ) in run.stdout
+    pool = conn.storagePoolLookupByName("default")
+    assert (pool.UUIDString(), _pool_path(pool)) == (uuid, str(host.root / "other-pool"))
+    assert conn.listAllNetworks() == []
+
+
+def test_allow_redefine_replaces_definitions_nothing_uses(host: HypervisorHost, conn: libvirt.virConnect) -> None:
+    (host.root / "other-pool").mkdir(exist_ok=True)
+    old_pool = conn.storagePoolDefineXML(_other_pool(host))
+    old_pool.create()
+    old_network = conn.networkDefineXML(_other_network(host))
+    old_network.create()  # active, with its bridge, but nothing attached
+
+    bootstrap(host, kvm_hypervisor_allow_redefine=True)
+
+    pool = conn.storagePoolLookupByName("default")
+    assert pool.UUIDString() != old_pool.UUIDString()
+    assert _pool_path(pool) == str(host.pool_path)
+    assert pool.isActive()
+    assert pool.autostart()
+    network = conn.networkLookupByName("default")
+    assert network.bridgeName() == "virbr0"
+    assert network.isActive()
+    assert network.autostart()
+    assert f"<range start='{GUEST_NETWORK_PREFIX}.{host.slot}.10'" in network.XMLDesc()
+    assert (host.root / "other-pool").is_dir()  # removing a pool's definition keeps its directory
+
+
+def test_allow_redefine_refuses_a_pool_with_volumes_and_a_network_with_a_vm(
+    host: HypervisorHost, conn: libvirt.virConnect
+) -> None:
+    (host.root / "other-pool").mkdir(exist_ok=True)
+    pool = conn.storagePoolDefineXML(_other_pool(host))
+    pool.create()
+    pool.createXML("<volume><name>disk.qcow2</name><capacity unit='MiB'>1</capacity>"
+                   "<target><format type='qcow2'/></target></volume>")
+    network = conn.networkDefineXML(_other_network(host))
+    network.create()
+    network_before = network.XMLDesc(libvirt.VIR_NETWORK_XML_INACTIVE)
+    domain = conn.defineXML(
+        "<domain type='qemu'><name>user-of-the-network</name><memory unit='MiB'>64</memory>"
+        "<os><type arch='x86_64'>hvm</type></os><devices><interface type='network'>"
+        "<source network='default'/><model type='virtio'/></interface></devices></domain>"
+    )
+    domain.create()
+
+    run = bootstrap(host, check=False, kvm_hypervisor_allow_redefine=True)
+
+    assert not run.ok
+    assert "kvm_hypervisor_allow_redefine is true, but the storage pool 'default' holds 1 volume(s)" in run.stdout
+    assert "the network 'default' has interfaces attached (vnet0)" in run.stdout
+    assert [volume.name() for volume in conn.storagePoolLookupByName("default").listAllVolumes()] == ["disk.qcow2"]
+    network = conn.networkLookupByName("default")
+    assert network.XMLDesc(libvirt.VIR_NETWORK_XML_INACTIVE) == network_before
+    assert network.isActive()
+    assert domain.state()[0] == libvirt.VIR_DOMAIN_RUNNING

@@ -1,0 +1,145 @@
+"""The collection as ``ansible-galaxy collection build`` packs it and ``install`` unpacks it.
+
+The artifact must hold the collection and nothing of the repository around it (tests, caches,
+the virtualenv, the controller's Python package); it must install offline next to the
+dependencies the pinned ``ansible`` package provides; and the modules must run from that
+install with nothing of the source tree on Ansible's search path.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import tarfile
+import tomllib
+from pathlib import Path
+
+import pytest
+import yaml
+from ansible.galaxy.dependency_resolution.versioning import meets_requirements
+from ansible.release import __version__ as ansible_core_version
+
+from support.ansible_modules import REPO
+from support.collection_artifact import InstalledCollection, dependencies_path
+from support.libvirt_daemon import LibvirtTestDaemon
+from support.provider_config import OWNER_TAGS
+
+pytestmark = pytest.mark.timeout(120)
+
+GALAXY = yaml.safe_load((REPO / "galaxy.yml").read_text())
+# What users get: collection content, the controller's manifests and example Proxies (which the
+# deploy playbook and the README's walk-through use), and the docs. Nothing else.
+ALLOWED_TOP = {"MANIFEST.json", "FILES.json", "README.md", "CHANGELOG.md", "meta", "plugins", "roles", "playbooks",
+               "docs", "controller", "extensions"}
+ALLOWED_CONTROLLER = {"controller/manifests", "controller/examples"}
+
+
+def member_names(artifact: Path) -> list[str]:
+    with tarfile.open(artifact) as tar:
+        return [name.removeprefix("./") for name in tar.getnames()]
+
+
+def source_files(*folders: str) -> set[str]:
+    """Files under these folders of the working tree, as the artifact would name them."""
+    found = set()
+    for folder in folders:
+        for path in (REPO / folder).rglob("*"):
+            if path.is_file() and "__pycache__" not in path.parts:
+                found.add(str(path.relative_to(REPO)))
+    return found
+
+
+def test_the_artifact_holds_the_collection_and_nothing_else(installed_collection: InstalledCollection) -> None:
+    names = member_names(installed_collection.artifact)
+    files = {name for name in names if not name.endswith("/")}
+
+    assert {name.split("/")[0] for name in names} <= ALLOWED_TOP
+    assert {"/".join(name.split("/")[:2]) for name in names if name.startswith("controller/")} - {
+        "controller/"} <= ALLOWED_CONTROLLER
+    for name in names:
+        parts = set(name.split("/"))
+        assert not parts & {"tests", "__pycache__", ".venv", ".ansible", ".git", "bench", "scripts", "tools",
+                            "egress_proxies"}, name
+        assert not name.endswith((".pyc", ".tar.gz", ".egg-info")), name
+    # Everything that is collection content is there.
+    expected = source_files("plugins", "roles", "playbooks", "meta", "controller/manifests", "controller/examples")
+    assert expected - files == set()
+    assert "playbooks/deploy_controller.yml" in files
+
+
+def test_the_manifest_carries_galaxy_yml(installed_collection: InstalledCollection) -> None:
+    manifest = json.loads((installed_collection.root / "MANIFEST.json").read_text())["collection_info"]
+
+    assert (manifest["namespace"], manifest["name"], manifest["version"]) == (
+        GALAXY["namespace"], GALAXY["name"], GALAXY["version"])
+    assert manifest["dependencies"] == GALAXY["dependencies"]
+    runtime = yaml.safe_load((installed_collection.root / "meta" / "runtime.yml").read_text())
+    assert meets_requirements(ansible_core_version, runtime["requires_ansible"]), (
+        f"ansible-core {ansible_core_version} (what the tests run) is outside requires_ansible")
+
+
+def test_dependencies_are_satisfied_by_the_pinned_ansible_package(installed_collection: InstalledCollection) -> None:
+    """An offline install resolves every dependency against what is already installed, so each
+    declared range holds the version the tests run."""
+    for name, requirement in GALAXY["dependencies"].items():
+        namespace, collection = name.split(".")
+        manifest = Path(dependencies_path()) / "ansible_collections" / namespace / collection / "MANIFEST.json"
+        installed = json.loads(manifest.read_text())["collection_info"]["version"]
+        assert meets_requirements(installed, requirement), (name, installed, requirement)
+        assert f"'{name}:{installed}' is already installed" in installed_collection.install_log
+
+
+def test_ansible_finds_the_modules_in_the_install(installed_collection: InstalledCollection, tmp_path: Path) -> None:
+    done = subprocess.run([str(Path(sys.executable).parent / "ansible-doc"), "--json",
+                           "crawl.egress_proxies.kvm_proxy_info"], env=installed_collection.env(tmp_path),
+                          capture_output=True, text=True, check=True)
+    (doc,) = json.loads(done.stdout).values()
+
+    assert Path(doc["doc"]["filename"]) == installed_collection.root / "plugins" / "modules" / "kvm_proxy_info.py"
+
+
+def test_the_installed_modules_create_and_list_a_proxy(installed_collection: InstalledCollection, tmp_path: Path,
+                                                       testdriver_config: Path, libvirt_test: LibvirtTestDaemon,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """kvm_proxy and kvm_proxy_info from the install, through the controller's runner, against the
+    test-driver libvirtd: module_utils, the seed ISO and the placement all come from the artifact."""
+    from egress_proxies.runner import AnsibleRunner, Operation
+
+    env = installed_collection.env(tmp_path)
+    for name in ("ANSIBLE_COLLECTIONS_SCAN_SYS_PATH", "HOME", "TMPDIR"):
+        monkeypatch.setenv(name, env[name])
+    runner = AnsibleRunner(tmp_path / "work", timeout_seconds=120, max_concurrent=1,
+                           collections_path=env["ANSIBLE_COLLECTIONS_PATH"])
+    common = {"provider_config": str(testdriver_config), "provider": "lab"}
+    tags = {**OWNER_TAGS, "crawl.example.com/proxy": "crawlers/installed"}
+
+    created, listed = runner.run("lab", "packaging", [
+        Operation("kvm_proxy", {**common, "name": "installed-3f9c2a", "tags": tags, "user_data": "#cloud-config\n",
+                                "image_cache_dir": str(tmp_path / "cache")}),
+        Operation("kvm_proxy_info", {**common, "tags": OWNER_TAGS}),
+    ])
+
+    assert created.ok, created.result
+    assert created.result["provider_id"] == "kvm://hosts/h1/domains/installed-3f9c2a"
+    assert listed.ok, listed.result
+    assert [i["provider_id"] for i in listed.result["instances"]] == ["kvm://hosts/h1/domains/installed-3f9c2a"]
+    assert "installed-3f9c2a" in {d.name() for d in libvirt_test.connection.listAllDomains()}
+
+
+def test_one_version_everywhere() -> None:
+    """galaxy.yml's version is the release: the newest CHANGELOG entry, the controller package, the
+    image tag the Deployment runs, and the artifact and image names the README tells users to use."""
+    version = GALAXY["version"]
+    changelog = (REPO / "CHANGELOG.md").read_text()
+    newest = re.search(r"^## (\S+) - (\d{4}-\d{2}-\d{2})$", changelog, re.M)
+    deployment = yaml.safe_load((REPO / "controller" / "manifests" / "deployment.yaml").read_text())
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    readme = (REPO / "README.md").read_text()
+
+    assert newest is not None and newest.group(1) == version
+    assert tomllib.loads((REPO / "controller" / "pyproject.toml").read_text())["project"]["version"] == version
+    assert container["image"].rpartition(":")[2] == version
+    assert set(re.findall(r"crawl-egress_proxies-(\d[^\s/]*?)\.tar\.gz", readme)) == {version}
+    assert set(re.findall(r"egress-proxies-controller:(\d\S*)", readme)) == {version}
