@@ -8,20 +8,73 @@ the Proxy's file is deleting the Proxy: while its status file still carries our
 finalizer, it is presented with a ``deletionTimestamp``, so the same deletion path as on
 Kubernetes runs, and releasing the finalizer removes the status file.
 
-Writes are whole-file replacements (write + rename) and carry an optimistic
-resourceVersion, so the semantics match what the reconciler expects from the API.
+Writes are whole-file replacements (a 0600 temporary file, fsync, rename) and carry an
+optimistic resourceVersion, so the semantics match what the reconciler expects from the API.
+
+Safe to operate:
+
+- **One controller per directory.** The store holds an exclusive ``flock(2)`` on
+  ``.egress-proxies.lock`` in the directory for its whole life; a second controller (another
+  process, or a second store in this one) fails with :class:`DirectoryLocked`, naming the pid
+  and host that hold it. The kernel drops the lock when its holder exits, however it exits,
+  so a SIGKILLed controller never leaves a stale lock behind.
+- **Renaming a Proxy file is a rename.** A status file belongs to the namespace/name it
+  records, and follows the file that defines it: a file with no status file of its own that
+  defines the Proxy of a status file whose Proxy file is gone takes that status file over (it
+  is moved beside it): same uid, finalizer, status and instance. Re-creating a Proxy file
+  while that Proxy's deletion is still in progress cancels the deletion the same way.
+  Changing ``metadata.name`` (or, without one, the file name) makes a different Proxy, as on
+  Kubernetes: the old one's status file is moved aside (``<file>~<uid>.status.yaml``) and it
+  is deleted, unless another file now defines it; the new one starts fresh. A status file
+  whose Proxy file is gone and that no finalizer holds is removed, as the API server removes
+  an object once its last finalizer is released.
+- **One bad file fails only its own Proxy.** A Proxy file that cannot be read or parsed, has
+  the wrong shape (``spec`` a list, ``metadata`` a string), or a status file that is corrupt
+  (not YAML, not a mapping, ``generation: abc``, wrong-typed fields), or two files defining
+  one namespace/name: each is returned with ``Proxy.defect`` saying which file, what is wrong
+  and the fix, and every other Proxy is returned as usual. The reconciler acts on nothing for a
+  defective Proxy (no create, no delete, no garbage collection of its instance).
+- **What the Proxy file says wins.** Annotations in the Proxy file override the stored ones;
+  the status file keeps only annotations the file does not set (the controller's own, and any
+  an operator puts there for a Proxy whose file is gone).
+- **Status files hold no secrets.** ``cloudInit`` (user-data) is never written to them: the
+  stored spec only serves to delete the instance of a Proxy whose file is gone, and to present
+  the last good spec while the file cannot be read. They are never readable by more users than
+  the Proxy file (group and others get read access only where the Proxy file grants it) and
+  never writable by anyone but their owner. Older status files are rewritten on first sight.
+
+The operator's way out, per fault (each defect message says it too):
+
+- *A Proxy file that cannot be read or parsed*: fix the file. Until then the Proxy keeps its
+  uid, finalizer, instance and last good spec, and nothing is done for it.
+- *A corrupt status file*: the controller leaves it exactly as it is (it is the only record of
+  the Proxy's uid and finalizer) and writes nothing for that Proxy. Repair it: the Proxy's uid
+  is the ``crawl.example.com/uid`` tag on its instance (the log names the providerID). Or
+  delete it to start the Proxy over: a new uid and a new instance; the old instance, no longer
+  owned by any Proxy, is garbage-collected after ``--gc-grace``.
+- *Two files defining one Proxy*: delete one, or give it another ``metadata.name``. A file
+  that had no status file of its own gets none while the conflict lasts.
+- *"another controller holds the directory"*: stop the other controller (the message names
+  its pid), or give this one its own ``--proxy-dir``.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import hashlib
 import json
 import logging
 import os
+import re
+import socket
+import stat
+import tempfile
 import threading
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,22 +86,191 @@ from egress_proxies.store import Conflict, Gone, StoreError, WatchEvent
 log = logging.getLogger(__name__)
 
 STATUS_SUFFIX = ".status.yaml"
+LOCK_NAME = ".egress-proxies.lock"
+# Spec fields never written to a status file: user-data may carry credentials, and nothing
+# the status file is for (deleting an instance, presenting the last good spec) needs it.
+NOT_STORED = frozenset({"cloudInit"})
+# A uid as the status file writes it, found even when the file no longer parses, so a
+# defective Proxy still protects its instance (tagged with that uid) from garbage collection.
+_UID_LINE = re.compile(r"^\s*uid:\s*['\"]?([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})['\"]?\s*$",
+                       re.MULTILINE)
+_SCAN_ATTEMPTS = 3
+# libyaml's loader and dumper when PyYAML has them: the same YAML 1.1 and safe types, several
+# times faster, and a sweep parses every Proxy file and status file.
+_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_DUMPER: Any = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    temporary = path.with_name(f".{path.name}.tmp")
-    temporary.write_text(text)
-    os.replace(temporary, path)
+def _load_yaml(text: str) -> Any:
+    return yaml.load(text, Loader=_LOADER)  # a safe loader (C or Python): never arbitrary objects
+
+
+def _dump_yaml(data: Any) -> str:
+    return yaml.dump(data, Dumper=_DUMPER, sort_keys=False, allow_unicode=True)
+
+
+_CORRUPT_STATE_FIX = (
+    "it is the controller's only record of this Proxy's uid and finalizer, so nothing is done for the Proxy "
+    "and the file is left as it is. Fix: repair it (the uid is the crawl.example.com/uid tag on the Proxy's "
+    "instance), or delete it to start the Proxy over (a new uid and instance; the old instance is "
+    "garbage-collected after --gc-grace)")
+
+
+class DirectoryLocked(StoreError):
+    """Another controller holds this Proxy directory; this one must not start."""
+
+
+class _Vanished(Exception):
+    """A Proxy file disappeared between listing the directory and reading it (a rename)."""
+
+
+@dataclass
+class _Spec:
+    """A Proxy file as read: the document, or why there is none."""
+
+    path: Path
+    document: dict[str, Any] | None
+    problem: str | None = None
+    not_a_proxy: str | None = None  # parsed, but not a Proxy (another kind of YAML file)
+
+
+@dataclass
+class _State:
+    """A status file as read. ``data`` is set only when it is sound; ``stored`` is a best-effort
+    reading either way (its uid and name still protect and name a defective Proxy)."""
+
+    path: Path
+    data: dict[str, Any] | None
+    stored: Proxy | None
+    problem: str | None
+    uid: str | None
+
+    @property
+    def key(self) -> tuple[str, str] | None:
+        if self.stored is None or not self.stored.name:
+            return None
+        return (self.stored.namespace, self.stored.name)
+
+
+@dataclass
+class _Entry:
+    stem: str
+    proxy: Proxy
+    writable: bool
+    key_known: bool
+    files: list[str]
+    state: _State | None
+
+
+def _one_line(error: BaseException) -> str:
+    return " ".join(str(error).split())
+
+
+def _digest(spec: Any) -> str:
+    try:
+        text = json.dumps(spec, sort_keys=True)
+    except (TypeError, ValueError):
+        # YAML can hold what JSON cannot (dates, non-string keys): digest its YAML form instead.
+        text = yaml.safe_dump(spec, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _allowed_mode(source_mode: int) -> int:
+    """Owner read/write; group and others may read only where the source grants them read."""
+    return 0o600 | (source_mode & 0o044)
+
+
+def _write_file(path: Path, text: str, mode: int) -> None:
+    """Replace ``path`` atomically. mkstemp creates the temporary file 0600 (whatever the
+    umask), so its content is never readable by anyone else, not even for a moment; fsync
+    before the rename, so a power cut leaves the old file or the new one, never an empty one."""
+    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+            os.fchmod(handle.fileno(), mode)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
 
 
 class DirectoryStore:
     def __init__(self, directory: Path, namespace: str = "default") -> None:
         self.directory = directory
         self.namespace = namespace
-        self._lock = threading.Lock()
-        self._files: dict[tuple[str, str], str] = {}  # (namespace, name) -> file stem
+        self._lock = threading.RLock()
+        self._lock_fd: int | None = None
+        # Where each Proxy's record lives, by uid (two files may name one Proxy, so not by key).
+        self._stems: dict[str, str] = {}
+        self._by_key: dict[str, str] = {}
+        self._readonly: set[str] = set()  # uids whose record must not be written
+        self._reported: set[str] = set()  # problems already logged, so a sweep does not repeat them
+        self._noted: set[str] = set()  # problems seen by the scan in progress
+        if directory.is_dir():
+            # Taken now, so a second controller refuses to start; a directory that does not
+            # exist yet is locked by the first listing that finds it.
+            self._acquire()
 
-    # -- files ---------------------------------------------------------------------------------
+    # -- the directory lock --------------------------------------------------------------------
+
+    def _acquire(self) -> None:
+        if self._lock_fd is not None:
+            return
+        path = self.directory / LOCK_NAME
+        try:
+            # os.open's descriptors are close-on-exec (PEP 446): ansible-runner's children never
+            # inherit the lock, so it cannot outlive this process.
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as error:
+            raise StoreError(f"{path}: cannot create the lock file ({error.strerror}); the controller needs write "
+                             f"access to its Proxy directory") from error
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as error:
+            holder = os.pread(fd, 200, 0).decode(errors="replace").strip()
+            os.close(fd)
+            if error.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise StoreError(f"{path}: cannot lock ({error.strerror})") from error
+            if holder == self._holder():
+                holder += ", this very process"
+            raise DirectoryLocked(
+                f"Proxy directory {self.directory} is in use by another controller ({holder or 'holder unknown'}); "
+                f"two controllers on one directory would each create every instance. Stop the other one, or give "
+                f"this one its own --proxy-dir") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{self._holder()}\n".encode(), 0)
+        self._lock_fd = fd
+        self._remove_leftovers()
+
+    @staticmethod
+    def _holder() -> str:
+        return f"pid {os.getpid()} on {socket.gethostname()}"
+
+    def _remove_leftovers(self) -> None:
+        """Temporary files of a controller killed mid-write: nobody else writes here (we hold the lock)."""
+        for leftover in self.directory.glob(f".*{STATUS_SUFFIX}.*.tmp"):
+            leftover.unlink(missing_ok=True)
+            log.info("removed %s, left by a controller stopped while writing it", leftover)
+
+    def close(self) -> None:
+        """Release the directory (another controller may take it)."""
+        fd, self._lock_fd = getattr(self, "_lock_fd", None), None
+        if fd is not None:
+            os.close(fd)  # closing the only descriptor drops the flock
+
+    def __del__(self) -> None:
+        self.close()
+
+    def __enter__(self) -> DirectoryStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- reading files -------------------------------------------------------------------------
 
     def _spec_files(self) -> dict[str, Path]:
         files = {}
@@ -58,123 +280,361 @@ class DirectoryStore:
             files[path.name[: -len(".yaml")]] = path
         return files
 
-    def _status_path(self, name: str) -> Path:
-        return self.directory / f"{name}{STATUS_SUFFIX}"
+    def _status_path(self, stem: str) -> Path:
+        return self.directory / f"{stem}{STATUS_SUFFIX}"
 
-    def _read_spec(self, path: Path) -> dict[str, Any] | None:
+    @staticmethod
+    def _read_spec(path: Path) -> _Spec:
         try:
-            document = yaml.safe_load(path.read_text())
-        except (OSError, yaml.YAMLError) as error:
-            log.error("%s: not a readable Proxy (%s); ignored until fixed", path, error)
-            return None
-        if not isinstance(document, dict) or document.get("kind") != KIND:
-            log.error("%s: not a Proxy (kind must be %s); ignored", path, KIND)
-            return None
-        return document
+            text = path.read_text()
+        except FileNotFoundError as error:
+            raise _Vanished(str(path)) from error
+        except (OSError, UnicodeDecodeError) as error:
+            return _Spec(path, None, f"cannot be read ({getattr(error, 'strerror', None) or _one_line(error)})")
+        try:
+            document = _load_yaml(text)
+        except yaml.YAMLError as error:
+            return _Spec(path, None, f"is not valid YAML ({_one_line(error)})")
+        if not isinstance(document, dict):
+            return _Spec(path, None, not_a_proxy=f"holds a {type(document).__name__}, not a {KIND}")
+        if document.get("kind") != KIND:
+            return _Spec(path, None, not_a_proxy=f"has kind {document.get('kind')!r}, not {KIND}")
+        return _Spec(path, document)
 
-    def _read_state(self, name: str) -> dict[str, Any]:
+    def _read_state(self, stem: str) -> _State | None:
+        path = self._status_path(stem)
         try:
-            state = yaml.safe_load(self._status_path(name).read_text())
+            text = path.read_text()
         except FileNotFoundError:
-            return {}
-        except (OSError, yaml.YAMLError) as error:
-            raise StoreError(f"{self._status_path(name)}: {error}") from error
-        return state if isinstance(state, dict) else {}
+            return None
+        except (OSError, UnicodeDecodeError) as error:
+            problem = getattr(error, "strerror", None) or _one_line(error)
+            return _State(path, None, None, f"cannot be read ({problem})", None)
+        salvaged = match.group(1) if (match := _UID_LINE.search(text)) else None
+        try:
+            data = _load_yaml(text)
+        except yaml.YAMLError as error:
+            return _State(path, None, None, f"is not valid YAML ({_one_line(error)})", salvaged)
+        if not isinstance(data, dict):
+            return _State(path, None, None, f"is not a mapping (it holds {type(data).__name__})", salvaged)
+        stored = Proxy.from_object(data)
+        problems = [stored.defect] if stored.defect else []
+        found = data.get("metadata")
+        metadata: dict[str, Any] = found if isinstance(found, dict) else {}
+        for field_name in ("uid", "name", "namespace"):
+            if not isinstance(metadata.get(field_name), str) or not metadata.get(field_name):
+                problems.append(f"metadata.{field_name}: must be a non-empty string")
+        version = metadata.get("resourceVersion")
+        if isinstance(version, bool) or not isinstance(version, int | str) or not str(version).isdigit():
+            problems.append(f"metadata.resourceVersion: must be a number, not {version!r}")
+        if metadata.get("specDigest") is not None and not isinstance(metadata.get("specDigest"), str):
+            problems.append("metadata.specDigest: must be a string")
+        uid = stored.uid if isinstance(metadata.get("uid"), str) and metadata.get("uid") else salvaged
+        if problems:
+            return _State(path, None, stored, "; ".join(problems), uid)
+        return _State(path, data, stored, None, uid)
 
-    def _load(self, stem: str, path: Path | None) -> Proxy | None:
-        state = self._read_state(stem)
-        document = self._read_spec(path) if path is not None else None
-        metadata = state.get("metadata") or {}
-        if document is None and path is not None:
-            if not metadata:
-                return None  # never seen before: nothing to protect, nothing to do
-            # Unreadable now, known before: present the last good spec, so a typo in the file
-            # neither deletes the Proxy nor lets garbage collection take its instance.
-            document = {"metadata": {"name": metadata.get("name"), "namespace": metadata.get("namespace")},
-                        "spec": state.get("spec") or {}}
-        if document is None:
-            if not metadata.get("finalizers"):
-                return None
-            spec = state.get("spec") or {}
-            deletion = metadata.get("deletionTimestamp") or time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        else:
-            spec = document.get("spec") or {}
+    # -- building Proxies ----------------------------------------------------------------------
+
+    def _key_of(self, stem: str, document: dict[str, Any] | None, state: _State | None) -> tuple[str, str]:
+        metadata = document.get("metadata") if document is not None else None
+        metadata = metadata if isinstance(metadata, dict) else {}
+        stored = state.stored if state is not None else None
+
+        def pick(field_name: str, fallback: str) -> str:
+            value = metadata.get(field_name)
+            if isinstance(value, str) and value:
+                return value
+            if stored is not None and getattr(stored, field_name):
+                return str(getattr(stored, field_name))
+            return fallback
+
+        return pick("namespace", self.namespace), pick("name", stem)
+
+    def _entry(self, stem: str, spec: _Spec | None, state: _State | None) -> _Entry | None:
+        """One Proxy from its file (``spec``, None when the file is gone) and its status file."""
+        defects: list[str] = []
+        sound = state is not None and state.data is not None
+        stored = state.stored if state is not None else None
+        document = spec.document if spec is not None else None
+        if spec is None and (sound and stored is not None and not stored.finalizers):
+            return None  # file gone and nothing of ours on it: nothing to protect, nothing to do
+        from_file = Proxy.from_object(document) if document is not None else None
+        if spec is not None and from_file is not None:
+            metadata = document.get("metadata") if document is not None else None
+            if from_file.defect:
+                defects.append(f"{spec.path}: {from_file.defect}; fix the file")
+            if isinstance(metadata, dict):
+                for field_name in ("name", "namespace"):
+                    value = metadata.get(field_name)
+                    if value is not None and not isinstance(value, str):
+                        defects.append(f"{spec.path}: metadata.{field_name}: must be a string, not {value!r}; "
+                                       f"fix the file")
+        if spec is not None and spec.problem is not None:
+            kept = "its last good spec is kept and " if sound else ""
+            defects.append(f"{spec.path}: {spec.problem}; {kept}nothing is done for this Proxy until the file is fixed")
+        if state is not None and state.problem is not None:
+            defects.append(f"{state.path}: {state.problem}; {_CORRUPT_STATE_FIX}")
+        # Identity is created only for what can be read: never for a corrupt record (it would
+        # bury the one that exists) nor for a file that has never parsed.
+        writable = (state is None or sound) and not (spec is not None and spec.document is None and not sound)
+
+        namespace, name = self._key_of(stem, document, state)
+        key_known = document is not None or (state is not None and state.key is not None)
+        if from_file is not None:
+            spec_dict = from_file.spec
             deletion = None
-        digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
-        generation = int(metadata.get("generation") or 1)
-        if metadata.get("specDigest") and metadata["specDigest"] != digest:
+        else:
+            spec_dict = dict(stored.spec) if stored is not None else {}
+            deletion = None
+            if spec is None:  # the Proxy's file is gone: it is being deleted
+                deletion = (stored.deletion_timestamp if stored is not None else None) or time.strftime(
+                    "%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        generation = stored.generation if stored is not None else 1
+        stored_digest = (state.data or {}).get("metadata", {}).get("specDigest") if sound and state else None
+        if document is not None and stored_digest and stored_digest != _digest(document.get("spec") or {}):
             generation += 1
-        doc_metadata = (document or {}).get("metadata") or {}
-        annotations = {**(doc_metadata.get("annotations") or {}), **(metadata.get("annotations") or {})}
+        uid = (state.uid if state is not None else None) or (
+            str(uuid.uuid4()) if writable else str(uuid.uuid5(uuid.NAMESPACE_URL, f"file://{self.directory}/{stem}")))
+        annotations = {**(stored.annotations if stored is not None else {}),
+                       **(from_file.annotations if from_file is not None else {})}
         proxy = Proxy(
-            namespace=str(doc_metadata.get("namespace") or metadata.get("namespace") or self.namespace),
-            name=str(doc_metadata.get("name") or metadata.get("name") or stem),
-            uid=str(metadata.get("uid") or uuid.uuid4()), spec=spec,
-            status=dict(state.get("status") or {}), generation=generation,
-            resource_version=str(metadata.get("resourceVersion") or "0"),
-            finalizers=list(metadata.get("finalizers") or []), annotations=annotations,
-            deletion_timestamp=deletion, creation_timestamp=metadata.get("creationTimestamp"),
+            namespace=namespace, name=name, uid=uid, spec=spec_dict,
+            status=dict(stored.status) if stored is not None else {}, generation=generation,
+            resource_version=(stored.resource_version or "0") if sound and stored is not None else "0",
+            finalizers=list(stored.finalizers) if stored is not None else [], annotations=annotations,
+            deletion_timestamp=deletion, creation_timestamp=stored.creation_timestamp if stored is not None else None,
+            raw=document, defect="; ".join(defects) or None,
         )
-        self._files[(proxy.namespace, proxy.name)] = stem
-        return proxy
+        files = [spec.path.name] if spec is not None else [f"{state.path.name} (its Proxy file is gone)"
+                                                          if state is not None else stem]
+        return _Entry(stem, proxy, writable, key_known, files, state)
 
-    def _stem(self, proxy: Proxy) -> str:
-        return self._files.get((proxy.namespace, proxy.name), proxy.name)
+    def _scan(self) -> list[_Entry]:
+        for _ in range(_SCAN_ATTEMPTS):
+            try:
+                return self._scan_once()
+            except _Vanished:
+                continue  # a file was renamed under us: look again rather than see it deleted
+        raise StoreError(f"{self.directory}: Proxy files kept disappearing while being read; trying again next sweep")
+
+    def _scan_once(self) -> list[_Entry]:
+        if not self.directory.is_dir():
+            raise StoreError(f"Proxy directory {self.directory} does not exist")
+        self._acquire()
+        self._noted = set()
+        spec_paths = self._spec_files()
+        specs = {stem: self._read_spec(path) for stem, path in spec_paths.items()}
+        status_stems = sorted(p.name[: -len(STATUS_SUFFIX)] for p in self.directory.glob(f"*{STATUS_SUFFIX}")
+                              if not p.name.startswith("."))
+        states = {stem: state for stem in status_stems if (state := self._read_state(stem)) is not None}
+        # A record belongs to the Proxy it names. When its file now defines another one (its
+        # metadata.name was changed), the Proxy it names no longer has a file: move the record
+        # aside, under a stem no file has, so that Proxy is deleted (or found again, below).
+        for stem, spec in specs.items():
+            state = states.get(stem)
+            if (state is not None and state.data is not None and state.key is not None
+                    and spec.document is not None and self._key_of(stem, spec.document, None) != state.key):
+                aside = self._free_stem(stem, state.uid, set(specs) | set(states))
+                states[aside] = self._move(state, aside)
+                del states[stem]
+                log.info("%s now defines %s/%s, no longer %s/%s: that Proxy's record moves to %s",
+                         spec.path.name, *self._key_of(stem, spec.document, None), *state.key,
+                         states[aside].path.name)
+        # Sound records whose Proxy file is gone, by the Proxy they hold: a renamed file's record.
+        orphans: dict[tuple[str, str], list[str]] = {}
+        for stem, state in states.items():
+            if stem not in specs and state.data is not None and state.key is not None:
+                orphans.setdefault(state.key, []).append(stem)
+
+        entries: list[_Entry] = []
+        adopted: set[str] = set()
+        for stem, spec in specs.items():
+            state = states.get(stem)
+            if spec.not_a_proxy is not None:
+                if state is None:
+                    self._note(f"{spec.path}: {spec.not_a_proxy}; ignored", logging.INFO)
+                    continue
+                # It was a Proxy (it has a record): keep it, as for any unreadable file.
+                spec = _Spec(spec.path, None, f"is no longer a Proxy: it {spec.not_a_proxy}")
+            if state is None and spec.document is not None:
+                candidates = orphans.get(self._key_of(stem, spec.document, None), [])
+                if len(candidates) == 1 and candidates[0] not in adopted:
+                    old = candidates[0]
+                    state = self._move(states[old], stem)
+                    adopted.add(old)
+                    log.info("%s now defines Proxy %s/%s, whose file was %s.yaml: a rename; it keeps uid %s",
+                             spec.path.name, *(state.key or ("?", "?")), old, state.uid)
+            entry = self._entry(stem, spec, state)
+            if entry is not None:
+                entries.append(entry)
+        for stem, state in states.items():
+            if stem in specs or stem in adopted:
+                continue
+            if (entry := self._entry(stem, None, state)) is not None:
+                entries.append(entry)
+            else:
+                # Its file is gone and no finalizer holds it: the Proxy is deleted, as the API
+                # server deletes an object once its last finalizer is released.
+                state.path.unlink(missing_ok=True)
+                log.info("%s: removed; its Proxy file is gone and no finalizer holds it", state.path.name)
+
+        self._mark_duplicates(entries)
+        for entry in entries:
+            if entry.writable and entry.state is not None and entry.state.data is not None:
+                self._scrub(entry.stem, entry.state)
+        self._stems = {e.proxy.uid: e.stem for e in entries}
+        self._by_key = {e.proxy.key: e.stem for e in reversed(entries)}
+        self._readonly = {e.proxy.uid for e in entries if not e.writable}
+        for entry in entries:
+            if entry.proxy.defect:
+                self._note(entry.proxy.defect, logging.WARNING)
+        self._reported = self._noted
+        return entries
+
+    def _note(self, message: str, level: int) -> None:
+        """Log a problem once while it lasts, not once per sweep."""
+        if message not in self._reported and message not in self._noted:
+            log.log(level, "%s", message)
+        self._noted.add(message)
+
+    def _move(self, state: _State, stem: str) -> _State:
+        target = self._status_path(stem)
+        try:
+            os.replace(state.path, target)
+        except OSError as error:
+            raise StoreError(f"{state.path}: cannot move it to {target.name} ({error.strerror})") from error
+        return _State(target, state.data, state.stored, state.problem, state.uid)
+
+    def _free_stem(self, stem: str, uid: str | None, taken: set[str]) -> str:
+        """A stem no Proxy file has, for a record whose Proxy no longer has a file."""
+        base = f"{stem}~{(uid or 'record')[:8]}"
+        candidate, number = base, 1
+        while candidate in taken or self._status_path(candidate).exists() or (
+                self.directory / f"{candidate}.yaml").exists():
+            number += 1
+            candidate = f"{base}-{number}"
+        return candidate
+
+    @staticmethod
+    def _mark_duplicates(entries: list[_Entry]) -> None:
+        by_key: dict[tuple[str, str], list[_Entry]] = {}
+        for entry in entries:
+            if entry.key_known:
+                by_key.setdefault((entry.proxy.namespace, entry.proxy.name), []).append(entry)
+        for (namespace, name), group in by_key.items():
+            if len(group) < 2:
+                continue
+            files = ", ".join(f for entry in group for f in entry.files)
+            message = (f"Proxy {namespace}/{name} is defined more than once ({files}); nothing is done for it until "
+                       f"one definition remains: delete the extra file or give it another metadata.name")
+            for entry in group:
+                entry.proxy.defect = f"{entry.proxy.defect}; {message}" if entry.proxy.defect else message
+                # A definition with no record of its own gets none while the conflict lasts:
+                # creating one would make a second identity for the same name.
+                if entry.proxy.resource_version == "0":
+                    entry.writable = False
+
+    def _mode_for(self, stem: str) -> int:
+        for source in (self.directory / f"{stem}.yaml", self._status_path(stem)):
+            try:
+                return _allowed_mode(source.stat().st_mode)
+            except FileNotFoundError:
+                continue
+        return 0o600
+
+    def _scrub(self, stem: str, state: _State) -> None:
+        """Bring a record written by an older controller to today's rules: no cloudInit in it,
+        no wider access than its Proxy file."""
+        mode = self._mode_for(stem)
+        data = state.data or {}
+        spec = data.get("spec")
+        try:
+            if isinstance(spec, dict) and NOT_STORED & spec.keys():
+                scrubbed = {**data, "spec": {k: v for k, v in spec.items() if k not in NOT_STORED}}
+                _write_file(state.path, _dump_yaml(scrubbed), mode)
+                log.info("%s: removed the user-data an older controller stored there", state.path)
+            elif stat.S_IMODE(state.path.stat().st_mode) & ~mode:
+                os.chmod(state.path, mode)
+        except OSError as error:
+            log.warning("%s: cannot bring it to today's rules (%s); trying again next sweep", state.path,
+                        error.strerror)
+
+    # -- writing -------------------------------------------------------------------------------
 
     def _save(self, proxy: Proxy, expected_version: str) -> Proxy:
         """Write everything the API server would keep; optimistic on resourceVersion."""
-        stem = self._stem(proxy)
         with self._lock:
+            if proxy.uid in self._readonly:
+                # Its record is corrupt (evidence to keep) or it has none it may create: the
+                # defect is logged and reported by the reconciler; the files stay as they are.
+                log.debug("%s: not written (%s)", proxy.key, proxy.defect)
+                return proxy
+            stem = self._stems.get(proxy.uid) or self._by_key.get(proxy.key) or proxy.name
             current = self._read_state(stem)
-            current_version = str((current.get("metadata") or {}).get("resourceVersion") or "0")
-            if current and current_version != expected_version:
+            if current is not None and current.data is None:
+                raise Conflict(f"{proxy.key}: {current.path} changed since it was read and {current.problem}")
+            data = current.data if current is not None and current.data is not None else {}
+            metadata = data.get("metadata") or {}
+            if metadata and metadata.get("uid") != proxy.uid:
+                raise Conflict(f"{proxy.key}: {self._status_path(stem)} now holds another Proxy")
+            current_version = str(metadata.get("resourceVersion") or "0")
+            if data and current_version != expected_version:
                 raise Conflict(f"{proxy.key}: resourceVersion {expected_version} is stale ({current_version})")
             if proxy.deleting and not proxy.finalizers:
                 self._status_path(stem).unlink(missing_ok=True)
                 return proxy
             version = str(int(current_version) + 1)
+            # A defective Proxy's spec is not a spec to delete an instance with: keep the last good one.
+            previous = data.get("spec")
+            spec = previous if proxy.defect and isinstance(previous, dict) else proxy.spec
+            if isinstance(proxy.raw, dict):
+                digest = _digest(proxy.raw.get("spec") or {})
+                from_file = proxy.raw.get("metadata")
+                file_annotations = from_file.get("annotations") if isinstance(from_file, dict) else None
+            else:  # no readable file: what was last read from it still stands
+                digest = metadata.get("specDigest") or _digest(proxy.spec)
+                file_annotations = None
+            file_annotations = file_annotations if isinstance(file_annotations, dict) else {}
             state = {
                 "apiVersion": API_VERSION, "kind": f"{KIND}State",
                 "metadata": {
                     "name": proxy.name, "namespace": proxy.namespace, "uid": proxy.uid, "resourceVersion": version,
-                    "generation": proxy.generation,
-                    "specDigest": hashlib.sha256(json.dumps(proxy.spec, sort_keys=True).encode()).hexdigest(),
-                    "finalizers": proxy.finalizers, "annotations": proxy.annotations,
+                    "generation": proxy.generation, "specDigest": digest, "finalizers": proxy.finalizers,
+                    # Only what the Proxy file does not say: the file's own stay the file's to change.
+                    "annotations": {k: v for k, v in proxy.annotations.items() if file_annotations.get(k) != v},
                     "creationTimestamp": proxy.creation_timestamp
                     or time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                     "deletionTimestamp": proxy.deletion_timestamp,
                 },
                 # Kept so a Proxy whose file is gone can still be deleted from its instance.
-                "spec": proxy.spec,
+                "spec": {k: v for k, v in spec.items() if k not in NOT_STORED},
                 "status": proxy.status,
             }
-            _atomic_write(self._status_path(stem), yaml.safe_dump(state, sort_keys=False))
+            path = self._status_path(stem)
+            try:
+                _write_file(path, _dump_yaml(state), self._mode_for(stem))
+            except OSError as error:
+                raise StoreError(f"{proxy.key}: cannot write {path} ({error.strerror})") from error
             proxy.resource_version = version
             return proxy
 
     # -- ProxyStore ----------------------------------------------------------------------------
 
     def list_proxies(self) -> tuple[list[Proxy], str]:
-        if not self.directory.is_dir():
-            raise StoreError(f"Proxy directory {self.directory} does not exist")
-        files = self._spec_files()
-        stems = set(files) | {p.name[: -len(STATUS_SUFFIX)] for p in self.directory.glob(f"*{STATUS_SUFFIX}")}
-        proxies = [proxy for stem in sorted(stems) if (proxy := self._load(stem, files.get(stem))) is not None]
-        keys = [proxy.key for proxy in proxies]
-        duplicates = sorted({key for key in keys if keys.count(key) > 1})
-        if duplicates:
-            raise StoreError(f"{self.directory}: more than one file defines Proxy {', '.join(duplicates)}")
-        for proxy in proxies:
-            if proxy.resource_version == "0":  # first sight: give it its identity now
-                self._save(proxy, "0")
-        return proxies, ""
+        with self._lock:
+            entries = self._scan()
+            for entry in entries:
+                if entry.writable and entry.proxy.resource_version == "0":  # first sight: its identity, now
+                    self._save(entry.proxy, "0")
+        return [entry.proxy for entry in entries], ""
 
     def get_proxy(self, namespace: str, name: str) -> Proxy:
-        stem = self._files.get((namespace, name), name)
-        proxy = self._load(stem, self._spec_files().get(stem))
-        if proxy is None or proxy.namespace != namespace:
-            raise Gone(f"{namespace}/{name}")
-        return proxy
+        with self._lock:
+            for entry in self._scan():
+                if entry.proxy.namespace == namespace and entry.proxy.name == name:
+                    return entry.proxy
+        raise Gone(f"{namespace}/{name}")
 
     def watch_proxies(self, resource_version: str, timeout_seconds: int) -> Iterator[WatchEvent]:  # noqa: ARG002
         """Files have no change feed; the periodic sweep covers them. Waits, then ends."""
@@ -190,3 +650,4 @@ class DirectoryStore:
     def record_event(self, proxy: Proxy, event_type: str, reason: str, message: str) -> None:
         log.log(logging.WARNING if event_type == "Warning" else logging.INFO, "event %s %s: %s: %s", proxy.key,
                 event_type, reason, message)
+

@@ -57,6 +57,10 @@ class Proxy:
     # change (labels, spec, unknown fields) rather than a rebuilt, lossy copy. Sources that
     # need it (kube.KubeStore) set it; it duplicates the fields above, so equality ignores it.
     raw: dict[str, Any] | None = field(default=None, repr=False, compare=False)
+    # Why this object, as its source holds it, cannot be reconciled (a corrupt status file, two
+    # files with one name, a field of the wrong type). The reconciler marks such a Proxy Failed
+    # with this message and touches nothing of it: no create, no delete, no GC of its instance.
+    defect: str | None = None
 
     @property
     def key(self) -> str:
@@ -79,21 +83,51 @@ class Proxy:
         return self.annotations.get(SKIP_CLEANUP_ANNOTATION, "").lower() == "true"
 
     @classmethod
-    def from_object(cls, obj: dict[str, Any]) -> Proxy:
-        """From the API's JSON object (or a YAML file of the same shape)."""
-        metadata = obj.get("metadata") or {}
+    def from_object(cls, obj: Any) -> Proxy:
+        """From the API's JSON object (or a YAML file of the same shape). Never raises: an object
+        whose metadata, spec or status has the wrong type becomes a Proxy with ``defect`` set,
+        so one malformed object fails alone instead of stopping the sweep."""
+        problems: list[str] = []
+
+        def mapping(value: Any, path: str) -> dict[str, Any]:
+            if value is None:
+                return {}
+            if isinstance(value, dict):
+                return value
+            problems.append(f"{path}: must be an object, not {type(value).__name__}")
+            return {}
+
+        obj = mapping(obj, "the object")
+        metadata = mapping(obj.get("metadata"), "metadata")
+        spec = mapping(obj.get("spec"), "spec")
+        status = mapping(obj.get("status"), "status")
+        generation = metadata.get("generation") or 1
+        if isinstance(generation, bool) or not isinstance(generation, int | str) or not str(generation).isdigit():
+            problems.append(f"metadata.generation: must be an integer, not {generation!r}")
+            generation = 1
+        finalizers = metadata.get("finalizers") or []
+        if not isinstance(finalizers, list) or not all(isinstance(f, str) for f in finalizers):
+            problems.append("metadata.finalizers: must be a list of strings")
+            finalizers = [f for f in finalizers if isinstance(f, str)] if isinstance(finalizers, list) else []
+        annotations = mapping(metadata.get("annotations"), "metadata.annotations")
+        if not all(isinstance(v, str) for v in annotations.values()):
+            problems.append("metadata.annotations: every value must be a string (quote it)")
+            annotations = {str(k): str(v) for k, v in annotations.items()}
+        deletion = metadata.get("deletionTimestamp")
+        creation = metadata.get("creationTimestamp")
         return cls(
             namespace=str(metadata.get("namespace") or "default"),
             name=str(metadata.get("name") or ""),
             uid=str(metadata.get("uid") or ""),
-            spec=dict(obj.get("spec") or {}),
-            status=dict(obj.get("status") or {}),
-            generation=int(metadata.get("generation") or 1),
+            spec=dict(spec),
+            status=dict(status),
+            generation=int(generation),
             resource_version=str(metadata.get("resourceVersion") or ""),
-            finalizers=list(metadata.get("finalizers") or []),
-            annotations=dict(metadata.get("annotations") or {}),
-            deletion_timestamp=metadata.get("deletionTimestamp"),
-            creation_timestamp=metadata.get("creationTimestamp"),
+            finalizers=list(finalizers),
+            annotations={str(k): v for k, v in annotations.items()},
+            deletion_timestamp=None if deletion is None else str(deletion),
+            creation_timestamp=None if creation is None else str(creation),
+            defect="; ".join(problems) or None,
         )
 
 
