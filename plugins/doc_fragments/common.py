@@ -13,7 +13,9 @@ options:
   provider_config:
     description:
       - Path to the provider config file (YAML) that the controller also reads.
-      - It is validated whole; the first bad field fails the module with RV(error_class=permanent) and its path.
+      - Each provider section is validated on its own; errors in O(provider)'s section (or at the file's
+        root) fail the module with RV(error_class=permanent), listing every error with its field path.
+        Errors in other providers' sections do not matter to this module.
     type: path
     required: true
   provider:

@@ -12,7 +12,10 @@ SSH transports always verify the host key against the configured known_hosts:
   through a small ssh wrapper that adds ``UserKnownHostsFile`` and
   ``StrictHostKeyChecking=yes``.
 Local URIs (``qemu:///system``, ``qemu+unix://...?socket=``, ``test+unix://...``) need
-no SSH material at all.
+no SSH material at all. Every other transport, and every URI parameter that could switch
+verification off or run a command, is refused before libvirt sees the URI
+(``config.libvirt_uri_problem``, checked again in ``KvmConnections.open``). Transports are
+compared case-insensitively, as libvirt compares them.
 
 The SSH key and known_hosts are read lazily, at the first connection that needs them:
 a missing file is ``Transient`` (the Secret may be mounted later and the next
@@ -27,7 +30,7 @@ import socket
 import stat
 import tempfile
 from typing import Any, Callable, Dict, List, Optional
-from urllib.parse import parse_qsl, quote, urlsplit, urlunsplit
+from urllib.parse import quote, urlsplit, urlunsplit
 
 try:
     import libvirt
@@ -44,7 +47,13 @@ except ImportError:  # pragma: no cover - cryptography ships with ansible-core
     serialization = None  # type: ignore[assignment]
     UnsupportedAlgorithm = ValueError  # type: ignore[assignment,misc]
 
-from ansible_collections.crawl.egress_proxies.plugins.module_utils.config import KvmHost, SshSettings
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.config import (
+    KvmHost,
+    SshSettings,
+    libvirt_transport,
+    libvirt_uri_problem,
+    uri_query_parameters,
+)
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.errors import (
     NotFound,
     Permanent,
@@ -63,9 +72,11 @@ KNOWN_HOST_KEY_TYPES = (
 
 
 def transport_of(uri: str) -> str:
-    """``qemu+libssh://...`` -> ``libssh``; ``qemu:///system`` -> ``""``."""
-    scheme = uri.split("://", 1)[0]
-    return scheme.split("+", 1)[1] if "+" in scheme else ""
+    """``qemu+libssh://...`` -> ``libssh``; ``qemu+SSH://...`` -> ``ssh``; ``qemu:///system`` -> ``""``.
+
+    Lower-cased: libvirt compares transports case-insensitively, so ``qemu+SSH://`` is the
+    ssh transport and must get the same host-key pinning."""
+    return libvirt_transport(uri)
 
 
 def _read_material(path: str, field: str) -> bytes:
@@ -152,7 +163,9 @@ def connection_uri(uri: str, ssh: Optional[SshSettings], wrapper_dir: Optional[s
     if ssh is None:
         raise Permanent("kvm.ssh: %s is an SSH URI, so kvm.ssh.keyFile and knownHostsFile are required" % uri)
     parts = urlsplit(uri)
-    params = dict(parse_qsl(parts.query, keep_blank_values=True))
+    # Read the query as libvirt does (names case-insensitive, '&' or ';'), so what we override is
+    # what libvirt would have used.
+    params = dict(uri_query_parameters(parts.query))
     if params.get("no_verify", "0") != "0":
         raise Permanent("kvm.hosts[].uri: %s sets no_verify; host keys are always verified, remove it" % uri)
     scheme = parts.scheme
@@ -233,6 +246,11 @@ class KvmConnections:
         if host.name in self._connections:
             return self._connections[host.name]
         uri = host.uri
+        # The config refuses these already; checked again here because this is the one place
+        # a URI reaches libvirt, whoever built the KvmHost.
+        problem = libvirt_uri_problem(uri)
+        if problem is not None:
+            raise Permanent("kvm.hosts[%s].uri: %r %s" % (host.name, uri, problem))
         if transport_of(uri) in SSH_TRANSPORTS:
             if self.ssh is None:
                 raise Permanent("kvm.ssh: host %s uses SSH, so kvm.ssh is required" % host.name)

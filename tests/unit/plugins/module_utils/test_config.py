@@ -1,7 +1,8 @@
 """The provider config: one table of bad fields, each reported with its exact field path.
 
 Every case starts from one valid document holding all three provider types and breaks
-exactly one field, so a case can only fail for the reason it names.
+exactly one field, so a case can only fail for the reason it names. A broken provider
+section fails only that provider; root errors fail the whole file; every error is reported.
 """
 
 from __future__ import annotations
@@ -14,14 +15,18 @@ import pytest
 import yaml
 
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.config import (
+    ABSOLUTE_PATH_RULE,
     IDENTIFIER_RULE,
     ConfigError,
     KubernetesSettings,
     KvmHost,
     KvmImage,
     KvmMachineType,
+    config_errors,
+    libvirt_uri_problem,
     load_provider_config,
     parse_provider_config,
+    validate_provider_config,
 )
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.errors import PERMANENT, Permanent
 
@@ -115,8 +120,25 @@ def renamed_image_key(new_key: str) -> dict[str, Any]:
 
 
 def config_error(document: Any) -> ConfigError:
+    """The error a module run gets for a document with exactly one bad field: the file's own
+    for a root error, else the broken provider's (and every other provider still works)."""
+    errors = config_errors(document)
+    assert len(errors) == 1, errors
+    if validate_provider_config(document).root_errors:
+        with pytest.raises(ConfigError) as root:
+            parse_provider_config(document)
+        assert root.value.errors == errors
+        return root.value
+    config = parse_provider_config(document)
+    (broken,) = [provider for provider in config.providers if not provider.valid]
+    assert list(broken.errors) == errors
+    for other in config.providers:
+        if other is not broken:
+            assert config.provider(other.name, other.type) is other
     with pytest.raises(ConfigError) as caught:
-        parse_provider_config(document)
+        config.provider(broken.name)
+    assert caught.value.errors == errors
+    assert errors[0] in str(caught.value)
     return caught.value
 
 
@@ -308,7 +330,7 @@ def test_a_bad_field_is_reported_with_its_path(document: dict[str, Any], expecte
     error = config_error(document)
     assert isinstance(error, Permanent)
     assert error.error_class == PERMANENT
-    assert str(error).startswith(expected), str(error)
+    assert error.errors[0].startswith(expected), error.errors
 
 
 @pytest.mark.parametrize(
@@ -325,25 +347,32 @@ def test_identifier_errors_say_what_is_allowed_and_why(document: dict[str, Any],
     assert consequence in message
 
 
-def test_the_first_error_in_document_order_wins() -> None:
+def paths(errors: list[str]) -> list[str]:
+    """The field path of each error."""
+    return [error.split(": ", 1)[0] for error in errors]
+
+
+def test_every_error_is_reported_in_document_order() -> None:
     # Broken: a host name in the first provider, then a zone in the second.
     document = changed(((*KVM, "hosts", 0, "name"), "a/b"), ((*GCP, "zones", 0), "Europe West"))
-    assert str(config_error(document)).startswith("providers[0].kvm.hosts[0].name: ")
+    assert paths(config_errors(document)) == ["providers[0].kvm.hosts[0].name", "providers[1].gcp.zones[0]"]
     # Broken: the first host's domainType, then the second host's name.
     document = changed(((*KVM, "hosts", 0, "domainType"), "xen"), ((*KVM, "hosts", 1, "name"), "a b"))
-    assert str(config_error(document)).startswith("providers[0].kvm.hosts[0].domainType: ")
+    assert paths(config_errors(document)) == ["providers[0].kvm.hosts[0].domainType",
+                                              "providers[0].kvm.hosts[1].name"]
 
 
-def test_the_first_error_in_document_order_wins_within_one_mapping() -> None:
+def test_every_error_within_one_mapping_is_reported_in_document_order() -> None:
     # The gcp section as the design's example writes it: project first, then zones.
     document = changed(((*GCP, "project"), "My_Project"), ((*GCP, "zones", 0), "Europe West"))
     assert list(document["providers"][1]["gcp"])[:2] == ["project", "zones"]
-    assert str(config_error(document)).startswith("providers[1].gcp.project: ")
+    assert paths(config_errors(document)) == ["providers[1].gcp.project", "providers[1].gcp.zones[0]"]
 
 
 @pytest.mark.parametrize("document", [None, [], "owner: x"], ids=["empty-file", "list", "string"])
 def test_a_document_that_is_not_a_mapping_is_rejected(document: Any) -> None:
     assert str(config_error(document)).startswith("<document>: must be a mapping")
+    assert validate_provider_config(document).root_errors == tuple(config_errors(document))
 
 
 def test_parsing_does_not_change_the_document() -> None:
@@ -362,9 +391,22 @@ def test_load_reads_and_validates_a_file(tmp_path: Path) -> None:
 def test_load_reports_the_file_and_the_field_path(tmp_path: Path) -> None:
     path = tmp_path / "providers.yaml"
     path.write_text(yaml.safe_dump(changed(((*K8S, "namespace"), "Egress")), sort_keys=False))
+    config = load_provider_config(str(path))
+    assert config.provider("home-kvm", "kvm").kvm is not None  # the other providers still load
+    with pytest.raises(ConfigError) as caught:
+        config.provider("cluster", "kubernetes")
+    assert str(caught.value).startswith(f"provider config {path}: provider 'cluster' cannot be used until its "
+                                        "section is fixed: providers[2].kubernetes.namespace: ")
+
+
+def test_load_of_a_file_with_a_root_error_names_the_file_and_every_error(tmp_path: Path) -> None:
+    path = tmp_path / "providers.yaml"
+    document = changed((("owner",), "Prod"), ((*K8S, "namespace"), "Egress"))
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
     with pytest.raises(ConfigError) as caught:
         load_provider_config(str(path))
-    assert str(caught.value).startswith(f"provider config {path}: providers[2].kubernetes.namespace: ")
+    assert str(caught.value).startswith(f"provider config {path}: 2 errors: (1) owner: 'Prod' must be")
+    assert paths(caught.value.errors) == ["owner", "providers[2].kubernetes.namespace"]
 
 
 def test_load_of_a_missing_file_names_provider_config(tmp_path: Path) -> None:
@@ -404,3 +446,214 @@ def test_provider_lookup_of_the_wrong_type_is_permanent() -> None:
     with pytest.raises(Permanent) as caught:
         config.provider("gcp-eu", "kvm")
     assert str(caught.value).startswith("provider: 'gcp-eu' is a gcp provider, not kvm")
+
+
+# --- Fault isolation: a broken section fails only its own provider ---------------------------
+
+
+def test_two_broken_sections_fail_only_their_own_providers_with_every_error() -> None:
+    document = changed(((*KVM, "hosts", 0, "domainType"), "xen"), ((*KVM, "images", "debian-12", "format"), "vmdk"),
+                       ((*GCP, "zones", 1), "Europe West"))
+    config = parse_provider_config(document)
+    assert [(p.name, p.valid) for p in config.providers] == [("home-kvm", False), ("gcp-eu", False),
+                                                             ("cluster", True)]
+    assert config.provider("cluster", "kubernetes").kubernetes is not None
+    assert paths(config.errors) == ["providers[0].kvm.hosts[0].domainType",
+                                    "providers[0].kvm.images.debian-12.format", "providers[1].gcp.zones[1]"]
+    with pytest.raises(ConfigError) as caught:
+        config.provider("home-kvm", "kvm")
+    assert paths(caught.value.errors) == ["providers[0].kvm.hosts[0].domainType",
+                                          "providers[0].kvm.images.debian-12.format"]
+    assert ("2 errors: (1) providers[0].kvm.hosts[0].domainType: 'xen' is not one of kvm, qemu; (2) "
+            "providers[0].kvm.images.debian-12.format: ") in str(caught.value)
+    assert caught.value.error_class == PERMANENT
+    with pytest.raises(ConfigError, match=r"providers\[1\]\.gcp\.zones\[1\]"):
+        config.provider("gcp-eu")
+
+
+def test_every_unknown_key_and_every_bad_field_of_one_section_is_reported() -> None:
+    document = changed(((*K8S, "hostnetwork"), True), ((*K8S, "cpu"), "1"), ((*K8S, "memoryRequest"), "lots"),
+                       ((*K8S, "namespace"), DELETE))
+    assert paths(config_errors(document)) == [
+        "providers[2].kubernetes.hostnetwork", "providers[2].kubernetes.cpu", "providers[2].kubernetes.namespace",
+        "providers[2].kubernetes.memoryRequest"]
+
+
+def test_a_bad_host_does_not_hide_the_next_ones() -> None:
+    document = changed(((*KVM, "hosts", 0), "beelink"), ((*KVM, "hosts", 1, "uri"), "qemu+tcp://nuc/system"))
+    assert paths(config_errors(document)) == ["providers[0].kvm.hosts[0]", "providers[0].kvm.hosts[1].uri"]
+
+
+def test_root_errors_fail_the_whole_file_and_still_list_every_error() -> None:
+    document = changed(((*KVM, "hosts", 0, "domainType"), "xen"), (("providers", 2, "name"), "gcp-eu"),
+                       (("extra",), 1))
+    with pytest.raises(ConfigError) as caught:
+        parse_provider_config(document)
+    assert paths(caught.value.errors) == ["extra", "providers[0].kvm.hosts[0].domainType", "providers[2].name"]
+    report = validate_provider_config(document)
+    assert paths(list(report.root_errors)) == ["extra", "providers[2].name"]
+    assert [p.name for p in report.providers] == ["home-kvm", "gcp-eu"]  # the duplicate is not a provider
+    assert config_errors(document) == caught.value.errors
+
+
+@pytest.mark.parametrize(("raw", "path"), [(["a"], "providers[0]"), ({"type": "kvm"}, "providers[0].name")],
+                         ids=["entry-not-a-mapping", "entry-without-a-name"])
+def test_an_entry_that_cannot_be_named_is_a_root_error(raw: Any, path: str) -> None:
+    document = valid_document()
+    document["providers"][0] = raw
+    with pytest.raises(ConfigError) as caught:
+        parse_provider_config(document)
+    assert paths(caught.value.errors) == [path]
+
+
+def test_config_errors_of_a_parsed_config_are_its_section_errors() -> None:
+    config = parse_provider_config(changed(((*GCP, "project"), "X")))
+    assert paths(config_errors(config)) == ["providers[1].gcp.project"]
+    assert not config.valid
+    assert config_errors(parse_provider_config(valid_document())) == []
+
+
+# --- Paths inside the file must be absolute ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("edit", "path"),
+    [
+        pytest.param(((*KVM, "ssh", "keyFile"), "kvm-ssh/id_ed25519"), "providers[0].kvm.ssh.keyFile", id="ssh-key"),
+        pytest.param(((*KVM, "ssh", "knownHostsFile"), "./known_hosts"), "providers[0].kvm.ssh.knownHostsFile",
+                     id="known-hosts"),
+        pytest.param(((*GCP, "credentialsFile"), "sa.json"), "providers[1].gcp.credentialsFile", id="gcp-credentials"),
+        pytest.param(((*K8S, "kubeconfig"), "~/.kube/config"), "providers[2].kubernetes.kubeconfig", id="kubeconfig"),
+    ],
+)
+def test_a_relative_path_inside_the_file_is_refused(edit: tuple[tuple[Any, ...], Any], path: str) -> None:
+    error = config_error(changed(edit))
+    assert error.errors[0] == f"{path}: {edit[1]!r} {ABSOLUTE_PATH_RULE}"
+
+
+def test_absolute_paths_are_kept() -> None:
+    config = parse_provider_config(changed(((*GCP, "credentialsFile"), "/etc/egress-proxies/gcp/sa.json")))
+    gcp = config.provider("gcp-eu", "gcp").gcp
+    assert gcp is not None
+    assert gcp.credentials_file == "/etc/egress-proxies/gcp/sa.json"
+
+
+# --- GCP subnetwork ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("subnetwork", [
+    "regions/europe-west1/subnetworks/egress",
+    "projects/my-project/regions/europe-west1/subnetworks/egress",
+    "https://www.googleapis.com/compute/v1/projects/my-project/regions/europe-west1/subnetworks/egress",
+])
+def test_gcp_subnetwork_forms(subnetwork: str) -> None:
+    document = changed(((*GCP, "subnetwork"), subnetwork), ((*GCP, "zones"), ["europe-west1-b", "europe-west1-c"]))
+    gcp = parse_provider_config(document).provider("gcp-eu", "gcp").gcp
+    assert gcp is not None
+    assert gcp.subnetwork == subnetwork
+
+
+def test_gcp_subnetwork_defaults_to_none() -> None:
+    gcp = parse_provider_config(valid_document()).provider("gcp-eu").gcp
+    assert gcp is not None
+    assert gcp.subnetwork is None
+
+
+@pytest.mark.parametrize(("subnetwork", "expected"), [
+    ("egress", "'egress' is not a subnetwork such as regions/europe-west1/subnetworks/egress"),
+    ("regions/europe-west1/subnetworks/Egress_1", "is not a subnetwork"),
+    ("global/networks/default", "is not a subnetwork"),
+    ("regions/europe-west1/subnetworks/egress", "is in region europe-west1, but zones europe-west4-a are not"),
+])
+def test_gcp_bad_subnetwork(subnetwork: str, expected: str) -> None:
+    error = config_error(changed(((*GCP, "subnetwork"), subnetwork)))
+    assert error.errors[0].startswith("providers[1].gcp.subnetwork: ")
+    assert expected in error.errors[0]
+
+
+# --- KVM host URIs: host keys can never be switched off ---------------------------------------
+
+ACCEPTED_URIS = [
+    "qemu+libssh://root@beelink/system",
+    "qemu+libssh2://root@beelink:2222/system?socket=/run/libvirt/libvirt-sock&mode=legacy",
+    "qemu+ssh://egress-proxies@192.0.2.7/system?proxy=native",
+    "qemu+ssh://root@[2001:db8::7]/system",
+    "qemu+SSH://root@beelink/system",  # the transport is compared case-insensitively, as libvirt does
+    "QEMU+LibSSH2://root@beelink/system",
+    "qemu:///system",
+    "qemu:///session",
+    "qemu+unix:///system?socket=/run/libvirt/libvirt-sock",
+    "test+unix:///default?socket=/tmp/pytest-of-root/daemon/sock/libvirt-sock",  # the suite's test driver
+    "test:///default",
+]
+
+
+@pytest.mark.parametrize("uri", ACCEPTED_URIS)
+def test_accepted_host_uris(uri: str) -> None:
+    assert libvirt_uri_problem(uri) is None
+    kvm = parse_provider_config(changed(((*KVM, "hosts", 0, "uri"), uri))).provider("home-kvm").kvm
+    assert kvm is not None
+    assert kvm.hosts[0].uri == uri
+
+
+REFUSED_URIS = [
+    # Verification switched off, in any spelling libvirt would read.
+    ("qemu+ssh://root@beelink/system?no_verify=1", "'no_verify', which is refused: it switches host-key"),
+    ("qemu+SSH://root@beelink/system?no_verify=1", "'no_verify', which is refused"),
+    ("qemu+libssh2://root@beelink/system?NO_VERIFY=1", "'no_verify', which is refused"),
+    ("qemu+libssh://root@beelink/system?no%5Fverify=1", "'no_verify', which is refused"),
+    ("qemu+ssh://root@beelink/system?socket=/run/x;no_verify=1", "'no_verify', which is refused"),
+    ("qemu+libssh://root@beelink/system?known_hosts_verify=ignore", "'known_hosts_verify', which is refused"),
+    ("qemu+libssh2://root@beelink/system?known_hosts_verify=auto", "'known_hosts_verify', which is refused"),
+    # Commands of the URI's choosing, here or on the host.
+    ("qemu+ssh://root@beelink/system?command=/tmp/evil", "'command', which is refused: it runs a command"),
+    ("qemu+ssh://root@beelink/system?netcat=/tmp/evil", "'netcat', which is refused"),
+    ("qemu+ssh://root@-oProxyCommand=touch%20x/system", "which is not a host name or an IP address"),
+    ("qemu+ssh://root@beelink/system?socket=/run/x%20-c%20id", "sets socket=/run/x -c id; it must be an absolute"),
+    ("qemu+ssh://root@beelink/system?socket=run/x", "sets socket=run/x; it must be an absolute path"),
+    # Key material the module pins itself.
+    ("qemu+libssh://root@beelink/system?keyfile=/root/.ssh/id_rsa", "'keyfile', which is refused: it is set by"),
+    ("qemu+libssh://root@beelink/system?known_hosts=/dev/null", "'known_hosts', which is refused"),
+    ("qemu+libssh://root@beelink/system?sshauth=agent,password", "'sshauth', which is refused"),
+    ("qemu+ssh://root:secret@beelink/system", "carries a password"),
+    # Transports without host verification in this model.
+    ("qemu+tcp://beelink/system", ("uses the tcp transport, which is refused: it sends libvirt's protocol "
+                                   "unencrypted")),
+    ("qemu+TLS://beelink/system?no_verify=1", ("uses the tls transport, which is refused: it verifies the host "
+                                               "against an x509 CA")),
+    ("qemu://beelink/system", "without a transport, which libvirt connects to over TLS"),
+    ("qemu+ext:///system?command=/tmp/evil", "uses the ext transport, which is refused: it runs a command"),
+    ("qemu+socks://beelink/system", "uses the transport 'socks', which is not one of ssh, libssh, libssh2, unix"),
+    ("qemu+unix://beelink/system", "the unix transport reaches this machine only"),
+    # Anything not on the allowlist.
+    ("qemu+ssh://root@beelink/system?name=qemu:///session", "'name', which is refused"),
+    ("qemu+ssh://root@beelink/system?no_tty=1", ("'no_tty', which is not allowed here (allowed: socket, mode, "
+                                                 "proxy)")),
+    ("qemu+unix:///system?proxy=native", "'proxy', which is not allowed here (allowed: socket, mode)"),
+    ("qemu+ssh://root@beelink/system?mode=fast", "sets mode=fast; it must be one of auto, direct, legacy"),
+    ("qemu+ssh://root@beelink/system#x", "has a '#' fragment"),
+    ("xen+ssh://root@beelink/system", "names the libvirt driver 'xen'"),
+    ("beelink", "is not a libvirt URI"),
+]
+
+
+@pytest.mark.parametrize(("uri", "expected"), REFUSED_URIS)
+def test_refused_host_uris_name_the_field_and_the_reason(uri: str, expected: str) -> None:
+    error = config_error(changed(((*KVM, "hosts", 0, "uri"), uri)))
+    message = error.errors[0]
+    assert message.startswith(f"providers[0].kvm.hosts[0].uri: {uri!r} "), message
+    assert expected in message
+
+
+def test_an_upper_case_ssh_transport_still_needs_the_ssh_section() -> None:
+    document = changed(((*KVM, "hosts", 0, "uri"), "qemu+SSH://root@beelink/system"), ((*KVM, "ssh"), DELETE))
+    assert config_error(document).errors[0] == (
+        "providers[0].kvm.hosts[0].uri: is an SSH URI, so providers[0].kvm.ssh is required (keyFile and "
+        "knownHostsFile)")
+
+
+@pytest.mark.parametrize("uri", ["qemu+ssh://root@beelink/system?mo\nde=auto", "qemu+ssh://root@bee\tlink/system",
+                                 " qemu+ssh://root@beelink/system"])
+def test_a_uri_with_whitespace_is_refused(uri: str) -> None:
+    # Python's URL parser silently drops tabs and newlines, libvirt's does not.
+    assert libvirt_uri_problem(uri) == "contains whitespace or control characters; remove them"

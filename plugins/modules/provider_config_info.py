@@ -1,0 +1,147 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: (c) 2026, egress-proxies developers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: provider_config_info
+short_description: Validate an egress-proxies provider config file and report every error
+version_added: 0.1.0
+description:
+  - Reads the provider config file (the one every C(*_proxy) and C(*_proxy_info) module takes as
+    O(provider_config)) and validates all of it, with the same validator those modules use.
+  - Reports every error, not only the first, each starting with its field path (such as
+    C(providers[1].kubernetes.namespace)) and saying what is wrong and how to fix it.
+  - Each provider section is validated on its own. A provider whose section is valid is usable by the
+    modules even when another provider's section is not; RV(providers) says which are.
+  - Errors at the root of the file (C(owner), C(providers) not a non-empty list, an entry without a usable
+    or with a duplicate C(name), an unknown top-level field) make every provider unusable.
+  - An invalid config is a successful run with RV(valid=false), so a caller can print all errors. The
+    module fails (with RV(error_class=permanent)) only when the file cannot be read or is not YAML.
+  - Never changes anything. The controller runs it at start-up, when the file changes and for
+    C(egress-proxies check-config); the deploy playbook runs it before deploying.
+author:
+  - egress-proxies developers (@egress-proxies)
+options:
+  provider_config:
+    description:
+      - Path to the provider config file (YAML).
+      - Paths inside the file (C(kvm.ssh.keyFile), C(kvm.ssh.knownHostsFile), C(gcp.credentialsFile),
+        C(kubernetes.kubeconfig)) must be absolute; a relative one is reported as an error, because the
+        modules do not run in the directory the file was written in.
+    type: path
+    required: true
+attributes:
+  check_mode:
+    support: full
+    description: The module never changes anything.
+  diff_mode:
+    support: none
+    description: No diff is produced.
+requirements:
+  - PyYAML
+seealso:
+  - module: crawl.egress_proxies.kvm_proxy
+  - module: crawl.egress_proxies.gcp_proxy
+  - module: crawl.egress_proxies.k8s_proxy
+"""
+
+EXAMPLES = r"""
+- name: Check the provider config
+  crawl.egress_proxies.provider_config_info:
+    provider_config: /etc/egress-proxies/providers.yaml
+  register: checked
+
+- name: Stop with every error when it is invalid
+  ansible.builtin.fail:
+    msg: "{{ checked.errors }}"
+  when: not checked.valid
+
+- name: The providers that can be used
+  ansible.builtin.debug:
+    msg: "{{ checked.providers | selectattr('valid') | map(attribute='name') | list }}"
+"""
+
+RETURN = r"""
+valid:
+  description: Whether the whole file is valid (no error at all).
+  returned: success
+  type: bool
+  sample: false
+owner:
+  description: The C(owner) the file declares; null when it is missing or invalid.
+  returned: success
+  type: str
+  sample: prod-cluster-1
+providers:
+  description:
+    - Every provider entry with a usable name, in file order.
+    - An entry whose name is missing, invalid or a duplicate is not listed; its error is in RV(errors).
+  returned: success
+  type: list
+  elements: dict
+  contains:
+    name:
+      description: The provider's name.
+      type: str
+    type:
+      description: Its type as written (C(kvm), C(gcp), C(kubernetes); anything else is one of its errors).
+      type: str
+    valid:
+      description: Whether the modules can use this provider (its section and the file's root are valid).
+      type: bool
+    errors:
+      description: The errors that make it unusable (the file's root errors, then its section's), with field paths.
+      type: list
+      elements: str
+  sample:
+    - {name: home-kvm, type: kvm, valid: true, errors: []}
+    - name: cluster
+      type: kubernetes
+      valid: false
+      errors: ["providers[1].kubernetes.namespace: 'Egress' is not a valid Kubernetes namespace name (...)"]
+errors:
+  description: Every error in the file, in file order, each starting with its field path.
+  returned: success
+  type: list
+  elements: str
+error_class:
+  description: On failure (the file cannot be read or is not YAML), always C(permanent).
+  returned: failed
+  type: str
+"""
+
+from ansible.module_utils.basic import AnsibleModule, missing_required_lib  # noqa: E402
+
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.config import (  # noqa: E402
+    HAS_YAML,
+    ConfigError,
+    read_provider_config_document,
+    validate_provider_config,
+)
+
+
+def main() -> None:
+    module = AnsibleModule(argument_spec={"provider_config": {"type": "path", "required": True}},
+                           supports_check_mode=True)
+    if not HAS_YAML:
+        module.fail_json(msg=missing_required_lib("PyYAML"), error_class="permanent")
+    try:
+        document = read_provider_config_document(module.params["provider_config"])
+    except ConfigError as error:
+        module.fail_json(msg=str(error), error_class=error.error_class)
+    report = validate_provider_config(document)
+    root_errors = list(report.root_errors)
+    providers = [
+        {"name": provider.name, "type": provider.type, "valid": not root_errors and provider.valid,
+         "errors": root_errors + list(provider.errors)}
+        for provider in report.providers
+    ]
+    module.exit_json(changed=False, valid=report.valid, owner=report.owner, providers=providers,
+                     errors=list(report.errors))
+
+
+if __name__ == "__main__":
+    main()
