@@ -6,8 +6,11 @@ restarts the Pod, so it must only fail when a restart helps: a sweep loop that h
 making progress, never a provider that keeps failing (a restart does not fix a dead hypervisor,
 and sweeps that *finish* with errors are progress). Readiness answers "is what this process
 serves current?": the last good sweep is recent. A standby (not the Lease holder) does not sweep
-on purpose; it is alive as long as its election loop keeps reporting, and ready then too, so a
-rollout is not held up by the replica that waits for the Lease.
+on purpose; it is alive as long as its election loop keeps reporting, and ready once it has read
+the stored Proxies it serves discovery from (``view_loaded``), so a rollout is not held up by the
+replica that waits for the Lease. A new leader serves that stored view until its first sweep and
+stays ready on it for the readiness window. A loop thread that died (``thread_died``) fails both
+probes at once: nothing will ever make progress again without a restart.
 """
 
 from __future__ import annotations
@@ -52,6 +55,8 @@ class SweepHealth:
         self._last_ok_at: float | None = None
         self._last_ok = False
         self._running = False
+        self._view_loaded_at: float | None = None
+        self._dead: str | None = None
 
     # -- written by the loop -------------------------------------------------------------------
 
@@ -78,6 +83,17 @@ class SweepHealth:
             self._leader = leader
             self._last_leader_report = now
 
+    def view_loaded(self) -> None:
+        """The stored Proxies were read: discovery has something real to serve without a sweep."""
+        with self._lock:
+            self._view_loaded_at = self._clock()
+
+    def thread_died(self, name: str, reason: str) -> None:
+        """A loop thread is gone for good: liveness fails from now on (the first death is kept)."""
+        with self._lock:
+            if self._dead is None:
+                self._dead = f"the {name} thread died: {reason}"
+
     # -- read by the probes --------------------------------------------------------------------
 
     def alive(self) -> tuple[bool, str]:
@@ -92,10 +108,15 @@ class SweepHealth:
             alive, reason = self._alive(now)
             if not alive:
                 return False, reason
+            loaded = self._view_loaded_at is not None
             if not self._leader:
+                if not loaded:
+                    return False, "standby: the stored Proxies were not read yet (discovery would be empty)"
                 return True, "standby: waiting for the leader Lease"
             window = 3 * self.interval_seconds
             if self._last_ok_at is None or self._last_ok_at < self._became_leader_at:
+                if loaded and now - self._became_leader_at <= window:
+                    return True, "new leader: serving the stored Proxies until its first successful sweep"
                 return False, "no successful sweep yet"
             age = now - self._last_ok_at
             if age > window:
@@ -107,6 +128,8 @@ class SweepHealth:
             return True, f"last sweep ok {age:.0f}s ago"
 
     def _alive(self, now: float) -> tuple[bool, str]:
+        if self._dead is not None:
+            return False, self._dead
         if self._running and self._started_at is not None:
             running = now - self._started_at
             if running > self.max_sweep_seconds:

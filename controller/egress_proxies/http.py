@@ -10,19 +10,29 @@ Started by ``cli`` next to ``loop.Controller``. Routes:
   egress addresses, so it is never served unauthenticated -- without a configured token the
   endpoint answers 503 rather than opening up.
 
-A stdlib ``ThreadingHTTPServer``: four routes do not justify a framework, and a slow client
-only holds its own thread (bounded by ``_Handler.timeout``), never the sweep loop.
+An asyncio server on one thread, stdlib only: four routes do not justify a framework. A
+client costs no thread while it sends its request, so a slow one (a byte a second) holds
+nothing but its socket, and only until ``request_timeout`` cuts it off; at most
+``max_connections`` are open at once (beyond, a new one is closed at once), and answers are
+computed on a pool of ``workers`` threads. So slow or many clients never hold the probes
+hostage, and nothing here ever waits on the sweep loop.
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import email.utils
 import hmac
+import http.client
+import io
 import json
 import logging
 import os
+import socket
 import threading
 from collections.abc import Callable, Mapping
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http import HTTPStatus
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -36,6 +46,18 @@ log = logging.getLogger(__name__)
 TOKEN_ENV = "DISCOVERY_TOKEN"
 DISABLED_MESSAGE = f"discovery endpoint disabled: set {TOKEN_ENV} to enable it\n"
 _TEXT = "text/plain; charset=utf-8"
+# Seconds a connection may take, from accept to the last byte of the answer: a request is a
+# few hundred bytes, so a client still sending after this is too slow or hostile.
+REQUEST_TIMEOUT = 5.0
+# Open connections at once (each is a socket and a buffer, no thread): far above what the
+# kubelet, a scraper and the crawlers need, far below the process's file limit.
+MAX_CONNECTIONS = 256
+# Threads computing answers (probes, metrics, discovery): all quick and in memory.
+WORKERS = 4
+# Request line and headers; a request without a body is never longer.
+_MAX_HEAD = 16 * 1024
+
+Response = tuple[int, str, bytes, Mapping[str, str]]
 
 
 def token_from_env(environ: Mapping[str, str] = os.environ) -> str | None:
@@ -73,19 +95,26 @@ def proxy_entry(proxy: Proxy) -> dict[str, Any]:
 class ControllerHTTPServer:
     """Serves the routes above from a daemon thread; ``start()``, ``port``, ``stop()``.
 
-    ``ready_proxies`` returns the Ready proxies at the time of the call (the reconciler's last
-    sweep); it is called once per discovery request, from the request's thread.
+    ``ready_proxies`` returns the Ready proxies at the time of the call (``loop.Controller.
+    ready_proxies``); it is called once per discovery request, from a worker thread.
     """
 
     def __init__(self, health: SweepHealth, ready_proxies: Callable[[], list[Proxy]], discovery_token: str | None,
-                 registry: CollectorRegistry = REGISTRY) -> None:
+                 registry: CollectorRegistry = REGISTRY, request_timeout: float = REQUEST_TIMEOUT,
+                 max_connections: int = MAX_CONNECTIONS, workers: int = WORKERS) -> None:
         self.health = health
         self.ready_proxies = ready_proxies
         self.registry = registry
+        self.request_timeout = request_timeout
+        self.max_connections = max_connections
         # Bytes, so compare_digest also works on a header with non-ASCII characters (str would raise).
         self._token = discovery_token.encode() if discovery_token else None
-        self._server: _Server | None = None
+        self._workers = workers
+        self._socket: socket.socket | None = None
         self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stopped: asyncio.Event | None = None
+        self._open = 0  # connections open now; only touched on the event loop's thread
 
     @property
     def discovery_enabled(self) -> bool:
@@ -98,103 +127,165 @@ class ControllerHTTPServer:
         scheme, _, credentials = header.strip().partition(" ")
         if scheme.lower() != "bearer":
             return False
-        # http.server decodes headers as latin-1; surrogateescape keeps any byte comparable.
+        # Headers are decoded as latin-1; surrogateescape keeps any byte comparable.
         return hmac.compare_digest(credentials.strip().encode("utf-8", "surrogateescape"), self._token)
 
     def start(self, host: str, port: int) -> None:
-        """Listen on host:port (port 0: any free port, see ``port``) and serve from a daemon thread."""
-        if self._server is not None:
+        """Listen on host:port (port 0: any free port, see ``port``) and serve from a daemon thread.
+
+        The socket is bound here, so a taken port or a bad address raises in the caller."""
+        if self._socket is not None:
             raise RuntimeError("already started")
-        self._server = _Server((host, port), _Handler, self)
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.2},
-                                        name="http", daemon=True)
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self._socket = socket.create_server((host, port), family=family, backlog=128)
+        self._loop = asyncio.new_event_loop()
+        ready = threading.Event()
+        self._thread = threading.Thread(target=self._serve_forever, args=(ready,), name="http", daemon=True)
         self._thread.start()
+        ready.wait()
         log.debug("HTTP server on %s:%d (/healthz /readyz /metrics /v1/proxies)", host, self.port)
 
     @property
     def port(self) -> int:
-        if self._server is None:
+        if self._socket is None:
             raise RuntimeError("not started")
-        return int(self._server.server_address[1])
+        return int(self._socket.getsockname()[1])
 
     def stop(self) -> None:
-        if self._server is None:
+        if self._socket is None or self._loop is None:
             return
-        self._server.shutdown()
-        self._server.server_close()
+        if self._stopped is not None:
+            self._loop.call_soon_threadsafe(self._stopped.set)
         if self._thread is not None:
             self._thread.join(timeout=5)
-        self._server = None
+        self._socket.close()
+        self._socket = None
         self._thread = None
+        self._loop = None
 
+    # -- the event loop's thread ---------------------------------------------------------------
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
+    def _serve_forever(self, ready: threading.Event) -> None:
+        assert self._loop is not None and self._socket is not None  # set by start()
+        loop = self._loop
+        asyncio.set_event_loop(loop)
+        pool = concurrent.futures.ThreadPoolExecutor(max_workers=self._workers, thread_name_prefix="http-worker")
+        loop.set_default_executor(pool)
+        try:
+            loop.run_until_complete(self._serve(self._socket, ready))
+        except Exception:
+            log.exception("the HTTP server stopped")
+            raise
+        finally:
+            ready.set()  # start() must not wait forever for a server that failed to start
+            pool.shutdown(wait=False, cancel_futures=True)
+            loop.close()
 
-    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler],
-                 app: ControllerHTTPServer) -> None:
-        self.app = app
-        super().__init__(address, handler)
+    async def _serve(self, sock: socket.socket, ready: threading.Event) -> None:
+        self._stopped = asyncio.Event()
+        server = await asyncio.start_server(self._connection, sock=sock, limit=_MAX_HEAD)
+        ready.set()
+        async with server:
+            await self._stopped.wait()
+        # Connections still open (slow clients) end with the server.
+        pending = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
 
-
-class _Handler(BaseHTTPRequestHandler):
-    server: _Server
-    server_version = "egress-proxies"
-    # A client that stalls mid-request loses its connection instead of holding a thread forever.
-    timeout = 10
-
-    def do_GET(self) -> None:
-        path = urlsplit(self.path).path
-        app = self.server.app
-        if path == "/healthz":
-            self._probe(*app.health.alive())
-        elif path == "/readyz":
-            self._probe(*app.health.ready())
-        elif path == "/metrics":
-            self._send(200, CONTENT_TYPE_LATEST, generate_latest(app.registry))
-        elif path in ("/v1/proxies", "/v1/proxies.txt"):
-            self._discovery(app, as_text=path.endswith(".txt"))
-        else:
-            self._send(404, _TEXT, b"not found\n")
-
-    def _probe(self, ok: bool, reason: str) -> None:
-        if ok:
-            self._send(200, _TEXT, b"ok\n")
-        else:
-            self._send(503, _TEXT, f"{reason}\n".encode())
-
-    def _discovery(self, app: ControllerHTTPServer, as_text: bool) -> None:
-        if not app.discovery_enabled:
-            self._send(503, _TEXT, DISABLED_MESSAGE.encode())
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer = writer.get_extra_info("peername") or ("?",)
+        if self._open >= self.max_connections:
+            # Closed without a word: answering would cost the very time and buffers this
+            # bound protects, and a well-behaved client retries.
+            log.warning("HTTP: %d connections open, closing one from %s", self._open, peer[0])
+            writer.transport.abort()
             return
-        header = self.headers.get("Authorization")
-        if not app.authorized(header):
+        self._open += 1
+        finished = False
+        try:
+            async with asyncio.timeout(self.request_timeout):
+                await self._exchange(reader, writer, str(peer[0]))
+            finished = True
+        except TimeoutError:
+            log.info("HTTP: connection from %s cut off after %.0f s (too slow)", peer[0], self.request_timeout)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass  # the client went away
+        finally:
+            self._open -= 1
+            if finished:
+                writer.close()  # the answer is sent (drained): a clean close
+            else:
+                # Nothing left to say, and a client that does not read would keep a closing
+                # transport (and its buffer) open: drop it.
+                writer.transport.abort()
+
+    async def _exchange(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: str) -> None:
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+        except asyncio.LimitOverrunError:
+            await self._write(writer, (431, _TEXT, b"request header too large\n", {}))
+            return
+        request_line, _, rest = head.partition(b"\r\n")
+        parts = request_line.decode("latin-1").split()
+        if len(parts) != 3 or not parts[2].startswith("HTTP/"):
+            await self._write(writer, (400, _TEXT, b"bad request\n", {}))
+            return
+        method, target, _ = parts
+        headers = http.client.parse_headers(io.BytesIO(rest))
+        if method != "GET":
+            response: Response = (501, _TEXT, b"only GET is served\n", {"Allow": "GET"})
+        else:
+            loop = asyncio.get_running_loop()
+            response = await loop.run_in_executor(None, self._respond, urlsplit(target).path,
+                                                  headers.get("Authorization"), peer)
+        # The request line holds no credentials (the token only travels in a header), so debug
+        # level may show it.
+        log.debug('%s "%s" %d', peer, request_line.decode("latin-1"), response[0])
+        await self._write(writer, response)
+
+    @staticmethod
+    async def _write(writer: asyncio.StreamWriter, response: Response) -> None:
+        code, content_type, body, extra = response
+        lines = [f"HTTP/1.1 {code} {HTTPStatus(code).phrase}", "Server: egress-proxies",
+                 f"Date: {email.utils.formatdate(usegmt=True)}", f"Content-Type: {content_type}",
+                 f"Content-Length: {len(body)}",
+                 # Discovery answers are per-client secrets and probes must never be answered by a cache.
+                 "Cache-Control: no-store", "Connection: close",
+                 *(f"{name}: {value}" for name, value in extra.items())]
+        writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body)
+        await writer.drain()
+
+    # -- worker threads ------------------------------------------------------------------------
+
+    def _respond(self, path: str, authorization: str | None, peer: str) -> Response:
+        if path == "/healthz":
+            return _probe(*self.health.alive())
+        if path == "/readyz":
+            return _probe(*self.health.ready())
+        if path == "/metrics":
+            return 200, CONTENT_TYPE_LATEST, generate_latest(self.registry), {}
+        if path in ("/v1/proxies", "/v1/proxies.txt"):
+            return self._discovery(authorization, peer, as_text=path.endswith(".txt"))
+        return 404, _TEXT, b"not found\n", {}
+
+    def _discovery(self, header: str | None, peer: str, as_text: bool) -> Response:
+        if not self.discovery_enabled:
+            return 503, _TEXT, DISABLED_MESSAGE.encode(), {}
+        if not self.authorized(header):
             challenge = 'Bearer realm="egress-proxies"'
             if header is not None:
                 challenge += ', error="invalid_token"'
-            log.info("discovery request from %s refused: %s", self.client_address[0],
-                     "wrong token" if header is not None else "no token")
-            self._send(401, _TEXT, b"unauthorized\n", {"WWW-Authenticate": challenge})
-            return
-        entries = [proxy_entry(proxy) for proxy in sorted(app.ready_proxies(), key=lambda p: (p.namespace, p.name))]
+            log.info("discovery request from %s refused: %s", peer, "wrong token" if header is not None else "no token")
+            return 401, _TEXT, b"unauthorized\n", {"WWW-Authenticate": challenge}
+        entries = [proxy_entry(proxy) for proxy in sorted(self.ready_proxies(), key=lambda p: (p.namespace, p.name))]
         if as_text:
             body = "".join(f"{entry['ip']}:{entry['port']}\n" for entry in entries if entry["ip"])
-            self._send(200, _TEXT, body.encode())
-        else:
-            self._send(200, "application/json", json.dumps({"proxies": entries}).encode())
+            return 200, _TEXT, body.encode(), {}
+        return 200, "application/json", json.dumps({"proxies": entries}).encode(), {}
 
-    def _send(self, code: int, content_type: str, body: bytes, headers: Mapping[str, str] | None = None) -> None:
-        self.send_response(code)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        # Discovery answers are per-client secrets and probes must never be answered by a cache.
-        self.send_header("Cache-Control", "no-store")
-        for name, value in (headers or {}).items():
-            self.send_header(name, value)
-        self.end_headers()
-        self.wfile.write(body)
 
-    def log_message(self, format: str, *args: Any) -> None:
-        # The base class writes every request to stderr; probes would flood it. The request line
-        # holds no credentials (the token only travels in a header), so debug level may show it.
-        log.debug("%s %s", self.client_address[0], format % args)
+def _probe(ok: bool, reason: str) -> Response:
+    if ok:
+        return 200, _TEXT, b"ok\n", {}
+    return 503, _TEXT, f"{reason}\n".encode(), {}

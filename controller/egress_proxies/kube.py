@@ -74,6 +74,62 @@ def _api_message(error: ApiException) -> str:
     return str(error.reason or "no reason given")
 
 
+# Attempts per call (the first and three retries, urllib3's default count), all within the
+# call's one timeout. Retried: what cost the server no work (see bounded_call), and 429/503
+# (the server asks for a retry, with Retry-After), except for a POST, which may not be idempotent.
+_MAX_ATTEMPTS = 4
+_RETRY_STATUSES = frozenset({429, 503})
+_FIRST_BACKOFF = 0.2
+# Below this much time left another attempt cannot do anything useful.
+_MIN_ATTEMPT_SECONDS = 0.05
+
+
+def _retry_after(error: ApiException, attempt: int) -> float:
+    """Seconds the server asked to wait (Retry-After in seconds), else exponential backoff."""
+    header = error.headers.get("Retry-After") if error.headers is not None else None
+    try:
+        return max(0.0, float(str(header)))
+    except ValueError:
+        return _FIRST_BACKOFF * 2.0 ** (attempt - 1)
+
+
+def bounded_call(what: str, timeout: float, call: Callable[..., object], *args: Any, idempotent: bool = True,
+                 clock: Callable[[], float] = time.monotonic, **kwargs: Any) -> object:
+    """``call(*args, **kwargs)`` with retries, all of it within ``timeout`` seconds.
+
+    The client's own retries (urllib3's, when the ApiClient has them) give every attempt a
+    fresh timeout: 4 attempts of 30 s made one list take 121 s against a server that accepts
+    and never answers. Here each attempt gets only what is left of the one deadline, so a
+    call ends within ``timeout`` (plus scheduling slack) whatever happens, and a read timeout
+    is never retried: it has used the time up.
+    """
+    deadline = clock() + timeout
+    attempt = 0
+    while True:
+        attempt += 1
+        remaining = deadline - clock()
+        try:
+            return call(*args, _request_timeout=max(remaining, _MIN_ATTEMPT_SECONDS), **kwargs)
+        except ApiException as error:
+            status = int(error.status or 0)
+            wait = _retry_after(error, attempt)
+            if not (idempotent and status in _RETRY_STATUSES and attempt < _MAX_ATTEMPTS
+                    and clock() + wait + _MIN_ATTEMPT_SECONDS < deadline):
+                raise store_error(error, what) from error
+        except urllib3.exceptions.HTTPError as error:
+            wait = _FIRST_BACKOFF * 2.0 ** (attempt - 1)
+            # Retryable: the request never left (refused, or the connect timed out: urllib3's
+            # NewConnectionError is a ConnectTimeoutError), or a kept-alive connection the server
+            # had closed dropped it (ProtocolError) and replaying it is safe (a PUT carries its
+            # resourceVersion, so a duplicate is a 409, never a second write).
+            retryable = isinstance(error, urllib3.exceptions.ConnectTimeoutError) or (
+                idempotent and isinstance(error, urllib3.exceptions.ProtocolError))
+            if not (retryable and attempt < _MAX_ATTEMPTS and clock() + wait + _MIN_ATTEMPT_SECONDS < deadline):
+                raise store_error(error, what) from error
+        log.debug("%s: attempt %d failed, retrying in %.1f s", what, attempt, wait)
+        time.sleep(wait)
+
+
 @contextlib.contextmanager
 def _translated(what: str) -> Iterator[None]:
     try:
@@ -113,15 +169,13 @@ class KubeStore:
 
     def list_proxies(self) -> tuple[list[Proxy], str]:
         call, args = self._list_call()
-        with _translated(f"listing {PLURAL}"):
-            listing = cast(Obj, call(*args, _request_timeout=self.request_timeout))
+        listing = cast(Obj, bounded_call(f"listing {PLURAL}", self.request_timeout, call, *args))
         items = listing.get("items") or []
         return [_proxy(item) for item in items], str(listing["metadata"]["resourceVersion"])
 
     def get_proxy(self, namespace: str, name: str) -> Proxy:
-        with _translated(f"reading proxy {namespace}/{name}"):
-            obj = self._objects.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name,
-                                                             _request_timeout=self.request_timeout)
+        obj = bounded_call(f"reading proxy {namespace}/{name}", self.request_timeout,
+                           self._objects.get_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL, name)
         return _proxy(cast(Obj, obj))
 
     def watch_proxies(self, resource_version: str, timeout_seconds: int) -> Iterator[WatchEvent]:
@@ -166,20 +220,18 @@ class KubeStore:
                 metadata[key] = value
             else:
                 metadata.pop(key, None)
-        with _translated(f"updating metadata of proxy {proxy.key}"):
-            obj = self._objects.replace_namespaced_custom_object(
-                GROUP, VERSION, proxy.namespace, PLURAL, proxy.name, body, field_manager=self.field_manager,
-                _request_timeout=self.request_timeout)
+        obj = bounded_call(f"updating metadata of proxy {proxy.key}", self.request_timeout,
+                           self._objects.replace_namespaced_custom_object, GROUP, VERSION, proxy.namespace, PLURAL,
+                           proxy.name, body, field_manager=self.field_manager)
         return _proxy(cast(Obj, obj))
 
     def replace_status(self, proxy: Proxy) -> Proxy:
         body = self._as_read(proxy)
         body.setdefault("metadata", {})["resourceVersion"] = proxy.resource_version
         body["status"] = copy.deepcopy(proxy.status)
-        with _translated(f"updating status of proxy {proxy.key}"):
-            obj = self._objects.replace_namespaced_custom_object_status(
-                GROUP, VERSION, proxy.namespace, PLURAL, proxy.name, body, field_manager=self.field_manager,
-                _request_timeout=self.request_timeout)
+        obj = bounded_call(f"updating status of proxy {proxy.key}", self.request_timeout,
+                           self._objects.replace_namespaced_custom_object_status, GROUP, VERSION, proxy.namespace,
+                           PLURAL, proxy.name, body, field_manager=self.field_manager)
         return _proxy(cast(Obj, obj))
 
     def record_event(self, proxy: Proxy, event_type: str, reason: str, message: str) -> None:
@@ -196,9 +248,9 @@ class KubeStore:
             source=client.V1EventSource(component=COMPONENT),
             first_timestamp=now, last_timestamp=now, count=1)
         try:
-            with _translated(f"recording event {reason} on proxy {proxy.key}"):
-                self._core.create_namespaced_event(proxy.namespace, event, field_manager=self.field_manager,
-                                                   _request_timeout=self.request_timeout)
+            bounded_call(f"recording event {reason} on proxy {proxy.key}", self.request_timeout,
+                         self._core.create_namespaced_event, proxy.namespace, event, idempotent=False,
+                         field_manager=self.field_manager)
         except StoreError as error:
             # Events are for humans; losing one must never fail or slow down a reconcile.
             log.warning("event not recorded (%s: %s): %s", reason, message, error)
@@ -222,34 +274,52 @@ class KubeLeases:
 
     def get(self, namespace: str, name: str) -> Obj | None:
         try:
-            with _translated(f"reading lease {namespace}/{name}"):
-                obj = self._objects.get_namespaced_custom_object(
-                    LEASE_GROUP, LEASE_VERSION, namespace, LEASE_PLURAL, name, _request_timeout=self.request_timeout)
+            obj = bounded_call(f"reading lease {namespace}/{name}", self.request_timeout,
+                               self._objects.get_namespaced_custom_object, LEASE_GROUP, LEASE_VERSION, namespace,
+                               LEASE_PLURAL, name)
         except Gone:
             return None
         return cast(Obj, obj)
 
     def create(self, namespace: str, body: Obj) -> Obj:
-        with _translated(f"creating lease {namespace}/{body['metadata']['name']}"):
-            obj = self._objects.create_namespaced_custom_object(
-                LEASE_GROUP, LEASE_VERSION, namespace, LEASE_PLURAL, body, field_manager=self.field_manager,
-                _request_timeout=self.request_timeout)
+        obj = bounded_call(f"creating lease {namespace}/{body['metadata']['name']}", self.request_timeout,
+                           self._objects.create_namespaced_custom_object, LEASE_GROUP, LEASE_VERSION, namespace,
+                           LEASE_PLURAL, body, idempotent=False, field_manager=self.field_manager)
         return cast(Obj, obj)
 
     def replace(self, namespace: str, name: str, body: Obj) -> Obj:
-        with _translated(f"updating lease {namespace}/{name}"):
-            obj = self._objects.replace_namespaced_custom_object(
-                LEASE_GROUP, LEASE_VERSION, namespace, LEASE_PLURAL, name, body, field_manager=self.field_manager,
-                _request_timeout=self.request_timeout)
+        obj = bounded_call(f"updating lease {namespace}/{name}", self.request_timeout,
+                           self._objects.replace_namespaced_custom_object, LEASE_GROUP, LEASE_VERSION, namespace,
+                           LEASE_PLURAL, name, body, field_manager=self.field_manager)
         return cast(Obj, obj)
+
+
+class NoClusterConfig(StoreError):
+    """Neither a kubeconfig nor a cluster to run in: nothing to connect to."""
+
+
+# Where the client looks when neither --kubeconfig nor KUBECONFIG says (kube_config.py).
+_DEFAULT_KUBECONFIG = "~/.kube/config"
+NO_CLUSTER_MESSAGE = ("no kubeconfig (--kubeconfig or KUBECONFIG) and not running in a cluster "
+                      "(KUBERNETES_SERVICE_HOST unset)")
 
 
 def kube_client(kubeconfig: str | None = None) -> client.ApiClient:
     """An ApiClient with the pod's service account when running in a cluster (and no
-    kubeconfig is given), else with the kubeconfig (``None``: $KUBECONFIG or ~/.kube/config)."""
+    kubeconfig is given), else with the kubeconfig (``None``: $KUBECONFIG or ~/.kube/config).
+
+    Raises ``NoClusterConfig`` (one line, for the command to print) when there is neither.
+    The client never retries by itself: ``bounded_call`` does, within each call's timeout.
+    """
+    in_cluster = bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
+    if (kubeconfig is None and not in_cluster and not os.environ.get("KUBECONFIG")
+            and not os.path.exists(os.path.expanduser(_DEFAULT_KUBECONFIG))):
+        raise NoClusterConfig(NO_CLUSTER_MESSAGE)
     configuration = client.Configuration()
+    # False, not 0: urllib3 then raises the connection error itself instead of MaxRetryError.
+    configuration.retries = False
     try:
-        if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+        if kubeconfig is None and in_cluster:
             config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
         else:
             # persist_config=False: never write refreshed credentials back into the file,

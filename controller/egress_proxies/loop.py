@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
 from egress_proxies.health import SweepHealth
+from egress_proxies.model import PHASE_READY, Proxy
 from egress_proxies.reconcile import Reconciler, SweepReport
 from egress_proxies.store import ProxyStore, StoreError, WatchExpired
 
@@ -35,6 +38,11 @@ class LoopSettings:
     watch: bool = True
     watch_timeout_seconds: int = 300
     renew_seconds: float = 5.0
+    # On stop: how long the Lease release may wait for an election round in flight, and how
+    # long a sweep in flight may go on recording what it did, all told. Kept under 5 s so a
+    # successor takes over at once (the runner is cancelled first, so a sweep in flight
+    # starts nothing new and its writes are optimistic).
+    stop_grace_seconds: float = 3.0
 
 
 class Controller:
@@ -48,7 +56,16 @@ class Controller:
         self.stopping = threading.Event()
         self._wake = threading.Event()
         self._leader = threading.Event()
+        # Election rounds and the release on stop never overlap: a renewal after the release
+        # would take the Lease back.
+        self._elect_lock = threading.Lock()
         self.sweeps = 0
+        # What discovery serves until this process's own sweep has run in its current term:
+        # the Ready Proxies as stored (a standby reads them every interval), so a standby, or
+        # a leader that has just taken over, never answers with an empty list by accident.
+        self._view_lock = threading.Lock()
+        self._stored_ready: list[Proxy] = []
+        self._serving_sweep = False
 
     def trigger(self) -> None:
         """Ask for a sweep soon (from a watch event, or a test)."""
@@ -58,34 +75,110 @@ class Controller:
         self.stopping.set()
         self._wake.set()
 
+    def ready_proxies(self) -> list[Proxy]:
+        """The Ready Proxies discovery serves: the last sweep's while this process leads and
+        has swept in this term, else the Ready ones as stored (read every interval)."""
+        with self._view_lock:
+            if self._serving_sweep:
+                return list(self.reconciler.last_ready)
+            return list(self._stored_ready)
+
+    def refresh_stored_view(self) -> bool:
+        """Read the Proxies from the store and keep the Ready ones for discovery; False when
+        the store could not be read (the previous view stays)."""
+        try:
+            proxies, _ = self.store.list_proxies()
+        except StoreError as error:
+            log.warning("discovery: could not read the stored Proxies (serving the last read): %s", error)
+            return False
+        ready = [p for p in proxies if p.status.get("phase") == PHASE_READY and not p.deleting]
+        with self._view_lock:
+            self._stored_ready = ready
+        self.health.view_loaded()
+        return True
+
     # -- threads -------------------------------------------------------------------------------
 
     def run(self) -> None:
-        """Run until ``stop()``; releases the Lease on the way out so a successor takes over at once."""
-        threads = [threading.Thread(target=self._sweep_loop, name="sweep", daemon=True)]
+        """Run until ``stop()``; releases the Lease on the way out so a successor takes over at once.
+
+        Returns within ``stop_grace_seconds`` of ``stop()`` (plus one API call in flight at
+        worst): the Lease is released first, then a sweep in flight gets what is left of the
+        grace to record its results. Each thread that dies of an unexpected exception fails
+        ``/healthz`` at once (``SweepHealth.thread_died``), so the kubelet restarts the Pod.
+        """
+        sweeper = threading.Thread(target=self._guarded("sweep", self._sweep_loop), name="sweep", daemon=True)
+        threads = [sweeper]
         if self.settings.watch:
-            threads.append(threading.Thread(target=self._watch_loop, name="watch", daemon=True))
+            threads.append(threading.Thread(target=self._guarded("watch", self._watch_loop), name="watch",
+                                            daemon=True))
+        elector_thread = None
         if self.elector is not None:
-            threads.append(threading.Thread(target=self._elect_loop, name="leader", daemon=True))
+            elector_thread = threading.Thread(target=self._guarded("leader", self._elect_loop), name="leader",
+                                              daemon=True)
+            threads.append(elector_thread)
         else:
             self._leader.set()
             self.health.set_leader(True)
         for thread in threads:
             thread.start()
         self.stopping.wait()
-        for thread in threads:
-            thread.join(timeout=30)
-        if self.elector is not None and self._leader.is_set():
+        deadline = time.monotonic() + self.settings.stop_grace_seconds
+        if elector_thread is not None:
+            elector_thread.join(timeout=max(0.0, deadline - time.monotonic()))
+            self._release(deadline)
+        # The watch thread is not waited for: it only wakes the sweep loop, and it may sit in
+        # a watch request for minutes (that wait used to hold the Lease for 30 s).
+        sweeper.join(timeout=max(0.0, deadline - time.monotonic()))
+        if sweeper.is_alive():
+            log.warning("stopping with a sweep in flight after %.0f s of grace (its runs are cancelled; "
+                        "what it did not record, the next leader's sweep finds)", self.settings.stop_grace_seconds)
+
+    def _release(self, deadline: float) -> None:
+        assert self.elector is not None  # called only with an elector
+        self._leader.clear()
+        # An election round in flight (an API call hanging up to its timeout) holds the lock;
+        # waiting for it longer would miss the 5 s a successor should wait at most.
+        if not self._elect_lock.acquire(timeout=max(0.5, deadline - time.monotonic())):
+            log.warning("leader election call still in flight: the Lease is not released and expires by itself")
+            return
+        try:
             self.elector.release()
+        except Exception:
+            # Shutting down either way: the Lease then expires by itself.
+            log.exception("could not release the Lease")
+        finally:
+            self._elect_lock.release()
+
+    def _guarded(self, name: str, loop: Callable[[], None]) -> Callable[[], None]:
+        """``loop`` run so that its death, by an exception nobody expected, is seen at once:
+        logged with its traceback and reported to health, which fails ``/healthz`` (a restart
+        is the only cure for a loop that no longer runs)."""
+        def run() -> None:
+            try:
+                loop()
+            except BaseException as error:  # whatever it was, the thread is gone
+                # Logged here with its traceback (not re-raised: threading's hook would only
+                # print it to stderr a second time, outside the log).
+                log.exception("the %s thread died", name)
+                self.health.thread_died(name, f"{type(error).__name__}: {error}")
+                return
+            if not self.stopping.is_set():
+                log.error("the %s thread ended although the controller is not stopping", name)
+                self.health.thread_died(name, "ended unexpectedly")
+        return run
 
     def _elect_loop(self) -> None:
         assert self.elector is not None  # started only with an elector
         while not self.stopping.is_set():
-            try:
-                leading = self.elector.try_acquire_or_renew()
-            except StoreError as error:
-                log.warning("leader election: %s", error)
-                leading = False
+            with self._elect_lock:
+                if self.stopping.is_set():
+                    return  # the release follows; a renewal now would undo it
+                try:
+                    leading = self.elector.try_acquire_or_renew()
+                except StoreError as error:
+                    log.warning("leader election: %s", error)
+                    leading = False
             if leading and not self._leader.is_set():
                 log.info("became the leader")
                 self._leader.set()
@@ -93,6 +186,9 @@ class Controller:
             elif not leading and self._leader.is_set():
                 log.warning("lost the leadership; sweeps stop until it is regained")
                 self._leader.clear()
+                with self._view_lock:
+                    self._serving_sweep = False
+                self.trigger()  # read the stored view at once: this process serves it from now on
             self.health.set_leader(leading)
             self.stopping.wait(self.settings.renew_seconds)
 
@@ -101,7 +197,19 @@ class Controller:
             # Ask the elector, not only our flag: a loop that stalled past the lease must not
             # sweep once more on leadership it no longer holds.
             if self._leader.is_set() and (self.elector is None or self.elector.is_leader):
+                if not self._serving_sweep:
+                    # A new term: serve the stored Ready Proxies until this term's first sweep
+                    # is done (it may take minutes when it creates instances).
+                    self.refresh_stored_view()
+                before = self.reconciler.last_ready
                 self.sweep_once()
+                with self._view_lock:
+                    # Only a sweep that got as far as computing the Ready list replaces the stored
+                    # view (one whose listing failed leaves last_ready as it was: maybe empty).
+                    if self.reconciler.last_ready is not before:
+                        self._serving_sweep = self._leader.is_set()
+            else:
+                self.refresh_stored_view()
             self._wake.wait(self.settings.interval_seconds)
             if self.stopping.is_set():
                 return

@@ -41,6 +41,22 @@ RUN_MEMORY_BYTES = 160 * 1024 * 1024
 _TASK_NAME = re.compile(r"^op (\d+)$")
 # Every process of a run inherits this variable, which is how its leftovers are found.
 RUN_MARKER = "EGRESS_PROXIES_RUN"
+# In each run's private data dir: "<pid> <start time>" of the controller that owns the run, so a
+# later controller can tell a dead run's leftovers from a live run of another process.
+_OWNER_FILE = ".owner"
+# First error lines of runs that will fail the same way however often they are retried: the
+# collection (or a module of it) cannot be found, the generated playbook does not parse, or
+# ansible-playbook itself is missing. Matched case-insensitively against ansible-core 2.19's
+# own wording (parsing/mod_args.py, _internal/_yaml/_errors.py; older releases said "Syntax
+# Error") and pexpect's for a missing executable (checked by test_runner against real runs).
+_PERMANENT_RUN_ERRORS = re.compile(
+    r"couldn't resolve module/action|no module/action detected|conflicting action statements|"
+    r"yaml parsing failed|syntax error|the command was not found or was not executable", re.IGNORECASE)
+# Lines that start a run-level error in ansible-core's output (2.19 writes "[ERROR]: ...",
+# older releases "ERROR! ..."); ansible-runner writes the missing-executable line itself.
+_RUN_ERROR_LINE = re.compile(r"^(\[ERROR\]:|ERROR!|The command was not found)")
+# A run-level error line is logged and stored in a status condition: cut it there.
+_MAX_ERROR_LINE = 400
 
 
 @dataclass(frozen=True)
@@ -108,8 +124,43 @@ def build_playbook(operations: Sequence[Operation]) -> str:
     return yaml.dump(play, Dumper=_Dumper, sort_keys=False)
 
 
-def results_from_events(events: Sequence[dict[str, Any]], count: int, status: str) -> list[OperationResult]:
-    """One result per operation from the runner's events; a task with no result failed transiently."""
+def run_error(events: Sequence[dict[str, Any]], stdout: str = "") -> str | None:
+    """The first run-level error line ansible printed (not a module's failure), or None.
+
+    A missing collection or an unparsable playbook never reaches a task, so no task event
+    carries it: ansible-core prints it as ``[ERROR]: ...`` on its stdout, which ansible-runner
+    turns into ``verbose`` (or ``error``) events and keeps in the run's ``stdout`` artifact.
+    """
+    # Task results are skipped: a module's own failure (ansible-core 2.19 prints it as
+    # "[ERROR]: Task failed: ...") has its result already, and its message is the module's.
+    lines = [str(event.get("stdout") or "") for event in events
+             if not str(event.get("event") or "").startswith("runner_on_")]
+    if not events:
+        lines = stdout.splitlines()  # events lost (a crash of the runner itself): the raw output
+    for chunk in lines:
+        for line in chunk.splitlines():
+            if _RUN_ERROR_LINE.match(line.strip()):
+                return line.strip()[:_MAX_ERROR_LINE]
+    return None
+
+
+def run_failure(status: str, error_line: str | None) -> OperationResult:
+    """What an operation without a result of its own gets: why the run gave none, and whether
+    retrying can help (a timeout or a cancelled run: yes; a missing collection: never)."""
+    if status == "timeout":
+        return OperationResult.failure("transient", "no result: the run timed out and was killed")
+    if status == "canceled":
+        return OperationResult.failure("transient", "no result: the run was cancelled (shutdown)")
+    if error_line is None:
+        return OperationResult.failure("transient", f"no result: the run ended ({status}) first")
+    error_class = "permanent" if _PERMANENT_RUN_ERRORS.search(error_line) else "transient"
+    return OperationResult.failure(error_class, f"no result: the run failed ({status}): {error_line}")
+
+
+def results_from_events(events: Sequence[dict[str, Any]], count: int, status: str,
+                        stdout: str = "") -> list[OperationResult]:
+    """One result per operation from the runner's events; a task with no result gets
+    ``run_failure``'s verdict (transient unless the run's own error says retrying cannot help)."""
     results: list[OperationResult | None] = [None] * count
     for event in events:
         kind = event.get("event")
@@ -125,9 +176,10 @@ def results_from_events(events: Sequence[dict[str, Any]], count: int, status: st
         else:
             results[int(match.group(1))] = OperationResult.failure(
                 classify_failure(res), str(res.get("msg") or "module failed without a message"), res)
-    reason = {"timeout": "the run timed out and was killed", "canceled": "the run was cancelled (shutdown)"}.get(
-        status, f"the run ended ({status}) first")
-    return [result or OperationResult.failure("transient", f"no result: {reason}") for result in results]
+    if all(result is not None for result in results):
+        return [result for result in results if result is not None]
+    missing = run_failure(status, run_error(events, stdout))
+    return [result or missing for result in results]
 
 
 def kill_run_processes(ident: str, proc: Path = Path("/proc")) -> list[int]:
@@ -151,6 +203,32 @@ def kill_run_processes(ident: str, proc: Path = Path("/proc")) -> list[int]:
         except (OSError, ValueError):
             continue  # gone meanwhile, or not ours to read
     return killed
+
+
+def _process_start(pid: int, proc: Path = Path("/proc")) -> str | None:
+    """The process's start time (clock ticks since boot), or None when it does not exist:
+    with the pid it names one process for good, even after the pid is reused."""
+    try:
+        stat = (proc / str(pid) / "stat").read_text()
+    except OSError:
+        return None
+    # Field 22; the command name (field 2) may hold spaces and parentheses, so count from its end.
+    return stat[stat.rindex(")") + 2:].split()[19]
+
+
+def _owner_alive(private: Path) -> bool:
+    try:
+        pid_text, start = (private / _OWNER_FILE).read_text().split()
+        pid = int(pid_text)
+    except (OSError, ValueError):
+        return False  # killed before the owner was written, or not ours: a leftover either way
+    return _process_start(pid) == start
+
+
+def _private_dir(path: Path) -> None:
+    """Create (or tighten) a directory only this user can enter: it holds user-data."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    path.chmod(0o700)  # mkdir's mode is filtered by the umask, and an existing dir keeps its own
 
 
 def memory_available_bytes() -> int:
@@ -177,6 +255,14 @@ def concurrency_for_memory(available: int, reserve: int = 256 * 1024 * 1024, cap
     return max(1, min(cap, (available - reserve) // RUN_MEMORY_BYTES))
 
 
+def _read_stdout(artifact: Path) -> str:
+    """The run's stdout artifact (what ansible printed); empty when there is none."""
+    try:
+        return (artifact / "stdout").read_text(errors="replace")
+    except OSError:
+        return ""
+
+
 class AnsibleRunner:
     """Runs batches through ansible-runner, bounded in time, concurrency and artifacts on disk."""
 
@@ -196,8 +282,10 @@ class AnsibleRunner:
         # inventory there, so concurrent runs must not share one); artifacts go to one place.
         self.runs_dir = work_dir / "runs"
         self.artifact_dir = work_dir / "artifacts"
-        self.runs_dir.mkdir(parents=True, exist_ok=True)
-        self.artifact_dir.mkdir(parents=True, exist_ok=True)
+        # Both hold user-data (the batch playbooks; the modules' results): owner only.
+        _private_dir(self.runs_dir)
+        _private_dir(self.artifact_dir)
+        self.remove_leftovers()
         # ansible-runner looks for ansible-playbook on PATH; use the one beside this interpreter.
         bin_dir = str(Path(sys.executable).parent)
         if bin_dir not in os.environ.get("PATH", "").split(os.pathsep):
@@ -206,14 +294,25 @@ class AnsibleRunner:
     def run(self, provider: str, verb: str, operations: Sequence[Operation]) -> list[OperationResult]:
         if not operations:
             return []
+        if self._cancelled.is_set():
+            # Stopping: a sweep still in flight must start nothing new (its successor may
+            # already be leading), not even a run that ansible-runner would cancel a moment later.
+            return [OperationResult.failure("transient", "no result: the controller is stopping")] * len(operations)
         ident = f"{time.strftime('%Y%m%dT%H%M%S')}-{provider}-{verb}-{uuid.uuid4().hex[:8]}"
         private = self.runs_dir / ident
         with self._rotate_lock:
             self._in_flight.add(ident)
         with self._slots:
             started = time.monotonic()
-            (private / "project").mkdir(parents=True)
-            (private / "project" / "batch.yml").write_text(build_playbook(operations))
+            _private_dir(private)
+            _private_dir(private / "project")
+            (private / _OWNER_FILE).write_text(f"{os.getpid()} {_process_start(os.getpid())}")
+            # O_EXCL and 0600 from the first byte: the playbook holds user-data, never readable
+            # by anyone else, not even between a create and a chmod.
+            playbook = os.open(private / "project" / "batch.yml", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(playbook, "w") as handle:
+                handle.write(build_playbook(operations))
+            stdout = ""
             try:
                 # cancel_callback: without one, ansible-runner takes over SIGINT/SIGTERM for good
                 # when called from the main thread (--once, --until-ready); with it, stopping
@@ -229,6 +328,8 @@ class AnsibleRunner:
                 )
                 events = list(outcome.events)
                 status = str(outcome.status)
+                if not events and status not in ("successful", "timeout", "canceled"):
+                    stdout = _read_stdout(self.artifact_dir / ident)
             except Exception as error:  # the runner itself failing is transient by contract
                 log.exception("runner %s %s failed to run", provider, verb)
                 events, status = [], f"error: {error}"
@@ -241,7 +342,7 @@ class AnsibleRunner:
                     log.warning("runner %s %s: killed %d leftover process(es) of the run", provider, verb,
                                 len(leftovers))
             elapsed = time.monotonic() - started
-        results = results_from_events(events, len(operations), status)
+        results = results_from_events(events, len(operations), status, stdout)
         self._index(ident, operations)
         with self._rotate_lock:
             self._in_flight.discard(ident)
@@ -249,9 +350,30 @@ class AnsibleRunner:
         metrics.RUNNER_CALLS.labels(provider=provider, verb=verb).inc()
         metrics.RUNNER_SECONDS.labels(provider=provider, verb=verb).observe(elapsed)
         failed = sum(1 for result in results if not result.ok)
+        error_line = run_error(events, stdout) if status != "successful" else None
+        if error_line is not None:
+            # The cause of a run that never reached its tasks (a missing collection, ...) is
+            # otherwise only in the artifacts: say it where the operator looks.
+            log.error("runner %s %s: the run failed: %s", provider, verb, error_line)
         log.info("runner %s %s: %d operation(s), %d failed, %.1f s (%s)", provider, verb, len(operations),
                  failed, elapsed, status)
         return results
+
+    def remove_leftovers(self) -> list[Path]:
+        """Remove the private data dirs (batch playbooks, which hold user-data) of runs whose
+        controller is gone (SIGKILLed, OOM-killed, ...), and kill any process still running for
+        them; returns the dirs removed. Runs of a live controller sharing the work dir are kept."""
+        removed = []
+        for private in sorted(self.runs_dir.iterdir()):
+            if not private.is_dir() or private.name in self._in_flight or _owner_alive(private):
+                continue
+            # An orphaned ansible-playbook of that run would go on writing (and creating VMs).
+            killed = kill_run_processes(private.name)
+            shutil.rmtree(private, ignore_errors=True)
+            removed.append(private)
+            log.warning("runner: removed the leftovers of killed run %s%s", private.name,
+                        f" and killed {len(killed)} of its processes" if killed else "")
+        return removed
 
     def cancel(self) -> None:
         """Cancel runs in flight and refuse new ones (on shutdown); their operations end transient."""

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
+import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -142,12 +145,20 @@ def test_a_long_sweep_is_alive_until_the_bound(serve: ServerFactory) -> None:
 def test_a_standby_is_alive_and_ready_while_its_election_loop_reports(serve: ServerFactory) -> None:
     server, clock, health = serve()
     health.set_leader(False)
+    # Not ready before it has read the stored Proxies: its discovery answer would be empty.
+    waiting = "standby: the stored Proxies were not read yet (discovery would be empty)\n"
+    assert get(server, "/readyz")[::2] == (503, waiting)
+    health.view_loaded()
     clock.advance(health.stall_seconds - 1)
     health.set_leader(False)
     clock.advance(health.stall_seconds - 1)
     assert get(server, "/healthz")[0] == 200
     assert get(server, "/readyz")[::2] == (200, "ok\n")
-    # Elected: not ready until its own first sweep, whatever an earlier term achieved.
+    # Elected: ready on the stored view for one readiness window, then only after its own
+    # first sweep, whatever an earlier term achieved.
+    health.set_leader(True)
+    assert get(server, "/readyz")[0] == 200
+    clock.advance(3 * INTERVAL + 1)
     health.set_leader(True)
     assert get(server, "/readyz")[::2] == (503, "no successful sweep yet\n")
     health.set_leader(False)
@@ -289,3 +300,97 @@ def test_the_token_never_reaches_the_log(serve: ServerFactory, caplog: pytest.Lo
     # ... and none of them carries the token.
     assert not [message for message in messages if TOKEN in message]
     assert TOKEN not in caplog.text
+
+
+# -- slow and many clients -------------------------------------------------------------------------
+
+
+def slow_drip(port: int, stop: threading.Event, cut_off: list[float], started: float) -> None:
+    """A client that sends its request one byte a second (and records when it was cut off)."""
+    request = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Padding: " + b"a" * 200 + b"\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as conn:
+        for byte in request:
+            if stop.is_set():
+                return
+            try:
+                conn.sendall(bytes([byte]))
+            except OSError:
+                cut_off.append(time.monotonic() - started)
+                return
+            conn.settimeout(1.0)
+            try:
+                if conn.recv(1024) == b"":
+                    cut_off.append(time.monotonic() - started)
+                    return
+            except TimeoutError:
+                continue
+            except OSError:
+                cut_off.append(time.monotonic() - started)
+                return
+
+
+def test_slow_drip_clients_hold_no_thread_and_are_cut_off(serve: ServerFactory) -> None:
+    server, _, _ = serve()
+    server.request_timeout = 3.0
+    threads_before = threading.active_count()
+    stop = threading.Event()
+    cut_off: list[float] = []
+    started = time.monotonic()
+    clients = [threading.Thread(target=slow_drip, args=(server.port, stop, cut_off, started), daemon=True)
+               for _ in range(50)]
+    for client in clients:
+        client.start()
+    try:
+        time.sleep(1.5)  # all 50 connected and dripping
+        # The probes answer at once all the same ...
+        for _ in range(3):
+            asked = time.monotonic()
+            assert get(server, "/healthz")[0] == 200
+            assert time.monotonic() - asked < 1.0
+        # ... and the server did not start a thread per slow client (the 50 clients are this
+        # test's own threads; the server may add its few workers).
+        server_threads = threading.active_count() - threads_before - 50
+        assert server_threads <= 5, server_threads
+        for client in clients:
+            client.join(timeout=max(0.0, started + 8 - time.monotonic()))
+        # Every slow client was disconnected within the bound (3 s, plus a drip's second).
+        assert len(cut_off) == 50
+        assert max(cut_off) < 3.0 + 2.0, max(cut_off)
+    finally:
+        stop.set()
+
+
+def test_connections_beyond_the_bound_are_closed_at_once(serve: ServerFactory) -> None:
+    server, _, _ = serve()
+    server.max_connections = 5
+    held = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(5)]
+    try:
+        time.sleep(0.3)
+        with socket.create_connection(("127.0.0.1", server.port), timeout=2) as extra:
+            asked = time.monotonic()
+            extra.sendall(b"GET /healthz HTTP/1.1\r\n\r\n")
+            try:
+                answer = extra.recv(1024)
+            except ConnectionResetError:
+                answer = b""
+            assert answer == b"" and time.monotonic() - asked < 1.0
+    finally:
+        for conn in held:
+            conn.close()
+    time.sleep(0.3)
+    assert get(server, "/healthz")[0] == 200  # a slot is free again as soon as a client leaves
+
+
+def test_a_dead_loop_thread_fails_liveness_at_once(serve: ServerFactory) -> None:
+    server, _, health = serve()
+    health.sweep_started()
+    health.thread_died("sweep", "KeyError: 'spec'")
+    assert get(server, "/healthz")[::2] == (503, "the sweep thread died: KeyError: 'spec'\n")
+    assert get(server, "/readyz")[0] == 503
+
+
+def test_a_non_get_request_is_refused(serve: ServerFactory) -> None:
+    server, _, _ = serve()
+    with socket.create_connection(("127.0.0.1", server.port), timeout=5) as conn:
+        conn.sendall(b"POST /healthz HTTP/1.1\r\nContent-Length: 0\r\n\r\n")
+        assert conn.recv(1024).startswith(b"HTTP/1.1 501 ")

@@ -11,13 +11,15 @@ from __future__ import annotations
 import logging
 import socket
 import threading
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, cast
 
 import pytest
 from kubernetes import client
 
-from egress_proxies.kube import KubeStore, kube_client
+from egress_proxies.kube import NO_CLUSTER_MESSAGE, KubeLeases, KubeStore, NoClusterConfig, kube_client
 from egress_proxies.model import API_VERSION, FINALIZER, GROUP, KIND, PLURAL, SPEC_HASH_ANNOTATION, VERSION, Proxy
 from egress_proxies.store import Conflict, Gone, StoreError, WatchEvent, WatchExpired
 from support.kube_emulator import KubeEmulator
@@ -26,6 +28,15 @@ pytestmark = pytest.mark.timeout(30)
 
 NS = "crawlers"
 Obj = dict[str, Any]
+# What ``create`` stores: its spec with the CRD schema's defaults filled in by the API server.
+STORED_SPEC = {"provider": "home-kvm", "port": 3128, "cloudInitEncoding": "plain"}
+
+
+@pytest.fixture(autouse=True)
+def namespaces(kube: KubeEmulator) -> None:
+    """The namespaces the Proxies here live in (the API refuses objects in a missing one)."""
+    for namespace in (NS, "other"):
+        kube.create_namespace(namespace)
 
 
 @pytest.fixture
@@ -68,7 +79,7 @@ def test_list_returns_proxies_of_every_namespace_and_a_resumable_version(
     eu = next(p for p in proxies if p.name == "eu-1")
     assert (eu.uid, eu.resource_version, eu.generation) == (
         created["metadata"]["uid"], created["metadata"]["resourceVersion"], 1)
-    assert eu.spec == {"provider": "home-kvm", "port": 3128}
+    assert eu.spec == STORED_SPEC
     assert eu.raw is not None and eu.raw["metadata"]["labels"] == {"team": "crawl"}
 
 
@@ -160,7 +171,7 @@ def test_replace_metadata_adds_and_removes_our_finalizer_and_keeps_the_rest(
     assert obj["metadata"]["finalizers"] == [FINALIZER]
     assert obj["metadata"]["annotations"] == {"note": "theirs", SPEC_HASH_ANNOTATION: "0123456789abcdef"}
     assert obj["metadata"]["labels"] == {"team": "crawl"}
-    assert obj["spec"] == {"provider": "home-kvm", "port": 3128}
+    assert obj["spec"] == STORED_SPEC
     assert written.resource_version == obj["metadata"]["resourceVersion"] != proxy.resource_version
 
     written.finalizers.remove(FINALIZER)
@@ -196,7 +207,7 @@ def test_a_proxy_built_by_hand_is_written_over_a_fresh_read(api: client.ApiClien
     obj = stored(kube, "eu-1")
     assert obj is not None
     assert (obj["metadata"]["finalizers"], obj["metadata"]["labels"]) == ([FINALIZER], {"team": "crawl"})
-    assert obj["spec"] == {"provider": "home-kvm", "port": 3128}  # not the hand-built empty spec
+    assert obj["spec"] == STORED_SPEC  # not the hand-built empty spec
     with pytest.raises(Conflict, match="changed since it was read"):
         store.replace_metadata(by_hand)  # its resourceVersion is now stale
 
@@ -233,7 +244,7 @@ def test_replace_status_writes_only_the_status(api: client.ApiClient, kube: Kube
     obj = stored(kube, "eu-1")
     assert obj is not None
     assert obj["status"] == proxy.status
-    assert obj["spec"] == {"provider": "home-kvm", "port": 3128}
+    assert obj["spec"] == STORED_SPEC
     assert obj["metadata"]["generation"] == 1
     assert written.status == proxy.status and written.spec["port"] == 3128
 
@@ -304,13 +315,16 @@ def test_http_statuses_map_to_store_errors(api: client.ApiClient, kube: KubeEmul
     assert type(raised.value) is error
 
 
-def test_throttling_beyond_the_clients_retries_is_a_store_error(kube: KubeEmulator, store: KubeStore) -> None:
-    # urllib3 retries a 429 with Retry-After three times by itself; the fourth reaches us.
+def test_throttling_beyond_the_retries_is_a_store_error(kube: KubeEmulator, tmp_path: Path) -> None:
+    # bounded_call retries a 429 with Retry-After three times (the client from kube_client
+    # never retries by itself); the fourth reaches us.
+    api_client = kube_client(str(write_kubeconfig(tmp_path / "config", kube.url)))
     kube.fail_next("GET", f"/{PLURAL}$", 429, count=4, retry_after=0)
-
-    with pytest.raises(StoreError, match="429") as raised:
-        store.list_proxies()
-
+    try:
+        with pytest.raises(StoreError, match="429") as raised:
+            KubeStore(api_client).list_proxies()
+    finally:
+        api_client.close()  # type: ignore[no-untyped-call]
     assert type(raised.value) is StoreError
 
 
@@ -367,3 +381,91 @@ def test_kube_client_with_an_unreadable_kubeconfig_is_a_store_error(tmp_path: Pa
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     with pytest.raises(StoreError, match="kubernetes client configuration"):
         kube_client(str(tmp_path / "missing"))
+
+
+def write_kubeconfig(path: Path, server: str) -> Path:
+    path.write_text(f"""
+apiVersion: v1
+kind: Config
+clusters: [{{name: c, cluster: {{server: "{server}"}}}}]
+users: [{{name: me, user: {{token: secret}}}}]
+contexts: [{{name: c, context: {{cluster: c, user: me}}}}]
+current-context: c
+""")
+    return path
+
+
+@pytest.fixture
+def silent_api_server() -> Iterator[str]:
+    """An "API server" on 127.0.0.1 that accepts connections and never answers a byte."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)
+    server.settimeout(0.2)
+    accepted: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        while not stop.is_set():
+            try:
+                accepted.append(server.accept()[0])
+            except TimeoutError:
+                continue
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.getsockname()[1]}"
+    stop.set()
+    thread.join()
+    for connection in accepted:
+        connection.close()
+    server.close()
+
+
+def test_the_timeout_bounds_a_whole_call_against_a_server_that_never_answers(silent_api_server: str,
+                                                                             tmp_path: Path) -> None:
+    # Before: every attempt of the client's own retries got a fresh timeout (4 x 30 s = 121 s).
+    api_client = kube_client(str(write_kubeconfig(tmp_path / "config", silent_api_server)))
+    try:
+        calls: dict[str, Callable[[], object]] = {
+            "list": KubeStore(api_client, request_timeout=2).list_proxies,
+            "get": lambda: KubeStore(api_client, request_timeout=2).get_proxy(NS, "eu-1"),
+            "lease": lambda: KubeLeases(api_client, request_timeout=2).get("egress-proxies", "leader"),
+        }
+        for name, call in calls.items():
+            started = time.monotonic()
+            with pytest.raises(StoreError, match="timed out"):
+                call()
+            elapsed = time.monotonic() - started
+            assert 1.9 < elapsed < 3.0, f"{name}: {elapsed:.1f} s"
+    finally:
+        api_client.close()  # type: ignore[no-untyped-call]
+
+
+def test_throttling_is_retried_within_the_timeout(kube: KubeEmulator, tmp_path: Path) -> None:
+    api_client = kube_client(str(write_kubeconfig(tmp_path / "config", kube.url)))
+    try:
+        # Two 429s are retried after the Retry-After the server asked for ...
+        kube.fail_next("GET", f"/{PLURAL}$", 429, count=2, retry_after=0)
+        proxies, version = KubeStore(api_client).list_proxies()
+        assert proxies == [] and version
+        # ... but a Retry-After beyond what is left of the timeout fails at once, not after it.
+        kube.fail_next("GET", f"/{PLURAL}$", 429, count=1, retry_after=60)
+        started = time.monotonic()
+        with pytest.raises(StoreError, match="429"):
+            KubeStore(api_client, request_timeout=5).list_proxies()
+        assert time.monotonic() - started < 1
+    finally:
+        api_client.close()  # type: ignore[no-untyped-call]
+
+
+def test_without_kubeconfig_outside_a_cluster_the_error_is_one_line(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.kube/config either
+    with pytest.raises(NoClusterConfig) as raised:
+        kube_client()
+    assert str(raised.value) == NO_CLUSTER_MESSAGE
+    assert "\n" not in str(raised.value) and "KUBERNETES_SERVICE_HOST unset" in str(raised.value)
+    assert isinstance(raised.value, StoreError)

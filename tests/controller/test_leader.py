@@ -39,6 +39,8 @@ class FakeClock:
 
 @pytest.fixture
 def leases(kube: KubeEmulator) -> Iterator[KubeLeases]:
+    if kube.get_object("namespaces", None, NS) is None:  # the API refuses a Lease in a missing one
+        kube.create_namespace(NS)
     api_client = client.ApiClient(client.Configuration(host=kube.url))
     try:
         yield KubeLeases(api_client)

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 import os
+import signal
 import socket
+import stat
 import subprocess
+import sys
+import textwrap
 import threading
 import time
 from collections.abc import Iterator
@@ -20,6 +25,7 @@ from egress_proxies.runner import (
     build_playbook,
     concurrency_for_memory,
     results_from_events,
+    run_failure,
 )
 from support.ansible_modules import collections_path
 from support.libvirt_daemon import LibvirtTestDaemon
@@ -135,15 +141,20 @@ def run_processes(provider: str) -> set[int]:
     return found
 
 
-def test_a_hung_run_is_killed_with_its_process_group(tmp_path: Path, silent_ssh_port: int,
-                                                     image: BaseImage) -> None:
+def hung_host_config(tmp_path: Path, port: int, image: BaseImage) -> Path:
+    """A provider config whose one host is an sshd that never answers: module calls hang."""
     key = tmp_path / "id_ed25519"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
     known_hosts = tmp_path / "known_hosts"
     known_hosts.write_text("127.0.0.1 " + " ".join(Path(f"{key}.pub").read_text().split()[:2]) + "\n")
-    config = write_kvm_config(tmp_path / "providers.yaml",
-                              [kvm_host("hung", f"qemu+libssh://root@127.0.0.1:{silent_ssh_port}/system")],
-                              image, ssh={"keyFile": str(key), "knownHostsFile": str(known_hosts)})
+    return write_kvm_config(tmp_path / "providers.yaml",
+                            [kvm_host("hung", f"qemu+libssh://root@127.0.0.1:{port}/system")],
+                            image, ssh={"keyFile": str(key), "knownHostsFile": str(known_hosts)})
+
+
+def test_a_hung_run_is_killed_with_its_process_group(tmp_path: Path, silent_ssh_port: int,
+                                                     image: BaseImage) -> None:
+    config = hung_host_config(tmp_path, silent_ssh_port, image)
     runner = AnsibleRunner(tmp_path / "work", timeout_seconds=3, max_concurrent=1,
                            collections_path=collections_path())
     seen: set[int] = set()
@@ -224,3 +235,144 @@ def test_concurrent_runs_never_exceed_the_cap(runner: AnsibleRunner, config: Pat
     # Concurrent runs never share state (each has its own private data dir and marker).
     assert outcomes == [True] * 4
     assert os.environ.get("PATH", "").split(os.pathsep)[0]  # the runner put its bin dir on PATH
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+_KILLED_CONTROLLER = textwrap.dedent("""
+    import sys
+    from pathlib import Path
+    from egress_proxies.runner import AnsibleRunner, Operation
+    runner = AnsibleRunner(Path(sys.argv[1]), timeout_seconds=300, max_concurrent=1, collections_path=sys.argv[3])
+    runner.run("killed-test", "create", [Operation("kvm_proxy_info", {
+        "provider_config": sys.argv[2], "provider": "lab", "tags": {"secret-user-data": "s3cret"}})])
+""")
+
+
+def test_a_killed_runs_playbook_is_private_and_removed_when_the_next_runner_starts(
+        tmp_path: Path, silent_ssh_port: int, image: BaseImage) -> None:
+    config = hung_host_config(tmp_path, silent_ssh_port, image)
+    work = tmp_path / "work"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2] / "controller"),
+                                                        os.environ.get("PYTHONPATH", "")])}
+    # A controller in the middle of a batch whose module hangs, then SIGKILLed as an OOM kill
+    # or `kill -9` would: no finally block runs.
+    controller = subprocess.Popen([sys.executable, "-c", _KILLED_CONTROLLER, str(work), str(config),
+                                   collections_path()], env=env, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while len(run_processes("killed-test")) < 3 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert len(run_processes("killed-test")) >= 3, "the run never reached its module"
+        (playbook,) = (work / "runs").glob("*/project/batch.yml")
+        # While it runs: the playbook (it holds user-data) is owner-only, in owner-only dirs.
+        assert mode(playbook) == 0o600
+        assert mode(playbook.parent) == mode(playbook.parent.parent) == mode(work / "runs") == 0o700
+        assert mode(work / "artifacts") == 0o700
+        assert "s3cret" in playbook.read_text()
+        os.kill(controller.pid, signal.SIGKILL)
+        controller.wait(timeout=10)
+        assert playbook.exists()  # what a SIGKILLed run leaves behind (today: forever)
+        assert run_processes("killed-test")  # and its ansible-playbook keeps running, orphaned
+    finally:
+        if controller.poll() is None:
+            controller.kill()
+            controller.wait()
+    AnsibleRunner(work, timeout_seconds=60, max_concurrent=1, collections_path=collections_path())
+    assert list((work / "runs").iterdir()) == []
+    deadline = time.monotonic() + 5
+    while run_processes("killed-test") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert run_processes("killed-test") == set()
+
+
+def test_runs_of_a_live_controller_sharing_the_work_dir_are_left_alone(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    first = AnsibleRunner(work, max_concurrent=1, collections_path=collections_path())
+    live = subprocess.Popen(["sleep", "60"])
+    try:
+        stat_fields = Path(f"/proc/{live.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        running = first.runs_dir / "20261203T000000-other-create-live"
+        (running / "project").mkdir(parents=True)
+        (running / ".owner").write_text(f"{live.pid} {stat_fields[19]}")
+        dead = first.runs_dir / "20261203T000000-other-create-dead"
+        (dead / "project").mkdir(parents=True)
+        (dead / "project" / "batch.yml").write_text("user-data")
+        # A dead owner whose pid was reused: same pid, other start time.
+        reused = first.runs_dir / "20261203T000000-other-create-reused"
+        reused.mkdir()
+        (reused / ".owner").write_text(f"{live.pid} 1")
+        AnsibleRunner(work, max_concurrent=1, collections_path=collections_path())
+        assert sorted(p.name for p in first.runs_dir.iterdir()) == [running.name]
+    finally:
+        live.kill()
+        live.wait()
+
+
+def test_a_missing_collection_is_permanent_with_ansibles_own_error(tmp_path: Path, config: Path,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
+    empty = tmp_path / "no-collections"
+    empty.mkdir()
+    runner = AnsibleRunner(tmp_path / "work", timeout_seconds=120, max_concurrent=1, collections_path=str(empty))
+    with caplog.at_level(logging.INFO, logger="egress_proxies.runner"):
+        results = runner.run("lab", "list", [info(config), info(config)])
+    for result in results:
+        assert result.error_class == "permanent", result.message
+        assert "couldn't resolve module/action 'crawl.egress_proxies.kvm_proxy_info'" in result.message
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert any("couldn't resolve module/action" in message for message in errors), errors
+
+
+def test_ansible_not_installed_is_permanent_with_its_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    bare = tmp_path / "bin"
+    bare.mkdir()
+    # No ansible-playbook anywhere on PATH (the runner adds its interpreter's dir: point that away too).
+    monkeypatch.setattr(sys, "executable", str(bare / "python3"))
+    monkeypatch.setenv("PATH", str(bare))
+    runner = AnsibleRunner(tmp_path / "work", timeout_seconds=60, max_concurrent=1, collections_path=collections_path())
+    (result,) = runner.run("lab", "list", [Operation("kvm_proxy_info", {})])
+    assert result.error_class == "permanent", result.message
+    assert "ansible-playbook" in result.message
+
+
+@pytest.mark.parametrize(("status", "line", "expected"), [
+    ("failed", "[ERROR]: YAML parsing failed: While parsing a flow sequence did not find expected ','.", "permanent"),
+    ("failed", "ERROR! Syntax Error while loading YAML.", "permanent"),
+    ("failed", "[ERROR]: conflicting action statements: a, b", "permanent"),
+    ("failed", "[ERROR]: Unexpected Exception, this is probably a bug: [Errno 28] No space left on device",
+     "transient"),
+    ("timeout", None, "transient"),
+    ("canceled", None, "transient"),
+    ("failed", None, "transient"),
+])
+def test_run_failures_are_permanent_only_when_retrying_cannot_help(status: str, line: str | None,
+                                                                   expected: str) -> None:
+    events = [{"event": "verbose", "stdout": "[WARNING]: something else"}]
+    if line is not None:
+        events.append({"event": "verbose", "stdout": line})
+        assert run_failure(status, line).error_class == expected
+    (result,) = results_from_events(events, 1, status)
+    assert result.error_class == expected
+    if line is not None:
+        assert line in result.message
+
+
+def test_a_modules_own_failure_line_is_not_taken_for_the_runs_error() -> None:
+    events = [{"event": "runner_on_failed", "stdout": "[ERROR]: Task failed: Module failed: syntax error in x",
+               "event_data": {"task": "op 0", "res": {"msg": "syntax error in x", "error_class": "transient"}}}]
+    first, second = results_from_events(events, 2, "failed")
+    assert first.error_class == "transient" and first.message == "syntax error in x"
+    assert second.error_class == "transient" and "syntax" not in second.message
+
+
+def test_after_cancel_no_run_starts(tmp_path: Path) -> None:
+    runner = AnsibleRunner(tmp_path / "work", max_concurrent=1, collections_path=collections_path())
+    runner.cancel()
+    started = time.monotonic()
+    results = runner.run("lab", "create", [Operation("kvm_proxy", {}), Operation("kvm_proxy", {})])
+    assert time.monotonic() - started < 0.5
+    assert [(r.ok, r.error_class) for r in results] == [(False, "transient")] * 2
+    assert "stopping" in results[0].message
+    assert list(runner.artifact_dir.iterdir()) == [] and list(runner.runs_dir.iterdir()) == []
