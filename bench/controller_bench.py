@@ -51,7 +51,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -69,14 +69,10 @@ from prometheus_client import REGISTRY  # noqa: E402
 
 from egress_proxies.backoff import Backoff  # noqa: E402
 from egress_proxies.kube import KubeStore  # noqa: E402
+from egress_proxies.live import LivePath, LiveSettings  # noqa: E402
 from egress_proxies.model import GROUP, PHASE_READY, PLURAL, VERSION, Proxy, spec_hash  # noqa: E402
-from egress_proxies.reconcile import (  # noqa: E402
-    MODULES,
-    ProviderConfigView,
-    Reconciler,
-    ReconcileSettings,
-    SweepReport,
-)
+from egress_proxies.providers import Target, check_config  # noqa: E402
+from egress_proxies.reconcile import Reconciler, ReconcileSettings, SweepReport  # noqa: E402
 from egress_proxies.runner import AnsibleRunner, Operation, OperationResult  # noqa: E402
 from support.ansible_modules import collections_path  # noqa: E402
 from support.libvirt_daemon import LibvirtTestDaemon  # noqa: E402
@@ -110,8 +106,9 @@ TARGET_RSS_MIB = 200.0
 # when the bench dies without cleaning up. Both emulators disable Nagle themselves.
 KUBE_LAUNCHER = """
 import sys
-from support.kube_emulator import KubeEmulator
-emulator = KubeEmulator(port=0).start()
+from support.kube_emulator import KubeEmulator, proxy_crd
+# A cluster as the bench needs it: the Proxy CRD installed, the bench's namespaces made.
+emulator = KubeEmulator(port=0, namespaces=("egress", "bench", "bench-per-object"), crds=[proxy_crd()]).start()
 sys.stdout.write(emulator.url + "\\n")
 sys.stdout.flush()
 sys.stdin.read()
@@ -351,6 +348,10 @@ def steady_sweeps(reconciler: Reconciler, runner: CountingRunner, providers: Seq
     return phases
 
 
+def _run_step(_proxy: Proxy, step: Callable[[], object]) -> None:
+    step()
+
+
 class PerObjectStrategy:
     """What the Operator SDK's Ansible operator does in steady state: one runner call per
     Proxy per reconcile (``<kind>_proxy_info`` by providerID), then that Proxy's status.
@@ -363,17 +364,16 @@ class PerObjectStrategy:
         self.reconciler = reconciler
         self.runner = runner
         self.config_path = config_path
-        self.kinds = {name: MODULES[kind] for name, kind in ProviderConfigView.load(config_path).providers.items()}
+        providers = reconciler.providers or check_config(runner, config_path)
+        self.clients = providers.clients(runner)
+        self.live = LivePath(reconciler.writer, LiveSettings(), providers.owner, contain=_run_step,
+                             count=lambda _counter, _amount: None, seconds_since=lambda _stamp: 0.0)
 
     def reconcile(self, proxy: Proxy) -> None:
-        module = f"{self.kinds[proxy.provider]}_proxy_info"
-        (result,) = self.runner.run(proxy.provider, "get", [Operation(module, {
-            "provider_config": self.config_path, "provider": proxy.provider,
-            "provider_id": proxy.status["providerID"]}, key=proxy.uid)])
-        if not result.ok:
-            raise BenchError(f"{proxy.key}: {module} failed ({result.error_class}): {result.message}")
-        (instance,) = result.result["instances"]
-        self.reconciler._observe(proxy, instance, spec_hash(proxy.spec))
+        (result,) = self.clients[proxy.provider].get([Target(proxy.uid, proxy.status["providerID"])])
+        if result.error is not None or result.instance is None:
+            raise BenchError(f"{proxy.key}: get failed: {result.error}")
+        self.live.observe(proxy, result.instance, spec_hash(proxy.spec))
 
     def measure(self, proxies: Sequence[Proxy]) -> Phase:
         mark = len(self.runner.calls)

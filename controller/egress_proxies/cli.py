@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import logging
 import os
 import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
+from egress_proxies import providers as providers_module
 from egress_proxies.backoff import Backoff
 from egress_proxies.directory import DirectoryStore
 from egress_proxies.health import SweepHealth
@@ -41,51 +45,103 @@ class Settings:
     runner_timeout_seconds: int = 600
     max_runners: int | None = None
     keep_artifacts: int = 50
-    listen: str = "0.0.0.0:8080"
+    listen: tuple[str, int] = ("0.0.0.0", 8080)
     kubeconfig: str | None = None
     namespace: str | None = None
     lease_namespace: str = "egress-proxies"
     lease_name: str = "egress-proxies-leader"
     identity: str = ""
     once: bool = False
+    check_config: bool = False
     until_ready_seconds: float | None = None
 
 
-def parse_args(argv: list[str] | None = None) -> Settings:
+def _positive(kind: type[int] | type[float], minimum: float, what: str) -> Callable[[str], Any]:
+    """An argparse type: a number of ``kind`` no smaller than ``minimum`` (argparse reports the rest)."""
+    def parse(text: str) -> int | float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
+        if value < minimum or value != value:  # NaN compares false both ways
+            raise argparse.ArgumentTypeError(f"{text!r} must be at least {minimum:g}")
+        return value
+    return parse
+
+
+def _listen(text: str) -> tuple[str, int]:
+    """HOST:PORT (an IPv6 host in brackets: [::1]:8080)."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not HOST:PORT with a port 0-65535 (e.g. 0.0.0.0:8080, [::1]:8080)")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not host or (":" in host and not text.startswith("[")):
+        raise argparse.ArgumentTypeError(f"{text!r}: write an IPv6 host in brackets, e.g. [::1]:8080")
+    return host, int(port)
+
+
+def version() -> str:
+    try:
+        return importlib.metadata.version("egress-proxies-controller")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="egress-proxies", description="Keep every Proxy resource backed by a running egress proxy.")
     add = parser.add_argument
+    add("--version", action="version", version=f"%(prog)s {version()}")
     add("--source", choices=["kubernetes", "directory"], default=Settings.source,
         help="where Proxies come from (default: %(default)s)")
     add("--proxy-dir", type=Path, default=Settings.proxy_dir,
         help="with --source directory: the folder of Proxy YAML files; status is written beside them")
     add("--provider-config", type=Path, default=Settings.provider_config, help="the provider config file")
+    add("--check-config", action="store_true",
+        help="validate the provider config with the collection's validator, print every error, and exit "
+             "(non-zero when it is invalid)")
     add("--work-dir", type=Path, default=Settings.work_dir,
         help="runner artifacts and image cache (an emptyDir in a cluster)")
-    add("--interval", type=float, default=Settings.interval_seconds, dest="interval_seconds",
-        help="seconds between sweeps (default: %(default)s)")
-    add("--gc-grace", type=float, default=Settings.gc_grace_seconds, dest="gc_grace_seconds",
+    add("--interval", type=_positive(float, 0.1, "a number of seconds"), default=Settings.interval_seconds,
+        dest="interval_seconds", help="seconds between sweeps (default: %(default)s)")
+    add("--gc-grace", type=_positive(float, 0, "a number of seconds"), default=Settings.gc_grace_seconds,
+        dest="gc_grace_seconds",
         help="minimum age in seconds before an orphaned instance is deleted (default: %(default)s)")
     add("--gc-dry-run", action="store_true", help="only report orphaned instances, never delete them")
-    add("--batch-size", type=int, default=Settings.batch_size, help="module calls per runner invocation")
-    add("--runner-timeout", type=int, default=Settings.runner_timeout_seconds, dest="runner_timeout_seconds",
+    add("--batch-size", type=_positive(int, 1, "a whole number"), default=Settings.batch_size,
+        help="module calls per runner invocation")
+    add("--runner-timeout", type=_positive(int, 1, "a whole number of seconds"),
+        default=Settings.runner_timeout_seconds, dest="runner_timeout_seconds",
         help="seconds before a runner invocation is killed with its process group")
-    add("--max-runners", type=int, default=None,
+    add("--max-runners", type=_positive(int, 1, "a whole number"), default=None,
         help="concurrent runner processes (default: as many as fit in memory, at most 8)")
-    add("--keep-artifacts", type=int, default=Settings.keep_artifacts, help="runner artifact directories kept")
-    add("--listen", default=Settings.listen, help="address for /healthz, /readyz, /metrics and discovery")
+    add("--keep-artifacts", type=_positive(int, 0, "a whole number"), default=Settings.keep_artifacts,
+        help="runner artifact directories kept")
+    add("--listen", type=_listen, default=Settings.listen,
+        help="HOST:PORT for /healthz, /readyz, /metrics and discovery (default: 0.0.0.0:8080)")
     add("--kubeconfig", default=os.environ.get("KUBECONFIG"), help="kubeconfig (default: in-cluster config)")
     add("--namespace", default=None, help="watch Proxies in this namespace only (default: all)")
     add("--lease-namespace", default=Settings.lease_namespace, help="namespace of the leader-election Lease")
     add("--lease-name", default=Settings.lease_name, help="name of the leader-election Lease")
     add("--identity", default=os.environ.get("POD_NAME") or socket.gethostname(), help="leader-election identity")
-    add("--once", action="store_true", help="run one sweep and exit (non-zero when it failed)")
-    add("--until-ready", type=float, default=None, dest="until_ready_seconds", metavar="SECONDS",
+    add("--once", action="store_true",
+        help="run one sweep and exit: 0 only when nothing failed (config, providers, Proxies)")
+    add("--until-ready", type=_positive(float, 0, "a number of seconds"), default=None,
+        dest="until_ready_seconds", metavar="SECONDS",
         help="sweep until every Proxy is Ready (or SECONDS pass), print them, and exit")
-    add("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
-    args = vars(parser.parse_args(argv))
-    logging.basicConfig(level=args.pop("log_level").upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    add("--log-level", type=str.upper, choices=["DEBUG", "INFO", "WARNING", "ERROR"], default="INFO",
+        help="DEBUG, INFO, WARNING or ERROR (default: %(default)s)")
+    return parser
+
+
+def parse_args(argv: list[str] | None = None) -> Settings:
+    args = vars(build_parser().parse_args(argv))
+    logging.basicConfig(level=args.pop("log_level"), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # Modules run in ansible-runner's private directories: a relative path would name another file.
+    args["provider_config"] = args["provider_config"].absolute()
+    args["proxy_dir"] = args["proxy_dir"].absolute()
+    args["work_dir"] = args["work_dir"].absolute()
     return Settings(**args)
 
 
@@ -128,14 +184,35 @@ def run_until_ready(controller: Controller, store: ProxyStore, timeout: float, p
         time.sleep(pause)
 
 
+def check_config(runner: AnsibleRunner, path: Path) -> int:
+    """``--check-config``: every error of the provider config, through the collection's validator."""
+    try:
+        providers = providers_module.check_config(runner, str(path))
+    except providers_module.ConfigUnreadable as error:
+        sys.stdout.write(f"INVALID: {error}\n")
+        return 1
+    lines = [f"provider {name} ({kind}): {'INVALID' if name in providers.invalid else 'ok'}"
+             for name, kind in providers.types.items()]
+    lines += [f"  {error}" for error in providers.errors]
+    lines.append(f"{path}: {'valid' if providers.valid else f'{len(providers.errors)} error(s)'}")
+    sys.stdout.write("\n".join(lines) + "\n")
+    return 0 if providers.valid else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     settings = parse_args(argv)
+    runner = AnsibleRunner(settings.work_dir, timeout_seconds=settings.runner_timeout_seconds,
+                           max_concurrent=settings.max_runners, keep_artifacts=settings.keep_artifacts)
+    if settings.check_config:
+        return check_config(runner, settings.provider_config)
     if not settings.provider_config.is_file():
         log.warning("provider config %s does not exist (yet): every sweep fails until it does",
                     settings.provider_config)
-    store, elector = build_store(settings)
-    runner = AnsibleRunner(settings.work_dir, timeout_seconds=settings.runner_timeout_seconds,
-                           max_concurrent=settings.max_runners, keep_artifacts=settings.keep_artifacts)
+    try:
+        store, elector = build_store(settings)
+    except StoreError as error:  # another controller holds the directory; no cluster to talk to
+        log.error("%s", error)
+        return 2
     log.info("runner: at most %d concurrent ansible-runner processes, %d s timeout", runner.max_concurrent,
              settings.runner_timeout_seconds)
     reconciler = Reconciler(
@@ -149,7 +226,10 @@ def main(argv: list[str] | None = None) -> int:
                                          watch=settings.source == "kubernetes"),
                             elector=elector)
     if settings.once:
-        return 0 if controller.sweep_once().ok else 1
+        report = controller.sweep_once()
+        for key, why in sorted(report.proxies_failed.items()):
+            log.error("Proxy %s: %s", key, why)
+        return 0 if report.clean else 1
     if settings.until_ready_seconds is not None:
         try:
             return run_until_ready(controller, store, settings.until_ready_seconds)
@@ -159,10 +239,10 @@ def main(argv: list[str] | None = None) -> int:
 
     token = token_from_env()
     warn_if_no_token(token, log)
-    server = ControllerHTTPServer(health, lambda: list(reconciler.last_ready), token)
-    host, _, port = settings.listen.rpartition(":")
-    server.start(host or "0.0.0.0", int(port))
-    log.info("serving health, metrics and discovery on %s:%d", host or "0.0.0.0", server.port)
+    server = ControllerHTTPServer(health, controller.ready_proxies, token)
+    host, port = settings.listen
+    server.start(host, port)
+    log.info("serving health, metrics and discovery on %s:%d", host, server.port)
 
     def stop(signum: int, _frame: FrameType | None) -> None:
         log.info("signal %d: stopping", signum)

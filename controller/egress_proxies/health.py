@@ -57,6 +57,7 @@ class SweepHealth:
         self._running = False
         self._view_loaded_at: float | None = None
         self._dead: str | None = None
+        self._problems = ""
 
     # -- written by the loop -------------------------------------------------------------------
 
@@ -65,11 +66,15 @@ class SweepHealth:
             self._started_at = self._clock()
             self._running = True
 
-    def sweep_finished(self, ok: bool) -> None:
+    def sweep_finished(self, ok: bool, problems: str = "") -> None:
+        """``problems``: what the sweep found wrong without failing (an invalid provider config
+        section, failing providers or Proxies); readiness reports it and stays ready, since
+        taking discovery away would degrade every proxy for the fault of some."""
         with self._lock:
             self._finished_at = self._clock()
             self._running = False
             self._last_ok = ok
+            self._problems = problems
             if ok:
                 self._last_ok_at = self._finished_at
 
@@ -125,6 +130,8 @@ class SweepHealth:
                 # Still ready: one failed sweep must not take the discovery endpoint out of the
                 # Service while the previous good answer is younger than three intervals.
                 return True, f"last sweep failed; last successful one {age:.0f}s ago"
+            if self._problems:
+                return True, f"last sweep ok {age:.0f}s ago, {self._problems}"
             return True, f"last sweep ok {age:.0f}s ago"
 
     def _alive(self, now: float) -> tuple[bool, str]:

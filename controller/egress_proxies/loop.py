@@ -221,11 +221,12 @@ class Controller:
     def sweep_once(self) -> SweepReport:
         self.health.sweep_started()
         report = self.reconciler.sweep()
-        self.health.sweep_finished(report.ok)
+        self.health.sweep_finished(report.ok, "" if report.clean else report.summary())
         self.sweeps += 1
-        log.info("sweep %d: %s, %d runner call(s), %d created, %d deleted, %d released, %d garbage-collected",
-                 self.sweeps, "ok" if report.ok else "FAILED", report.runner_calls, report.created, report.deleted,
-                 report.released, len(report.gc))
+        log.log(logging.INFO if report.clean else logging.WARNING,
+                "sweep %d: %s; %d runner call(s), %d created, %d deleted, %d released, %d garbage-collected",
+                self.sweeps, report.summary(), report.runner_calls, report.created, report.deleted,
+                report.released, len(report.gc))
         return report
 
     def _watch_loop(self) -> None:

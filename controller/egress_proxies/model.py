@@ -166,9 +166,14 @@ def instance_tags(owner: str, proxy: Proxy, hash_of_spec: str) -> dict[str, str]
 MAX_CONDITION_MESSAGE = 32768
 
 
-def ready_condition(status: str, reason: str, message: str, transition: str, generation: int) -> dict[str, Any]:
-    """The Proxy's one condition, of type Ready, in metav1.Condition's shape."""
+def condition(kind: str, status: str, reason: str, message: str, transition: str, generation: int) -> dict[str, Any]:
+    """One condition in metav1.Condition's shape."""
     if len(message) > MAX_CONDITION_MESSAGE:
         message = message[: MAX_CONDITION_MESSAGE - 12] + " [truncated]"
-    return {"type": "Ready", "status": status, "reason": reason, "message": message,
+    return {"type": kind, "status": status, "reason": reason, "message": message,
             "lastTransitionTime": transition, "observedGeneration": generation}
+
+
+def ready_condition(status: str, reason: str, message: str, transition: str, generation: int) -> dict[str, Any]:
+    """The Proxy's Ready condition."""
+    return condition("Ready", status, reason, message, transition, generation)

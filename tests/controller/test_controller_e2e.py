@@ -39,6 +39,12 @@ POOL = "default-pool"
 NAMESPACE = "crawlers"
 
 
+@pytest.fixture(autouse=True)
+def namespace(kube: KubeEmulator) -> None:
+    """The namespace the Proxies live in (the API refuses objects in a missing one)."""
+    kube.create_namespace(NAMESPACE)
+
+
 @pytest.fixture
 def objects(api: client.ApiClient) -> client.CustomObjectsApi:
     return client.CustomObjectsApi(api)
@@ -177,7 +183,7 @@ def test_skip_cleanup_releases_with_the_provider_gone_from_the_config(
     delete_proxy(objects, "eu-1")
     make_reconciler(api, runner, config).sweep()
     assert read_proxy(objects, "eu-1") is None
-    assert all(provider == "lab" for provider, _, _ in runner.calls)  # "removed" was never called
+    assert all(provider == "lab" for provider, verb, _ in runner.calls if verb != "check")  # never "removed"
     assert runner.verbs() == ["list"]
     assert event_reasons(api, "eu-1") == ["Abandoned"]
 
@@ -228,7 +234,10 @@ def test_delete_on_a_transient_failure_backs_off(api: client.ApiClient, objects:
     config = write_kvm_config(tmp_path / "dead.yaml", [kvm_host("h1", dead, pool=POOL)], image)
     with_finalizer_and_status(objects, "eu-1", SQUID, {"providerID": "kvm://hosts/h1/domains/p-eu-1-abc123"})
     delete_proxy(objects, "eu-1")
-    reconciler = make_reconciler(api, runner, config)
+    # A base far above a sweep's duration: on a loaded machine the second sweep's listing alone
+    # took longer than the default 5 s (-20 % jitter), so the backoff had already run out.
+    reconciler = Reconciler(KubeStore(api), runner, str(config), ReconcileSettings(),
+                            backoff=Backoff(base_seconds=120.0))
     reconciler.sweep()
     proxy = read_proxy(objects, "eu-1")
     assert proxy is not None
@@ -326,8 +335,10 @@ def test_a_watch_event_triggers_a_prompt_sweep(api: client.ApiClient, objects: c
         thread.join(timeout=60)
 
 
-def test_leader_election_hands_over_when_the_leader_stops(api: client.ApiClient, runner: RecordingRunner,
-                                                          config: Path) -> None:
+def test_leader_election_hands_over_when_the_leader_stops(kube: KubeEmulator, api: client.ApiClient,
+                                                          runner: RecordingRunner, config: Path) -> None:
+    kube.create_namespace("egress-proxies")  # where the Lease lives (controller/manifests/namespace.yaml)
+
     def controller(identity: str) -> Controller:
         store = KubeStore(api)
         elector = LeaseElector(KubeLeases(api), "egress-proxies", "leader", identity, lease_seconds=2,

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import jsonschema  # type: ignore[import-untyped]
+import jsonschema
 import kubernetes_validate  # type: ignore[import-untyped]
 import pytest
 import yaml
@@ -322,7 +322,7 @@ def test_deployment_command_is_accepted_by_the_cli() -> None:
         assert "$(" not in arg, f"{arg}: not a variable the container defines"
         args.append(arg)
     settings = parse_args(args)
-    assert (settings.source, settings.listen) == ("kubernetes", "0.0.0.0:8080")
+    assert (settings.source, settings.listen) == ("kubernetes", ("0.0.0.0", 8080))
     assert (settings.lease_namespace, settings.identity) == ("<POD_NAMESPACE>", "<POD_NAME>")
     sources = {item["name"]: item.get("valueFrom") for item in main["env"]}
     assert sources["POD_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}

@@ -70,12 +70,17 @@ def phase_and_reason(objects: client.CustomObjectsApi, name: str) -> tuple[str, 
     return str(status.get("phase")), str(condition.get("reason")), str(condition.get("message"))
 
 
-def be_the_kubelet(core: client.CoreV1Api) -> None:
+def condition_of(objects: client.CustomObjectsApi, name: str, kind: str) -> dict[str, str]:
+    proxy = objects.get_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, name)
+    assert isinstance(proxy, dict)
+    return next((c for c in (proxy.get("status") or {}).get("conditions") or [] if c["type"] == kind), {})
+
+
+def be_the_kubelet(kube: KubeEmulator, core: client.CoreV1Api) -> None:
+    """Every proxy Pod scheduled, running and Ready, as the scheduler and kubelet report it."""
     for pod in core.list_namespaced_pod("egress").items:
         assert pod.metadata is not None and pod.metadata.name
-        core.patch_namespaced_pod_status(pod.metadata.name, "egress", {"status": {
-            "phase": "Running", "podIP": "10.244.1.7", "hostIP": "192.0.2.21",
-            "conditions": [{"type": "Ready", "status": "True"}]}})
+        kube.kubelet_run("egress", pod.metadata.name, pod_ip="10.244.1.7", host_ip="192.0.2.21")
 
 
 def test_three_providers_one_sweep_and_one_failing_provider_degrades_only_its_own(
@@ -90,6 +95,8 @@ def test_three_providers_one_sweep_and_one_failing_provider_degrades_only_its_ow
 
     objects = client.CustomObjectsApi(api)
     core = client.CoreV1Api(api)
+    for namespace in (NAMESPACE, "egress"):  # the Proxies' and the proxy Pods' (the API refuses a missing one)
+        kube.create_namespace(namespace)
     for name, provider in (("kvm-1", "home-kvm"), ("gcp-1", "gcp-eu"), ("k8s-1", "cluster")):
         objects.create_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, {
             "apiVersion": f"{GROUP}/{VERSION}", "kind": "Proxy",
@@ -101,7 +108,7 @@ def test_three_providers_one_sweep_and_one_failing_provider_degrades_only_its_ow
 
     try:
         assert reconciler.sweep().ok
-        be_the_kubelet(core)
+        be_the_kubelet(kube, core)
         runner.calls.clear()
         assert reconciler.sweep().ok
         # Every provider listed exactly once per sweep; nothing else needed in steady state.
@@ -114,13 +121,19 @@ def test_three_providers_one_sweep_and_one_failing_provider_degrades_only_its_ow
 
         # Break two providers: the KVM key Secret goes away, the Compute API answers 503.
         (ssh_dir / "id_ed25519").unlink()
-        compute.fail_next("GET", "/aggregated/instances", 503, count=100)
+        # Every listing path: after a failed aggregatedList the provider lists each zone on its own.
+        compute.fail_next("GET", r"/instances$", 503, count=100)
         report = reconciler.sweep()
         assert report.ok  # the sweep (and the process) stay up
         _, kvm_reason, kvm_message = phase_and_reason(objects, "kvm-1")
         assert kvm_reason == "ListFailed" and "transient" in kvm_message and "keyFile" in kvm_message
-        _, gcp_reason, gcp_message = phase_and_reason(objects, "gcp-1")
-        assert gcp_reason == "ListFailed" and "transient" in gcp_message
+        # A Ready Proxy whose provider cannot be listed stays Ready (and in discovery) for a
+        # bounded time, with a condition saying its state is not current.
+        assert phase_and_reason(objects, "gcp-1")[0] == "Ready"
+        listed = condition_of(objects, "gcp-1", "ProviderListed")
+        assert listed["status"] == "False" and listed["reason"] == "ListFailed"
+        assert "transient" in listed["message"] and "at most 600 s" in listed["message"]
+        assert set(report.providers_failed) == {"home-kvm", "gcp-eu"} and not report.clean
         assert phase_and_reason(objects, "k8s-1")[0] == "Ready"  # untouched
         assert report.gc == []  # and no garbage collection on a partial view
 
@@ -129,6 +142,7 @@ def test_three_providers_one_sweep_and_one_failing_provider_degrades_only_its_ow
         compute.clear_faults()
         assert reconciler.sweep().ok
         assert phase_and_reason(objects, "gcp-1")[0] == "Ready"
+        assert condition_of(objects, "gcp-1", "ProviderListed") == {}  # current again
         assert phase_and_reason(objects, "k8s-1")[0] == "Ready"
         assert phase_and_reason(objects, "kvm-1")[:2] == ("Provisioning", "Provisioning")
         assert len(hypervisor_host.connection.listAllDomains()) == 1

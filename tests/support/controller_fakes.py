@@ -13,7 +13,10 @@ import itertools
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+
+import yaml
 
 from egress_proxies.model import FINALIZER, Proxy
 from egress_proxies.runner import AnsibleRunner, Operation, OperationResult
@@ -122,9 +125,13 @@ class FakeRunner:
     filter_by_tags: bool = True  # False: a listing that (wrongly) returns every instance
     ip: str | None = "192.0.2.10"
     created: str = "2026-01-01T00:00:00Z"
+    # provider name -> its section's errors, as the collection's validator would report them.
+    invalid_providers: dict[str, list[str]] = field(default_factory=dict)
 
     def run(self, provider: str, verb: str, operations: Sequence[Operation]) -> list[OperationResult]:
         self.calls.append(Call(provider, verb, list(operations)))
+        if operations and operations[0].module == "provider_config_info":
+            return [self._check_config(op) for op in operations]
         if provider != self.provider:
             return [OperationResult(ok=True, result={"instances": []}) for _ in operations]
         return [self._one(op) for op in operations]
@@ -156,7 +163,18 @@ class FakeRunner:
         return OperationResult(ok=True, result={"changed": True, "instance": instance, "provider_id": provider_id})
 
     def verbs(self) -> list[str]:
-        return [call.verb for call in self.calls]
+        """The verbs of provider calls (the config check is not a provider call)."""
+        return [call.verb for call in self.calls if call.verb != "check"]
+
+    def _check_config(self, op: Operation) -> OperationResult:
+        """The collection's validator, faked from the file's names and types (the real one runs
+        in the end-to-end tests and in tests/integration/test_provider_config_info.py)."""
+        document = yaml.safe_load(Path(op.args["provider_config"]).read_text())
+        providers = [{"name": p["name"], "type": p["type"], "valid": p["name"] not in self.invalid_providers,
+                      "errors": self.invalid_providers.get(p["name"], [])} for p in document["providers"]]
+        errors = [e for p in providers for e in p["errors"]]
+        return OperationResult(ok=True, result={"valid": not errors, "owner": document["owner"],
+                                                "providers": providers, "errors": errors})
 
 
 class RecordingRunner:
@@ -171,4 +189,5 @@ class RecordingRunner:
         return self.inner.run(provider, verb, operations)
 
     def verbs(self) -> list[str]:
-        return [verb for _, verb, _ in self.calls]
+        """The verbs of provider calls (the config check is not a provider call)."""
+        return [verb for _, verb, _ in self.calls if verb != "check"]

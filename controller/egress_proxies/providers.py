@@ -1,0 +1,312 @@
+"""The controller's half of the module contract (docs/contract.md): the only place that knows
+module names, argument names, the base64 user-data transport, result shapes and error-class
+strings.
+
+``reconcile`` and its parts ask a ``ProviderClient`` for batch verbs (``list``, ``get``,
+``create``, ``delete``) and get typed values back (``Instance``, ``Result``, ``Listing``);
+each verb is one runner call for the whole batch. ``ProviderSet`` is the provider config as
+the controller needs it: which providers exist, of which type, and which are valid
+(``check_config`` asks the collection's own validator, the ``provider_config_info`` module,
+so there is one validator for the modules, the controller and the deploy playbook).
+"""
+
+from __future__ import annotations
+
+import base64
+import enum
+import hashlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from egress_proxies.model import (
+    DEFAULT_PORT,
+    OWNER_TAG,
+    PROXY_TAG,
+    SPEC_HASH_TAG,
+    UID_TAG,
+    Proxy,
+    instance_tags,
+)
+from egress_proxies.runner import Operation, OperationResult, Runner
+
+
+class ProviderType(enum.StrEnum):
+    """A provider's ``type`` in the provider config."""
+
+    KVM = "kvm"
+    GCP = "gcp"
+    KUBERNETES = "kubernetes"
+
+    @property
+    def module_prefix(self) -> str:
+        """The contract's ``P`` in ``P_proxy`` / ``P_proxy_info``."""
+        return _MODULE_PREFIX[self]
+
+
+_MODULE_PREFIX = {ProviderType.KVM: "kvm", ProviderType.GCP: "gcp", ProviderType.KUBERNETES: "k8s"}
+CONFIG_MODULE = "provider_config_info"
+
+
+class ErrorClass(enum.StrEnum):
+    """How a provider operation failed (docs/contract.md, "Error classes")."""
+
+    NOT_FOUND = "not_found"
+    PERMANENT = "permanent"
+    TRANSIENT = "transient"
+
+    @classmethod
+    def of(cls, value: str | None) -> ErrorClass:
+        """Anything unclassified is transient (the contract's default)."""
+        try:
+            return cls(value or "transient")
+        except ValueError:
+            return cls.TRANSIENT
+
+
+@dataclass(frozen=True)
+class ProviderError:
+    error_class: ErrorClass
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.error_class}: {self.message}"
+
+
+@dataclass(frozen=True)
+class Instance:
+    """One instance as a provider reports it (the contract's ``instance`` dict, typed)."""
+
+    provider_id: str
+    name: str = ""
+    location: str = ""
+    state: str = "pending"  # pending | running | stopped | error
+    ip: str | None = None
+    tags: Mapping[str, str] = field(default_factory=dict)
+    created: str | None = None
+
+    @classmethod
+    def from_result(cls, data: Mapping[str, Any]) -> Instance:
+        tags = data.get("tags") or {}
+        return cls(provider_id=str(data.get("provider_id") or ""), name=str(data.get("name") or ""),
+                   location=str(data.get("location") or ""), state=str(data.get("state") or "pending"),
+                   ip=str(data["ip"]) if data.get("ip") else None,
+                   tags={str(k): str(v) for k, v in tags.items()} if isinstance(tags, Mapping) else {},
+                   created=str(data["created"]) if data.get("created") else None)
+
+    @property
+    def running(self) -> bool:
+        """Running with an address: the provider's half of Ready."""
+        return self.state == "running" and bool(self.ip)
+
+    @property
+    def uid(self) -> str | None:
+        return self.tags.get(UID_TAG)
+
+    @property
+    def owner(self) -> str | None:
+        return self.tags.get(OWNER_TAG)
+
+    @property
+    def proxy_key(self) -> str | None:
+        return self.tags.get(PROXY_TAG)
+
+    @property
+    def spec_hash(self) -> str | None:
+        return self.tags.get(SPEC_HASH_TAG)
+
+
+@dataclass(frozen=True)
+class Result:
+    """One item's outcome: an instance (create, get) or just success (delete), or an error."""
+
+    instance: Instance | None = None
+    error: ProviderError | None = None
+    changed: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    @classmethod
+    def failed(cls, error_class: ErrorClass, message: str) -> Result:
+        return cls(error=ProviderError(error_class, message))
+
+    @classmethod
+    def from_operation(cls, outcome: OperationResult) -> Result:
+        if not outcome.ok:
+            return cls.failed(ErrorClass.of(outcome.error_class), outcome.message)
+        data = outcome.result
+        instance = data.get("instance")
+        if instance is None and data.get("instances"):
+            instance = data["instances"][0]
+        return cls(instance=Instance.from_result(instance) if isinstance(instance, Mapping) else None,
+                   changed=bool(data.get("changed")))
+
+
+@dataclass
+class Listing:
+    """A provider's instances from one info call. ``complete`` is False when any location failed
+    (``instances`` then holds what the reachable locations returned)."""
+
+    instances: list[Instance] = field(default_factory=list)
+    error: ProviderError | None = None
+    _by_uid: dict[str, list[Instance]] | None = field(default=None, repr=False)
+
+    @property
+    def complete(self) -> bool:
+        return self.error is None
+
+    def of(self, uid: str) -> list[Instance]:
+        """The instances of one Proxy (indexed once: a sweep asks this for every Proxy)."""
+        if self._by_uid is None:
+            self._by_uid = {}
+            for instance in self.instances:
+                self._by_uid.setdefault(instance.uid or "", []).append(instance)
+        return self._by_uid.get(uid, [])
+
+
+@dataclass(frozen=True)
+class CreateRequest:
+    """Everything a create needs, built from a Proxy in one place (``for_proxy``)."""
+
+    key: str  # the Proxy's uid: what the runner files the call's artifacts under
+    name: str
+    user_data_base64: str
+    port: int
+    tags: Mapping[str, str]
+    location: str | None = None
+    machine_type: str | None = None
+    image: str | None = None
+
+    @classmethod
+    def for_proxy(cls, proxy: Proxy, owner: str, name: str, hash_of_spec: str) -> CreateRequest:
+        spec = proxy.spec
+        raw = spec.get("cloudInit") or ""
+        # base64 on the wire whatever the Proxy says: binary-safe, and never a template.
+        encoded = raw if spec.get("cloudInitEncoding") == "base64" else base64.b64encode(raw.encode()).decode()
+        return cls(key=proxy.uid, name=name, user_data_base64=encoded, port=int(spec.get("port") or DEFAULT_PORT),
+                   tags=instance_tags(owner, proxy, hash_of_spec), location=spec.get("location") or None,
+                   machine_type=spec.get("machineType") or None, image=spec.get("image") or None)
+
+    def arguments(self) -> dict[str, Any]:
+        args: dict[str, Any] = {"state": "present", "name": self.name, "user_data": self.user_data_base64,
+                                "user_data_encoding": "base64", "port": self.port, "tags": dict(self.tags)}
+        for arg, value in (("location", self.location), ("machine_type", self.machine_type),
+                           ("image", self.image)):
+            if value:
+                args[arg] = value
+        return args
+
+
+@dataclass(frozen=True)
+class Target:
+    """An existing instance to get or delete, and the key (a Proxy uid) it is done for."""
+
+    key: str
+    provider_id: str
+
+
+class ProviderClient:
+    """Batch verbs on one configured provider; each verb is one runner call."""
+
+    def __init__(self, runner: Runner, config_path: str, name: str, provider_type: ProviderType) -> None:
+        self.runner = runner
+        self.config_path = config_path
+        self.name = name
+        self.type = provider_type
+        self._module = f"{provider_type.module_prefix}_proxy"
+
+    def _common(self) -> dict[str, Any]:
+        return {"provider_config": self.config_path, "provider": self.name}
+
+    def list_instances(self, owner: str) -> Listing:
+        outcome = self.runner.run(self.name, "list", [
+            Operation(f"{self._module}_info", {**self._common(), "tags": {OWNER_TAG: owner}})])[0]
+        instances = [Instance.from_result(i) for i in outcome.result.get("instances") or []
+                     if isinstance(i, Mapping)]
+        if outcome.ok:
+            return Listing(instances=instances)
+        return Listing(instances=instances,
+                       error=ProviderError(ErrorClass.of(outcome.error_class), outcome.message))
+
+    def get(self, targets: Sequence[Target], verb: str = "get") -> list[Result]:
+        return self._run(verb, [Operation(f"{self._module}_info", {**self._common(), "provider_id": t.provider_id},
+                                          key=t.key) for t in targets])
+
+    def create(self, requests: Sequence[CreateRequest], verb: str = "create") -> list[Result]:
+        return self._run(verb, [Operation(self._module, {**self._common(), **r.arguments()}, key=r.key)
+                                for r in requests])
+
+    def delete(self, targets: Sequence[Target], verb: str = "delete") -> list[Result]:
+        return self._run(verb, [Operation(self._module, {**self._common(), "state": "absent",
+                                                         "provider_id": t.provider_id}, key=t.key)
+                                for t in targets])
+
+    def _run(self, verb: str, operations: list[Operation]) -> list[Result]:
+        if not operations:
+            return []
+        return [Result.from_operation(o) for o in self.runner.run(self.name, verb, operations)]
+
+
+class ConfigUnreadable(Exception):
+    """The provider config cannot be used at all: unreadable, not YAML, or invalid at its root."""
+
+
+@dataclass(frozen=True)
+class ProviderSet:
+    """The provider config as the controller needs it: every provider's name and type, which of
+    them are valid, and every error the collection's validator found (field paths included)."""
+
+    path: str
+    owner: str
+    types: Mapping[str, ProviderType]
+    invalid: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # name -> its errors
+    errors: tuple[str, ...] = ()  # every error, root and per provider
+    digest: str = ""
+
+    def clients(self, runner: Runner) -> dict[str, ProviderClient]:
+        """A client for every valid provider."""
+        return {name: ProviderClient(runner, self.path, name, kind) for name, kind in self.types.items()
+                if name not in self.invalid}
+
+    @property
+    def valid(self) -> bool:
+        return not self.errors
+
+
+def check_config(runner: Runner, path: str, previous: ProviderSet | None = None) -> ProviderSet:
+    """Validate the provider config with the collection's ``provider_config_info`` module.
+
+    Raises ConfigUnreadable when no provider can be used (unreadable, not YAML, root errors such
+    as a missing owner); otherwise the valid providers work while the invalid ones are named
+    with their errors. ``previous`` is returned as it is when the file's content is unchanged.
+    """
+    absolute = str(Path(path).absolute())
+    try:
+        digest = hashlib.sha256(Path(absolute).read_bytes()).hexdigest()
+    except OSError as error:
+        raise ConfigUnreadable(f"provider config {absolute}: cannot read it: {error.strerror}") from error
+    if previous is not None and previous.digest == digest and previous.path == absolute:
+        return previous
+    outcome = runner.run("config", "check", [Operation(CONFIG_MODULE, {"provider_config": absolute})])[0]
+    if not outcome.ok:
+        raise ConfigUnreadable(f"provider config {absolute}: {outcome.message}")
+    data = outcome.result
+    errors = tuple(str(e) for e in data.get("errors") or [])
+    types: dict[str, ProviderType] = {}
+    invalid: dict[str, tuple[str, ...]] = {}
+    for provider in data.get("providers") or []:
+        name = str(provider.get("name"))
+        try:
+            types[name] = ProviderType(str(provider.get("type")))
+        except ValueError:
+            invalid[name] = (f"unknown provider type {provider.get('type')!r}",)
+            continue
+        if not provider.get("valid", False):
+            invalid[name] = tuple(str(e) for e in provider.get("errors") or []) or ("invalid",)
+    owner = data.get("owner")
+    if not owner:  # a root error (the owner tags every instance): no provider is usable
+        raise ConfigUnreadable(f"provider config {absolute}: " + "; ".join(errors or ("owner: missing",)))
+    return ProviderSet(path=absolute, owner=str(owner), types=types, invalid=invalid, errors=errors, digest=digest)

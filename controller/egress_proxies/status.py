@@ -1,0 +1,164 @@
+"""Writing what a sweep decided: status and conditions, finalizers and annotations, Events.
+
+Used by every part of a sweep (``live``, ``deletion``, ``garbage``, ``reconcile``). Writes are
+optimistic: a 409 reads the object again and re-applies the change, never a blind overwrite; a
+Proxy that keeps conflicting raises ``StoreError`` for that Proxy alone (the sweep contains it
+and retries next time). ``latest`` is every Proxy as last read or written in this sweep: the
+sweep's end state, without listing them all again.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from egress_proxies import metrics
+from egress_proxies.backoff import Backoff
+from egress_proxies.model import (
+    FINALIZER,
+    PHASE_FAILED,
+    PHASE_PENDING,
+    PHASE_PROVISIONING,
+    PHASE_READY,
+    Proxy,
+    condition,
+)
+from egress_proxies.providers import ErrorClass, ProviderError
+from egress_proxies.store import Conflict, Gone, ProxyStore, StoreError
+
+log = logging.getLogger(__name__)
+
+CONFLICT_RETRIES = 5
+READY = "Ready"
+
+
+def utc_now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def find_condition(proxy: Proxy, kind: str) -> dict[str, Any]:
+    return next((c for c in proxy.status.get("conditions") or [] if isinstance(c, dict) and c.get("type") == kind),
+                {})
+
+
+class ProxyWriter:
+    def __init__(self, store: ProxyStore, backoff: Backoff, now: Callable[[], str] = utc_now,
+                 purge: Callable[[set[str]], int] | None = None) -> None:
+        self.store = store
+        self.backoff = backoff
+        self.now = now
+        self.purge = purge
+        self.latest: dict[str, Proxy] = {}
+        # Proxy key -> why it failed in this sweep (reset by the sweep): the sweep's report.
+        self.failures: dict[str, str] = {}
+
+    # -- status --------------------------------------------------------------------------------
+
+    def status(self, proxy: Proxy, phase: str, ready: str, reason: str, message: str,
+               conditions: Mapping[str, tuple[str, str, str] | None] | None = None,
+               **fields: Any) -> dict[str, Any]:
+        """The Proxy's next status: ``phase``, the Ready condition, and other conditions by type
+        (``None`` removes one); conditions not named keep theirs, with their transition times."""
+        status = {key: value for key, value in proxy.status.items() if key != "conditions"}
+        status.update({key: value for key, value in fields.items() if value is not None})
+        if phase in (PHASE_PENDING, PHASE_FAILED) and not status.get("providerID"):
+            status.pop("ip", None)
+            status.pop("endpoint", None)
+        if phase not in (PHASE_READY, PHASE_PROVISIONING):
+            status.pop("endpoint", None)
+        status["phase"] = phase
+        status["observedGeneration"] = proxy.generation
+        wanted: dict[str, tuple[str, str, str] | None] = {READY: (ready, reason, message), **(conditions or {})}
+        result = []
+        for kind, value in wanted.items():
+            if value is None:
+                continue
+            previous = find_condition(proxy, kind)
+            transition = (previous["lastTransitionTime"] if previous.get("status") == value[0]
+                          and previous.get("lastTransitionTime") else self.now())
+            result.append(condition(kind, value[0], value[1], value[2], transition, proxy.generation))
+        result.extend(c for c in proxy.status.get("conditions") or []
+                      if isinstance(c, dict) and c.get("type") not in wanted)
+        status["conditions"] = result
+        return status
+
+    def write_status(self, proxy: Proxy, status: dict[str, Any]) -> Proxy:
+        for _ in range(CONFLICT_RETRIES):
+            if proxy.status == status:
+                return proxy
+            proxy.status = status
+            try:
+                return self.remember(self.store.replace_status(proxy))
+            except Conflict:
+                proxy = self.store.get_proxy(proxy.namespace, proxy.name)
+                status = {**status, "observedGeneration": proxy.generation}
+            except Gone:
+                self.latest.pop(proxy.uid, None)
+                return proxy
+        raise StoreError(f"{proxy.key}: status update kept conflicting ({CONFLICT_RETRIES} times); retried next sweep")
+
+    def update_metadata(self, proxy: Proxy, change: Callable[[Proxy], None]) -> Proxy:
+        """Apply ``change`` and write it; on a 409, read again and re-apply (never blind-overwrite)."""
+        for _ in range(CONFLICT_RETRIES):
+            change(proxy)
+            try:
+                return self.remember(self.store.replace_metadata(proxy))
+            except Conflict:
+                proxy = self.store.get_proxy(proxy.namespace, proxy.name)
+        raise StoreError(f"{proxy.key}: metadata update kept conflicting ({CONFLICT_RETRIES} times); "
+                         "retried next sweep")
+
+    def remember(self, proxy: Proxy) -> Proxy:
+        self.latest[proxy.uid] = proxy
+        return proxy
+
+    def forget(self, proxy: Proxy) -> None:
+        self.latest.pop(proxy.uid, None)
+
+    # -- decisions every part shares -----------------------------------------------------------
+
+    def ensure_finalizer(self, proxy: Proxy) -> Proxy:
+        if proxy.deleting or FINALIZER in proxy.finalizers:
+            return proxy
+        return self.update_metadata(proxy, lambda p: p.finalizers.append(FINALIZER))
+
+    def release(self, proxy: Proxy) -> None:
+        """Remove our finalizer so the API can finish deleting the Proxy."""
+        def drop(p: Proxy) -> None:
+            p.finalizers = [f for f in p.finalizers if f != FINALIZER]
+        try:
+            self.update_metadata(proxy, drop)
+        except Gone:
+            pass
+        self.forget(proxy)  # no longer ours to report
+        self.backoff.succeeded(proxy.uid)
+        if self.purge is not None:
+            self.purge({proxy.uid})
+
+    def failed(self, proxy: Proxy, error: ProviderError, reason: str, phase: str | None = None) -> None:
+        """A provider operation failed for this Proxy: back off by its class, say so once."""
+        metrics.ERRORS.labels(error_class=error.error_class.value).inc()
+        delay = self.backoff.failed(proxy.uid, error.error_class.value)
+        message = f"{error} (next attempt in {delay:.0f} s)"
+        self.failures[proxy.key] = f"{reason}: {error}"
+        log.warning("%s: %s: %s", proxy.key, reason, message)
+        previous = find_condition(proxy, READY)
+        if previous.get("reason") != reason or not str(previous.get("message", "")).startswith(str(error)):
+            # One Event when a failure starts or changes, not one per sweep while it lasts.
+            self.store.record_event(proxy, "Warning", reason, message)
+        if phase is None:
+            phase = PHASE_FAILED if error.error_class is ErrorClass.PERMANENT else (
+                PHASE_PROVISIONING if proxy.status.get("providerID") else PHASE_PENDING)
+        self.write_status(proxy, self.status(proxy, phase, "False", reason, message))
+
+    def invalid(self, proxy: Proxy, reason: str, message: str) -> None:
+        """The Proxy itself is wrong (schema, source): Failed, one Warning Event, nothing else."""
+        metrics.ERRORS.labels(error_class=ErrorClass.PERMANENT.value).inc()
+        self.failures[proxy.key] = f"{reason}: {message}"
+        previous = find_condition(proxy, READY)
+        if previous.get("reason") != reason or previous.get("message") != message:
+            log.warning("%s: %s: %s", proxy.key, reason, message)
+            self.store.record_event(proxy, "Warning", reason, message)
+        self.write_status(proxy, self.status(proxy, PHASE_FAILED, "False", reason, message))
