@@ -17,13 +17,16 @@ PYTHON=${PYTHON:-/usr/bin/python3}
 # syslinux-common (mbr.bin) build the guest image (tests/support/guest_image/build.sh); the
 # kvm_hypervisor role's community.libvirt modules and apt module run on the host's own python3,
 # which needs python3-libvirt, python3-lxml and python3-apt; curl is the crawler in the
-# end-to-end test; shellcheck and git are used by ansible-test sanity.
+# end-to-end test; shellcheck and git are used by ansible-test sanity. squid is the real proxy the
+# probe and privacy tests run in their own network namespaces (tests/support/squid.py), never as
+# the machine's service; openssl hashes the test proxies' passwords (`openssl passwd`).
 APT_PACKAGES=(
     libvirt-daemon-system libvirt-clients libvirt-dev pkg-config gcc python3-dev python3-venv
     qemu-system-x86 qemu-utils openssh-server openssh-client dnsmasq-base iproute2 iptables util-linux
     debootstrap fdisk extlinux syslinux-common
     python3-libvirt python3-lxml python3-apt curl
     git shellcheck
+    squid openssl
 )
 
 die() {
@@ -57,7 +60,30 @@ install_apt_packages() {
     echo "setup.sh: installing ${missing[*]}"
     export DEBIAN_FRONTEND=noninteractive
     quietly apt-get update
+    # Debian's squid starts as a service on install; the tests run their own instances in
+    # namespaces, and a machine-wide squid on :3128 would be an open proxy nobody asked for.
+    # invoke-rc.d and deb-systemd-invoke ask /usr/sbin/policy-rc.d first (argument: the init
+    # script or unit); 101 means "forbidden", 0 "allowed", as without a policy. Only squid is
+    # held back, so every other package behaves as before; an existing policy (a container's)
+    # is left as it is.
+    local policy=/usr/sbin/policy-rc.d own_policy=0
+    if [[ ! -e $policy ]]; then
+        # shellcheck disable=SC2016 # "$1" is the policy script's own argument, written literally
+        printf '%s\n' '#!/bin/sh' '# scripts/setup.sh: squid must not start as a service during this install' \
+            'case "$1" in squid | squid.service) exit 101 ;; esac' 'exit 0' >"$policy"
+        chmod 0755 "$policy"
+        own_policy=1
+        trap 'rm -f /usr/sbin/policy-rc.d' EXIT
+    fi
     quietly apt-get install -y --no-install-recommends "${missing[@]}"
+    if ((own_policy)); then
+        rm -f "$policy"
+        trap - EXIT
+    fi
+    # Not started is not enough under systemd: the package also enables it for the next boot.
+    if [[ " ${missing[*]} " == *" squid "* && -d /run/systemd/system ]]; then
+        systemctl disable --quiet squid.service || true
+    fi
 }
 
 python_version() {

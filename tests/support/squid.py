@@ -1,0 +1,482 @@
+"""Real squid (Debian's package) in a network namespace the test creates, with targets beside it.
+
+Everything a proxy test talks to lives in one network namespace of its own, reached from the
+root namespace (where the test process runs) over a veth pair on ``10.215.<slot>.0/24``: the
+root namespace's end is ``.1`` (:attr:`NetworkNamespace.gateway`), the namespace's ``.2``
+(:attr:`NetworkNamespace.address`), and :meth:`NetworkNamespace.add_address` adds more of the
+/24 to the namespace's end (a target's own address, a squid's ``tcp_outgoing_address``). The
+/24 is routed over the veth, so nothing addressed to it can leave the machine; the namespace
+has no other interface than its loopback and no default route, so nothing squid fetches can
+leave it either. Send tests' traffic only to those addresses (and 127.0.0.1).
+
+Pieces, each a context manager, each reusable on its own::
+
+    with NetworkNamespace() as ns, TargetServer(ns) as targets:
+        with Squid(ns, "http_access allow all\\n", port=3128) as squid:
+            ...  # a proxy at squid.address:3128; targets.url("/generate_204") answers 204
+
+- :class:`NetworkNamespace`: the namespace, veth pair and addresses; :meth:`~NetworkNamespace.spawn`
+  runs a process inside it, and stopping kills every process left in it.
+- :class:`Squid`: ``squid -N`` (no daemon, no SMP workers) with the caller's configuration
+  (access rules, auth, or a whole squid.conf such as a generated one) plus the harness's own
+  housekeeping lines appended (pid file, logs and coredump dir in a private directory,
+  pinger off, a zero shutdown lifetime), which win because squid takes the last value of a
+  single-valued directive. ``http_port`` is added only when the caller's configuration has
+  none. Start waits until the port accepts connections, or fails with the tail of cache.log.
+- :class:`TargetServer`: one Python process inside the namespace serving HTTP at
+  ``<address>:8080`` -- ``/generate_204`` answers 204, ``/echo`` answers the peer's address
+  as plain text, anything else 404 -- and a plain TCP echo port at ``<address>:8443`` as the
+  CONNECT target (no TLS: the tunnel is what is tested). Every HTTP request it receives is
+  recorded (peer, method, path, headers) and readable with :meth:`TargetServer.requests`,
+  so a test can check what reached the origin (which address, whether ``Via`` or
+  ``X-Forwarded-For`` came along).
+- :func:`write_password_file`: an htpasswd-style file of SHA-512-crypt hashes (``openssl
+  passwd -6``; ``basic_ncsa_auth`` checks them through crypt(3)), readable by squid's user.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Any, Self
+
+from .libvirt_daemon import DaemonStartError, stop_process_group, tcp_port_accepts, wait_until
+
+PREFIX = "10.215"
+SLOTS = range(1, 255)
+SQUID = "/usr/sbin/squid"
+BASIC_NCSA_AUTH = "/usr/lib/squid/basic_ncsa_auth"
+# Debian's squid drops root to this user (its cache_effective_user default): whatever squid or
+# its helpers open after start-up must be readable or writable by it.
+SQUID_USER = "proxy"
+
+TARGET_HTTP_PORT = 8080
+TARGET_CONNECT_PORT = 8443
+# Nothing listens there in a namespace of ours: a CONNECT to it is refused by the kernel.
+CLOSED_PORT = 8444
+
+
+def _run(cmd: Sequence[str], stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(cmd, capture_output=True, text=True, check=False, input=stdin)
+    if result.returncode != 0:
+        raise DaemonStartError(f"{shlex.join(cmd)} failed: {result.stderr.strip()}")
+    return result
+
+
+class NetworkNamespace:
+    """A network namespace joined to the root namespace by a veth pair on 10.215.<slot>.0/24."""
+
+    def __init__(self) -> None:
+        self.slot = 0
+        self._root: Path | None = None
+        self._next_host = 3
+        self._processes: list[subprocess.Popen[bytes]] = []
+
+    @property
+    def namespace(self) -> str:
+        return f"egp-sq{self.slot}"
+
+    @property
+    def _veth_outside(self) -> str:
+        return f"egpsq{self.slot}"
+
+    @property
+    def _veth_inside(self) -> str:
+        return f"egpsq{self.slot}p"
+
+    @property
+    def gateway(self) -> str:
+        """The root namespace's end of the veth pair: where the test process's packets come from."""
+        return f"{PREFIX}.{self.slot}.1"
+
+    @property
+    def address(self) -> str:
+        """The namespace's first address."""
+        return f"{PREFIX}.{self.slot}.2"
+
+    @property
+    def network(self) -> str:
+        """The /24 routed to the namespace: every address a test may send to (besides loopback)."""
+        return f"{PREFIX}.{self.slot}.0/24"
+
+    @property
+    def root(self) -> Path:
+        """A private temporary directory for this namespace's files; removed on stop."""
+        if self._root is None:
+            raise RuntimeError("NetworkNamespace is not started")
+        return self._root
+
+    def add_address(self) -> str:
+        """Give the namespace one more address of its /24 and return it."""
+        if self._next_host > 254:
+            raise DaemonStartError(f"namespace {self.namespace} has no free address left")
+        address = f"{PREFIX}.{self.slot}.{self._next_host}"
+        self._next_host += 1
+        _run(["ip", "-n", self.namespace, "addr", "add", f"{address}/32", "dev", self._veth_inside])
+        return address
+
+    def command(self, args: Sequence[str]) -> list[str]:
+        """``args`` as a command line that runs inside the namespace."""
+        return ["ip", "netns", "exec", self.namespace, *args]
+
+    def spawn(self, args: Sequence[str], output: IO[bytes]) -> subprocess.Popen[bytes]:
+        """Start ``args`` inside the namespace in a session of its own; stop() ends it at the latest."""
+        process = subprocess.Popen(self.command(args), stdin=subprocess.DEVNULL, stdout=output,
+                                   stderr=subprocess.STDOUT, start_new_session=True)
+        self._processes.append(process)
+        return process
+
+    def start(self) -> None:
+        self._root = Path(tempfile.mkdtemp(prefix="squid-netns-"))
+        # squid's user has to reach its own directories below this one.
+        self._root.chmod(0o755)
+        try:
+            self._claim_slot()
+            outside, inside, ns = self._veth_outside, self._veth_inside, self.namespace
+            _run(["ip", "link", "add", outside, "type", "veth", "peer", inside, "netns", ns])
+            _run(["ip", "addr", "add", f"{self.gateway}/24", "dev", outside])
+            _run(["ip", "link", "set", outside, "up"])
+            _run(["ip", "-n", ns, "addr", "add", f"{self.address}/24", "dev", inside])
+            _run(["ip", "-n", ns, "link", "set", inside, "up"])
+            _run(["ip", "-n", ns, "link", "set", "lo", "up"])
+        except BaseException:
+            self.stop()
+            raise
+
+    def _claim_slot(self) -> None:
+        """Create the namespace in the first free slot; ``ip netns add`` fails on a taken name."""
+        for slot in SLOTS:
+            self.slot = slot
+            if Path(f"/sys/class/net/{self._veth_outside}").exists():
+                continue
+            if subprocess.run(["ip", "netns", "add", self.namespace], check=False,
+                              capture_output=True).returncode == 0:
+                return
+        self.slot = 0
+        raise DaemonStartError("no free slot for a squid test network namespace")
+
+    def _pids(self) -> list[int]:
+        result = subprocess.run(["ip", "netns", "pids", self.namespace], capture_output=True, text=True,
+                                check=False)
+        return [int(pid) for pid in result.stdout.split()]
+
+    def stop(self) -> None:
+        """Kill every process in the namespace, delete it and the veth pair; safe to repeat."""
+        for process in self._processes:
+            stop_process_group(process, timeout=5.0)
+        self._processes.clear()
+        if self.slot:
+            # Whatever left our process groups (a squid helper that re-parented) is found here.
+            deadline = time.monotonic() + 5.0
+            for sig in (signal.SIGTERM, signal.SIGKILL):
+                for pid in self._pids():
+                    try:
+                        os.kill(pid, sig)
+                    except ProcessLookupError:
+                        pass
+                while self._pids() and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                deadline = time.monotonic() + 5.0
+            # Deleting one end of a veth pair deletes both; the namespace may already be gone.
+            subprocess.run(["ip", "link", "del", self._veth_outside], check=False, capture_output=True)
+            subprocess.run(["ip", "netns", "del", self.namespace], check=False, capture_output=True)
+            self.slot = 0
+        if self._root is not None:
+            shutil.rmtree(self._root, ignore_errors=True)
+            self._root = None
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+
+
+_HTTP_PORT_LINE = re.compile(r"^\s*http_port\s", re.MULTILINE)
+
+
+class Squid:
+    """One ``squid -N`` in ``netns`` with ``config`` (see the module docstring); a context manager.
+
+    ``address`` defaults to the namespace's :attr:`~NetworkNamespace.address`; ``ports`` are the
+    ``http_port`` lines added when ``config`` has none (``port`` alone by default) and the ports
+    start() waits for. ``name`` must be unique in the namespace (it names the private directory).
+    """
+
+    def __init__(self, netns: NetworkNamespace, config: str, *, port: int = 3128, ports: Sequence[int] = (),
+                 address: str | None = None, name: str = "squid", start_timeout: float = 30.0) -> None:
+        self.netns = netns
+        self.config = config
+        self.address = address or netns.address
+        self.ports = tuple(ports) or (port,)
+        self.name = name
+        self.start_timeout = start_timeout
+        self.startup_seconds = 0.0
+        self._process: subprocess.Popen[bytes] | None = None
+        self._out: IO[bytes] | None = None
+
+    @property
+    def port(self) -> int:
+        return self.ports[0]
+
+    @property
+    def directory(self) -> Path:
+        return self.netns.root / self.name
+
+    @property
+    def config_path(self) -> Path:
+        return self.directory / "squid.conf"
+
+    @property
+    def running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    @property
+    def pid(self) -> int:
+        """The squid process (0 when stopped)."""
+        return self._process.pid if self._process is not None else 0
+
+    def cache_log(self) -> str:
+        return _read(self.directory / "cache.log")
+
+    def access_log(self) -> list[str]:
+        return _read(self.directory / "access.log").splitlines()
+
+    def render_config(self) -> str:
+        """The whole squid.conf start() writes: the caller's lines, then the harness's."""
+        home = self.directory
+        lines = [self.config.rstrip("\n"), "", "# --- tests/support/squid.py: housekeeping (last value wins) ---"]
+        if not _HTTP_PORT_LINE.search(self.config):
+            lines += [f"http_port {self.address}:{port}" for port in self.ports]
+        lines += [
+            f"pid_filename {home / 'squid.pid'}",
+            f"cache_log {home / 'cache.log'}",
+            f"access_log stdio:{home / 'access.log'}",
+            "cache_store_log none",
+            f"coredump_dir {home}",
+            "pinger_enable off",
+            f"visible_hostname {self.name}.test",
+            # SIGTERM ends squid at once instead of after 30 s of draining.
+            "shutdown_lifetime 0 seconds",
+        ]
+        return "\n".join(lines) + "\n"
+
+    def start(self) -> None:
+        if self.running:
+            raise RuntimeError(f"squid {self.name} is already running")
+        started = time.monotonic()
+        self.directory.mkdir(exist_ok=True)
+        shutil.chown(self.directory, SQUID_USER, SQUID_USER)
+        self.config_path.write_text(self.render_config())
+        for log_name in ("cache.log", "access.log"):
+            (self.directory / log_name).unlink(missing_ok=True)  # a restart reads only its own lines
+        self._out = open(self.directory / "squid.out", "ab")  # noqa: SIM115 -- closed in stop()
+        self._process = self.netns.spawn([SQUID, "-N", "-f", str(self.config_path)], self._out)
+        logs = [self.directory / "cache.log", self.directory / "squid.out"]
+        remaining = self.start_timeout
+        try:
+            for port in self.ports:
+                remaining -= wait_until(_accepts(self.address, port),
+                                        what=f"squid {self.name} on {self.address}:{port}", timeout=remaining,
+                                        process=self._process, logs=logs)
+        except BaseException:
+            self.stop()
+            raise
+        self.startup_seconds = time.monotonic() - started
+
+    def terminate(self) -> None:
+        """Ask squid to shut down without waiting: it takes 2 s however idle (squid 5.7,
+        measured), so stopping several at once starts with this on each, then stop()."""
+        if self._process is not None and self._process.poll() is None:
+            os.killpg(self._process.pid, signal.SIGTERM)
+
+    def stop(self) -> None:
+        """SIGTERM squid (and its helpers, one process group) and wait for it; safe to repeat."""
+        if self._process is not None:
+            stop_process_group(self._process, timeout=10.0)
+            self._process = None
+        if self._out is not None:
+            self._out.close()
+            self._out = None
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+
+
+def _accepts(address: str, port: int) -> Callable[[], bool]:
+    return lambda: tcp_port_accepts(address, port)
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except FileNotFoundError:
+        return ""
+
+
+def write_password_file(path: Path, users: Mapping[str, str]) -> Path:
+    """Write ``user:hash`` lines (SHA-512 crypt) for ``basic_ncsa_auth``; mode 0640, group proxy.
+
+    The passwords reach openssl on stdin, never on a command line.
+    """
+    lines = []
+    for user, password in users.items():
+        hashed = _run(["openssl", "passwd", "-6", "-stdin"], stdin=password + "\n").stdout.strip()
+        lines.append(f"{user}:{hashed}\n")
+    path.write_text("".join(lines))
+    path.chmod(0o640)
+    shutil.chown(path, group=SQUID_USER)
+    return path
+
+
+def basic_auth_config(password_file: Path, realm: str = "egress-proxies-test") -> str:
+    """squid.conf lines: Basic auth against ``password_file``, every request must authenticate."""
+    return (
+        f"auth_param basic program {BASIC_NCSA_AUTH} {password_file}\n"
+        "auth_param basic children 2 startup=1 idle=1\n"
+        f"auth_param basic realm {realm}\n"
+        "acl authenticated proxy_auth REQUIRED\n"
+        "http_access deny !authenticated\n"
+        "http_access allow authenticated\n"
+        "http_access deny all\n"
+    )
+
+
+# The target server, run by the namespace's python: HTTP on argv[1]:argv[2], TCP echo on argv[3],
+# one JSON line per HTTP request appended to argv[4].
+TARGET_SERVER = r"""
+import json, socket, sys, threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+address, http_port, connect_port, log_path = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+lock = threading.Lock()
+
+class Handler(BaseHTTPRequestHandler):
+    def do_GET(self):
+        with lock, open(log_path, "a") as log:
+            log.write(json.dumps({"peer": self.client_address[0], "method": "GET", "path": self.path,
+                                  "headers": [[k, v] for k, v in self.headers.items()]}) + "\n")
+        if self.path == "/generate_204":
+            self.send_response(204)
+            self.end_headers()
+        elif self.path == "/echo":
+            body = self.client_address[0].encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+        else:
+            self.send_error(404)
+
+    def log_message(self, *args):
+        pass
+
+def echo(conn):
+    with conn:
+        while data := conn.recv(4096):
+            conn.sendall(data)
+
+def serve_connect_target():
+    listener = socket.create_server((address, connect_port), backlog=1024)
+    while True:
+        conn, _ = listener.accept()
+        threading.Thread(target=echo, args=(conn,), daemon=True).start()
+
+class Server(ThreadingHTTPServer):
+    # socketserver's default backlog of 5 drops SYNs under a burst of proxies fetching at once,
+    # and each drop costs the client a 1 s (then 3 s) retransmission.
+    request_queue_size = 1024
+
+threading.Thread(target=serve_connect_target, daemon=True).start()
+Server((address, http_port), Handler).serve_forever()
+"""
+
+
+class TargetServer:
+    """The origin side of a proxy test, inside ``netns`` on an address of its own (a context manager)."""
+
+    def __init__(self, netns: NetworkNamespace, start_timeout: float = 20.0) -> None:
+        self.netns = netns
+        self.start_timeout = start_timeout
+        self.address = ""
+        self.http_port = TARGET_HTTP_PORT
+        self.connect_port = TARGET_CONNECT_PORT
+        self._process: subprocess.Popen[bytes] | None = None
+        self._out: IO[bytes] | None = None
+        self._log = Path()
+
+    def url(self, path: str) -> str:
+        return f"http://{self.address}:{self.http_port}{path}"
+
+    @property
+    def pid(self) -> int:
+        """The server process (0 when stopped)."""
+        return self._process.pid if self._process is not None else 0
+
+    @property
+    def connect_target(self) -> str:
+        """``host:port`` of the TCP echo port, for a CONNECT check."""
+        return f"{self.address}:{self.connect_port}"
+
+    @property
+    def closed_connect_target(self) -> str:
+        """``host:port`` where nothing listens."""
+        return f"{self.address}:{CLOSED_PORT}"
+
+    def requests(self) -> list[dict[str, Any]]:
+        """Every HTTP request the server received so far, oldest first."""
+        return [json.loads(line) for line in _read(self._log).splitlines()]
+
+    def start(self) -> None:
+        self.address = self.netns.add_address()
+        directory = self.netns.root / f"targets-{self.address}"
+        directory.mkdir()
+        self._log = directory / "requests.jsonl"
+        self._out = open(directory / "server.out", "ab")  # noqa: SIM115 -- closed in stop()
+        self._process = self.netns.spawn(
+            [sys.executable, "-c", TARGET_SERVER, self.address, str(self.http_port), str(self.connect_port),
+             str(self._log)], self._out)
+        remaining = self.start_timeout
+        try:
+            for port in (self.http_port, self.connect_port):
+                remaining -= wait_until(_accepts(self.address, port),
+                                        what=f"target server on {self.address}:{port}", timeout=remaining,
+                                        process=self._process, logs=[directory / "server.out"])
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        if self._process is not None:
+            stop_process_group(self._process, timeout=5.0)
+            self._process = None
+        if self._out is not None:
+            self._out.close()
+            self._out = None
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
