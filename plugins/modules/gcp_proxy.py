@@ -13,26 +13,39 @@ description:
   - Creates a proxy instance in one of the provider's zones, idempotent by O(name), or deletes one by
     O(provider_id).
   - "An instance is: the machine type and boot image that the config's C(machineTypes) and C(images) map
-    O(machine_type) and O(image) to, one NIC on the configured network with a one-to-one NAT when
-    C(externalIP) is true, the user-data in the metadata item C(user-data) byte for byte (base64 text plus
-    C(user-data-encoding=base64) with O(user_data_encoding=base64)), the full tags as JSON in the metadata
-    item C(egress-proxies-tags), and the labels C(egress_proxies=v1), C(egress_proxies_owner),
+    O(machine_type) and O(image) to (a bare machine type name resolved in the instance's zone), one NIC on
+    the configured network (and C(subnetwork), which custom-mode and Shared VPC networks need) with a
+    one-to-one NAT when C(externalIP) is true, the user-data in the metadata item C(user-data) byte for
+    byte (base64 text plus C(user-data-encoding=base64) with O(user_data_encoding=base64)), the full tags
+    as JSON in the metadata item C(egress-proxies-tags), and the labels C(egress_proxies=v1), C(egress_proxies_owner),
     C(egress_proxies_uid) and C(egress_proxies_spec_hash) for server-side filtering."
   - The owner tag C(crawl.example.com/owner) must be a valid GCE label value; it is what the sweep filters on.
-  - Without O(location), one aggregated list of this collection's instances finds an existing instance of
+  - Without O(location), one listing of this collection's instances finds an existing instance of
     that name in any configured zone, else the instance goes to the zone with the fewest instances of the
     same owner (config order breaks ties). A zone that cannot be listed fails the run
     (RV(error_class=transient)) rather than risk a duplicate.
+  - A machine type configured as C(zones/<zone>/machineTypes/<type>) only fits that zone; with another
+    O(location) the run fails RV(error_class=permanent) before any API call, without one the instance goes
+    to that zone.
+  - A zone out of capacity (C(ZONE_RESOURCE_POOL_EXHAUSTED)) moves the insert to the next zone in placement
+    order within the same run, and a warning names the zone that was out. With O(location), or when every
+    zone is out, the run fails RV(error_class=transient).
+  - An image, machine type, network or subnetwork that Compute Engine does not find fails
+    RV(error_class=permanent), the message starting with the option or config field to fix.
   - An instance of that name that does not carry the C(egress_proxies=v1) label is never touched
     (RV(error_class=permanent)), neither adopted nor deleted.
-  - Creating and deleting wait for the zone operation, at most 240 seconds; past that the run fails
-    RV(error_class=transient) and a retry picks the instance up by name.
-  - Deleting an instance that does not exist (a zone that no longer exists too) is success with
+  - Creating and deleting wait for the zone operation with C(zoneOperations.wait) (the server holds each call
+    up to 2 minutes; the client waits 150 seconds for each), starting no new wait call after 240 seconds;
+    past that the run fails RV(error_class=transient) and a retry picks the instance up by name. A delete
+    retried while the instance is still being deleted (C(resourceNotReady)) fails RV(error_class=transient)
+    until it is gone.
+  - Deleting an instance that does not exist (a zone that does not exist too) is success with
     RV(ignore:changed=false).
   - "Credentials: the config's C(credentialsFile) (a missing file is RV(error_class=transient), a file that
-    is not a credentials file RV(error_class=permanent)), else Application Default Credentials. An
-    C(apiEndpoint) of C(http://) on a loopback address without C(credentialsFile) uses anonymous
-    credentials (a local emulator)."
+    is not a credentials file RV(error_class=permanent)), else Application Default Credentials (Workload
+    Identity, the metadata server, C(GOOGLE_APPLICATION_CREDENTIALS)); none at all is
+    RV(error_class=permanent). An C(apiEndpoint) of C(http://) on a loopback address without
+    C(credentialsFile) uses anonymous credentials (a local emulator)."
 author:
   - egress-proxies developers (@egress-proxies)
 extends_documentation_fragment:
@@ -101,11 +114,15 @@ instance:
       type: str
     state:
       description: >-
-        One of C(pending) (PROVISIONING, STAGING, REPAIRING), C(running) (RUNNING), C(stopped) (STOPPING,
-        STOPPED, SUSPENDING, SUSPENDED, TERMINATED) or C(error) (any other status).
+        One of C(pending) (PROVISIONING, STAGING, PENDING, REPAIRING), C(running) (RUNNING), C(stopped)
+        (STOPPING, PENDING_STOP, SUSPENDING, DEPROVISIONING, STOPPED, SUSPENDED, TERMINATED) or C(error) (any
+        other status).
       type: str
     ip:
-      description: The external NAT IP when the instance has one, else its internal IP; null until assigned.
+      description: >-
+        With C(externalIP) true, the external NAT IP, null until assigned (a running instance without one is
+        reported with null and a warning, never with its internal IP); with C(externalIP) false, the
+        internal IP.
       type: str
     tags:
       description: The tags, decoded from the metadata item C(egress-proxies-tags).

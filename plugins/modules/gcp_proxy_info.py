@@ -17,10 +17,14 @@ description:
     them, across every configured zone, in one C(aggregatedList) call filtered on the owner label; the
     other tags are matched on the tags decoded from the metadata item C(egress-proxies-tags). Zones that
     are not configured are ignored.
-  - If any configured zone cannot be listed (reported unreachable inside the aggregated result, or the call
-    itself fails), the module fails (so nothing garbage-collects on a partial view) but still returns what
-    it saw in RV(instances) and the failing zones in RV(failed_locations).
-  - IP is the external NAT IP when the instance has one, else its internal IP.
+  - Without C(returnPartialSuccess) (which google-cloud-compute 1.57 cannot send) one unreachable zone fails
+    the whole aggregated call; then each configured zone is listed on its own, so only the zones that
+    really fail are failed. A configured zone missing from the aggregated answer is listed on its own too
+    (one that does not exist fails RV(error_class=permanent)).
+  - If any configured zone cannot be listed, the module fails (so nothing garbage-collects on a partial
+    view) but still returns what it saw in RV(instances) and the failing zones in RV(failed_locations).
+  - IP is the external NAT IP when C(externalIP) is true (null, with a warning, for a running instance
+    without one), else the internal IP.
 author:
   - egress-proxies developers (@egress-proxies)
 extends_documentation_fragment:
@@ -74,10 +78,10 @@ instances:
       description: The zone.
       type: str
     state:
-      description: One of C(pending), C(running), C(stopped), C(error).
+      description: One of C(pending), C(running), C(stopped), C(error) (see M(crawl.egress_proxies.gcp_proxy)).
       type: str
     ip:
-      description: The external NAT IP, else the internal IP; null until assigned.
+      description: The external NAT IP (C(externalIP) true) or the internal IP; null until assigned.
       type: str
     tags:
       description: The tags, decoded from the metadata item C(egress-proxies-tags).

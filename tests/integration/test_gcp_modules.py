@@ -11,15 +11,25 @@ tests/unit/plugins/module_utils/gcp/test_instances.py.
 from __future__ import annotations
 
 import base64
+import datetime
 import gzip
+import ipaddress
 import json
+import socket
+import ssl
 import textwrap
+import threading
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.gcp.labels import TAGS_METADATA_KEY, encode_tags
 from support.ansible_modules import ModuleRun, run_module
@@ -171,26 +181,33 @@ def test_an_instance_in_a_retired_zone_is_not_found(config: Path, emulator: Comp
 
 
 @pytest.mark.parametrize(
-    ("method", "path", "status", "module", "args", "error_class"),
+    ("method", "path", "status", "reason", "module", "args", "error_class", "calls"),
     [
-        pytest.param("GET", r"/instances/" + NAME + "$", 429, "gcp_proxy_info",
-                     {"provider_id": provider_id(ZONES[0], NAME)}, "transient", id="429-get"),
-        pytest.param("GET", r"/aggregated/instances$", 503, "gcp_proxy_info", {"tags": OWNER_TAGS}, "transient",
-                     id="503-aggregated"),
-        pytest.param("POST", r"/zones/[^/]+/instances$", 403, "gcp_proxy",
-                     {"name": "p-new", "tags": TAGS, "location": ZONES[0]}, "permanent", id="403-insert"),
+        pytest.param("GET", r"/instances/" + NAME + "$", 429, None, "gcp_proxy_info",
+                     {"provider_id": provider_id(ZONES[0], NAME)}, "transient", 1, id="429-get"),
+        # The aggregated call and then each zone's own listing: every zone fails, each once.
+        pytest.param("GET", r"/instances$", 503, None, "gcp_proxy_info", {"tags": OWNER_TAGS}, "transient",
+                     1 + len(ZONES), id="503-listing"),
+        pytest.param("POST", r"/zones/[^/]+/instances$", 403, "forbidden", "gcp_proxy",
+                     {"name": "p-new", "tags": TAGS, "location": ZONES[0]}, "permanent", 1, id="403-forbidden-insert"),
+        # Rate limits and quotas are 403s on Google APIs; their reason makes them transient.
+        pytest.param("POST", r"/zones/[^/]+/instances$", 403, "quotaExceeded", "gcp_proxy",
+                     {"name": "p-new", "tags": TAGS, "location": ZONES[0]}, "transient", 1, id="403-quota-insert"),
+        pytest.param("GET", r"/instances/" + NAME + "$", 403, "rateLimitExceeded", "gcp_proxy_info",
+                     {"provider_id": provider_id(ZONES[0], NAME)}, "transient", 1, id="403-rate-limit-get"),
     ],
 )
 def test_api_errors_are_classified(config: Path, emulator: ComputeEmulator, method: str, path: str, status: int,
-                                   module: str, args: dict[str, Any], error_class: str) -> None:
+                                   reason: str | None, module: str, args: dict[str, Any], error_class: str,
+                                   calls: int) -> None:
     seed(emulator, ZONES[0], NAME, TAGS)
-    # Twice: google-api-core retries get and aggregatedList on 503 by itself unless told not to.
-    emulator.fail_next(method, path, status, count=2)
+    # More than once: google-api-core retries get and list on 503 by itself unless told not to.
+    emulator.fail_next(method, path, status, count=10, reason=reason)
     result = run_module(module, {"provider_config": str(config), "provider": "cloud", **args})
     assert result.failed, result.result
     assert result.result["error_class"] == error_class
     assert str(status) in result.result["msg"]
-    assert len(emulator.requests_to(method, path)) == 1  # no hidden retries
+    assert len(emulator.requests_to(method, path)) == calls  # no hidden retries
     assert set(emulator.instances) == {(ZONES[0], NAME)}
     if module == "gcp_proxy_info" and "tags" in args:
         assert set(result.result["failed_locations"]) == set(ZONES)
@@ -198,13 +215,33 @@ def test_api_errors_are_classified(config: Path, emulator: ComputeEmulator, meth
 
 def test_an_unreachable_zone_fails_the_listing_but_returns_the_rest(config: Path, emulator: ComputeEmulator) -> None:
     seed(emulator, ZONES[0], NAME, TAGS)
-    emulator.set_unreachable(ZONES[1])
+    emulator.set_unreachable(ZONES[1])  # the aggregated call fails whole: each zone is then listed alone
     listed = info(config, tags=OWNER_TAGS)
     assert listed.failed and listed.result["error_class"] == "transient", listed.result
     assert [i["provider_id"] for i in listed.result["instances"]] == [provider_id(ZONES[0], NAME)]
     assert list(listed.result["failed_locations"]) == [ZONES[1]]
     assert listed.result["failed_locations"][ZONES[1]]["error_class"] == "transient"
-    assert "UNREACHABLE" in listed.result["failed_locations"][ZONES[1]]["msg"]
+    assert f"listing zone {ZONES[1]}: 503" in listed.result["failed_locations"][ZONES[1]]["msg"]
+
+
+def test_a_stock_out_places_the_instance_in_another_zone_and_warns(config: Path, emulator: ComputeEmulator) -> None:
+    emulator.stock_out(ZONES[0])
+    created = proxy(config, name=NAME, tags=TAGS)
+    assert created.status == "successful", created.result
+    assert created.result["instance"]["location"] == ZONES[1]
+    warnings = " ".join(created.result.get("warnings", []))
+    assert f"because zone {ZONES[0]} was out of capacity" in warnings, created.result
+
+
+def test_a_missing_image_fails_permanent_naming_it(tmp_path: Path, emulator: ComputeEmulator) -> None:
+    config = write_config(tmp_path / "providers.yaml", emulator,
+                          images={"debian-13": "projects/debian-cloud/global/images/family/debian-13"},
+                          defaultImage="debian-13")
+    result = proxy(config, name=NAME, tags=TAGS, location=ZONES[0])
+    assert result.failed and result.result["error_class"] == "permanent", result.result
+    assert result.result["msg"].startswith("image: 'projects/debian-cloud/global/images/family/debian-13' "
+                                           "(images.debian-13)"), result.result["msg"]
+    assert emulator.instances == {}
 
 
 GOOD = {"name": NAME, "tags": TAGS}
@@ -225,3 +262,131 @@ def test_bad_input_fails_permanent_naming_the_field(config: Path, emulator: Comp
     assert result.result["error_class"] == "permanent"
     assert result.result["msg"].startswith(field + ":"), result.result["msg"]
     assert emulator.requests == []  # refused before any API call
+
+
+# -- Application Default Credentials: the GCE / GKE metadata server path -----------------------
+
+ADC_TOKEN = "ya29.adc-token-from-the-metadata-server"
+
+
+class FakeMetadataServer:
+    """The metadata server's credential endpoints on 127.0.0.1, as google-auth calls them when
+    it looks for Application Default Credentials on GCE or GKE (Workload Identity serves the
+    same paths): the probe on ``/``, the project id, the default service account and its
+    token. Like the real server it refuses requests without ``Metadata-Flavor: Google``
+    and says ``Metadata-Flavor: Google`` in every answer (google-auth checks both)."""
+
+    def __init__(self) -> None:
+        self.paths: list[str] = []
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                server.paths.append(self.path)
+                status, body = server.answer(self.path, self.headers.get("Metadata-Flavor"))
+                payload = body.encode()
+                self.send_response(status)
+                self.send_header("Metadata-Flavor", "Google")
+                self.send_header("Content-Type", "application/json" if body.startswith("{") else "text/plain")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+
+    @property
+    def host(self) -> str:
+        return f"127.0.0.1:{self.httpd.server_address[1]}"
+
+    def answer(self, path: str, flavor: str | None) -> tuple[int, str]:
+        if flavor != "Google":
+            return 403, "Missing Metadata-Flavor:Google header."
+        route = path.split("?", 1)[0]
+        if route == "/":
+            return 200, "computeMetadata/"
+        if route == "/computeMetadata/v1/project/project-id":
+            return 200, PROJECT
+        if route == "/computeMetadata/v1/instance/service-accounts/default/":
+            return 200, json.dumps({"email": f"proxies@{PROJECT}.iam.gserviceaccount.com", "aliases": ["default"],
+                                    "scopes": ["https://www.googleapis.com/auth/cloud-platform"]})
+        if route == "/computeMetadata/v1/instance/service-accounts/default/token":
+            return 200, json.dumps({"access_token": ADC_TOKEN, "expires_in": 3599, "token_type": "Bearer"})
+        return 404, "not found"
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def self_signed_context(directory: Path) -> tuple[ssl.SSLContext, Path]:
+    """A TLS server context for 127.0.0.1 and the certificate a client must trust for it."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.UTC)
+    certificate = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+                   .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
+                   .not_valid_after(now + datetime.timedelta(hours=1))
+                   .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                                  critical=False)
+                   .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+                   .sign(key, hashes.SHA256()))
+    cert_path, key_path = directory / "emulator.crt", directory / "emulator.key"
+    cert_path.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert_path, key_path)
+    return context, cert_path
+
+
+@pytest.fixture
+def tls_emulator(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ComputeEmulator]:
+    """The emulator over HTTPS: an https:// apiEndpoint gets real credentials (only plain http
+    on loopback is treated as an emulator that must not see a token). The module process
+    trusts its certificate through REQUESTS_CA_BUNDLE, and finds no ADC of its own."""
+    context, certificate = self_signed_context(tmp_path)
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(certificate))
+    monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS", raising=False)
+    monkeypatch.setenv("CLOUDSDK_CONFIG", str(tmp_path / "gcloud"))  # no application-default login file
+    with ComputeEmulator(project=PROJECT, zones=(*ZONES, UNCONFIGURED_ZONE), ssl_context=context) as running:
+        yield running
+
+
+def test_application_default_credentials_come_from_the_metadata_server(tmp_path: Path, tls_emulator: ComputeEmulator,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    metadata = FakeMetadataServer()
+    try:
+        # google-auth's documented overrides of the metadata server's address (GCE_METADATA_HOST
+        # for its requests, GCE_METADATA_IP for the "are we on GCE" probe): the module process
+        # inherits them, so every token request goes to 127.0.0.1.
+        monkeypatch.setenv("GCE_METADATA_HOST", metadata.host)
+        monkeypatch.setenv("GCE_METADATA_IP", metadata.host)
+        config = write_config(tmp_path / "providers.yaml", tls_emulator)
+        seed(tls_emulator, ZONES[0], NAME, TAGS)
+        fetched = info(config, provider_id=provider_id(ZONES[0], NAME))
+    finally:
+        metadata.close()
+    assert fetched.status == "successful", fetched.result
+    assert [r.headers.get("authorization") for r in tls_emulator.requests] == [f"Bearer {ADC_TOKEN}"]
+    assert any(path.startswith("/computeMetadata/v1/instance/service-accounts/default/token")
+               for path in metadata.paths), metadata.paths
+    assert ADC_TOKEN not in json.dumps(fetched.result)
+
+
+def test_no_credentials_at_all_fail_permanent_with_the_fix(tmp_path: Path, tls_emulator: ComputeEmulator,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    with socket.socket() as probe:  # nothing listens there: no metadata server
+        probe.bind(("127.0.0.1", 0))
+        nowhere = f"127.0.0.1:{probe.getsockname()[1]}"
+    monkeypatch.setenv("GCE_METADATA_HOST", nowhere)
+    monkeypatch.setenv("GCE_METADATA_IP", nowhere)
+    config = write_config(tmp_path / "providers.yaml", tls_emulator)
+    result = info(config, provider_id=provider_id(ZONES[0], NAME))
+    assert result.failed and result.result["error_class"] == "permanent", result.result
+    assert "set gcp.credentialsFile" in result.result["msg"] and "Workload Identity" in result.result["msg"]
+    assert tls_emulator.requests == []

@@ -1,35 +1,51 @@
-"""A small Compute Engine REST emulator on 127.0.0.1 for the GCP provider's tests.
+"""A Compute Engine REST emulator on 127.0.0.1 for the GCP provider's tests.
 
 It speaks the paths google-cloud-compute's REST transport uses for what the provider
-calls, with the API's JSON shapes:
+calls, with the API's JSON shapes, and enforces the API's rules where the provider could
+get them wrong. Each rule cites its source in docs/gcp-provider.md ("Validated against")
+and has a contract test in tests/contract/test_compute_emulator.py:
 
-- ``/compute/v1/projects/{p}/zones/{z}/instances``: POST insert, GET list (``filter``);
+- ``/compute/v1/projects/{p}/zones/{z}/instances``: POST insert, GET list (``filter``,
+  ``maxResults``/``pageToken`` paging);
 - ``/compute/v1/projects/{p}/zones/{z}/instances/{name}``: GET, DELETE;
-- ``/compute/v1/projects/{p}/zones/{z}/operations/{op}``: GET, and ``.../wait``: POST;
-- ``/compute/v1/projects/{p}/aggregated/instances``: GET with ``filter``; ``items`` keyed
-  ``zones/<zone>``, empty zones carrying the ``NO_RESULTS_ON_PAGE`` warning and unreachable
-  ones ``UNREACHABLE`` (plus the ``unreachables`` list when ``returnPartialSuccess=true``).
+- ``/compute/v1/projects/{p}/zones/{z}/operations/{op}``: GET, and ``.../wait``: POST, which
+  holds the call until the operation is DONE or ``wait_hold_seconds`` (the real API: 2
+  minutes) have passed;
+- ``/compute/v1/projects/{p}/aggregated/instances``: GET with ``filter`` and paging; ``items``
+  keyed ``zones/<zone>``, zones without results on the page carrying ``NO_RESULTS_ON_PAGE``.
+  An unreachable zone fails the whole call (503) unless ``returnPartialSuccess=true``, which
+  then lists it in ``unreachables`` with an ``UNREACHABLE`` scope warning.
 
-Insert and delete return ``Operation`` objects that finish when they are next polled
-(get or wait): an inserted instance goes PROVISIONING -> RUNNING and gets its NAT IP
-then; a deleted one goes STOPPING -> gone. Errors use the API's body
-``{"error": {"code", "message", "errors": [{"reason", "message", "domain"}]}}``.
+The rules: a zone that does not exist is a 400 ``invalid`` ("Unknown zone"); an insert
+referencing a missing image, machine type, network or subnetwork is answered 404
+synchronously; a machine type must be of the instance's zone; a custom-mode network needs a
+subnetwork of the instance's region; at most 64 labels; metadata keys ``[a-zA-Z0-9-_]+`` under
+128 bytes, values at most 256 KiB, all of it under 512 KiB; deleting an instance with an
+operation in flight is a 400 ``resourceNotReady``; a zone out of stock (``stock_out``) accepts
+inserts whose operations fail with ``ZONE_RESOURCE_POOL_EXHAUSTED``.
 
-Filters accept what the provider sends, ``(labels.KEY = "VALUE")`` and ``(name = "VALUE")``
-clauses ANDed; anything else is a 400, so a change in what the provider sends shows up.
-Faults: ``fail_next(method, path_regex, status, count)`` answers the next matching
-requests with that status; ``fail_next_operation`` makes the next insert's operation
-finish with an error; ``set_unreachable`` and ``retire_zone`` change a zone. Every
-request is recorded in ``requests``.
+Operations finish ``operation_seconds`` after they start (0: at the next request). An
+inserted instance goes PROVISIONING -> RUNNING and gets its NAT IP then; a deleted one goes
+STOPPING -> gone. Errors use the API's body ``{"error": {"code", "message", "errors":
+[{"reason", "message", "domain"}]}}``. Filters accept what the provider sends,
+``(labels.KEY = "VALUE")`` and ``(name = "VALUE")`` clauses ANDed; anything else is a 400, so
+a change in what the provider sends shows up. Faults: ``fail_next(method, path_regex,
+status, count, reason)``; ``fail_next_operation``; ``set_unreachable``, ``retire_zone``,
+``stock_out``. Every request is recorded in ``requests`` (with its headers).
+With ``ssl_context`` it serves HTTPS (the credentials tests need a non-loopback-HTTP
+endpoint so that the client sends a real token).
 """
 
 from __future__ import annotations
 
+import base64
 import datetime
 import itertools
 import json
 import re
+import ssl
 import threading
+import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -40,11 +56,35 @@ LABEL_KEY_RE = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
 LABEL_VALUE_RE = re.compile(r"^[a-z0-9_-]{0,63}$")
 NAME_RE = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 FILTER_CLAUSE_RE = re.compile(r'\s*\(\s*(name|labels\.[a-z][a-z0-9_-]*)\s*=\s*"([^"]*)"\s*\)\s*')
-METADATA_VALUE_LIMIT = 256 * 1024
+METADATA_KEY_RE = re.compile(r"^[a-zA-Z0-9_-]+$")
+METADATA_KEY_LIMIT = 128  # bytes, "less than 128 bytes in length"
+METADATA_VALUE_LIMIT = 256 * 1024  # "less than or equal to 262144 bytes"
+METADATA_TOTAL_LIMIT = 512 * 1024  # "The total size of all keys and values must be less than 512 KB"
+LABEL_COUNT_LIMIT = 64
+MAX_RESULTS_LIMIT = 500  # "Acceptable values are 0 to 500, inclusive. (Default: 500)"
+WAIT_HOLD_SECONDS = 120.0  # zoneOperations.wait: "waits for no more than the 2 minutes"
+# google-auth's own paths, the image a test config names by default, and one of each kind.
+DEFAULT_IMAGES = frozenset((
+    "projects/debian-cloud/global/images/family/debian-12", "projects/debian-cloud/global/images/family/debian-11",
+    "projects/x/global/images/y",
+))
+DEFAULT_MACHINE_TYPES = frozenset(("e2-micro", "e2-small", "e2-medium", "n2-standard-2"))
+STOCKOUT_MESSAGE = ("The zone 'projects/{project}/zones/{zone}' does not have enough resources available to fulfill "
+                    "the request.  Try a different zone, or try again later.")
 REASONS = {400: "invalid", 403: "forbidden", 404: "notFound", 409: "alreadyExists", 429: "rateLimitExceeded",
            500: "backendError", 503: "backendError"}
+# What the API says with each 403 reason (domain, message): rate limits and quotas are
+# "usageLimits" 403s (the rate-limit body as "Troubleshoot operation limits" shows it), a
+# missing permission is a "global" one.
+FORBIDDEN_BODIES = {
+    "rateLimitExceeded": ("usageLimits", "Rate Limit Exceeded"),
+    "userRateLimitExceeded": ("usageLimits", "User Rate Limit Exceeded"),
+    "quotaExceeded": ("usageLimits", "Quota 'CPUS' exceeded.  Limit: 24.0 in region europe-west1."),
+    "forbidden": ("global", "Required 'compute.instances.create' permission for 'projects/{project}'"),
+}
 STATUS_TEXT = {400: "BAD REQUEST", 403: "FORBIDDEN", 404: "NOT FOUND", 409: "CONFLICT", 429: "TOO MANY REQUESTS",
                500: "INTERNAL SERVER ERROR", 503: "SERVICE UNAVAILABLE"}
+URL_PREFIXES = ("https://www.googleapis.com/compute/v1/", "https://compute.googleapis.com/compute/v1/")
 
 
 @dataclass(frozen=True)
@@ -53,6 +93,7 @@ class RecordedRequest:
     path: str
     query: dict[str, list[str]]
     body: Any
+    headers: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -61,6 +102,7 @@ class _Fault:
     path: re.Pattern[str]
     status: int
     remaining: int
+    reason: str | None
 
 
 @dataclass
@@ -76,19 +118,45 @@ class _Operation:
     zone: str
     kind: str  # insert | delete
     instance: str
+    done_at: float
     fault: _OperationFault | None = None
 
 
+@dataclass
+class Network:
+    """A VPC network: auto mode has a subnetwork named like the network in every region;
+    custom mode only the ones listed (region -> names), and instances must name one."""
+
+    custom: bool = False
+    subnetworks: dict[str, set[str]] = field(default_factory=dict)
+
+
 class ApiError(Exception):
-    def __init__(self, status: int, message: str, reason: str | None = None) -> None:
+    def __init__(self, status: int, message: str, reason: str | None = None, domain: str = "global") -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.reason = reason or REASONS.get(status, "error")
+        self.domain = domain
 
     def body(self) -> dict[str, Any]:
         return {"error": {"code": self.status, "message": self.message,
-                          "errors": [{"message": self.message, "domain": "global", "reason": self.reason}]}}
+                          "errors": [{"message": self.message, "domain": self.domain, "reason": self.reason}]}}
+
+
+class _Hold(Exception):
+    """A wait call to hold for ``seconds`` (outside the lock) before answering."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(seconds)
+        self.seconds = seconds
+
+
+def _relative(reference: str) -> str:
+    for prefix in URL_PREFIXES:
+        if reference.startswith(prefix):
+            return reference[len(prefix):]
+    return reference
 
 
 @dataclass
@@ -97,16 +165,29 @@ class ComputeEmulator:
     zones: tuple[str, ...] = ("europe-west1-b", "europe-west4-a", "us-central1-a")
     requests: list[RecordedRequest] = field(default_factory=list)
     instances: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    operation_seconds: float = 0.0
+    wait_hold_seconds: float = WAIT_HOLD_SECONDS
+    images: set[str] = field(default_factory=lambda: set(DEFAULT_IMAGES))
+    # zone -> machine types offered there; zones not listed offer DEFAULT_MACHINE_TYPES.
+    machine_types: dict[str, set[str]] = field(default_factory=dict)
+    # (project, name) -> network; the project's "default" network (auto mode) is always there.
+    networks: dict[tuple[str, str], Network] = field(default_factory=dict)
+    ssl_context: ssl.SSLContext | None = None
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
         self._faults: list[_Fault] = []
         self._operation_faults: list[_OperationFault] = []
         self._operations: dict[tuple[str, str], _Operation] = {}
+        self._pending: list[_Operation] = []  # not DONE yet: what _tick looks at (the bench makes thousands)
         self._unreachable: set[str] = set()
         self._retired: set[str] = set()
+        self._stocked_out: dict[str, str] = {}
         self._ids = itertools.count(1000)
         self._server: ThreadingHTTPServer | None = None
+        for zone in self.zones:
+            self.machine_types.setdefault(zone, set(DEFAULT_MACHINE_TYPES))
+        self.networks.setdefault((self.project, "default"), Network())
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -124,7 +205,8 @@ class ComputeEmulator:
             def _serve(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 raw = self.rfile.read(length) if length else b""
-                status, body = emulator.handle(self.command, self.path, raw)
+                headers = {key.lower(): value for key, value in self.headers.items()}
+                status, body = emulator.handle(self.command, self.path, raw, headers)
                 payload = json.dumps(body).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json; charset=UTF-8")
@@ -136,6 +218,8 @@ class ComputeEmulator:
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
+        if self.ssl_context is not None:
+            self._server.socket = self.ssl_context.wrap_socket(self._server.socket, server_side=True)
         # A short poll interval: shutdown() waits up to one interval, and every test stops one.
         threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
         return self
@@ -149,44 +233,68 @@ class ComputeEmulator:
     @property
     def endpoint(self) -> str:
         assert self._server is not None, "use the emulator as a context manager"
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
+        scheme = "https" if self.ssl_context is not None else "http"
+        return f"{scheme}://127.0.0.1:{self._server.server_address[1]}"
 
     # -- test controls ---------------------------------------------------------------------
 
-    def fail_next(self, method: str, path_regex: str, status: int, count: int = 1) -> None:
-        """Answer the next ``count`` requests whose method and path match with ``status``."""
+    def fail_next(self, method: str, path_regex: str, status: int, count: int = 1, reason: str | None = None) -> None:
+        """Answer the next ``count`` requests whose method and path match with ``status``
+        (and ``reason``: a 403 carries the API's own message and domain for it)."""
         with self._lock:
-            self._faults.append(_Fault(method.upper(), re.compile(path_regex), status, count))
+            self._faults.append(_Fault(method.upper(), re.compile(path_regex), status, count, reason))
 
     def clear_faults(self) -> None:
-        """The outage is over: no injected fault answers any more."""
+        """The outage is over: no injected fault answers any more, no zone is unreachable or out of stock."""
         with self._lock:
             self._faults.clear()
             self._operation_faults.clear()
+            self._unreachable.clear()
+            self._stocked_out.clear()
 
     def fail_next_operation(self, code: str, message: str, http_status: int) -> None:
         """The next insert is accepted, but its operation finishes DONE with this error (no instance)."""
         with self._lock:
             self._operation_faults.append(_OperationFault(code, message, http_status))
 
-    def set_unreachable(self, zone: str) -> None:
+    def set_unreachable(self, zone: str, unreachable: bool = True) -> None:
         with self._lock:
-            self._unreachable.add(zone)
+            if unreachable:
+                self._unreachable.add(zone)
+            else:
+                self._unreachable.discard(zone)
 
     def retire_zone(self, zone: str) -> None:
-        """The zone no longer exists: every path under it answers 404."""
+        """The zone no longer exists: every path under it answers 400 "Unknown zone"."""
         with self._lock:
             self._retired.add(zone)
 
+    def stock_out(self, zone: str, code: str = "ZONE_RESOURCE_POOL_EXHAUSTED") -> None:
+        """The zone has no capacity: inserts there are accepted and their operations fail with ``code``."""
+        with self._lock:
+            self._stocked_out[zone] = code
+
+    def restock(self, zone: str) -> None:
+        with self._lock:
+            self._stocked_out.pop(zone, None)
+
+    def add_network(self, name: str, subnetworks: dict[str, set[str]], project: str | None = None) -> None:
+        """A custom-mode network (``project`` other than ours: a Shared VPC host project's)."""
+        with self._lock:
+            self.networks[(project or self.project, name)] = Network(custom=True, subnetworks=subnetworks)
+
     def add_instance(self, zone: str, name: str, labels: dict[str, str] | None = None,
-                     metadata: dict[str, str] | None = None, status: str = "RUNNING") -> dict[str, Any]:
+                     metadata: dict[str, str] | None = None, status: str = "RUNNING",
+                     nat_ip: bool = True) -> dict[str, Any]:
         """An instance made behind the provider's back (another owner, or not ours at all)."""
+        access = [{"name": "External NAT", "type": "ONE_TO_ONE_NAT"}] if nat_ip else []
         body = {"name": name, "machineType": f"zones/{zone}/machineTypes/e2-small", "labels": labels or {},
                 "metadata": {"items": [{"key": k, "value": v} for k, v in (metadata or {}).items()]},
-                "networkInterfaces": [{"network": "global/networks/default"}],
+                "networkInterfaces": [{"network": "global/networks/default", "accessConfigs": access}],
                 "disks": [{"boot": True, "initializeParams": {"sourceImage": "projects/x/global/images/y"}}]}
         with self._lock:
             instance = self._new_instance(zone, body)
+            self._assign_nat(instance)
             instance["status"] = status
             self.instances[(zone, name)] = instance
         return instance
@@ -199,17 +307,33 @@ class ComputeEmulator:
         pattern = re.compile(path_regex)
         return [r for r in self.requests if r.method == method and pattern.search(r.path)]
 
+    def zones_of(self, name: str) -> list[str]:
+        """The zones holding an instance of that name."""
+        return sorted(zone for zone, found in self.instances if found == name)
+
     # -- dispatch --------------------------------------------------------------------------
 
-    def handle(self, method: str, target: str, raw: bytes) -> tuple[int, dict[str, Any]]:
+    def handle(self, method: str, target: str, raw: bytes,
+               headers: dict[str, str] | None = None) -> tuple[int, dict[str, Any]]:
         parts = urlsplit(target)
         query = parse_qs(parts.query)
         body = json.loads(raw) if raw else None
         with self._lock:
-            self.requests.append(RecordedRequest(method, parts.path, query, body))
+            self.requests.append(RecordedRequest(method, parts.path, query, body, dict(headers or {})))
             try:
                 self._injected_fault(method, parts.path)
-                return 200, self._route(method, parts.path, query, body)
+                self._tick()
+                return 200, self._route(method, parts.path, query, body, hold=True)
+            except ApiError as error:
+                return error.status, error.body()
+            except _Hold as hold:
+                seconds = hold.seconds
+        # zoneOperations.wait: the call is held open without blocking other requests.
+        time.sleep(seconds)
+        with self._lock:
+            try:
+                self._tick()
+                return 200, self._route(method, parts.path, query, body, hold=False)
             except ApiError as error:
                 return error.status, error.body()
 
@@ -217,9 +341,23 @@ class ComputeEmulator:
         for fault in self._faults:
             if fault.remaining > 0 and fault.method == method and fault.path.search(path):
                 fault.remaining -= 1
-                raise ApiError(fault.status, f"injected fault: {fault.status} for {method} {path}")
+                reason = fault.reason or REASONS.get(fault.status)
+                domain, message = FORBIDDEN_BODIES.get(reason or "", ("global", ""))
+                message = message.format(project=self.project) or f"injected fault: {fault.status} for {method} {path}"
+                raise ApiError(fault.status, message, reason, domain)
 
-    def _route(self, method: str, path: str, query: dict[str, list[str]], body: Any) -> dict[str, Any]:
+    def _tick(self) -> None:
+        """Finish every operation whose time has come (real operations run without being polled)."""
+        now = time.monotonic()
+        due = [operation for operation in self._pending if operation.done_at <= now]
+        for operation in due:
+            self._finish(operation)
+
+    def _check_zone(self, zone: str) -> None:
+        if zone not in self.zones or zone in self._retired:
+            raise ApiError(400, f"Invalid value for field 'zone': '{zone}'. Unknown zone.")
+
+    def _route(self, method: str, path: str, query: dict[str, list[str]], body: Any, hold: bool) -> dict[str, Any]:
         match = re.fullmatch(r"/compute/v1/projects/([^/]+)/(.*)", path)
         if match is None:
             raise ApiError(404, f"Not Found: {path}")
@@ -232,24 +370,19 @@ class ComputeEmulator:
         if match is None:
             raise ApiError(404, f"Not Found: {path}")
         zone, collection, name, wait = match.groups()
-        if zone not in self.zones or zone in self._retired:
-            raise ApiError(404, f"The resource 'projects/{project}/zones/{zone}' was not found")
+        self._check_zone(zone)
         if collection == "operations" and name and ((method == "GET" and not wait) or (method == "POST" and wait)):
-            return self._poll(zone, name)
+            return self._poll(zone, name, hold=hold and bool(wait))
         if collection == "instances" and name is None:
             if method == "POST":
                 return self._insert(zone, body)
             if method == "GET":
-                instances = self._matching(zone, self._parse_filter(query))
-                return {"kind": "compute#instanceList", "items": instances} if instances else {
-                    "kind": "compute#instanceList"}
+                return self._list(zone, query)
         if collection == "instances" and name:
             if method == "GET":
                 return self._instance(zone, name)
             if method == "DELETE":
-                instance = self._instance(zone, name)
-                instance["status"] = "STOPPING"
-                return self._start_operation(zone, "delete", name)
+                return self._delete(zone, name)
         raise ApiError(405, f"Method {method} not allowed on {path}", "methodNotAllowed")
 
     # -- instances -------------------------------------------------------------------------
@@ -259,6 +392,17 @@ class ComputeEmulator:
         if instance is None:
             raise ApiError(404, f"The resource 'projects/{self.project}/zones/{zone}/instances/{name}' was not found")
         return instance
+
+    def _in_flight(self, zone: str, name: str) -> bool:
+        return any(op.zone == zone and op.instance == name for op in self._pending)
+
+    def _delete(self, zone: str, name: str) -> dict[str, Any]:
+        instance = self._instance(zone, name)
+        if self._in_flight(zone, name):
+            raise ApiError(400, f"The resource 'projects/{self.project}/zones/{zone}/instances/{name}' is not ready",
+                           "resourceNotReady")
+        instance["status"] = "STOPPING"
+        return self._start_operation(zone, "delete", name)
 
     def _new_instance(self, zone: str, body: dict[str, Any]) -> dict[str, Any]:
         number = next(self._ids)
@@ -275,31 +419,100 @@ class ComputeEmulator:
             "metadata": {"kind": "compute#metadata", "fingerprint": "emulated", **body.get("metadata", {})},
         }
 
+    @staticmethod
+    def _assign_nat(instance: dict[str, Any]) -> None:
+        for nic in instance["networkInterfaces"]:
+            for access in nic["accessConfigs"]:
+                if access.get("type") == "ONE_TO_ONE_NAT":
+                    access["natIP"] = f"203.0.113.{int(instance['id']) % 250}"
+
     def _insert(self, zone: str, body: Any) -> dict[str, Any]:
-        self._validate_insert(body)
+        self._validate_insert(zone, body)
         name = body["name"]
         if (zone, name) in self.instances:
-            raise ApiError(409, f"The resource 'projects/{self.project}/zones/{zone}/instances/{name}' already exists")
+            raise ApiError(409, f"The resource 'projects/{self.project}/zones/{zone}/instances/{name}' already exists",
+                           "alreadyExists")
         self.instances[(zone, name)] = self._new_instance(zone, body)
-        return self._start_operation(zone, "insert", name)
+        fault = None
+        if zone in self._stocked_out:
+            fault = _OperationFault(self._stocked_out[zone], STOCKOUT_MESSAGE.format(project=self.project, zone=zone),
+                                    503)
+        elif self._operation_faults:
+            fault = self._operation_faults.pop(0)
+        return self._start_operation(zone, "insert", name, fault)
 
-    def _validate_insert(self, body: Any) -> None:
+    def _not_found(self, resource: str) -> ApiError:
+        return ApiError(404, f"The resource '{resource}' was not found")
+
+    def _validate_insert(self, zone: str, body: Any) -> None:
+        """The synchronous checks of instances.insert, in the order a reader meets the fields."""
         if not isinstance(body, dict) or not NAME_RE.fullmatch(str(body.get("name", ""))):
             raise ApiError(400, "Invalid value for field 'resource.name'")
-        if "/machineTypes/" not in str(body.get("machineType", "")):
-            raise ApiError(400, "Invalid value for field 'resource.machineType'")
+        machine_type = _relative(str(body.get("machineType", "")))
+        zonal = re.fullmatch(r"(?:projects/[^/]+/)?zones/([^/]+)/machineTypes/([^/]+)", machine_type)
+        if zonal is None:
+            raise ApiError(400, f"Invalid value for field 'resource.machineType': '{machine_type}'. "
+                                "Machine type must be a zonal URL such as zones/<zone>/machineTypes/<type>.")
+        if zonal.group(1) != zone:
+            # Machine types are zonal resources: an instance takes one of its own zone.
+            raise ApiError(400, f"Invalid value for field 'resource.machineType': '{machine_type}'. "
+                                f"Machine type must be in zone '{zone}'.")
+        if zonal.group(2) not in self.machine_types.get(zone, set()):
+            raise self._not_found(f"projects/{self.project}/zones/{zone}/machineTypes/{zonal.group(2)}")
         disks = body.get("disks") or [{}]
-        if not disks[0].get("boot") or not disks[0].get("initializeParams", {}).get("sourceImage"):
+        image = _relative(str(disks[0].get("initializeParams", {}).get("sourceImage", "")))
+        if not disks[0].get("boot") or not image:
             raise ApiError(400, "Invalid value for field 'resource.disks[0]': a boot disk with a sourceImage")
-        nics = body.get("networkInterfaces") or [{}]
-        if not nics[0].get("network"):
-            raise ApiError(400, "Invalid value for field 'resource.networkInterfaces[0].network'")
-        for key, value in body.get("labels", {}).items():
+        if image.startswith("global/"):
+            image = f"projects/{self.project}/{image}"
+        if image not in self.images:
+            raise self._not_found(image)
+        self._validate_network(zone, (body.get("networkInterfaces") or [{}])[0])
+        labels = body.get("labels", {})
+        if len(labels) > LABEL_COUNT_LIMIT:
+            raise ApiError(400, f"Invalid value for field 'resource.labels': ''. Label count {len(labels)} exceeds "
+                                f"the maximum of {LABEL_COUNT_LIMIT}.")
+        for key, value in labels.items():
             if not LABEL_KEY_RE.fullmatch(key) or not LABEL_VALUE_RE.fullmatch(value):
                 raise ApiError(400, f"Invalid value for field 'resource.labels': {key!r}: {value!r}")
+        total = 0
         for item in body.get("metadata", {}).get("items", []):
-            if len(item.get("value", "").encode()) > METADATA_VALUE_LIMIT:
-                raise ApiError(400, f"Invalid value for field 'resource.metadata': {item['key']} is too long")
+            key, value = str(item.get("key", "")), str(item.get("value", ""))
+            if not METADATA_KEY_RE.fullmatch(key) or len(key.encode()) >= METADATA_KEY_LIMIT:
+                raise ApiError(400, f"Invalid value for field 'resource.metadata.items': key {key!r}")
+            if len(value.encode()) > METADATA_VALUE_LIMIT:
+                raise ApiError(400, f"Invalid value for field 'resource.metadata': {key} is too long")
+            total += len(key.encode()) + len(value.encode())
+        if total >= METADATA_TOTAL_LIMIT:
+            raise ApiError(400, f"Invalid value for field 'resource.metadata': the total size of all keys and values "
+                                f"is {total} bytes; it must be less than 512 KB.")
+
+    def _validate_network(self, zone: str, nic: dict[str, Any]) -> None:
+        reference = _relative(str(nic.get("network", "")))
+        parsed = re.fullmatch(r"(?:projects/([^/]+)/)?global/networks/([^/]+)", reference)
+        if parsed is None:
+            raise ApiError(400, f"Invalid value for field 'resource.networkInterfaces[0].network': '{reference}'")
+        project, name = parsed.group(1) or self.project, parsed.group(2)
+        network = self.networks.get((project, name))
+        if network is None:
+            raise self._not_found(f"projects/{project}/global/networks/{name}")
+        region = zone.rsplit("-", 1)[0]
+        subnetwork = _relative(str(nic.get("subnetwork", "")))
+        if not subnetwork:
+            if network.custom:
+                raise ApiError(400, "Invalid value for field 'resource.networkInterfaces[0]': ''. Subnetwork should "
+                                    "be specified for custom subnetmode network")
+            return
+        sub = re.fullmatch(r"(?:projects/([^/]+)/)?regions/([^/]+)/subnetworks/([^/]+)", subnetwork)
+        if sub is None:
+            raise ApiError(400, f"Invalid value for field 'resource.networkInterfaces[0].subnetwork': '{subnetwork}'")
+        sub_project, sub_region, sub_name = sub.group(1) or self.project, sub.group(2), sub.group(3)
+        if sub_region != region:
+            raise ApiError(400, f"Invalid value for field 'resource.networkInterfaces[0].subnetwork': "
+                                f"'{subnetwork}'. Subnetwork must be in the same region as the instance ({region}).")
+        names = network.subnetworks.get(sub_region, set()) if network.custom else {name}
+        if sub_project != project or sub_name not in names:
+            raise self._not_found(f"projects/{sub_project}/regions/{sub_region}/subnetworks/{sub_name}")
 
     def _matching(self, zone: str, clauses: list[tuple[str, str]]) -> list[dict[str, Any]]:
         found = []
@@ -324,33 +537,75 @@ class ComputeEmulator:
             position = match.end()
         return clauses
 
+    @staticmethod
+    def _page(query: dict[str, list[str]], total: int) -> tuple[int, int, str | None]:
+        """The [start, end) of this page and the next page's token, from maxResults and pageToken."""
+        raw = query.get("maxResults", [str(MAX_RESULTS_LIMIT)])[0]
+        if not raw.isdigit() or int(raw) > MAX_RESULTS_LIMIT:
+            raise ApiError(400, f"Invalid value for field 'maxResults': '{raw}'. Must be less than or equal to 500")
+        size = int(raw) or MAX_RESULTS_LIMIT
+        token = query.get("pageToken", [""])[0]
+        start = 0
+        if token:
+            try:
+                start = int(base64.urlsafe_b64decode(token.encode()).decode().removeprefix("offset:"))
+            except ValueError:
+                raise ApiError(400, f"Invalid value for field 'pageToken': '{token}'") from None
+        end = min(start + size, total)
+        following = base64.urlsafe_b64encode(f"offset:{end}".encode()).decode() if end < total else None
+        return start, end, following
+
+    def _list(self, zone: str, query: dict[str, list[str]]) -> dict[str, Any]:
+        if zone in self._unreachable:
+            raise ApiError(503, f"The zone 'projects/{self.project}/zones/{zone}' is currently unavailable.")
+        found = self._matching(zone, self._parse_filter(query))
+        start, end, following = self._page(query, len(found))
+        result: dict[str, Any] = {"kind": "compute#instanceList"}
+        if found[start:end]:
+            result["items"] = found[start:end]
+        if following:
+            result["nextPageToken"] = following
+        return result
+
     def _aggregated(self, query: dict[str, list[str]]) -> dict[str, Any]:
         clauses = self._parse_filter(query)
-        unreachable = sorted(z for z in self._unreachable if z in self.zones and z not in self._retired)
+        zones = [zone for zone in self.zones if zone not in self._retired]
+        unreachable = [zone for zone in zones if zone in self._unreachable]
+        partial = query.get("returnPartialSuccess", ["false"])[0] == "true"
+        if unreachable and not partial:
+            # "returnPartialSuccess: Opt-in for partial success behavior which provides partial
+            # results in case of failure." Without it a failing zone fails the call.
+            raise ApiError(503, "Internal error. Please try again or contact Google Support. "
+                                f"(scopes unreachable: {', '.join('zones/' + z for z in unreachable)})")
+        flat = [(zone, instance) for zone in zones if zone not in unreachable
+                for instance in self._matching(zone, clauses)]
+        start, end, following = self._page(query, len(flat))
         items: dict[str, Any] = {}
-        for zone in self.zones:
-            if zone in self._retired:
-                continue
+        for zone in zones:
             scope = f"zones/{zone}"
-            found = self._matching(zone, clauses)
+            on_page = [instance for where, instance in flat[start:end] if where == zone]
             if zone in unreachable:
                 items[scope] = {"warning": {"code": "UNREACHABLE", "message": f"Scope {scope} is unreachable.",
                                             "data": [{"key": "scope", "value": scope}]}}
-            elif found:
-                items[scope] = {"instances": found}
+            elif on_page:
+                items[scope] = {"instances": on_page}
             else:
                 items[scope] = {"warning": {"code": "NO_RESULTS_ON_PAGE",
                                             "message": f"There are no results for scope '{scope}' on this page.",
                                             "data": [{"key": "scope", "value": scope}]}}
-        result = {"kind": "compute#instanceAggregatedList", "id": f"projects/{self.project}/aggregated/instances",
-                  "items": items, "selfLink": f"{API}/projects/{self.project}/aggregated/instances"}
-        if unreachable and query.get("returnPartialSuccess", ["false"])[0] == "true":
+        result: dict[str, Any] = {
+            "kind": "compute#instanceAggregatedList", "id": f"projects/{self.project}/aggregated/instances",
+            "items": items, "selfLink": f"{API}/projects/{self.project}/aggregated/instances"}
+        if following:
+            result["nextPageToken"] = following
+        if unreachable:
             result["unreachables"] = [f"zones/{zone}" for zone in unreachable]
         return result
 
     # -- operations ------------------------------------------------------------------------
 
-    def _start_operation(self, zone: str, kind: str, instance: str) -> dict[str, Any]:
+    def _start_operation(self, zone: str, kind: str, instance: str,
+                         fault: _OperationFault | None = None) -> dict[str, Any]:
         name = f"operation-{next(self._ids)}"
         body = {
             "kind": "compute#operation", "id": name.split("-")[1], "name": name, "operationType": kind,
@@ -358,20 +613,23 @@ class ComputeEmulator:
             "targetLink": f"{API}/projects/{self.project}/zones/{zone}/instances/{instance}",
             "selfLink": f"{API}/projects/{self.project}/zones/{zone}/operations/{name}",
         }
-        fault = self._operation_faults.pop(0) if kind == "insert" and self._operation_faults else None
-        self._operations[(zone, name)] = _Operation(body, zone, kind, instance, fault)
+        done_at = time.monotonic() + self.operation_seconds
+        operation = _Operation(body, zone, kind, instance, done_at, fault)
+        self._operations[(zone, name)] = operation
+        self._pending.append(operation)
         return dict(body)
 
-    def _poll(self, zone: str, name: str) -> dict[str, Any]:
+    def _poll(self, zone: str, name: str, hold: bool) -> dict[str, Any]:
         operation = self._operations.get((zone, name))
         if operation is None:
             raise ApiError(404, f"The resource 'projects/{self.project}/zones/{zone}/operations/{name}' was not found")
-        if operation.body["status"] != "DONE":
-            self._finish(operation)
+        if operation.body["status"] != "DONE" and hold:
+            raise _Hold(min(max(operation.done_at - time.monotonic(), 0.0), self.wait_hold_seconds))
         return dict(operation.body)
 
     def _finish(self, operation: _Operation) -> None:
         key = (operation.zone, operation.instance)
+        self._pending.remove(operation)
         operation.body.update(status="DONE", progress=100)
         if operation.fault is not None:
             self.instances.pop(key, None)
@@ -382,13 +640,6 @@ class ComputeEmulator:
         elif operation.kind == "insert" and key in self.instances:
             instance = self.instances[key]
             instance["status"] = "RUNNING"
-            for nic in instance["networkInterfaces"]:
-                for access in nic["accessConfigs"]:
-                    if access.get("type") == "ONE_TO_ONE_NAT":
-                        access["natIP"] = f"203.0.113.{int(instance['id']) % 250}"
+            self._assign_nat(instance)
         elif operation.kind == "delete":
             self.instances.pop(key, None)
-
-    def zones_of(self, name: str) -> list[str]:
-        """The zones holding an instance of that name."""
-        return sorted(zone for zone, found in self.instances if found == name)

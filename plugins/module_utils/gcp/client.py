@@ -9,16 +9,20 @@ classified by ``classify`` (one mapping, status code first, then the reason).
 
 Bounded time: google-api-core retries some methods by itself (``get`` and
 ``aggregatedList`` on 503 for up to 600 s). Every call here passes ``retry=None`` and
-an explicit ``timeout``, and operations are waited on with ``ZoneOperationsClient.wait``
-in a loop bounded by ``OPERATION_TIMEOUT_SECONDS``. Retrying is the controller's job
-(per-object backoff), not the module's.
+an explicit ``timeout``. Operations are waited on with ``ZoneOperationsClient.wait``,
+which the server holds open for up to 2 minutes per call ("Waits for the specified
+Operation resource to return as DONE or for the request to approach the 2 minute
+deadline", zoneOperations.wait in the Compute API reference): each wait call's client
+timeout is that hold plus one request timeout, and no new call starts past the
+caller's deadline. Retrying is the controller's job (per-object backoff), not the module's.
 
 Credentials: the service-account key file ``credentialsFile`` when configured (read at
 the first API call, so a Secret mounted later heals: missing is ``Transient``, not a
-credentials file is ``Permanent``), else Application Default Credentials. An
-``apiEndpoint`` of ``http://`` on a loopback address with no ``credentialsFile`` uses
-anonymous credentials: that is a local emulator, and no token must be sent to it. No
-credential material is ever put in a message.
+credentials file is ``Permanent``), else Application Default Credentials (a missing ADC
+is ``Permanent``, with the ways to provide them in the message). An ``apiEndpoint`` of
+``http://`` on a loopback address with no ``credentialsFile`` uses anonymous
+credentials: that is a local emulator, and no token must be sent to it. No credential
+material is ever put in a message.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Type
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple, Type
 from urllib.parse import urlsplit
 
 try:
@@ -52,39 +56,92 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.errors import
 )
 
 SCOPES = ("https://www.googleapis.com/auth/compute",)
-# One HTTP request (get, insert, delete, one aggregatedList page, one operation wait).
+# One HTTP request (get, insert, delete, one list page).
 REQUEST_TIMEOUT_SECONDS = 30.0
-# A whole insert or delete, from the request to the operation's DONE. Past it the
-# module fails transient; the retry finds the instance by name (or finds it gone).
+# zoneOperations.wait: the server holds each call open until the operation is DONE or
+# "the request approaches the 2 minute deadline" (Compute API reference).
+SERVER_WAIT_HOLD_SECONDS = 120.0
+# One wait call's client-side timeout: the server's hold plus one request's allowance, so a
+# wait the server holds to its end is answered, not cut off as a timeout.
+WAIT_CALL_TIMEOUT_SECONDS = SERVER_WAIT_HOLD_SECONDS + REQUEST_TIMEOUT_SECONDS
+# Waiting on operations in one module run, in all (a create across zones, or a delete): no
+# new wait call or insert starts past it. With the last wait call and one request the run
+# ends within 240 + 150 + 30 = 420 s, below the controller's 600 s runner timeout. Past it
+# the run fails transient; the retry finds the instance by name (or finds it gone).
 OPERATION_TIMEOUT_SECONDS = 240.0
-# ZoneOperations.wait returns after at most ~2 minutes server-side; ask for less.
-WAIT_CALL_SECONDS = 60.0
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 
+
+def operation_deadline() -> float:
+    """The ``time.monotonic()`` past which a run starts no new insert or wait call."""
+    return time.monotonic() + OPERATION_TIMEOUT_SECONDS
+
+
+# A zone out of capacity: the insert is accepted and its operation fails with one of these
+# codes (HTTP 503 in httpErrorStatusCode). It lasts, so the provider moves to another zone.
+STOCKOUT_REASONS = frozenset(("ZONE_RESOURCE_POOL_EXHAUSTED", "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS"))
 # Reasons (error.errors[].reason, or an operation error's code) that heal by themselves
 # although their HTTP status says otherwise: rate limits and quotas are 403 on Google APIs,
-# a zone out of capacity fails the operation.
+# and ``resourceNotReady`` is the 400 for an instance in transition (being created or
+# deleted), which a later call gets past.
 TRANSIENT_REASONS = frozenset((
     "rateLimitExceeded", "userRateLimitExceeded", "quotaExceeded", "backendError", "internalError",
-    "QUOTA_EXCEEDED", "ZONE_RESOURCE_POOL_EXHAUSTED", "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS",
-    "RESOURCE_OPERATION_RATE_EXCEEDED", "RATE_LIMIT_EXCEEDED", "INTERNAL_ERROR",
+    "resourceNotReady", "QUOTA_EXCEEDED", "RESOURCE_OPERATION_RATE_EXCEEDED", "RATE_LIMIT_EXCEEDED",
+    "INTERNAL_ERROR", *STOCKOUT_REASONS,
 ))
 # Zone warnings in an aggregated list that are not failures.
 HARMLESS_SCOPE_WARNINGS = frozenset(("NO_RESULTS_ON_PAGE",))
+# A zone that does not exist is a 400 ``invalid``, not a 404:
+# "Invalid value for field 'zone': 'us-east1'. Unknown zone."
+UNKNOWN_ZONE_MARKER = "Unknown zone"
+# What a 404 on an insert (or in its operation) is about, from the resource path the API
+# quotes ("The resource 'projects/debian-cloud/global/images/family/debian-13' was not
+# found"), as the module option or config field to fix. Subnetworks before networks.
+REFERENCED_FIELDS = (("/machineTypes/", "machine_type"), ("/images/", "image"), ("/subnetworks/", "subnetwork"),
+                     ("/networks/", "network"))
+
+
+class StockOut(Transient):
+    """A zone has no capacity for the instance right now (the insert's operation said so)."""
+
+    def __init__(self, zone: str, message: str) -> None:
+        super().__init__(message)
+        self.zone = zone
+
+
+class MissingReference(Permanent):
+    """An insert referenced something that does not exist (an image, a machine type, a network).
+
+    ``field`` is the module option or config field it came from, so the provider can name it.
+    """
+
+    def __init__(self, field: Optional[str], message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def referenced_field(message: str) -> Optional[str]:
+    for marker, name in REFERENCED_FIELDS:
+        if marker in message:
+            return name
+    return None
 
 
 def classify(status: Optional[int], reasons: Sequence[str], message: str, missing: str = "not_found") -> ProxyError:
     """The one status-to-class mapping: 404 not_found, 400/403 permanent, 429/5xx/the rest transient.
 
     ``missing`` says what a 404 means here: ``not_found`` when the thing asked for is
-    the instance (a retired zone too: nothing can live there), ``permanent`` when the
-    404 is about something the request referenced (an image, a network) in a finished
-    operation. Rate-limit and quota reasons are transient whatever their status.
+    the instance (a zone that does not exist too: nothing can live there, and the API
+    says so with a 400 "Unknown zone"), ``permanent`` when the 404 is about something
+    the request referenced (an image, a network). Rate-limit, quota, capacity and
+    "not ready" reasons are transient whatever their status.
     """
     if any(reason in TRANSIENT_REASONS for reason in reasons):
         return Transient(message)
     if status == 404:
         return NotFound(message) if missing == "not_found" else Permanent(message)
+    if status == 400 and missing == "not_found" and UNKNOWN_ZONE_MARKER in message:
+        return NotFound(message)
     if status in (400, 401, 403, 409, 412, 413):
         return Permanent(message)
     return Transient(message)
@@ -97,11 +154,13 @@ def _reasons(error: Any) -> List[str]:
     return reasons
 
 
-def classify_exception(error: BaseException, context: str) -> ProxyError:
+def classify_exception(error: BaseException, context: str, missing: str = "not_found") -> ProxyError:
     """Unpack an SDK, HTTP or auth exception into ``classify``. Never quotes credentials."""
     if isinstance(error, api_exceptions.GoogleAPICallError):
         status = error.code if isinstance(error.code, int) else None
-        return classify(status, _reasons(error), "%s: %s" % (context, error.message))
+        # The HTTP status leads the API's message: "403 Required 'compute.instances.create' ...".
+        message = "%s: %s %s" % (context, status, error.message) if status else "%s: %s" % (context, error.message)
+        return classify(status, _reasons(error), message, missing=missing)
     if isinstance(error, auth_exceptions.RefreshError):
         # A revoked or deleted key does not come back; a token endpoint hiccup does.
         if getattr(error, "retryable", False):
@@ -136,12 +195,13 @@ class GceInstance:
 class InsertSpec:
     name: str
     zone: str
-    machine_type: str  # a URL or partial URL, e.g. zones/<zone>/machineTypes/e2-small
+    machine_type: str  # zones/<zone>/machineTypes/<type>, always of this zone
     source_image: str
     network: str
     external_ip: bool
     labels: Dict[str, str]
     metadata: Sequence[Tuple[str, str]]
+    subnetwork: Optional[str] = None  # regions/<region>/subnetworks/<name> or a URL; None: the network's own
 
 
 @dataclass
@@ -155,6 +215,13 @@ def _is_loopback_http(endpoint: Optional[str]) -> bool:
         return False
     parts = urlsplit(endpoint)
     return parts.scheme == "http" and parts.hostname in LOOPBACK_HOSTS
+
+
+NO_CREDENTIALS_MESSAGE = (
+    "gcp: no credentials: gcp.credentialsFile is not set and Application Default Credentials were not found "
+    "(no GOOGLE_APPLICATION_CREDENTIALS, no gcloud application-default login, no GCE/GKE metadata server); "
+    "set gcp.credentialsFile to a service-account key file (a mounted Secret), or run the controller with "
+    "Workload Identity or an attached service account")
 
 
 def load_credentials(settings: GcpSettings) -> Any:
@@ -181,9 +248,10 @@ def load_credentials(settings: GcpSettings) -> Any:
     try:
         credentials, _project = google.auth.default(scopes=list(SCOPES))
     except auth_exceptions.DefaultCredentialsError as error:
-        # Workload identity or a mounted GOOGLE_APPLICATION_CREDENTIALS may appear later.
-        raise Transient("gcp: no Application Default Credentials found and no gcp.credentialsFile configured; "
-                        "will retry") from error
+        # google-auth has already probed the metadata server (three tries): a deployment
+        # without any credential source does not grow one by itself, so retrying forever
+        # would hide a configuration error. The message says how to provide one.
+        raise Permanent(NO_CREDENTIALS_MESSAGE) from error
     return credentials
 
 
@@ -206,6 +274,10 @@ def _to_gce_instance(instance: Any) -> GceInstance:
         creation_timestamp=instance.creation_timestamp or None)
 
 
+def _scope_zone(scope: str) -> str:
+    return scope.split("/", 1)[1] if scope.startswith("zones/") else ""
+
+
 class ComputeClient:
     """The calls the provider makes, each bounded in time and failing with our error classes."""
 
@@ -224,6 +296,7 @@ class ComputeClient:
         self.operations.transport.close()  # type: ignore[no-untyped-call]
 
     def get(self, zone: str, name: str) -> GceInstance:
+        """The instance; NotFound when it does not exist, or its zone does not."""
         context = "getting instance %s in zone %s" % (name, zone)
         try:
             found = self.instances.get(project=self.project, zone=zone, instance=name, retry=None,
@@ -239,10 +312,17 @@ class ComputeClient:
         except NotFound:
             return None
 
-    def insert(self, spec: InsertSpec) -> bool:
-        """Create the instance and wait for it. False when one of that name already exists (409)."""
+    def insert(self, spec: InsertSpec, deadline: float) -> bool:
+        """Create the instance and wait for it (no new wait call past ``deadline``, a
+        ``time.monotonic()`` value). False when one of that name already exists (409).
+
+        A 404, on the request or in its operation, is ``MissingReference`` naming what was
+        missing; a zone out of capacity is ``StockOut``.
+        """
         context = "creating instance %s in zone %s" % (spec.name, spec.zone)
         nic = compute_v1.NetworkInterface(network=spec.network)
+        if spec.subnetwork:
+            nic.subnetwork = spec.subnetwork
         if spec.external_ip:
             nic.access_configs = [compute_v1.AccessConfig(name="External NAT", type_="ONE_TO_ONE_NAT")]
         resource = compute_v1.Instance(
@@ -256,62 +336,86 @@ class ComputeClient:
                                                     retry=None, timeout=REQUEST_TIMEOUT_SECONDS)
         except api_exceptions.Conflict:
             return False
+        except api_exceptions.NotFound as error:
+            # GCE checks the image and machine type before it accepts the insert: synchronous 404.
+            message = "%s: 404 %s" % (context, error.message)
+            raise MissingReference(referenced_field(error.message or ""), message) from error
         except _api_errors() as error:
-            raise classify_exception(error, context) from error
-        self._wait(spec.zone, operation, context)
+            raise classify_exception(error, context, missing="permanent") from error
+        self._wait(spec.zone, operation, context, deadline)
         return True
 
-    def delete(self, zone: str, name: str) -> bool:
-        """Delete and wait. False when there was nothing to delete (404, a retired zone too)."""
+    def delete(self, zone: str, name: str, deadline: float) -> bool:
+        """Delete and wait. False when there was nothing to delete (404, a zone that does not exist too).
+
+        An instance still in transition (being created, or already being deleted by an
+        earlier run that timed out) answers 400 ``resourceNotReady``: transient, the retry
+        finds it gone or deletes it then.
+        """
         context = "deleting instance %s in zone %s" % (name, zone)
         try:
             operation = self.instances.delete_unary(project=self.project, zone=zone, instance=name, retry=None,
                                                     timeout=REQUEST_TIMEOUT_SECONDS)
-        except api_exceptions.NotFound:
-            return False
         except _api_errors() as error:
-            raise classify_exception(error, context) from error
-        self._wait(zone, operation, context)
+            failure = classify_exception(error, context)
+            if isinstance(failure, NotFound):
+                return False
+            if "resourceNotReady" in _reasons(error):
+                raise Transient("%s: the instance is in transition (still being created or deleted); will retry"
+                                % context) from error
+            raise failure from error
+        self._wait(zone, operation, context, deadline)
         return True
 
-    def _wait(self, zone: str, operation: Any, context: str) -> None:
-        deadline = time.monotonic() + OPERATION_TIMEOUT_SECONDS
+    def _wait(self, zone: str, operation: Any, context: str, deadline: float) -> None:
+        started = time.monotonic()
         while operation.status != compute_v1.Operation.Status.DONE:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
+            if time.monotonic() >= deadline:
                 raise Transient("%s: operation %s still not done after %ds; will retry" % (
-                    context, operation.name, OPERATION_TIMEOUT_SECONDS))
+                    context, operation.name, time.monotonic() - started))
             try:
-                operation = self.operations.wait(
-                    project=self.project, zone=zone, operation=operation.name, retry=None,
-                    timeout=min(remaining, WAIT_CALL_SECONDS + REQUEST_TIMEOUT_SECONDS))
+                # Never shorter than the server's hold: a wait that runs to the 2-minute
+                # deadline is a normal answer ("still running"), not a timeout.
+                operation = self.operations.wait(project=self.project, zone=zone, operation=operation.name,
+                                                 retry=None, timeout=WAIT_CALL_TIMEOUT_SECONDS)
             except _api_errors() as error:
                 raise classify_exception(error, "%s: waiting for operation %s" % (context, operation.name)) from error
         if operation.error.errors:
+            codes = [e.code for e in operation.error.errors]
             details = "; ".join("%s: %s" % (e.code, e.message) for e in operation.error.errors)
-            # The operation's own 404s are about what the request referenced (image, network).
-            raise classify(operation.http_error_status_code or None, [e.code for e in operation.error.errors],
-                           "%s: %s" % (context, details), missing="permanent")
+            message = "%s: %s" % (context, details)
+            if any(code in STOCKOUT_REASONS for code in codes):
+                raise StockOut(zone, message)
+            status = operation.http_error_status_code or None
+            if status == 404:
+                # The operation's own 404s are about what the request referenced (image, network).
+                raise MissingReference(referenced_field(details), message)
+            raise classify(status, codes, message, missing="permanent")
 
-    def aggregated_list(self, list_filter: str, zones: Iterable[str]) -> AggregatedListing:
-        """Instances matching ``list_filter`` in ``zones``, in one aggregatedList (paged).
+    def list_instances(self, list_filter: str, zones: Iterable[str]) -> AggregatedListing:
+        """Instances matching ``list_filter`` in ``zones``; a zone that cannot be listed fails alone.
 
-        Zones not asked for are ignored. A zone the API reports as unreachable (a scope
-        warning other than "no results", or listed in ``unreachables``) is a failed zone;
-        a failure of the whole call fails every zone with the same error.
+        One aggregatedList (paged) when all is well. google-cloud-compute 1.57 cannot ask
+        for ``returnPartialSuccess``, and without it one unreachable zone fails the whole
+        aggregated call; so a transient failure of that call is followed by one
+        ``instances.list`` per zone, and a zone then fails only if its own listing does.
+        A configured zone the aggregated answer does not mention (the API lists every zone
+        it knows, an empty one with ``NO_RESULTS_ON_PAGE``) is listed on its own too: a
+        zone that does not exist then fails ``permanent`` instead of looking empty.
+        Zones not asked for are ignored.
         """
-        wanted = set(zones)
+        wanted = list(dict.fromkeys(zones))
         listing = AggregatedListing()
-        # google-cloud-compute 1.57 has no returnPartialSuccess for instances: an unreachable
-        # zone comes back as a scope warning (or in ``unreachables``), not as a failed call.
+        seen: Set[str] = set()
         request = compute_v1.AggregatedListInstancesRequest(project=self.project, filter=list_filter)
         try:
             for page in self.instances.aggregated_list(request=request, retry=None,
                                                        timeout=REQUEST_TIMEOUT_SECONDS).pages:
                 for scope, scoped in page.items.items():
-                    zone = scope.split("/", 1)[1] if scope.startswith("zones/") else ""
+                    zone = _scope_zone(scope)
                     if zone not in wanted:
                         continue
+                    seen.add(zone)
                     # proto-plus annotates this field "Warning", which mypy reads as the builtin.
                     warning: Any = scoped.warning
                     if "warning" in scoped and warning.code not in HARMLESS_SCOPE_WARNINGS:
@@ -324,5 +428,26 @@ class ComputeClient:
                         listing.failed_zones[zone] = Transient("listing zone %s: unreachable" % zone)
         except _api_errors() as error:
             failure = classify_exception(error, "listing instances (aggregated)")
-            return AggregatedListing([], dict.fromkeys(sorted(wanted), failure))
+            if not isinstance(failure, Transient):  # forbidden, bad filter: every zone would say the same
+                return AggregatedListing([], dict.fromkeys(wanted, failure))
+            listing, seen = AggregatedListing(), set()
+        for zone in wanted:
+            if zone in seen:
+                continue
+            try:
+                listing.instances.extend(self._list_zone(zone, list_filter))
+            except ProxyError as error:
+                listing.failed_zones[zone] = error
         return listing
+
+    def _list_zone(self, zone: str, list_filter: str) -> List[GceInstance]:
+        context = "listing zone %s" % zone
+        request = compute_v1.ListInstancesRequest(project=self.project, zone=zone, filter=list_filter)
+        try:
+            return [_to_gce_instance(found) for page in self.instances.list(
+                request=request, retry=None, timeout=REQUEST_TIMEOUT_SECONDS).pages for found in page.items]
+        except _api_errors() as error:
+            failure = classify_exception(error, context, missing="permanent")
+            if UNKNOWN_ZONE_MARKER in str(failure):
+                raise Permanent("%s; the zone does not exist: fix gcp.zones" % failure) from error
+            raise failure from error

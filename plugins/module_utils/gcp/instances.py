@@ -13,15 +13,23 @@ from __future__ import annotations
 
 import base64
 import datetime
+import re
+import time
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.config import GcpSettings
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.errors import (
     Permanent,
     Transient,
 )
-from ansible_collections.crawl.egress_proxies.plugins.module_utils.gcp.client import GceInstance, InsertSpec
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.gcp.client import (
+    GceInstance,
+    InsertSpec,
+    MissingReference,
+    StockOut,
+    operation_deadline,
+)
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.gcp.labels import (
     MARKER_LABEL,
     MARKER_VALUE,
@@ -46,23 +54,43 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.provider_id i
     parse_provider_id,
 )
 
+Log = Callable[[str], None]
+
 USER_DATA_KEY = "user-data"
 USER_DATA_ENCODING_KEY = "user-data-encoding"
 
-# GCE instance status -> the contract's state. REPAIRING is GCE recovering the instance
-# after a host failure by itself: pending (waiting), not error (which would invite a
-# replacement of something that is coming back).
+# GCE instance status -> the contract's state, for every status the Compute API documents
+# (Instance.Status in compute.proto and "Instance lifecycle"):
+# - PROVISIONING, STAGING: on the way to RUNNING. PENDING: a flex-start or TPU instance
+#   waiting for capacity before it is provisioned: still on its way, so pending.
+# - REPAIRING: GCE recovers the instance after a host failure by itself and returns it to
+#   RUNNING: pending (waiting), not error, which would invite replacing something that is
+#   coming back.
+# - STOPPING, SUSPENDING, PENDING_STOP (a graceful shutdown in progress), STOPPED, SUSPENDED,
+#   TERMINATED: stopped. Preemption and host errors end in TERMINATED; the instance does not
+#   come back by itself, and stopped is what the controller's self-healing acts on.
+# - DEPROVISIONING: "the instance is halted and we are performing tear down tasks like network
+#   deprogramming, releasing quota, IP, tearing down disks": already halted and heading for
+#   TERMINATED, STOPPED, SUSPENDED or deletion, never back to RUNNING by itself: stopped.
+#   (pending would make the controller wait for something that will not run.)
+# Anything else is a status this provider does not know: error, worth a look.
 STATES = {
     "PROVISIONING": "pending",
     "STAGING": "pending",
+    "PENDING": "pending",
     "REPAIRING": "pending",
     "RUNNING": "running",
     "STOPPING": "stopped",
-    "STOPPED": "stopped",
+    "PENDING_STOP": "stopped",
     "SUSPENDING": "stopped",
+    "DEPROVISIONING": "stopped",
+    "STOPPED": "stopped",
     "SUSPENDED": "stopped",
     "TERMINATED": "stopped",
 }
+
+# A machine type given as a (partial) URL names its zone.
+ZONAL_MACHINE_TYPE_RE = re.compile(r"(?:^|/)zones/([^/]+)/machineTypes/([^/]+)$")
 
 
 def state_of(status: str) -> str:
@@ -96,17 +124,22 @@ def user_data_metadata(user_data: bytes, encoding: str) -> List[Tuple[str, str]]
 
 @dataclass(frozen=True)
 class _Plan:
-    machine_type: str  # the config's value: a bare name or a (partial) URL
+    machine_key: str
+    machine_type: str  # the config's value: a bare name, or a (partial) URL naming its zone
+    pinned_zone: Optional[str]  # the zone such a URL names
+    image_key: str
     image: str
     labels: Dict[str, str]
     metadata: List[Tuple[str, str]]
 
 
 class GcpProvider:
-    def __init__(self, settings: GcpSettings, client: Any) -> None:
-        """``client`` is a ``client.ComputeClient`` (or anything with its methods)."""
+    def __init__(self, settings: GcpSettings, client: Any, warn: Optional[Log] = None) -> None:
+        """``client`` is a ``client.ComputeClient`` (or anything with its methods); ``warn``
+        reports what the run did that its result does not show (the module's warnings)."""
         self.settings = settings
         self.client = client
+        self.warn: Log = warn or (lambda _message: None)
 
     def close(self) -> None:
         self.client.close()
@@ -118,9 +151,19 @@ class GcpProvider:
 
     def _instance(self, found: GceInstance) -> Instance:
         state = state_of(found.status)
+        if self.settings.external_ip:
+            # Crawlers reach the proxy from outside: its internal address would be a wrong
+            # answer that looks right, so none is reported until the NAT IP is there.
+            ip = found.nat_ip
+            if ip is None and state == "running":
+                self.warn("instance %s in zone %s is running without an external IP although gcp.externalIP is "
+                          "true (no natIP on its first network interface); its ip is reported as null, not its "
+                          "internal address" % (found.name, found.zone))
+        else:
+            ip = found.internal_ip
         return Instance(
             provider_id=self.provider_id(found.zone, found.name), name=found.name, location=found.zone,
-            state=state, ip=found.nat_ip or found.internal_ip, tags=decode_tags(found.labels, found.metadata),
+            state=state, ip=ip, tags=decode_tags(found.labels, found.metadata),
             created=utc_created(found.creation_timestamp))
 
     def _parse(self, provider_id: str) -> Tuple[str, str]:
@@ -140,16 +183,17 @@ class GcpProvider:
 
     def get(self, provider_id: str) -> Instance:
         """The instance; any zone of the project answers (a zone since removed from the config
-        too), and a 404 (a retired zone too) is not_found."""
+        too), and a 404 or an unknown zone is not_found."""
         zone, name = self._parse(provider_id)
         return self._instance(self.client.get(zone, name))
 
     def list(self, tags: Dict[str, str]) -> ListResult:
-        """Every instance of ours carrying ``tags`` in the configured zones: one aggregatedList."""
+        """Every instance of ours carrying ``tags`` in the configured zones; a zone that cannot
+        be listed is a failed location on its own."""
         query = list_filter(tags)
         if query is None:
             return ListResult([], {})
-        listing = self.client.aggregated_list(query, self.settings.zones)
+        listing = self.client.list_instances(query, self.settings.zones)
         instances = [self._instance(found) for found in listing.instances
                      if is_ours(found.labels) and matches_tags(decode_tags(found.labels, found.metadata), tags)]
         return ListResult(instances, dict(listing.failed_zones))
@@ -161,46 +205,80 @@ class GcpProvider:
         machine_key = choose_key("machine_type", request.machine_type, self.settings.default_machine_type,
                                  self.settings.machine_types, "a machine type")
         image_key = choose_key("image", request.image, self.settings.default_image, self.settings.images, "an image")
-        if request.location:
-            self._zone(request.location)
+        machine_type = self.settings.machine_types[machine_key]
+        pinned_zone = None
+        if "/" in machine_type:
+            zonal = ZONAL_MACHINE_TYPE_RE.search(machine_type)
+            if zonal is None:
+                raise Permanent("machine_type: %r (machineTypes.%s) is not a machine type such as e2-small or "
+                                "zones/<zone>/machineTypes/e2-small; fix the provider config" % (
+                                    machine_type, machine_key))
+            pinned_zone = zonal.group(1)
         labels, tags_json = encode_tags(request.tags)
         metadata = [*user_data_metadata(request.user_data, request.user_data_encoding),
                     (TAGS_METADATA_KEY, tags_json), (PORT_METADATA_KEY, str(request.port))]
-        return _Plan(self.settings.machine_types[machine_key], self.settings.images[image_key], labels, metadata)
+        plan = _Plan(machine_key, machine_type, pinned_zone, image_key, self.settings.images[image_key], labels,
+                     metadata)
+        if request.location:
+            misfit = self._misfit(plan, self._zone(request.location))
+            if misfit:
+                raise Permanent(misfit)
+        return plan
+
+    def _misfit(self, plan: "_Plan", zone: str) -> Optional[str]:
+        """Why an instance of ``plan`` cannot go to ``zone`` (None when it can): GCE only takes
+        a machine type of the instance's own zone. (A subnetwork must be of the zone's region
+        too; the config refuses one that is not in every configured zone's region.)"""
+        if plan.pinned_zone is not None and plan.pinned_zone != zone:
+            name = plan.machine_type.rsplit("/", 1)[-1]
+            return ("machine_type: %r (machineTypes.%s) is pinned to zone %s and cannot be used in zone %s; "
+                    "configure the bare name %r so that each zone gets its own" % (
+                        plan.machine_type, plan.machine_key, plan.pinned_zone, zone, name))
+        return None
 
     def _insert_spec(self, request: InstanceRequest, plan: "_Plan", zone: str) -> InsertSpec:
+        """The insert for ``zone``: a bare machine type name resolved in that zone, a pinned one
+        as is (``_misfit`` made sure it fits). A custom-mode or Shared VPC network needs the
+        subnetwork; without one the network's own (auto mode) is used."""
         machine_type = plan.machine_type
-        if "/" not in machine_type:  # a bare name such as e2-small: GCE wants the zonal path
+        if plan.pinned_zone is None:
             machine_type = "zones/%s/machineTypes/%s" % (zone, machine_type)
         return InsertSpec(name=request.name, zone=zone, machine_type=machine_type, source_image=plan.image,
-                          network=self.settings.network, external_ip=self.settings.external_ip,
-                          labels=dict(plan.labels), metadata=list(plan.metadata))
+                          network=self.settings.network, subnetwork=self.settings.subnetwork,
+                          external_ip=self.settings.external_ip, labels=dict(plan.labels),
+                          metadata=list(plan.metadata))
 
-    def _existing_and_zone(self, request: InstanceRequest) -> Tuple[Optional[GceInstance], str]:
-        """An instance of this name, and the zone to use.
+    def _existing_and_zones(self, request: InstanceRequest, plan: "_Plan") -> Tuple[Optional[GceInstance], List[str]]:
+        """An instance of this name, and the zones to try, best first.
 
-        With a location, one get there. Without, one aggregatedList of our instances in
-        every configured zone finds a same-named one anywhere and counts per zone for
-        placement; a zone that cannot be listed fails the create (transient) rather than
-        risk a twin of an instance it might hold.
+        With a location, one get there. Without, the zones the plan fits (a pinned machine
+        type narrows them to its zone), refused before any call if none does;
+        then one listing of our instances in every configured zone finds a same-named one
+        anywhere and counts per zone for placement. A zone that cannot be listed fails the
+        create rather than risk a twin of an instance it might hold.
         """
         if request.location:
             zone = self._zone(request.location)
-            return self.client.find(zone, request.name), zone
-        listing = self.client.aggregated_list(OURS_FILTER, self.settings.zones)
+            return self.client.find(zone, request.name), [zone]
+        misfits = [(zone, self._misfit(plan, zone)) for zone in self.settings.zones]
+        candidates = [zone for zone, misfit in misfits if misfit is None]
+        if not candidates:
+            raise Permanent("%s (no configured zone fits: %s)" % (misfits[0][1], ", ".join(self.settings.zones)))
+        listing = self.client.list_instances(OURS_FILTER, self.settings.zones)
         for found in listing.instances:
             if found.name == request.name:
-                return found, found.zone
+                return found, [found.zone]
         if listing.failed_zones:
-            raise Transient("cannot place %s: listing failed in zone(s) %s" % (request.name, "; ".join(
+            failure = Permanent if all(isinstance(e, Permanent) for e in listing.failed_zones.values()) else Transient
+            raise failure("cannot place %s: listing failed in zone(s) %s" % (request.name, "; ".join(
                 "%s: %s" % (zone, error) for zone, error in sorted(listing.failed_zones.items()))))
         owner = {OWNER_TAG: request.tags[OWNER_TAG]} if OWNER_TAG in request.tags else {}
-        counts = dict.fromkeys(self.settings.zones, 0)
+        counts = dict.fromkeys(candidates, 0)
         for found in listing.instances:
             if found.zone in counts and matches_tags(decode_tags(found.labels, found.metadata), owner):
                 counts[found.zone] += 1
-        # min() keeps the first of equals: config order breaks ties.
-        return None, min(self.settings.zones, key=lambda zone: counts[zone])
+        # sorted() is stable: config order breaks ties.
+        return None, sorted(candidates, key=lambda zone: counts[zone])
 
     def _ours_or_fail(self, found: GceInstance, field: str) -> GceInstance:
         if not is_ours(found.labels):
@@ -208,26 +286,67 @@ class GcpProvider:
                             "refusing to touch it" % (field, found.name, found.zone, MARKER_LABEL, MARKER_VALUE))
         return found
 
+    def _missing(self, error: MissingReference, plan: "_Plan", zone: str) -> Permanent:
+        """A 404 on the insert, as a failure naming the option or config field to fix."""
+        if error.field == "image":
+            return Permanent("image: %r (images.%s) does not exist or is not readable: %s; fix images.%s in the "
+                             "provider config" % (plan.image, plan.image_key, error, plan.image_key))
+        if error.field == "machine_type":
+            return Permanent("machine_type: %r (machineTypes.%s) does not exist in zone %s: %s; fix machineTypes.%s "
+                             "in the provider config" % (
+                                 plan.machine_type, plan.machine_key, zone, error, plan.machine_key))
+        if error.field in ("network", "subnetwork"):
+            return Permanent("gcp.%s: not found: %s; fix the provider config" % (error.field, error))
+        return error
+
     def create(self, request: InstanceRequest, check_mode: bool) -> Tuple[bool, Instance]:
-        """Create ``request`` unless an instance of that name exists (then changed is False)."""
+        """Create ``request`` unless an instance of that name exists (then changed is False).
+
+        A zone out of capacity (a stock-out lasts: retrying the same zone would fail the
+        same way) moves the insert to the next zone the instance may go to, in the same
+        run, and a warning says so; only a Proxy pinned to one zone, or every zone being
+        out, fails (transient). Nothing is remembered between runs: the module is
+        stateless, so each create tries the least-loaded zone first again.
+        """
         plan = self._plan(request)
-        found, zone = self._existing_and_zone(request)
+        found, zones = self._existing_and_zones(request, plan)
         if found is not None:
             return False, self._instance(self._ours_or_fail(found, "name"))
-        spec = self._insert_spec(request, plan, zone)
         if check_mode:
-            return True, Instance(provider_id=self.provider_id(zone, request.name), name=request.name,
-                                  location=zone, state="pending", tags=dict(request.tags))
-        created = self.client.insert(spec)
-        found = self.client.get(zone, request.name)
-        if not created:  # 409: made meanwhile (a concurrent run, or a foreign instance)
-            return False, self._instance(self._ours_or_fail(found, "name"))
-        return True, self._instance(found)
+            return True, Instance(provider_id=self.provider_id(zones[0], request.name), name=request.name,
+                                  location=zones[0], state="pending", tags=dict(request.tags))
+        deadline = operation_deadline()
+        stock_outs: List[StockOut] = []
+        for zone in zones:
+            if stock_outs and time.monotonic() >= deadline:
+                break
+            try:
+                created = self.client.insert(self._insert_spec(request, plan, zone), deadline)
+            except StockOut as error:
+                stock_outs.append(error)
+                continue
+            except MissingReference as error:
+                raise self._missing(error, plan, zone) from error
+            found = self.client.get(zone, request.name)
+            if stock_outs:
+                self.warn("instance %s was placed in zone %s because %s out of capacity: %s" % (
+                    request.name, zone, " and ".join("zone %s was" % e.zone for e in stock_outs),
+                    "; ".join(str(e) for e in stock_outs)))
+            if not created:  # 409: made meanwhile (a concurrent run, or a foreign instance)
+                return False, self._instance(self._ours_or_fail(found, "name"))
+            return True, self._instance(found)
+        if request.location:
+            hint = "location pins it to zone %s, so it cannot move to another zone" % request.location
+        elif len(stock_outs) < len(zones):
+            hint = "time ran out before zone(s) %s could be tried" % ", ".join(zones[len(stock_outs):])
+        else:
+            hint = "every zone it may go to (%s) was tried" % ", ".join(zones)
+        raise Transient("out of capacity: %s; %s; will retry" % ("; ".join(str(e) for e in stock_outs), hint))
 
     # -- delete ----------------------------------------------------------------------------
 
     def delete(self, provider_id: str, check_mode: bool) -> bool:
-        """Delete the instance; False when it was already gone (a retired zone too)."""
+        """Delete the instance; False when it was already gone (its zone too)."""
         zone, name = self._parse(provider_id)
         found = self.client.find(zone, name)
         if found is None:
@@ -236,4 +355,4 @@ class GcpProvider:
         self._ours_or_fail(found, "provider_id")
         if check_mode:
             return True
-        return bool(self.client.delete(zone, name))
+        return bool(self.client.delete(zone, name, operation_deadline()))

@@ -21,4 +21,4 @@ def gcp_provider(module: ProxyModule) -> GcpProvider:
     settings = module.provider().gcp
     if settings is None:  # provider() checked the type, so this is a bug
         raise Permanent("provider: %r has no gcp section" % module.params["provider"])
-    return GcpProvider(settings, ComputeClient(settings))
+    return GcpProvider(settings, ComputeClient(settings), module.warn)

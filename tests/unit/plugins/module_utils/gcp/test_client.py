@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -126,3 +127,29 @@ def test_a_key_file_that_does_not_parse_is_permanent_and_not_quoted(tmp_path: Pa
 @pytest.mark.parametrize("endpoint", ["http://127.0.0.1:8085", "http://localhost:8085", "http://[::1]:8085"])
 def test_a_loopback_emulator_gets_anonymous_credentials(endpoint: str) -> None:
     assert isinstance(load_credentials(settings(api_endpoint=endpoint)), AnonymousCredentials)
+
+
+def test_an_instance_in_transition_is_transient() -> None:
+    # instances.delete answers 400 resourceNotReady while the instance is being created or deleted.
+    assert type(classify(400, ["resourceNotReady"], "deleting instance x: 400 not ready")) is Transient
+
+
+def test_an_unknown_zone_is_not_found_only_where_the_instance_was_asked_for() -> None:
+    # The API's answer for a zone that does not exist: 400 invalid, "... Unknown zone." (not a 404).
+    message = "getting instance x in zone z: 400 Invalid value for field 'zone': 'z'. Unknown zone."
+    assert type(classify(400, ["invalid"], message)) is NotFound
+    assert type(classify(400, ["invalid"], message, missing="permanent")) is Permanent
+
+
+def test_missing_application_default_credentials_are_permanent_with_the_fix(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    with socket.socket() as probe:  # a loopback port nothing listens on: no metadata server
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS", raising=False)
+    monkeypatch.setenv("CLOUDSDK_CONFIG", str(tmp_path))  # no `gcloud auth application-default login` file
+    monkeypatch.setenv("GCE_METADATA_IP", f"127.0.0.1:{port}")  # google-auth's GCE probe reads it per call
+    with pytest.raises(Permanent) as caught:
+        load_credentials(settings())
+    message = str(caught.value)
+    assert "gcp.credentialsFile" in message and "Workload Identity" in message

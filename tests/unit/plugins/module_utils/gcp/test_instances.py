@@ -6,13 +6,14 @@ finer cases of the same behaviour run here in milliseconds.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.config import GcpSettings, parse_provider_config
-from ansible_collections.crawl.egress_proxies.plugins.module_utils.errors import Permanent, Transient
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.errors import NotFound, Permanent, Transient
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.gcp import client as client_module
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.gcp.client import ComputeClient
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.gcp.instances import (
@@ -29,10 +30,11 @@ TAGS = {"crawl.example.com/owner": "test-owner", "crawl.example.com/proxy": "cra
 NAME = "crawlers-eu-1-3f9c2a"
 
 
-def gcp_settings(endpoint: str) -> GcpSettings:
+def gcp_settings(endpoint: str, **gcp: Any) -> GcpSettings:
     document = {"owner": "test-owner", "providers": [{"name": "cloud", "type": "gcp", "gcp": {
         "project": "test-project", "zones": list(ZONES), "machineTypes": {"small": "e2-small"},
-        "images": {"debian-12": "projects/debian-cloud/global/images/family/debian-12"}, "apiEndpoint": endpoint}}]}
+        "images": {"debian-12": "projects/debian-cloud/global/images/family/debian-12"}, "apiEndpoint": endpoint,
+        **gcp}}]}
     settings = parse_provider_config(document).providers[0].gcp
     assert settings is not None
     return settings
@@ -45,11 +47,21 @@ def emulator() -> Iterator[ComputeEmulator]:
 
 
 @pytest.fixture
-def provider(emulator: ComputeEmulator) -> Iterator[GcpProvider]:
+def warnings() -> list[str]:
+    return []
+
+
+@pytest.fixture
+def provider(emulator: ComputeEmulator, warnings: list[str]) -> Iterator[GcpProvider]:
     settings = gcp_settings(emulator.endpoint)
-    made = GcpProvider(settings, ComputeClient(settings))
+    made = GcpProvider(settings, ComputeClient(settings), warnings.append)
     yield made
     made.close()
+
+
+def provider_for(emulator: ComputeEmulator, warnings: list[str] | None = None, **gcp: Any) -> GcpProvider:
+    settings = gcp_settings(emulator.endpoint, **gcp)
+    return GcpProvider(settings, ComputeClient(settings), None if warnings is None else warnings.append)
 
 
 def request(**overrides: Any) -> InstanceRequest:
@@ -189,9 +201,11 @@ def test_the_internal_ip_is_used_without_a_nat(emulator: ComputeEmulator) -> Non
 
 @pytest.mark.parametrize(
     ("status", "state"),
-    [("PROVISIONING", "pending"), ("STAGING", "pending"), ("REPAIRING", "pending"), ("RUNNING", "running"),
-     ("STOPPING", "stopped"), ("STOPPED", "stopped"), ("SUSPENDING", "stopped"), ("SUSPENDED", "stopped"),
-     ("TERMINATED", "stopped"), ("SOMETHING_NEW", "error")],
+    # Every value of Instance.Status in the Compute API (compute.proto); see STATES for why.
+    [("PROVISIONING", "pending"), ("STAGING", "pending"), ("PENDING", "pending"), ("REPAIRING", "pending"),
+     ("RUNNING", "running"), ("STOPPING", "stopped"), ("PENDING_STOP", "stopped"), ("STOPPED", "stopped"),
+     ("SUSPENDING", "stopped"), ("SUSPENDED", "stopped"), ("TERMINATED", "stopped"),
+     ("DEPROVISIONING", "stopped"), ("SOMETHING_NEW", "error")],
 )
 def test_status_maps_to_state(status: str, state: str) -> None:
     assert state_of(status) == state
@@ -204,3 +218,188 @@ def test_status_maps_to_state(status: str, state: str) -> None:
 )
 def test_creation_time_is_reported_in_utc(stamp: str | None, utc: str | None) -> None:
     assert utc_created(stamp) == utc
+
+
+# -- issue 14: the provider against the real Compute API's behaviour ----------------------------
+
+
+def scale_time(monkeypatch: pytest.MonkeyPatch, factor: float) -> None:
+    """Every time constant of the client scaled by ``factor`` (the emulator's hold is scaled
+    alike by the test), so minutes of real API time take seconds here."""
+    for name in dir(client_module):
+        value = getattr(client_module, name)
+        if name.endswith("_SECONDS") and isinstance(value, float):
+            monkeypatch.setattr(client_module, name, value * factor)
+
+
+def test_an_operation_longer_than_one_wait_hold_is_waited_out(emulator: ComputeEmulator,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    # zoneOperations.wait holds each call up to 2 minutes; an insert taking 3 minutes spans two
+    # wait calls. Scaled 1:60 (hold 2 s, operation 3 s): a client whose per-call timeout is
+    # below the hold (the old 90 s) times out on the first call instead of being answered.
+    scale_time(monkeypatch, 1 / 60)
+    emulator.wait_hold_seconds = 120 / 60
+    emulator.operation_seconds = 180 / 60
+    provider = provider_for(emulator)
+    changed, created = provider.create(request(location=ZONES[0]), False)
+    assert (changed, created.state) == (True, "running")
+    waits = emulator.requests_to("POST", r"/operations/[^/]+/wait$")
+    assert len(waits) == 2  # the first held to its end and answered RUNNING, the second DONE
+
+
+def test_a_slow_delete_is_retried_while_still_deleting(provider: GcpProvider, emulator: ComputeEmulator,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    provider.create(request(location=ZONES[0]), False)
+    emulator.operation_seconds = 1.5
+    emulator.wait_hold_seconds = 0.2
+    monkeypatch.setattr(client_module, "OPERATION_TIMEOUT_SECONDS", 0.3)
+    with pytest.raises(Transient, match="still not done"):
+        provider.delete(pid(ZONES[0]), False)
+    # The retry comes while GCE is still deleting: 400 resourceNotReady is transient, not permanent.
+    with pytest.raises(Transient, match="in transition"):
+        provider.delete(pid(ZONES[0]), False)
+    assert emulator.instances[(ZONES[0], NAME)]["status"] == "STOPPING"
+    time.sleep(1.5)
+    assert provider.delete(pid(ZONES[0]), False) is False  # gone meanwhile
+    assert emulator.instances == {}
+
+
+def test_a_stock_out_moves_the_insert_to_the_next_zone_and_says_so(provider: GcpProvider, emulator: ComputeEmulator,
+                                                                   warnings: list[str]) -> None:
+    emulator.stock_out(ZONES[0])  # the least-loaded zone, so placement picks it first
+    changed, created = provider.create(request(), False)
+    assert (changed, created.location, created.state) == (True, ZONES[1], "running")
+    inserts = emulator.requests_to("POST", r"/instances$")
+    assert [r.path.split("/")[6] for r in inserts] == [ZONES[0], ZONES[1]]
+    assert emulator.zones_of(NAME) == [ZONES[1]]
+    assert len(warnings) == 1
+    assert f"placed in zone {ZONES[1]} because zone {ZONES[0]} was out of capacity" in warnings[0]
+    assert "ZONE_RESOURCE_POOL_EXHAUSTED" in warnings[0]
+
+
+def test_a_stock_out_where_the_instance_cannot_move_is_transient_and_says_why(provider: GcpProvider,
+                                                                              emulator: ComputeEmulator) -> None:
+    emulator.stock_out(ZONES[0], "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS")
+    with pytest.raises(Transient, match=f"out of capacity: .*location pins it to zone {ZONES[0]}"):
+        provider.create(request(location=ZONES[0]), False)
+    emulator.stock_out(ZONES[1])
+    with pytest.raises(Transient, match=r"out of capacity: .*every zone it may go to .* was tried; will retry"):
+        provider.create(request(), False)
+    assert emulator.instances == {}
+    emulator.restock(ZONES[1])
+    assert provider.create(request(), False)[1].location == ZONES[1]
+
+
+@pytest.mark.parametrize(
+    ("break_it", "field"),
+    [(lambda e: e.images.clear(), "image"),
+     (lambda e: e.machine_types[ZONES[0]].discard("e2-small"), "machine_type")],
+    ids=["image", "machine_type"],
+)
+def test_a_missing_image_or_machine_type_on_insert_is_permanent_naming_the_field(
+        provider: GcpProvider, emulator: ComputeEmulator, break_it: Any, field: str) -> None:
+    break_it(emulator)
+    with pytest.raises(Permanent) as caught:
+        provider.create(request(location=ZONES[0]), False)
+    message = str(caught.value)
+    assert message.startswith(field + ":"), message
+    assert "404" in message and "was not found" in message
+    assert emulator.instances == {}
+    assert emulator.requests_to("POST", r"/operations/") == []  # refused synchronously, no operation
+
+
+def test_a_zone_that_does_not_exist_is_not_found_for_get_and_delete(provider: GcpProvider,
+                                                                    emulator: ComputeEmulator) -> None:
+    emulator.retire_zone(ZONES[1])  # the API answers 400 invalid "Unknown zone", not 404
+    with pytest.raises(NotFound, match="Unknown zone"):
+        provider.get(pid(ZONES[1]))
+    assert provider.delete(pid(ZONES[1]), False) is False
+
+
+def test_a_configured_zone_that_does_not_exist_fails_alone_and_permanently(provider: GcpProvider,
+                                                                           emulator: ComputeEmulator) -> None:
+    seed(emulator, ZONES[0])
+    emulator.retire_zone(ZONES[1])
+    listed = provider.list(TAGS)
+    assert [i.provider_id for i in listed.instances] == [pid(ZONES[0])]
+    assert list(listed.failed_locations) == [ZONES[1]]
+    failure = listed.failed_locations[ZONES[1]]
+    assert isinstance(failure, Permanent) and "Unknown zone" in str(failure) and "gcp.zones" in str(failure)
+
+
+def test_one_unreachable_zone_fails_only_that_zone(provider: GcpProvider, emulator: ComputeEmulator) -> None:
+    seed(emulator, ZONES[0])
+    emulator.set_unreachable(ZONES[1])
+    listed = provider.list(TAGS)
+    assert [i.provider_id for i in listed.instances] == [pid(ZONES[0])]
+    assert list(listed.failed_locations) == [ZONES[1]]
+    assert isinstance(listed.failed_locations[ZONES[1]], Transient)
+    # The aggregated call failed whole (no returnPartialSuccess), then one list per zone.
+    assert [r.path.rsplit("/", 2)[-2] for r in emulator.requests] == ["aggregated", ZONES[0], ZONES[1]]
+
+
+def test_listing_follows_every_page(provider: GcpProvider, emulator: ComputeEmulator) -> None:
+    for index in range(501):  # one more than a page holds (maxResults is at most 500)
+        seed(emulator, ZONES[index % 2], f"p-{index}")
+    listed = provider.list(TAGS)
+    assert len(listed.instances) == 501 and listed.failed_locations == {}
+    pages = emulator.requests_to("GET", "/aggregated/instances$")
+    assert len(pages) == 2 and "pageToken" in pages[1].query
+
+
+def test_a_pinned_machine_type_is_refused_in_another_zone_before_the_api(emulator: ComputeEmulator) -> None:
+    provider = provider_for(emulator, defaultMachineType="small", machineTypes={
+        "small": "e2-small", "big": f"zones/{ZONES[0]}/machineTypes/n2-standard-2"})
+    with pytest.raises(Permanent, match=rf"^machine_type: .*pinned to zone {ZONES[0]} .*zone {ZONES[1]}"):
+        provider.create(request(machine_type="big", location=ZONES[1]), False)
+    assert emulator.requests == []
+    # Without a location it goes to its zone, although placement would prefer the emptier other one.
+    seed(emulator, ZONES[0], "p-0")
+    _, created = provider.create(request(machine_type="big"), False)
+    assert created.location == ZONES[0]
+    assert emulator.instances[(ZONES[0], NAME)]["machineType"] == f"zones/{ZONES[0]}/machineTypes/n2-standard-2"
+    # A bare name is resolved in whichever zone the instance goes to.
+    _, other = provider.create(request(name="p-1", location=ZONES[1]), False)
+    assert emulator.instances[(ZONES[1], "p-1")]["machineType"] == f"zones/{ZONES[1]}/machineTypes/e2-small"
+    assert other.location == ZONES[1]
+
+
+def test_a_custom_mode_network_gets_the_subnetwork(emulator: ComputeEmulator) -> None:
+    emulator.add_network("crawl-vpc", {"europe-west1": {"egress"}})
+    without = provider_for(emulator, zones=[ZONES[0]], network="global/networks/crawl-vpc")
+    with pytest.raises(Permanent, match="Subnetwork should be specified for custom subnetmode network"):
+        without.create(request(), False)
+    subnetwork = "regions/europe-west1/subnetworks/egress"
+    provider = provider_for(emulator, zones=[ZONES[0]], network="global/networks/crawl-vpc", subnetwork=subnetwork)
+    _, created = provider.create(request(), False)
+    assert created.state == "running"
+    nic = emulator.instances[(ZONES[0], NAME)]["networkInterfaces"][0]
+    assert (nic["network"], nic["subnetwork"]) == ("global/networks/crawl-vpc", subnetwork)
+
+
+def test_a_subnetwork_that_does_not_exist_is_permanent_naming_it(emulator: ComputeEmulator) -> None:
+    emulator.add_network("crawl-vpc", {"europe-west1": {"egress"}})
+    provider = provider_for(emulator, zones=[ZONES[0]], network="global/networks/crawl-vpc",
+                            subnetwork="regions/europe-west1/subnetworks/typo")
+    with pytest.raises(Permanent, match=r"^gcp\.subnetwork: not found: .*subnetworks/typo"):
+        provider.create(request(), False)
+
+
+def test_without_an_external_ip_no_ip_is_reported_and_a_warning_says_why(provider: GcpProvider,
+                                                                         emulator: ComputeEmulator,
+                                                                         warnings: list[str]) -> None:
+    labels, tags_json = encode_tags(TAGS)
+    emulator.add_instance(ZONES[0], NAME, labels=labels, metadata={TAGS_METADATA_KEY: tags_json}, nat_ip=False)
+    found = provider.get(pid(ZONES[0]))
+    assert (found.state, found.ip) == ("running", None)  # never the internal 10.128.x.y
+    assert len(warnings) == 1 and "without an external IP" in warnings[0] and "gcp.externalIP" in warnings[0]
+
+
+def test_a_terminated_instance_is_reported_stopped_for_self_healing(provider: GcpProvider,
+                                                                    emulator: ComputeEmulator) -> None:
+    # Preemption and host errors leave an instance TERMINATED; it does not come back by itself.
+    labels, tags_json = encode_tags(TAGS)
+    emulator.add_instance(ZONES[0], NAME, labels=labels, metadata={TAGS_METADATA_KEY: tags_json}, status="TERMINATED")
+    changed, found = provider.create(request(), False)
+    assert (changed, found.state, found.location) == (False, "stopped", ZONES[0])
+    assert [i.state for i in provider.list(TAGS).instances] == ["stopped"]
