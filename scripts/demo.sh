@@ -55,6 +55,8 @@ owner: demo
 providers:
 - name: home-kvm
   type: kvm
+  # libvirt's test driver boots nothing and makes its addresses up: never probe them.
+  probe: none
   kvm:
     hosts:
     - {name: beelink, uri: "$uri", pool: default-pool, network: default, domainType: qemu}

@@ -23,8 +23,10 @@ from egress_proxies.health import SweepHealth
 from egress_proxies.http import ControllerHTTPServer, token_from_env, warn_if_no_token
 from egress_proxies.loop import Controller, Elector, LoopSettings
 from egress_proxies.model import PHASE_READY, Proxy
+from egress_proxies.probe import ProbeConfigError, Prober
 from egress_proxies.reconcile import Reconciler, ReconcileSettings
 from egress_proxies.runner import AnsibleRunner
+from egress_proxies.serving import ServingMonitor
 from egress_proxies.store import ProxyStore, StoreError
 
 log = logging.getLogger("egress_proxies")
@@ -53,6 +55,8 @@ class Settings:
     identity: str = ""
     once: bool = False
     check_config: bool = False
+    probe_interval_seconds: float = 10.0
+    probe_allow: list[str] | None = None
     until_ready_seconds: float | None = None
 
 
@@ -130,6 +134,11 @@ def build_parser() -> argparse.ArgumentParser:
     add("--until-ready", type=_positive(float, 0, "a number of seconds"), default=None,
         dest="until_ready_seconds", metavar="SECONDS",
         help="sweep until every Proxy is Ready (or SECONDS pass), print them, and exit")
+    add("--probe-interval", type=_positive(float, 1, "a number of seconds"), default=Settings.probe_interval_seconds,
+        dest="probe_interval_seconds", help="seconds between probes through every proxy (default: %(default)s)")
+    add("--probe-allow", action="append", default=None, metavar="CIDR", dest="probe_allow",
+        help="only probe proxy endpoints inside this network (repeatable; default: anywhere). Addresses a "
+             "provider reports outside them are reported NotAllowed and never contacted")
     add("--log-level", type=str.upper, choices=["DEBUG", "INFO", "WARNING", "ERROR"], default="INFO",
         help="DEBUG, INFO, WARNING or ERROR (default: %(default)s)")
     return parser
@@ -171,6 +180,8 @@ def run_until_ready(controller: Controller, store: ProxyStore, timeout: float, p
     deadline = time.monotonic() + timeout
     while True:
         controller.sweep_once()
+        if controller.reconciler.monitor is not None and controller.reconciler.monitor.probe_now():
+            controller.sweep_once()  # record what the probes found at once
         proxies, _ = store.list_proxies()
         ready = [p for p in proxies if p.status.get("phase") == PHASE_READY]
         if proxies and len(ready) == len(proxies):
@@ -215,11 +226,17 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     log.info("runner: at most %d concurrent ansible-runner processes, %d s timeout", runner.max_concurrent,
              settings.runner_timeout_seconds)
+    try:
+        prober = Prober(allowed_networks=settings.probe_allow)
+    except ProbeConfigError as error:
+        log.error("--probe-allow: %s", error)
+        return 2
+    monitor = ServingMonitor(prober, settings.probe_interval_seconds)
     reconciler = Reconciler(
         store, runner, str(settings.provider_config),
         ReconcileSettings(gc_grace_seconds=settings.gc_grace_seconds, gc_dry_run=settings.gc_dry_run,
                           batch_size=settings.batch_size),
-        backoff=Backoff(), purge=runner.purge_artifacts)
+        backoff=Backoff(), purge=runner.purge_artifacts, monitor=monitor)
     health = SweepHealth(settings.interval_seconds, leader=elector is None)
     controller = Controller(reconciler, store, health,
                             LoopSettings(interval_seconds=settings.interval_seconds,
@@ -227,6 +244,8 @@ def main(argv: list[str] | None = None) -> int:
                             elector=elector)
     if settings.once:
         report = controller.sweep_once()
+        if monitor.probe_now():  # record what the first probe of new instances found
+            report = controller.sweep_once()
         for key, why in sorted(report.proxies_failed.items()):
             log.error("Proxy %s: %s", key, why)
         return 0 if report.clean else 1

@@ -79,7 +79,10 @@ def warn_if_no_token(token: str | None, logger: logging.Logger) -> None:
 
 
 def proxy_entry(proxy: Proxy) -> dict[str, Any]:
-    """One Ready proxy as crawlers see it."""
+    """One Ready (serving, where probed) proxy as crawlers see it."""
+    probe = proxy.status.get("probe") or {}
+    serving: dict[str, Any] = next(
+        (c for c in proxy.status.get("conditions") or [] if c.get("type") == "Serving"), {})
     return {
         "name": proxy.name,
         "namespace": proxy.namespace,
@@ -89,6 +92,11 @@ def proxy_entry(proxy: Proxy) -> dict[str, Any]:
         "port": proxy.port,
         "endpoint": proxy.status.get("endpoint"),
         "providerID": proxy.status.get("providerID"),
+        "egressIP": proxy.status.get("egressIP"),
+        # True: a request through it worked at lastProbeTime; Unknown: its provider is not probed.
+        "serving": serving.get("status", "Unknown"),
+        "latencySeconds": probe.get("latencySeconds"),
+        "lastProbeTime": probe.get("lastProbeTime"),
     }
 
 

@@ -8,28 +8,51 @@ traceback, a condition and an Event) and the others go on.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import math
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from functools import partial
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from egress_proxies import metrics
 from egress_proxies.model import (
     PHASE_PROVISIONING,
     PHASE_READY,
+    REPLACEMENTS_ANNOTATION,
     SPEC_HASH_ANNOTATION,
     Proxy,
     instance_name,
+    replacement_count,
     spec_hash,
 )
+from egress_proxies.probe import ProbeTarget
 from egress_proxies.providers import CreateRequest, Instance, Listing, ProviderClient, Result, Target
+from egress_proxies.serving import ProbePlan, ServingMonitor
 from egress_proxies.status import ProxyWriter, find_condition
 
 log = logging.getLogger(__name__)
 
 LISTED = "ProviderListed"
+SERVING = "Serving"
+AWAITING = "AwaitingProbe"
+UNVERIFIED = "Unverified"
+# The Serving reasons of an instance that is not there to serve at all (lost, not "slow").
+LOST_REASONS = ("InstanceStopped", "InstanceError")
+# Fewer probed instances than this never count as a provider-wide outage.
+OUTAGE_MINIMUM = 3
+
+
+@dataclass(frozen=True)
+class _Unhealthy:
+    proxy: Proxy
+    instance: Instance
+    hash: str
+    replacements: int
+    reason: str
+    message: str
 
 
 @dataclass
@@ -47,24 +70,38 @@ class LiveSettings:
     # A Ready Proxy whose provider cannot be listed stays Ready (and in discovery) this long,
     # with a condition saying so; after it, it is no longer vouched for.
     stale_listing_seconds: float = 600.0
+    # At most this share of a provider's Proxies get a replacement in one sweep (at least one).
+    replacement_budget: float = 0.1
+    # After this many replacements of one spec's instance, the Proxy goes Failed.
+    max_replacements: int = 5
 
 
 class LivePath:
     def __init__(self, writer: ProxyWriter, settings: LiveSettings, owner: str,
                  contain: Callable[[Proxy, Callable[[], object]], None], count: Callable[[str, int], None],
-                 seconds_since: Callable[[str], float]) -> None:
+                 seconds_since: Callable[[str], float], plan: ProbePlan | None = None,
+                 monitor: ServingMonitor | None = None,
+                 targets: dict[str, tuple[str, ProbeTarget]] | None = None) -> None:
         self.writer = writer
         self.settings = settings
         self.owner = owner
         self.contain = contain
         self.count = count
         self.seconds_since = seconds_since
+        # Without a monitor nothing is probed (tests of the decisions, the libvirt test driver):
+        # running with an address is Ready, reported unverified.
+        self.plan = plan if plan is not None and monitor is not None else ProbePlan(enabled=False)
+        self.monitor = monitor
+        self.targets = targets if targets is not None else {}
 
     def reconcile(self, client: ProviderClient, proxies: Sequence[Proxy], listing: Listing) -> None:
         creates: list[_Create] = []
         retire: list[tuple[Proxy, Instance]] = []
+        unhealthy: list[_Unhealthy] = []
         for proxy in proxies:
-            self.contain(proxy, partial(self._decide, proxy, listing, creates, retire))
+            self.contain(proxy, partial(self._decide, proxy, listing, creates, retire, unhealthy))
+        for item in self._within_budget(client.name, proxies, unhealthy):
+            self.contain(item.proxy, partial(self._replace, client.name, item, creates))
 
         def create_batch(chunk: list[_Create]) -> tuple[list[_Create], list[Result]]:
             return chunk, client.create([c.request for c in chunk])
@@ -83,22 +120,76 @@ class LivePath:
         self._retire(client, retire)
 
     def _decide(self, proxy: Proxy, listing: Listing, creates: list[_Create],
-                retire: list[tuple[Proxy, Instance]]) -> None:
+                retire: list[tuple[Proxy, Instance]], unhealthy: list[_Unhealthy]) -> None:
         desired = spec_hash(proxy.spec)
+        replacements = replacement_count(proxy.annotations, desired)
+        name = instance_name(proxy, desired, replacements)
         mine = listing.of(proxy.uid)
-        current = next((i for i in mine if i.spec_hash == desired), None)
+        current = next((i for i in mine if i.name == name), None)
         if current is None:
             if listing.error is not None and not mine:
                 self._unlisted(proxy, listing)
                 return
             if self.writer.backoff.due(proxy.uid):
-                name = instance_name(proxy, desired)
                 creates.append(_Create(proxy, CreateRequest.for_proxy(proxy, self.owner, name, desired), desired))
             return
         self.writer.backoff.succeeded(proxy.uid)  # its provider answers again: no stale backoff
         proxy = self.observe(proxy, current, desired)
-        if current.running:
+        if self._ready(proxy):
             retire.extend((proxy, old) for old in mine if old is not current)
+            return
+        serving = find_condition(proxy, SERVING)
+        if serving.get("status") != "False" or serving.get("reason") in (AWAITING, UNVERIFIED):
+            return
+        # Unhealthy continuously since the Serving condition turned False; each replacement
+        # waits twice as long as the one before (a Proxy whose replacements keep failing backs off).
+        threshold = self.plan.unhealthy_after_seconds * 2 ** min(replacements, 4)
+        if self.seconds_since(str(serving.get("lastTransitionTime") or "")) >= threshold:
+            unhealthy.append(_Unhealthy(proxy, current, desired, replacements, str(serving.get("reason")),
+                                        str(serving.get("message") or "")))
+
+    @staticmethod
+    def _ready(proxy: Proxy) -> bool:
+        return proxy.status.get("phase") == PHASE_READY
+
+    def _within_budget(self, provider: str, proxies: Sequence[Proxy],
+                       unhealthy: list[_Unhealthy]) -> list[_Unhealthy]:
+        """Never churn: a replacement budget per provider and sweep, and no replacements for not
+        serving while every probed instance of the provider fails (an outage of the provider or
+        of the probe target, which new instances would not fix)."""
+        probed = [p for p in proxies if find_condition(p, SERVING).get("status") in ("True", "False")
+                  and find_condition(p, SERVING).get("reason") not in (AWAITING, UNVERIFIED)]
+        outage = len(probed) >= OUTAGE_MINIMUM and all(
+            find_condition(p, SERVING).get("status") == "False" for p in probed)
+        chosen = []
+        for item in unhealthy:
+            if outage and item.reason not in LOST_REASONS:
+                log.warning("%s: not serving, but no probe of provider %s succeeds: replacements paused",
+                            item.proxy.key, provider)
+                continue
+            chosen.append(item)
+        budget = max(1, math.floor(len(proxies) * self.settings.replacement_budget))
+        if len(chosen) > budget:
+            log.info("provider %s: %d instances to replace, %d this sweep (budget)", provider, len(chosen), budget)
+        return chosen[:budget]
+
+    def _replace(self, provider: str, item: _Unhealthy, creates: list[_Create]) -> None:
+        if item.replacements >= self.settings.max_replacements:
+            message = (f"instance {item.instance.provider_id} is {item.reason} ({item.message}) after "
+                       f"{item.replacements} replacements; fix the cause (image, cloudInit, probe target), then "
+                       "change the spec or delete the annotation crawl.example.com/replacements to try again")
+            self.writer.invalid(item.proxy, "ReplacementsExhausted", message)
+            return
+        count = item.replacements + 1
+        # Recorded before the create: a crash in between finds the same name again.
+        proxy = self.writer.update_metadata(
+            item.proxy, lambda p: p.annotations.__setitem__(REPLACEMENTS_ANNOTATION, f"{item.hash}:{count}"))
+        reason = "InstanceLost" if item.reason in LOST_REASONS else "NotServing"
+        metrics.REPLACEMENTS.labels(provider=provider, reason=reason).inc()
+        self.writer.store.record_event(
+            proxy, "Warning", reason, f"replacing instance {item.instance.provider_id}: {item.reason}: {item.message}")
+        name = instance_name(proxy, item.hash, count)
+        creates.append(_Create(proxy, CreateRequest.for_proxy(proxy, self.owner, name, item.hash), item.hash))
 
     def _unlisted(self, proxy: Proxy, listing: Listing) -> None:
         """The provider could not be listed where this Proxy's instance may live."""
@@ -134,31 +225,64 @@ class LivePath:
                                            f"instance {instance.provider_id} created")
         self.writer.backoff.succeeded(create.proxy.uid)
         proxy = self.observe(create.proxy, instance, create.hash)
-        if instance.running:
+        if self._ready(proxy):
             retire.extend((proxy, old) for old in listing.of(proxy.uid) if old.provider_id != instance.provider_id)
 
     def observe(self, proxy: Proxy, instance: Instance, desired: str) -> Proxy:
-        """Status from what the provider reports about the instance built from ``desired``."""
+        """Status from what the provider reports about the instance built from ``desired`` and,
+        when it runs, from the latest probe through it: Ready means running *and* serving."""
         ip = instance.ip
-        recorded = proxy.status.get("ip")
-        if (instance.state == "running" and not ip and recorded and proxy.status.get("providerID") ==
+        if (instance.state == "running" and not ip and proxy.status.get("ip") and proxy.status.get("providerID") ==
                 instance.provider_id and proxy.status.get("phase") == PHASE_READY):
             # Running, but its address could not be read this time (a hypervisor's daemon just
             # restarted, a lease file rotated): the address of a running instance does not change.
-            ip = str(recorded)
-        listed = {LISTED: None}
-        if instance.state == "running" and ip:
-            endpoint = f"{ip}:{proxy.port}"
-            status = self.writer.status(proxy, PHASE_READY, "True", "InstanceRunning",
-                                        f"instance {instance.provider_id} is running at {endpoint}",
-                                        conditions=listed, providerID=instance.provider_id, ip=ip, endpoint=endpoint)
-            if proxy.annotations.get(SPEC_HASH_ANNOTATION) != desired:
-                proxy = self.writer.update_metadata(
-                    proxy, lambda p: p.annotations.__setitem__(SPEC_HASH_ANNOTATION, desired))
+            ip = str(proxy.status["ip"])
+            instance = dataclasses.replace(instance, ip=ip)
+        where = f"instance {instance.provider_id}"
+        fields: dict[str, Any] = {"providerID": instance.provider_id}
+        if instance.state in ("stopped", "error"):
+            serving = ("False", LOST_REASONS[0] if instance.state == "stopped" else LOST_REASONS[1],
+                       f"{where} is {instance.state}")
+            return self.writer.write_status(proxy, self.writer.status(
+                proxy, PHASE_PROVISIONING, "False", serving[1], serving[2],
+                conditions={SERVING: serving, LISTED: None}, **fields))
+        if not (instance.state == "running" and ip):
+            return self.writer.write_status(proxy, self.writer.status(
+                proxy, PHASE_PROVISIONING, "False", "Provisioning",
+                f"{where} is {instance.state}, waiting for it to run with an IP",
+                conditions={SERVING: ("Unknown", AWAITING, "not running yet"), LISTED: None}, **fields))
+        endpoint = f"{ip}:{proxy.port}"
+        fields.update(ip=ip, endpoint=endpoint)
+        if not self.plan.enabled:
+            phase, ready, reason = PHASE_READY, "True", "InstanceRunning"
+            message = f"{where} is running at {endpoint}"
+            serving = ("Unknown", UNVERIFIED, "the provider config says probe: none: nothing checks it serves")
         else:
-            status = self.writer.status(proxy, PHASE_PROVISIONING, "False", "Provisioning",
-                                        f"instance {instance.provider_id} is {instance.state}, waiting for it to "
-                                        "run with an IP", conditions=listed, providerID=instance.provider_id)
+            target = self.plan.target(proxy, instance)
+            self.targets[target.key] = (proxy.provider, target)
+            outcome = self.monitor.outcome(target.key) if self.monitor is not None else None
+            if outcome is None:
+                phase, ready, reason = PHASE_PROVISIONING, "False", AWAITING
+                message = f"{where} is running at {endpoint}; waiting for the first probe through it"
+                serving = ("Unknown", AWAITING, "not probed yet")
+            elif outcome.serving:
+                phase, ready, reason = PHASE_READY, "True", "Serving"
+                latency = outcome.latency_seconds or 0.0
+                message = f"{where} at {endpoint} serves requests through it ({latency * 1000:.0f} ms)"
+                serving = ("True", "Serving", message)
+                fields["egressIP"] = outcome.egress_ip
+                fields["probe"] = {"latencySeconds": round(latency, 4),
+                                   "lastProbeTime": outcome.probed_at.strftime("%Y-%m-%dT%H:%M:%SZ")}
+            else:
+                phase, ready, reason = PHASE_PROVISIONING, "False", "NotServing"
+                message = f"{where} at {endpoint} runs but does not serve: {outcome.reason}: {outcome.message}"
+                serving = ("False", outcome.reason.value, outcome.message)
+                fields["probe"] = {"lastProbeTime": outcome.probed_at.strftime("%Y-%m-%dT%H:%M:%SZ")}
+        status = self.writer.status(proxy, phase, ready, reason, message,
+                                    conditions={SERVING: serving, LISTED: None}, **fields)
+        if phase == PHASE_READY and proxy.annotations.get(SPEC_HASH_ANNOTATION) != desired:
+            proxy = self.writer.update_metadata(
+                proxy, lambda p: p.annotations.__setitem__(SPEC_HASH_ANNOTATION, desired))
         return self.writer.write_status(proxy, status)
 
     def _retire(self, client: ProviderClient, retire: Sequence[tuple[Proxy, Instance]]) -> None:

@@ -74,6 +74,8 @@ class Controller:
     def stop(self) -> None:
         self.stopping.set()
         self._wake.set()
+        if self.reconciler.monitor is not None:
+            self.reconciler.monitor.stop()
 
     def ready_proxies(self) -> list[Proxy]:
         """The Ready Proxies discovery serves: the last sweep's while this process leads and
@@ -120,6 +122,12 @@ class Controller:
         else:
             self._leader.set()
             self.health.set_leader(True)
+        monitor = self.reconciler.monitor
+        if monitor is not None:
+            # Probes run beside the sweeps, never inside them; a changed outcome wakes the sweep.
+            monitor.on_change = self.trigger
+            threads.append(threading.Thread(target=self._guarded("probe", lambda: monitor.run(self.stopping)),
+                                            name="probe", daemon=True))
         for thread in threads:
             thread.start()
         self.stopping.wait()

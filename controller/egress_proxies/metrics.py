@@ -18,3 +18,13 @@ ERRORS = Counter("egress_proxies_errors_total", "Provider operation failures by 
 GC_DELETIONS = Counter(
     "egress_proxies_gc_deletions_total", "Orphaned instances garbage-collected (dry_run: reported only)",
     ["provider", "dry_run"])
+PROBES = Counter("egress_proxies_probes_total", "Probes through proxies by provider and outcome reason",
+                 ["provider", "reason"])
+PROBE_SECONDS = Histogram(
+    "egress_proxies_probe_duration_seconds", "Latency of a serving probe through a proxy (all its checks)",
+    ["provider"], buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
+REPLACEMENTS = Counter("egress_proxies_replacements_total",
+                       "Instances replaced because they stopped or did not serve, by provider and reason",
+                       ["provider", "reason"])
+SERVING = Gauge("egress_proxies_proxies_serving", "Proxies by Serving condition (True, False, Unknown)",
+                ["serving"])

@@ -20,6 +20,10 @@ PLURAL = "proxies"
 FINALIZER = f"{GROUP}/cleanup"
 SKIP_CLEANUP_ANNOTATION = f"{GROUP}/skip-cleanup"
 SPEC_HASH_ANNOTATION = f"{GROUP}/spec-hash"
+# "<spec hash>:<n>": how many times the instance for this spec was replaced because it died or
+# stopped serving. Written before the replacement is created, so the name it derives is the
+# same after a crash mid-replacement (never a duplicate).
+REPLACEMENTS_ANNOTATION = f"{GROUP}/replacements"
 
 OWNER_TAG = f"{GROUP}/owner"
 PROXY_TAG = f"{GROUP}/proxy"
@@ -36,6 +40,12 @@ PHASE_FAILED = "Failed"
 
 # The spec fields that shape an instance; a change to any of them replaces it.
 SPEC_FIELDS = ("provider", "location", "machineType", "image", "port", "cloudInit", "cloudInitEncoding")
+
+
+def replacement_count(annotations: dict[str, str], hash_of_spec: str) -> int:
+    """Replacements recorded for the instance of this spec (0 after a spec change)."""
+    recorded, _, count = annotations.get(REPLACEMENTS_ANNOTATION, "").partition(":")
+    return int(count) if recorded == hash_of_spec and count.isdigit() else 0
 
 
 @dataclass
@@ -143,16 +153,19 @@ def spec_hash(spec: dict[str, Any]) -> str:
 _NOT_NAME = re.compile(r"[^a-z0-9-]+")
 
 
-def instance_name(proxy: Proxy, hash_of_spec: str) -> str:
+def instance_name(proxy: Proxy, hash_of_spec: str, replacement: int = 0) -> str:
     """The deterministic instance name for this Proxy and spec.
 
     Deterministic, so a controller killed between create and status write finds the
     same instance again instead of making a second one; it includes the spec hash,
     so a replacement (make-before-break) gets a different name than the instance it
-    replaces. At most 63 characters, starting with a letter: valid as a libvirt
-    domain, a GCE instance and a Pod name alike.
+    replaces. ``replacement`` (the recorded count of replacements of a dead or
+    non-serving instance) gives a replacement its own name the same way. At most 63
+    characters, starting with a letter: valid as a libvirt domain, a GCE instance and a
+    Pod name alike.
     """
-    suffix = hashlib.sha256(f"{proxy.uid}/{hash_of_spec}".encode()).hexdigest()[:6]
+    seed = f"{proxy.uid}/{hash_of_spec}" + (f"/{replacement}" if replacement else "")
+    suffix = hashlib.sha256(seed.encode()).hexdigest()[:6]
     readable = _NOT_NAME.sub("-", f"{proxy.namespace}-{proxy.name}".lower()).strip("-")
     readable = readable[: 63 - len(suffix) - 3].rstrip("-")
     return f"p-{readable}-{suffix}" if readable else f"p-{suffix}"

@@ -134,6 +134,32 @@ class Result:
         return cls(error=ProviderError(error_class, message))
 
     @classmethod
+    def from_batch(cls, outcome: OperationResult, count: int) -> list[Result]:
+        """One Result per item of a batch-form run, in order. A run that failed as a whole (no
+        item was tried: an unreadable config, a provider that cannot be opened, a killed run)
+        fails every item with its class; a run that answered the wrong number of results is a
+        fault of ours, transient so the items are tried again."""
+        if not outcome.ok:
+            return [cls.failed(ErrorClass.of(outcome.error_class), outcome.message)] * count
+        items = outcome.result.get("results")
+        if not isinstance(items, list) or len(items) != count:
+            got = len(items) if isinstance(items, list) else "no"
+            return [cls.failed(ErrorClass.TRANSIENT, f"the module returned {got} results for {count} items")] * count
+        return [cls.from_item(item) for item in items]
+
+    @classmethod
+    def from_item(cls, item: Any) -> Result:
+        """One entry of a batch-form run's ``results``, mapped as ``from_operation`` maps a run."""
+        if not isinstance(item, Mapping):
+            return cls.failed(ErrorClass.TRANSIENT, "the module returned a result that is not a mapping")
+        if not item.get("ok"):
+            return cls.failed(ErrorClass.of(item.get("error_class")),
+                              str(item.get("msg") or "failed without a message"))
+        instance = item.get("instance")
+        return cls(instance=Instance.from_result(instance) if isinstance(instance, Mapping) else None,
+                   changed=bool(item.get("changed")))
+
+    @classmethod
     def from_operation(cls, outcome: OperationResult) -> Result:
         if not outcome.ok:
             return cls.failed(ErrorClass.of(outcome.error_class), outcome.message)
@@ -232,22 +258,27 @@ class ProviderClient:
                        error=ProviderError(ErrorClass.of(outcome.error_class), outcome.message))
 
     def get(self, targets: Sequence[Target], verb: str = "get") -> list[Result]:
-        return self._run(verb, [Operation(f"{self._module}_info", {**self._common(), "provider_id": t.provider_id},
-                                          key=t.key) for t in targets])
+        return self._run(verb, f"{self._module}_info", "provider_ids", [t.provider_id for t in targets],
+                         [t.key for t in targets])
 
     def create(self, requests: Sequence[CreateRequest], verb: str = "create") -> list[Result]:
-        return self._run(verb, [Operation(self._module, {**self._common(), **r.arguments()}, key=r.key)
-                                for r in requests])
+        return self._run(verb, self._module, "operations", [{**r.arguments(), "key": r.key} for r in requests],
+                         [r.key for r in requests])
 
     def delete(self, targets: Sequence[Target], verb: str = "delete") -> list[Result]:
-        return self._run(verb, [Operation(self._module, {**self._common(), "state": "absent",
-                                                         "provider_id": t.provider_id}, key=t.key)
-                                for t in targets])
+        return self._run(verb, self._module, "operations",
+                         [{"state": "absent", "provider_id": t.provider_id, "key": t.key} for t in targets],
+                         [t.key for t in targets])
 
-    def _run(self, verb: str, operations: list[Operation]) -> list[Result]:
-        if not operations:
+    def _run(self, verb: str, module: str, option: str, items: Sequence[Any], keys: Sequence[str]) -> list[Result]:
+        """The whole batch as ONE module run (the modules' batch form, ``operations`` or
+        ``provider_ids``): one process, one config parse, one connection per host for all items.
+        The artifacts are indexed under every item's key, so purging one Proxy's still finds them."""
+        if not items:
             return []
-        return [Result.from_operation(o) for o in self.runner.run(self.name, verb, operations)]
+        operation = Operation(module, {**self._common(), option: list(items)}, key=keys[0], keys=tuple(keys))
+        (outcome,) = self.runner.run(self.name, verb, [operation])
+        return Result.from_batch(outcome, len(items))
 
 
 class ConfigUnreadable(Exception):
@@ -265,6 +296,7 @@ class ProviderSet:
     invalid: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # name -> its errors
     errors: tuple[str, ...] = ()  # every error, root and per provider
     digest: str = ""
+    probes: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # name -> its probe settings
 
     def clients(self, runner: Runner) -> dict[str, ProviderClient]:
         """A client for every valid provider."""
@@ -297,8 +329,10 @@ def check_config(runner: Runner, path: str, previous: ProviderSet | None = None)
     errors = tuple(str(e) for e in data.get("errors") or [])
     types: dict[str, ProviderType] = {}
     invalid: dict[str, tuple[str, ...]] = {}
+    probes: dict[str, Mapping[str, Any]] = {}
     for provider in data.get("providers") or []:
         name = str(provider.get("name"))
+        probes[name] = provider.get("probe") or {}
         try:
             types[name] = ProviderType(str(provider.get("type")))
         except ValueError:
@@ -309,4 +343,5 @@ def check_config(runner: Runner, path: str, previous: ProviderSet | None = None)
     owner = data.get("owner")
     if not owner:  # a root error (the owner tags every instance): no provider is usable
         raise ConfigUnreadable(f"provider config {absolute}: " + "; ".join(errors or ("owner: missing",)))
-    return ProviderSet(path=absolute, owner=str(owner), types=types, invalid=invalid, errors=errors, digest=digest)
+    return ProviderSet(path=absolute, owner=str(owner), types=types, invalid=invalid, errors=errors, digest=digest,
+                       probes=probes)

@@ -27,7 +27,7 @@ from egress_proxies import metrics
 from egress_proxies.backoff import Backoff
 from egress_proxies.deletion import DeletePath
 from egress_proxies.garbage import GarbageCollector, GarbageSettings, age_seconds
-from egress_proxies.live import LivePath, LiveSettings
+from egress_proxies.live import SERVING, LivePath, LiveSettings
 from egress_proxies.model import (
     FINALIZER,
     PHASE_DELETING,
@@ -37,6 +37,7 @@ from egress_proxies.model import (
     PHASE_READY,
     Proxy,
 )
+from egress_proxies.probe import ProbeTarget
 from egress_proxies.providers import (
     ConfigUnreadable,
     ErrorClass,
@@ -48,7 +49,8 @@ from egress_proxies.providers import (
 )
 from egress_proxies.runner import Runner
 from egress_proxies.schema import validation_errors
-from egress_proxies.status import ProxyWriter, utc_now
+from egress_proxies.serving import ProbePlan, ServingMonitor
+from egress_proxies.status import ProxyWriter, find_condition, utc_now
 from egress_proxies.store import Gone, ProxyStore, StoreError
 
 log = logging.getLogger(__name__)
@@ -113,8 +115,10 @@ class SweepReport:
 class Reconciler:
     def __init__(self, store: ProxyStore, runner: Runner, config_path: str, settings: ReconcileSettings | None = None,
                  backoff: Backoff | None = None, now: Callable[[], str] = utc_now,
-                 purge: Callable[[set[str]], int] | None = None) -> None:
+                 purge: Callable[[set[str]], int] | None = None, monitor: ServingMonitor | None = None) -> None:
         self.store = store
+        # None: nothing is probed, and running with an address is Ready (unverified).
+        self.monitor = monitor
         self.runner = runner
         self.config_path = config_path
         self.settings = settings or ReconcileSettings()
@@ -184,11 +188,13 @@ class Reconciler:
         for proxy in live:
             by_provider.setdefault(proxy.provider, []).append(proxy)
 
-        live_path = LivePath(self.writer, LiveSettings(self.settings.batch_size, self.settings.parallel_batches,
-                                                       self.settings.stale_listing_seconds),
-                             config.owner, contain, report.add, self._seconds_since)
+        live_settings = LiveSettings(self.settings.batch_size, self.settings.parallel_batches,
+                                     self.settings.stale_listing_seconds)
+        targets: dict[str, tuple[str, ProbeTarget]] = {}
 
         def reconcile_provider(name: str) -> None:
+            live_path = LivePath(self.writer, live_settings, config.owner, contain, report.add, self._seconds_since,
+                                 ProbePlan.from_result(config.probes.get(name)), self.monitor, targets)
             try:
                 live_path.reconcile(clients[name], by_provider.get(name, []), listings[name])
             except Exception as error:  # a bug must not take the other providers' sweep with it
@@ -216,6 +222,8 @@ class Reconciler:
         for name in config.invalid:
             report.providers_failed.setdefault(name, unusable[name])
         report.proxies_failed.update(self.writer.failures)
+        if self.monitor is not None:
+            self.monitor.watch(targets)
         self._publish(list(self.writer.latest.values()))
 
     def _admit(self, proxy: Proxy, usable: list[Proxy]) -> None:
@@ -228,6 +236,12 @@ class Reconciler:
             phases[phase] = phases.get(phase, 0) + 1
         for phase in (PHASE_PENDING, PHASE_PROVISIONING, PHASE_READY, PHASE_DELETING, PHASE_FAILED):
             metrics.PROXIES.labels(phase=phase).set(phases.get(phase, 0))
+        serving: dict[str, int] = {"True": 0, "False": 0, "Unknown": 0}
+        for proxy in final:
+            state = str(find_condition(proxy, SERVING).get("status") or "Unknown")
+            serving[state] = serving.get(state, 0) + 1
+        for state, count in serving.items():
+            metrics.SERVING.labels(serving=state).set(count)
         self.last_ready = [p for p in final if p.status.get("phase") == PHASE_READY]
 
     def _contain(self, proxy: Proxy, action: Callable[[], object], report: SweepReport) -> None:

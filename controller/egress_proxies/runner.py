@@ -61,12 +61,14 @@ _MAX_ERROR_LINE = 400
 
 @dataclass(frozen=True)
 class Operation:
-    """One module call: ``module`` is the short name (``kvm_proxy``), ``key`` says what it is for."""
+    """One module call: ``module`` is the short name (``kvm_proxy``), ``key`` says what it is for;
+    a batch-form call (``operations``, ``provider_ids``) acts for several, named in ``keys``."""
 
     module: str
     args: dict[str, Any]
     key: str = ""
     check_mode: bool = False
+    keys: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -87,7 +89,7 @@ class Runner(Protocol):
 
 
 def classify_failure(result: dict[str, Any]) -> str:
-    """The module's own ``error_class``; anything unclassified is transient (design.md)."""
+    """The module's own ``error_class``; anything unclassified is transient (docs/contract.md)."""
     error_class = result.get("error_class")
     return error_class if error_class in ERROR_CLASSES else "transient"
 
@@ -393,7 +395,7 @@ class AnsibleRunner:
         """Which Proxies a run touched, so their artifacts can be purged when they go."""
         artifact = self.artifact_dir / ident
         if artifact.is_dir():
-            (artifact / "egress-proxies-keys.json").write_text(json.dumps(sorted({op.key for op in operations})))
+            (artifact / "egress-proxies-keys.json").write_text(json.dumps(sorted({key for op in operations for key in (op.key, *op.keys)})))
 
     def purge_artifacts(self, keys: set[str]) -> int:
         """Remove every run's artifacts that touched one of ``keys``; returns how many."""

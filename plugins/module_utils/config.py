@@ -174,6 +174,36 @@ class KubernetesSettings:
         return (self.namespace, *(n for n in self.namespaces if n != self.namespace))
 
 
+# What "serving" is checked against when a provider says nothing: a generate_204 URL and an
+# HTTPS CONNECT to a well-known host, the checks crawler teams use themselves. Every one of them
+# can be pointed at a self-hosted target; nothing in the controller depends on these hosts.
+DEFAULT_PROBE_HTTP_URL = "http://connectivitycheck.gstatic.com/generate_204"
+DEFAULT_PROBE_CONNECT = "www.google.com:443"
+PROBE_KEYS = ("httpUrl", "expectStatus", "connect", "egressEchoUrl", "timeoutSeconds", "unhealthyAfterSeconds")
+HOST_PORT_RE = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):([0-9]{1,5})$")
+
+
+@dataclass(frozen=True)
+class ProbeSettings:
+    """How the controller checks that this provider's proxies serve (a request through each).
+
+    ``enabled`` False is ``probe: none``: the controller cannot reach the instances (a NAT'd
+    network, the libvirt test driver's made-up addresses) and reports them unverified."""
+
+    enabled: bool = True
+    http_url: str = DEFAULT_PROBE_HTTP_URL
+    expect_status: int = 204
+    connect: Optional[str] = DEFAULT_PROBE_CONNECT
+    egress_echo_url: Optional[str] = None
+    timeout_seconds: int = 5
+    unhealthy_after_seconds: int = 300
+
+    def as_dict(self) -> Dict[str, Any]:
+        return {"enabled": self.enabled, "httpUrl": self.http_url, "expectStatus": self.expect_status,
+                "connect": self.connect, "egressEchoUrl": self.egress_echo_url,
+                "timeoutSeconds": self.timeout_seconds, "unhealthyAfterSeconds": self.unhealthy_after_seconds}
+
+
 @dataclass(frozen=True)
 class Provider:
     """One provider entry: its settings when its section is valid, else its ``errors``.
@@ -186,6 +216,7 @@ class Provider:
     gcp: Optional[GcpSettings] = None
     kubernetes: Optional[KubernetesSettings] = None
     errors: Tuple[str, ...] = ()
+    probe: ProbeSettings = field(default_factory=ProbeSettings)
 
     @property
     def valid(self) -> bool:
@@ -626,7 +657,7 @@ def _parse_gcp(reader: _Reader, errors: _Errors) -> Optional[GcpSettings]:
     start = len(errors)
     reader.only(errors, "project", "zones", "machineTypes", "images", "defaultMachineType", "defaultImage",
                 "network", "subnetwork", "credentialsFile", "externalIP", "apiEndpoint")
-    # Fields are checked in the order design.md documents them, so errors are listed in the
+    # Fields are checked in the order docs/gcp-provider.md documents them, so errors are listed in the
     # order a reader of the file meets them.
     project = errors.read(reader.string, "project", pattern=re.compile(r"[a-z][-a-z0-9.:]{4,61}[a-z0-9]"),
                           rule="is not a GCP project id")
@@ -756,12 +787,56 @@ def _parse_provider(item: _Reader, name: str) -> Provider:
     if kind is None:
         # Without a known type there is no section to read; its errors would only be noise.
         return Provider(name, raw_type if isinstance(raw_type, str) else "", errors=tuple(errors.messages))
-    item.only(errors, "name", "type", kind)
+    item.only(errors, "name", "type", "probe", kind)
     section = errors.read(item.mapping, kind)
     settings = _SECTION_PARSERS[kind](section, errors) if section is not None else None
-    if errors.messages or settings is None:
+    probe = _parse_probe(item, errors)
+    if errors.messages or settings is None or probe is None:
         return Provider(name, kind, errors=tuple(errors.messages))
-    return Provider(name, kind, **{kind: settings})
+    return Provider(name, kind, probe=probe, **{kind: settings})
+
+
+def _parse_probe(item: _Reader, errors: _Errors) -> Optional[ProbeSettings]:
+    """``probe``: absent (the defaults), ``none`` (unverified), or a mapping of PROBE_KEYS."""
+    value = item.data.get("probe")
+    if value is None:
+        return ProbeSettings()
+    if value == "none":
+        return ProbeSettings(enabled=False)
+    before = len(errors)
+    reader = errors.read(_Reader, value, item.at("probe"))
+    if reader is None:
+        errors.messages[-1] += " or the string none (the instances cannot be reached to check them)"
+        return None
+    reader.only(errors, *PROBE_KEYS)
+    url_rule = "must be an http:// URL (the check sends a plain-HTTP request through the proxy)"
+    http_url = errors.read(reader.string, "httpUrl", DEFAULT_PROBE_HTTP_URL, pattern=re.compile(r"^http://\S+$"),
+                           rule=url_rule)
+    echo = None
+    if reader.has("egressEchoUrl"):
+        echo = errors.read(reader.string, "egressEchoUrl", pattern=re.compile(r"^http://\S+$"), rule=url_rule)
+    connect: Optional[str] = DEFAULT_PROBE_CONNECT
+    if "connect" in reader.data and reader.data["connect"] in (None, "none"):
+        connect = None
+    elif reader.has("connect"):
+        connect = errors.read(reader.string, "connect", pattern=HOST_PORT_RE,
+                              rule="must be host:port (the HTTPS CONNECT check's target), or none")
+
+    def number(key: str, default: int, minimum: int, maximum: int) -> int:
+        if not reader.has(key):
+            return default
+        found = errors.read(reader.integer, key, minimum)
+        if found is not None and found > maximum:
+            errors.add("%s: must be at most %d, got %d" % (reader.at(key), maximum, found))
+        return found if found is not None else default
+
+    status = number("expectStatus", 204, 100, 599)
+    timeout = number("timeoutSeconds", 5, 1, 60)
+    unhealthy = number("unhealthyAfterSeconds", 300, 30, 86400)
+    if len(errors) > before or http_url is None:
+        return None
+    return ProbeSettings(enabled=True, http_url=http_url, expect_status=status, connect=connect,
+                         egress_echo_url=echo, timeout_seconds=timeout, unhealthy_after_seconds=unhealthy)
 
 
 def validate_provider_config(document: Any) -> ConfigReport:

@@ -96,6 +96,11 @@ providers:
       description: The errors that make it unusable (the file's root errors, then its section's), with field paths.
       type: list
       elements: str
+    probe:
+      description:
+        - How the controller checks that this provider's proxies serve (the C(probe) field, defaults filled in).
+        - C(enabled) is false for C(probe: none).
+      type: dict
   sample:
     - {name: home-kvm, type: kvm, valid: true, errors: []}
     - name: cluster
@@ -136,7 +141,7 @@ def main() -> None:
     root_errors = list(report.root_errors)
     providers = [
         {"name": provider.name, "type": provider.type, "valid": not root_errors and provider.valid,
-         "errors": root_errors + list(provider.errors)}
+         "errors": root_errors + list(provider.errors), "probe": provider.probe.as_dict()}
         for provider in report.providers
     ]
     module.exit_json(changed=False, valid=report.valid, owner=report.owner, providers=providers,

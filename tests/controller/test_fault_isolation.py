@@ -60,7 +60,7 @@ def config(tmp_path: Path) -> Path:
 
 
 def sweep(store: MemoryStore, runner: FakeRunner, config: Path, **settings: Any) -> Reconciler:
-    rec = Reconciler(store, runner, str(config), ReconcileSettings(**settings),  # type: ignore[arg-type]
+    rec = Reconciler(store, runner, str(config), ReconcileSettings(**settings),
                      backoff=Backoff(base_seconds=0, jitter=0))
     rec.sweep()
     return rec
@@ -251,7 +251,7 @@ def test_a_running_instance_whose_address_cannot_be_read_keeps_its_address(confi
 # -- the command line --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("argv, fragment", [
+@pytest.mark.parametrize(("argv", "fragment"), [
     (["--log-level", "foo"], "--log-level: invalid choice"),
     (["--interval", "-5"], "--interval: '-5' must be at least 0.1"),
     (["--interval", "abc"], "--interval: 'abc' is not a number of seconds"),
@@ -349,14 +349,10 @@ def test_once_with_malformed_files_and_a_bad_config_section(tmp_path: Path, test
     assert "providers[1].kubernetes.namespace" in check.stdout
 
 
-@pytest.fixture
-def crawlers(kube: KubeEmulator) -> None:
-    kube.create_namespace("crawlers")
-
-
+@pytest.mark.usefixtures("libvirt_test")
 def test_kubernetes_source_with_a_cr_stored_before_the_schema_tightened(
-        kube: KubeEmulator, api: client.ApiClient, crawlers: None, testdriver_config: Path,
-        libvirt_test: LibvirtTestDaemon, tmp_path: Path) -> None:  # noqa: ARG001 - fixtures that must be up
+        kube: KubeEmulator, api: client.ApiClient, testdriver_config: Path, tmp_path: Path) -> None:
+    kube.create_namespace("crawlers")
     objects = client.CustomObjectsApi(api)
     good = {"provider": "lab", "cloudInit": "#cloud-config\n"}
     objects.create_namespaced_custom_object(GROUP, VERSION, "crawlers", PLURAL, {

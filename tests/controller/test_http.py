@@ -211,6 +211,10 @@ def test_unknown_paths_are_404(token_server: ControllerHTTPServer) -> None:
 # -- discovery -------------------------------------------------------------------------------------
 
 
+# What discovery says of a proxy its provider does not probe (probe: none).
+UNPROBED = {"egressIP": None, "serving": "Unknown", "latencySeconds": None, "lastProbeTime": None}
+
+
 def test_discovery_json_with_the_right_token(token_server: ControllerHTTPServer) -> None:
     code, headers, body = get(token_server, "/v1/proxies", token=TOKEN)
     assert code == 200
@@ -219,10 +223,12 @@ def test_discovery_json_with_the_right_token(token_server: ControllerHTTPServer)
     assert json.loads(body) == {"proxies": [
         {"name": "eu-1", "namespace": "crawlers", "provider": "home-kvm", "location": "beelink", "ip": "192.0.2.10",
          "port": 3128, "endpoint": "192.0.2.10:3128",
-         "providerID": "kvm://hosts/beelink/domains/p-crawlers-eu-1-abcdef"},
+         "providerID": "kvm://hosts/beelink/domains/p-crawlers-eu-1-abcdef",
+         **UNPROBED},
         {"name": "eu-2", "namespace": "crawlers", "provider": "home-kvm", "location": None, "ip": "192.0.2.11",
          "port": 8080, "endpoint": "192.0.2.11:8080",
-         "providerID": "kvm://hosts/beelink/domains/p-crawlers-eu-2-abcdef"},
+         "providerID": "kvm://hosts/beelink/domains/p-crawlers-eu-2-abcdef",
+         **UNPROBED},
     ]}
 
 

@@ -43,7 +43,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 class FakeReconciler:
-    """What the loop needs of ``Reconciler``: ``sweep()`` and ``last_ready``.
+    """What the loop needs of ``Reconciler``: ``sweep()``, ``last_ready`` and ``monitor`` (none: no probing).
 
     ``block`` holds a sweep until set; ``fail`` makes the next sweep raise; ``ready`` is what a
     finished sweep found Ready (a new list each sweep, as the real one assigns).
@@ -52,6 +52,7 @@ class FakeReconciler:
     def __init__(self, ready: Callable[[], list[Proxy]] = list) -> None:
         self.ready = ready
         self.last_ready: list[Proxy] = []
+        self.monitor = None
         self.block = threading.Event()
         self.block.set()
         self.in_sweep = threading.Event()

@@ -40,8 +40,12 @@ def kvm_host(name: str, uri: str, pool: str = "default", network: str = "default
 
 def write_kvm_config(path: Path, hosts: Sequence[dict[str, Any]], image: BaseImage,
                      ssh: dict[str, str] | None = None, extra_providers: Sequence[dict[str, Any]] = (),
-                     **kvm_overrides: Any) -> Path:
-    """A provider config with one KVM provider named ``lab`` (plus any extra providers)."""
+                     probe: Any = "none", **kvm_overrides: Any) -> Path:
+    """A provider config with one KVM provider named ``lab`` (plus any extra providers).
+
+    ``probe`` is ``none`` unless a test says otherwise: the libvirt test driver's addresses are
+    made up, and nothing may ever be sent to them (a test that probes gives its own settings,
+    aimed at hosts inside its own network namespace)."""
     kvm: dict[str, Any] = {
         "hosts": list(hosts),
         "images": {"debian-12": {"url": image.url, "sha256": image.sha256, "format": "qcow2"}},
@@ -52,7 +56,8 @@ def write_kvm_config(path: Path, hosts: Sequence[dict[str, Any]], image: BaseIma
     if ssh is not None:
         kvm["ssh"] = ssh
     kvm.update(kvm_overrides)
-    document = {"owner": OWNER, "providers": [{"name": "lab", "type": "kvm", "kvm": kvm}, *extra_providers]}
+    document = {"owner": OWNER, "providers": [{"name": "lab", "type": "kvm", "probe": probe, "kvm": kvm},
+                                              *extra_providers]}
     path.write_text(yaml.safe_dump(document, sort_keys=False))
     return path
 
@@ -70,12 +75,14 @@ def write_kubeconfig(path: Path, server: str) -> Path:
 
 
 def write_kubernetes_config(path: Path, kubeconfig: Path | None, namespace: str = "egress",
-                            **kubernetes_overrides: Any) -> Path:
-    """A provider config with one Kubernetes provider named ``cluster``."""
+                            probe: Any = "none", **kubernetes_overrides: Any) -> Path:
+    """A provider config with one Kubernetes provider named ``cluster`` (``probe: none``: the
+    emulator's Pod addresses are made up)."""
     kubernetes: dict[str, Any] = {"namespace": namespace, "image": "ubuntu/squid:6.6-24.04_beta"}
     if kubeconfig is not None:
         kubernetes["kubeconfig"] = str(kubeconfig)
     kubernetes.update(kubernetes_overrides)
-    document = {"owner": OWNER, "providers": [{"name": "cluster", "type": "kubernetes", "kubernetes": kubernetes}]}
+    document = {"owner": OWNER, "providers": [{"name": "cluster", "type": "kubernetes", "probe": probe,
+                                               "kubernetes": kubernetes}]}
     path.write_text(yaml.safe_dump(document, sort_keys=False))
     return path

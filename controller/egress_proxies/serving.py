@@ -1,0 +1,129 @@
+"""Is each proxy serving? Background probing of every running instance, through itself.
+
+The sweep hands ``ServingMonitor.watch`` the endpoints it found running (one ``ProbeTarget`` per
+instance, built here from the provider's probe settings and the Proxy's own overrides) and reads
+the latest outcome with ``outcome``; it never waits for a probe. The monitor's thread probes the
+whole set every interval (``probe.Prober``: concurrent, bounded, with a deadline) and wakes the
+loop when an outcome changes, so a proxy that starts or stops serving is reflected at once.
+Started by ``loop.Controller``; ``probe_now`` runs one round in the caller's thread (``--once``,
+tests).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from egress_proxies import metrics
+from egress_proxies.model import Proxy
+from egress_proxies.probe import ProbeOutcome, Prober, ProbeTarget
+from egress_proxies.providers import Instance
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ProbePlan:
+    """A provider's probe settings (``provider_config_info``'s ``probe``), typed."""
+
+    enabled: bool = False
+    http_url: str = ""
+    expect_status: int = 204
+    connect: str | None = None
+    egress_echo_url: str | None = None
+    timeout_seconds: float = 5.0
+    unhealthy_after_seconds: float = 300.0
+
+    @classmethod
+    def from_result(cls, data: Mapping[str, Any] | None) -> ProbePlan:
+        if not data or not data.get("enabled"):
+            return cls(enabled=False, unhealthy_after_seconds=float((data or {}).get("unhealthyAfterSeconds") or 300))
+        return cls(enabled=True, http_url=str(data["httpUrl"]), expect_status=int(data.get("expectStatus") or 204),
+                   connect=data.get("connect") or None, egress_echo_url=data.get("egressEchoUrl") or None,
+                   timeout_seconds=float(data.get("timeoutSeconds") or 5),
+                   unhealthy_after_seconds=float(data.get("unhealthyAfterSeconds") or 300))
+
+    def target(self, proxy: Proxy, instance: Instance) -> ProbeTarget:
+        """What to check for this instance: the provider's checks, overridden by ``spec.probe``."""
+        override = proxy.spec.get("probe") or {}
+        return ProbeTarget(
+            key=target_key(instance, proxy.port), host=str(instance.ip), port=proxy.port,
+            http_url=str(override.get("httpUrl") or self.http_url),
+            expected_status=int(override.get("expectStatus") or self.expect_status),
+            connect_target=override.get("connect", self.connect) or None,
+            egress_echo_url=override.get("egressEchoUrl") or self.egress_echo_url)
+
+
+def target_key(instance: Instance, port: int) -> str:
+    """An outcome belongs to one instance at one address: a replacement is never judged by its
+    predecessor's probe."""
+    return f"{instance.provider_id}@{instance.ip}:{port}"
+
+
+class ServingMonitor:
+    def __init__(self, prober: Prober, interval_seconds: float = 10.0,
+                 on_change: Callable[[], None] | None = None) -> None:
+        self.prober = prober
+        self.interval_seconds = interval_seconds
+        self.on_change = on_change
+        self._lock = threading.Lock()
+        self._targets: dict[str, tuple[str, ProbeTarget]] = {}  # key -> (provider name, target)
+        self._outcomes: dict[str, ProbeOutcome] = {}
+        self._round = threading.Lock()
+        self._wake = threading.Event()
+
+    def watch(self, targets: Mapping[str, tuple[str, ProbeTarget]]) -> None:
+        """The endpoints to probe from now on (every running instance of a probed provider)."""
+        with self._lock:
+            new = set(targets) - set(self._targets)
+            self._targets = dict(targets)
+            self._outcomes = {k: v for k, v in self._outcomes.items() if k in targets}
+        if new:
+            self._wake.set()  # a new instance is probed at once, not an interval later
+
+    def outcome(self, key: str) -> ProbeOutcome | None:
+        with self._lock:
+            return self._outcomes.get(key)
+
+    def probe_now(self) -> bool:
+        """One round over every watched endpoint; True when any serving state changed."""
+        with self._round:
+            with self._lock:
+                targets = dict(self._targets)
+            if not targets:
+                return False
+            results = self.prober.probe_all(target for _, target in targets.values())
+            changed = False
+            with self._lock:
+                for key, outcome in results.items():
+                    if key not in self._targets:
+                        continue  # no longer watched (deleted meanwhile)
+                    previous = self._outcomes.get(key)
+                    changed |= previous is None or previous.serving != outcome.serving or (
+                        previous.reason != outcome.reason)
+                    self._outcomes[key] = outcome
+            for key, outcome in results.items():
+                provider = targets[key][0]
+                metrics.PROBES.labels(provider=provider, reason=outcome.reason.value).inc()
+                if outcome.latency_seconds is not None:
+                    metrics.PROBE_SECONDS.labels(provider=provider).observe(outcome.latency_seconds)
+            return changed
+
+    def run(self, stopping: threading.Event) -> None:
+        """Probe every interval (and at once when new endpoints appear) until ``stopping``."""
+        while not stopping.is_set():
+            self._wake.clear()
+            try:
+                if self.probe_now() and self.on_change is not None:
+                    self.on_change()
+            except Exception:
+                log.exception("probe round failed")
+            self._wake.wait(self.interval_seconds)
+            if stopping.is_set():
+                return
+
+    def stop(self) -> None:
+        self._wake.set()

@@ -1,0 +1,321 @@
+"""Ready means serving (issue 12): the sweep reads probe outcomes, Ready only when a request
+through the proxy worked, dead or non-serving instances replaced make-before-break, without churn.
+
+The decisions with a scripted prober at the edge (``ScriptedProber``), then the real path: a real
+squid in a network namespace this test creates, the real ``Prober`` and ``ServingMonitor``, the
+reconciler writing status, and discovery over HTTP.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import urllib.request
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from egress_proxies.backoff import Backoff
+from egress_proxies.health import SweepHealth
+from egress_proxies.http import ControllerHTTPServer
+from egress_proxies.model import REPLACEMENTS_ANNOTATION, Proxy
+from egress_proxies.probe import ProbeOutcome, Prober, ProbeReason, ProbeTarget
+from egress_proxies.reconcile import Reconciler, ReconcileSettings
+from egress_proxies.serving import ServingMonitor
+from support.controller_fakes import FakeRunner, MemoryStore
+from support.squid import NetworkNamespace, Squid, TargetServer
+
+SPEC = {"provider": "home-kvm", "cloudInit": "#cloud-config\n"}
+NOW = datetime.datetime(2026, 12, 3, tzinfo=datetime.UTC)
+
+
+class ScriptedProber:
+    """``Prober.probe_all`` played from a script: address -> serving or a failure reason."""
+
+    def __init__(self) -> None:
+        self.serving: dict[str, bool | ProbeReason] = {}
+        self.rounds: list[list[str]] = []
+
+    def probe_all(self, targets: Iterable[ProbeTarget]) -> dict[str, ProbeOutcome]:
+        outcomes = {}
+        targets = list(targets)
+        self.rounds.append([t.host for t in targets])
+        for target in targets:
+            state = self.serving.get(target.host, True)
+            if state is True:
+                outcomes[target.key] = ProbeOutcome(True, ProbeReason.SERVING, "ok", 0.012, "198.51.100.7", None,
+                                                    "", NOW)
+            else:
+                reason = state if isinstance(state, ProbeReason) else ProbeReason.CONNECTION_REFUSED
+                outcomes[target.key] = ProbeOutcome(False, reason, f"{reason} at {target.endpoint}", None, None,
+                                                    None, "", NOW)
+        return outcomes
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> Path:
+    path = tmp_path / "providers.yaml"
+    path.write_text(yaml.safe_dump({"owner": "test-owner", "providers": [
+        {"name": "home-kvm", "type": "kvm", "kvm": {}}]}))
+    return path
+
+
+class Lab:
+    def __init__(self, config: Path, unhealthy_after: int = 300) -> None:
+        self.store = MemoryStore()
+        self.runner = ProbedRunner(unhealthy_after)
+        self.prober = ScriptedProber()
+        self.monitor = ServingMonitor(self.prober)  # type: ignore[arg-type]
+        self.clock = {"offset": 0.0}
+        self.config = config
+
+    def reconciler(self, **settings: Any) -> Reconciler:
+        rec = Reconciler(self.store, self.runner, str(self.config), ReconcileSettings(**settings),
+                         backoff=Backoff(base_seconds=0, jitter=0), monitor=self.monitor)
+        rec._seconds_since = self.seconds_since  # type: ignore[method-assign]
+        return rec
+
+    def seconds_since(self, stamp: str) -> float:
+        """Time passes only when the test says so: every condition is ``offset`` seconds old."""
+        return self.clock["offset"] if stamp else 0.0
+
+    def sweep_probe_sweep(self, rec: Reconciler) -> None:
+        rec.sweep()
+        self.monitor.probe_now()
+        rec.sweep()
+
+
+class ProbedRunner(FakeRunner):
+    """The fake provider, with probe settings in its config check and one address per instance."""
+
+    def __init__(self, unhealthy_after: int) -> None:
+        super().__init__()
+        self.unhealthy_after = unhealthy_after
+        self.addresses = iter(f"192.0.2.{n}" for n in range(10, 250))
+
+    def run(self, provider: str, verb: str, operations: Any) -> Any:
+        results = super().run(provider, verb, operations)
+        if verb == "check":
+            for result in results:
+                for entry in result.result["providers"]:
+                    entry["probe"] = {"enabled": True, "httpUrl": "http://target.test/generate_204",
+                                      "expectStatus": 204, "connect": None,
+                                      "unhealthyAfterSeconds": self.unhealthy_after}
+        return results
+
+    def _one(self, op: Any) -> Any:
+        if op.args.get("state") == "present" and op.args.get("name") and not any(
+                i["name"] == op.args["name"] for i in self.instances.values()):
+            self.ip = next(self.addresses)  # every new instance gets an address of its own
+        return super()._one(op)
+
+
+def serving_condition(proxy: Proxy) -> dict[str, Any]:
+    return next(c for c in proxy.status["conditions"] if c["type"] == "Serving")
+
+
+def test_ready_only_once_a_request_through_it_worked(config: Path) -> None:
+    lab = Lab(config)
+    lab.store.add("eu-1", SPEC)
+    rec = lab.reconciler()
+    rec.sweep()
+    first = lab.store.get("eu-1")
+    assert first.status["phase"] == "Provisioning" and first.status["conditions"][0]["reason"] == "AwaitingProbe"
+    assert rec.last_ready == []  # discovery never lists it before a probe went through
+    lab.monitor.probe_now()
+    rec.sweep()
+    ready = lab.store.get("eu-1")
+    assert ready.status["phase"] == "Ready" and ready.status["conditions"][0]["reason"] == "Serving"
+    assert serving_condition(ready)["status"] == "True"
+    assert ready.status["egressIP"] == "198.51.100.7"
+    assert ready.status["probe"]["latencySeconds"] == 0.012
+    assert [p.key for p in rec.last_ready] == ["crawlers/eu-1"]
+
+
+def test_a_proxy_that_stops_serving_leaves_discovery_then_is_replaced(config: Path) -> None:
+    lab = Lab(config)
+    lab.store.add("eu-1", SPEC)
+    rec = lab.reconciler()
+    lab.sweep_probe_sweep(rec)
+    (old,) = lab.runner.instances.values()
+    lab.prober.serving[old["ip"]] = ProbeReason.CONNECTION_REFUSED
+    lab.monitor.probe_now()
+    rec.sweep()
+    down = lab.store.get("eu-1")
+    assert down.status["phase"] == "Provisioning" and down.status["conditions"][0]["reason"] == "NotServing"
+    assert serving_condition(down)["reason"] == "ConnectionRefused" and rec.last_ready == []
+    assert len(lab.runner.instances) == 1  # not yet: unhealthyAfter has not passed
+    lab.clock["offset"] = 301
+    rec.sweep()
+    assert lab.store.get("eu-1").annotations[REPLACEMENTS_ANNOTATION].endswith(":1")
+    assert len(lab.runner.instances) == 2  # make before break: the old one stays for now
+    assert "NotServing" in lab.store.reasons()
+    lab.clock["offset"] = 0
+    lab.sweep_probe_sweep(rec)
+    (new,) = lab.runner.instances.values()
+    assert new["provider_id"] != old["provider_id"]
+    assert lab.store.get("eu-1").status["phase"] == "Ready"
+    assert lab.store.reasons()[-1] == "Replaced"
+
+
+def test_a_stopped_instance_is_replaced_as_lost(config: Path) -> None:
+    lab = Lab(config)
+    lab.store.add("eu-1", SPEC)
+    rec = lab.reconciler()
+    lab.sweep_probe_sweep(rec)
+    (old,) = lab.runner.instances.values()
+    old["state"] = "stopped"  # preempted, evicted, shut off
+    rec.sweep()
+    assert serving_condition(lab.store.get("eu-1"))["reason"] == "InstanceStopped"
+    lab.clock["offset"] = 301
+    rec.sweep()
+    assert "InstanceLost" in lab.store.reasons() and len(lab.runner.instances) == 2
+
+
+def test_replacements_are_budgeted_and_paused_in_an_outage(config: Path) -> None:
+    lab = Lab(config)
+    for n in range(20):
+        lab.store.add(f"p{n}", SPEC)
+    rec = lab.reconciler()
+    lab.sweep_probe_sweep(rec)
+    assert len(rec.last_ready) == 20
+    # Every probe fails: a provider-wide outage (or the probe target is down). Nothing is replaced.
+    for instance in lab.runner.instances.values():
+        lab.prober.serving[instance["ip"]] = ProbeReason.TIMEOUT
+    lab.monitor.probe_now()
+    rec.sweep()
+    lab.clock["offset"] = 10_000
+    rec.sweep()
+    assert len(lab.runner.instances) == 20
+    # Five instances are lost while the rest serve: at most 10 % (2) are replaced per sweep.
+    for instance in lab.runner.instances.values():
+        lab.prober.serving[instance["ip"]] = True
+    for instance in list(lab.runner.instances.values())[:5]:
+        instance["state"] = "stopped"
+    lab.clock["offset"] = 0
+    lab.monitor.probe_now()
+    rec.sweep()
+    lab.clock["offset"] = 301
+    rec.sweep()
+    assert len(lab.runner.instances) == 22
+
+
+def test_a_proxy_whose_replacements_keep_failing_ends_failed(config: Path) -> None:
+    lab = Lab(config)
+    proxy = lab.store.add("eu-1", SPEC)
+    from egress_proxies.model import spec_hash
+
+    lab.store.objects[("crawlers", "eu-1")].annotations[REPLACEMENTS_ANNOTATION] = f"{spec_hash(SPEC)}:5"
+    rec = lab.reconciler()
+    lab.prober.serving = {f"192.0.2.{n}": ProbeReason.UNEXPECTED_STATUS for n in range(10, 250)}
+    lab.sweep_probe_sweep(rec)
+    lab.clock["offset"] = 10**6
+    rec.sweep()
+    failed = lab.store.get("eu-1")
+    assert failed.status["phase"] == "Failed" and failed.status["conditions"][0]["reason"] == "ReplacementsExhausted"
+    assert len(lab.runner.instances) == 1 and proxy.uid == failed.uid
+
+
+def test_a_crash_mid_replacement_never_duplicates(config: Path) -> None:
+    """The count is recorded before the create: a controller restarted in between derives the same
+    name, and the (idempotent) create finds the instance instead of making a second one."""
+    lab = Lab(config)
+    lab.store.add("eu-1", SPEC)
+    lab.sweep_probe_sweep(lab.reconciler())
+    (old,) = lab.runner.instances.values()
+    old["state"] = "error"
+    crashing = lab.reconciler()
+    crashing.sweep()  # first sweep observes the error and starts the Serving=False clock
+    lab.clock["offset"] = 301
+    original = lab.runner.run
+
+    def crash_on_create(provider: str, verb: str, operations: Any) -> Any:
+        if verb == "create":
+            original(provider, verb, operations)  # the instance is made, then the controller dies
+            raise SystemExit("killed")
+        return original(provider, verb, operations)
+
+    lab.runner.run = crash_on_create  # type: ignore[method-assign]
+    with pytest.raises(SystemExit):
+        crashing.sweep()
+    lab.runner.run = original  # type: ignore[method-assign]
+    restarted = lab.reconciler()
+    restarted.sweep()
+    restarted.sweep()
+    assert len(lab.runner.instances) == 2  # the old one (until the new serves) and exactly one new
+    lab.clock["offset"] = 0
+    lab.sweep_probe_sweep(restarted)
+    assert len(lab.runner.instances) == 1
+
+
+# -- the real path: squid in a network namespace, the real prober ---------------------------------
+
+
+@pytest.fixture(scope="module")
+def namespace() -> Iterator[tuple[NetworkNamespace, TargetServer]]:
+    if os.geteuid() != 0:
+        pytest.fail("needs root (network namespaces); run the tests as root, as CI does", pytrace=False)
+    with NetworkNamespace() as ns, TargetServer(ns) as targets:
+        yield ns, targets
+
+
+def test_through_real_squid_discovery_lists_only_a_serving_proxy(
+        namespace: tuple[NetworkNamespace, TargetServer], tmp_path: Path) -> None:
+    ns, targets = namespace
+    config = tmp_path / "providers.yaml"
+    config.write_text(yaml.safe_dump({"owner": "test-owner", "providers": [
+        {"name": "home-kvm", "type": "kvm", "kvm": {}}]}))
+    store, runner = MemoryStore(), FakeRunner(ip=ns.address)
+    original = runner.run
+
+    def with_probe(provider: str, verb: str, operations: Any) -> Any:
+        results = original(provider, verb, operations)
+        if verb == "check":
+            for entry in results[0].result["providers"]:
+                entry["probe"] = {"enabled": True, "httpUrl": targets.url("/generate_204"), "expectStatus": 204,
+                                  "connect": targets.connect_target, "egressEchoUrl": targets.url("/echo")}
+        return results
+
+    runner.run = with_probe  # type: ignore[method-assign]
+    store.add("eu-1", SPEC)
+    # Only the namespace's own network may ever be probed.
+    monitor = ServingMonitor(Prober(allowed_networks=[ns.network], check_timeout=3, deadline=10))
+    rec = Reconciler(store, runner, str(config), backoff=Backoff(base_seconds=0, jitter=0), monitor=monitor)
+    health = SweepHealth(60)
+    health.sweep_started()
+    health.sweep_finished(True)
+    server = ControllerHTTPServer(health, lambda: list(rec.last_ready), "token")
+    server.start("127.0.0.1", 0)
+
+    def discovery() -> list[dict[str, Any]]:
+        request = urllib.request.Request(f"http://127.0.0.1:{server.port}/v1/proxies",
+                                         headers={"Authorization": "Bearer token"})
+        with urllib.request.urlopen(request, timeout=5) as answer:
+            body = json.loads(answer.read())
+        return list(body["proxies"] if isinstance(body, dict) else body)
+
+    try:
+        # No squid yet: the instance "runs" (the provider says so) but nothing serves.
+        rec.sweep()
+        monitor.probe_now()
+        rec.sweep()
+        assert store.get("eu-1").status["conditions"][0]["reason"] == "NotServing"
+        assert serving_condition(store.get("eu-1"))["reason"] == "ConnectionRefused"
+        assert discovery() == []
+        with Squid(ns, "http_access allow all\n", port=3128, address=ns.address):
+            monitor.probe_now()
+            rec.sweep()
+            ready = store.get("eu-1")
+            assert ready.status["phase"] == "Ready", ready.status
+            (entry,) = discovery()
+            assert entry["endpoint"] == f"{ns.address}:3128" and entry["serving"] == "True"
+            assert entry["egressIP"] == ready.status["egressIP"] and entry["lastProbeTime"]
+        monitor.probe_now()  # squid is gone again
+        rec.sweep()
+        assert store.get("eu-1").status["phase"] == "Provisioning" and discovery() == []
+    finally:
+        server.stop()
