@@ -363,7 +363,7 @@ def test_every_error_is_reported_in_document_order() -> None:
 
 
 def test_every_error_within_one_mapping_is_reported_in_document_order() -> None:
-    # The gcp section as the design's example writes it: project first, then zones.
+    # The gcp section as docs/gcp-provider.md's example writes it: project first, then zones.
     document = changed(((*GCP, "project"), "My_Project"), ((*GCP, "zones", 0), "Europe West"))
     assert list(document["providers"][1]["gcp"])[:2] == ["project", "zones"]
     assert paths(config_errors(document)) == ["providers[1].gcp.project", "providers[1].gcp.zones[0]"]
@@ -657,3 +657,41 @@ def test_an_upper_case_ssh_transport_still_needs_the_ssh_section() -> None:
 def test_a_uri_with_whitespace_is_refused(uri: str) -> None:
     # Python's URL parser silently drops tabs and newlines, libvirt's does not.
     assert libvirt_uri_problem(uri) == "contains whitespace or control characters; remove them"
+
+
+# -- probe: how the controller checks that a provider's proxies serve ------------------------------
+
+
+def with_probe(probe: Any) -> dict[str, Any]:
+    document = valid_document()
+    document["providers"][0]["probe"] = probe
+    return document
+
+
+def test_probe_defaults_none_and_overrides() -> None:
+    default = parse_provider_config(valid_document()).provider("home-kvm").probe
+    assert default.enabled and default.expect_status == 204 and default.http_url.startswith("http://")
+    assert parse_provider_config(with_probe("none")).provider("home-kvm").probe.enabled is False
+    probe = parse_provider_config(with_probe({
+        "httpUrl": "http://10.0.0.1/generate_204", "expectStatus": 200, "connect": "[2001:db8::1]:443",
+        "egressEchoUrl": "http://10.0.0.1/ip", "timeoutSeconds": 3, "unhealthyAfterSeconds": 60,
+    })).provider("home-kvm").probe
+    assert (probe.http_url, probe.expect_status, probe.connect, probe.egress_echo_url, probe.timeout_seconds,
+            probe.unhealthy_after_seconds) == ("http://10.0.0.1/generate_204", 200, "[2001:db8::1]:443",
+                                               "http://10.0.0.1/ip", 3, 60)
+    assert parse_provider_config(with_probe({"connect": "none"})).provider("home-kvm").probe.connect is None
+
+
+@pytest.mark.parametrize(("probe", "expected"), [
+    ("off", "providers[0].probe: must be a mapping"),
+    ({"httpUrl": "https://x/204"}, "providers[0].probe.httpUrl: 'https://x/204' must be an http:// URL"),
+    ({"connect": "example.com"}, "providers[0].probe.connect: 'example.com' must be host:port"),
+    ({"expectStatus": 42}, "providers[0].probe.expectStatus: must be an integer >= 100"),
+    ({"unhealthyAfterSeconds": 5}, "providers[0].probe.unhealthyAfterSeconds: must be an integer >= 30"),
+    ({"timeoutSeconds": 120}, "providers[0].probe.timeoutSeconds: must be at most 60"),
+    ({"httpurl": "http://x/"}, "providers[0].probe.httpurl: unknown field"),
+])
+def test_a_bad_probe_fails_only_its_provider(probe: Any, expected: str) -> None:
+    config = parse_provider_config(with_probe(probe))
+    (error,) = config.errors
+    assert error.startswith(expected), error
