@@ -15,7 +15,7 @@ import pytest
 from kubernetes import client
 
 from support.hypervisor_host import HypervisorHost
-from support.kube_emulator import KubeEmulator
+from support.kube_emulator import KubeEmulator, proxy_crd
 from support.libvirt_daemon import LibvirtTestDaemon
 from support.provider_config import BaseImage, kvm_host, make_base_image, write_kvm_config
 
@@ -72,8 +72,11 @@ def testdriver_config(tmp_path: Path, libvirt_test: LibvirtTestDaemon, image: Ba
 
 @pytest.fixture
 def kube() -> Iterator[KubeEmulator]:
-    """The Kubernetes API emulator on 127.0.0.1 (tests/support/kube_emulator.py)."""
-    with KubeEmulator() as emulator:
+    """The Kubernetes API emulator on 127.0.0.1 (tests/support/kube_emulator.py), with the
+    project's Proxy CRD (controller/manifests/crd.yaml) installed, so Proxies are served and
+    validated against its schema. Only the system namespaces exist: a test creates the ones it
+    uses (``kube.create_namespace``), as an operator would on a real cluster."""
+    with KubeEmulator(crds=[proxy_crd()]) as emulator:
         yield emulator
 
 

@@ -7,6 +7,7 @@ its fixture."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import threading
 import time
@@ -19,13 +20,21 @@ from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
 
-from support.kube_emulator import KubeEmulator, ResourceType
+from support.kube_emulator import KubeEmulator, ResourceType, proxy_crd
 
 pytestmark = pytest.mark.timeout(30)
 
 GROUP, VERSION, PLURAL, NS = "crawl.example.com", "v1alpha1", "proxies", "crawlers"
 FINALIZER = "crawl.example.com/cleanup"
+# What controller/manifests/crd.yaml's schema defaults in every Proxy's spec.
+SPEC_DEFAULTS = {"port": 3128, "cloudInitEncoding": "plain"}
 Obj = dict[str, Any]
+
+
+@pytest.fixture(autouse=True)
+def namespace(kube: KubeEmulator) -> None:
+    """The namespace every test here works in (objects in a missing one are refused)."""
+    kube.create_namespace(NS)
 
 
 @pytest.fixture
@@ -187,6 +196,7 @@ def test_get_missing_is_404_not_found_status(proxies: Proxies) -> None:
 
 def test_list_carries_the_current_resource_version(kube: KubeEmulator, proxies: Proxies,
                                                    core: client.CoreV1Api) -> None:
+    kube.create_namespace("other")
     proxies.create("a")
     last = proxies.create("b")
     core.create_namespaced_pod("other", pod("p"))
@@ -211,20 +221,44 @@ def test_resource_version_increases_and_a_stale_put_is_409_conflict(proxies: Pro
         proxies.replace({**created, "spec": {"provider": "cluster"}})  # still the old rv
     assert caught.value.status == 409
     assert status_of(caught.value)["reason"] == "Conflict"
-    assert proxies.get("eu-1")["spec"] == {"provider": "gcp-eu"}
+    assert proxies.get("eu-1")["spec"] == {"provider": "gcp-eu", **SPEC_DEFAULTS}
 
 
-def test_put_without_resource_version_is_unconditional(proxies: Proxies) -> None:
+def test_put_of_a_pod_without_resource_version_is_unconditional(core: client.CoreV1Api) -> None:
+    # pkg/registry/core/pod/strategy.go: podStrategy.AllowUnconditionalUpdate() is true.
+    created = core.create_namespaced_pod(NS, pod("squid-1", tier="a"))
+    assert created.metadata is not None
+    created.metadata.resource_version = None
+    created.metadata.labels = {"tier": "b"}
+
+    replaced = core.replace_namespaced_pod("squid-1", NS, created)
+
+    assert replaced.metadata is not None
+    assert replaced.metadata.labels == {"tier": "b"}
+    assert replaced.metadata.uid == created.metadata.uid
+
+
+@pytest.mark.parametrize("status", [False, True])
+def test_put_of_a_custom_resource_without_resource_version_is_422(proxies: Proxies, status: bool) -> None:
+    # k8s.io/apiserver/pkg/registry/generic/registry/store.go (Update): a strategy that does not
+    # AllowUnconditionalUpdate (customResourceStrategy, main and status) answers
+    # NewInvalid(<resource>.<group>, name, metadata.resourceVersion "must be specified for an
+    # update") to an update whose resourceVersion is 0, i.e. absent.
     created = proxies.create("eu-1", labels={"tier": "a"})
     meta = {k: v for k, v in created["metadata"].items() if k != "resourceVersion"}
+    body = {**created, "metadata": {**meta, "labels": {"tier": "b"}}, "status": {"phase": "Ready"}}
 
-    replaced = proxies.replace({**created, "metadata": {**meta, "labels": {"tier": "b"}},
-                                "spec": {"provider": "cluster", "port": 8080}})
+    with pytest.raises(ApiException) as caught:
+        (proxies.replace_status if status else proxies.replace)(body)
 
-    assert replaced["spec"] == {"provider": "cluster", "port": 8080}
-    assert replaced["metadata"]["labels"] == {"tier": "b"}
-    assert replaced["metadata"]["uid"] == created["metadata"]["uid"]
-    assert proxies.get("eu-1") == replaced
+    assert caught.value.status == 422
+    answer = status_of(caught.value)
+    assert answer["reason"] == "Invalid"
+    assert answer["message"] == ('proxies.crawl.example.com "eu-1" is invalid: metadata.resourceVersion: '
+                                 "Invalid value: 0x0: must be specified for an update")
+    assert answer["details"]["causes"] == [{"reason": "FieldValueInvalid", "field": "metadata.resourceVersion",
+                                            "message": "Invalid value: 0x0: must be specified for an update"}]
+    assert proxies.get("eu-1") == created
 
 
 def test_status_subresource_is_isolated_both_ways(proxies: Proxies) -> None:
@@ -235,12 +269,12 @@ def test_status_subresource_is_isolated_both_ways(proxies: Proxies) -> None:
                                                        "labels": {"ignored": "yes"}},
                                           "status": {"phase": "Ready"}})
     assert with_status["status"] == {"phase": "Ready"}
-    assert with_status["spec"] == {"provider": "home-kvm"}
+    assert with_status["spec"] == {"provider": "home-kvm", **SPEC_DEFAULTS}
     assert "labels" not in with_status["metadata"]
 
     main = proxies.replace({**with_status, "spec": {"provider": "gcp-eu"},
                             "status": {"phase": "Failed"}})
-    assert main["spec"] == {"provider": "gcp-eu"}
+    assert main["spec"] == {"provider": "gcp-eu", **SPEC_DEFAULTS}
     assert main["status"] == {"phase": "Ready"}
 
 
@@ -269,7 +303,7 @@ def test_merge_patch_merges_maps_and_null_deletes(proxies: Proxies) -> None:
                                      "spec": {"location": None, "port": 8080}})
 
     assert patched["metadata"]["annotations"] == {"keep": "1", "new": "3"}
-    assert patched["spec"] == {"provider": "home-kvm", "port": 8080}
+    assert patched["spec"] == {"provider": "home-kvm", "port": 8080, "cloudInitEncoding": "plain"}
 
 
 def test_strategic_merge_patch_on_a_core_kind_applies_as_merge(core: client.CoreV1Api) -> None:
@@ -284,19 +318,20 @@ def test_strategic_merge_patch_on_a_core_kind_applies_as_merge(core: client.Core
 
 
 def test_json_patch_operations_and_failed_test_is_422(proxies: Proxies) -> None:
-    proxies.create("eu-1", spec={"provider": "home-kvm", "port": 3128}, finalizers=["a"])
+    proxies.create("eu-1", spec={"provider": "home-kvm", "port": 3128, "location": "beelink"},
+                   finalizers=["a"])
     ops = [{"op": "test", "path": "/spec/port", "value": 3128},
            {"op": "replace", "path": "/spec/port", "value": 8080},
            {"op": "add", "path": "/metadata/finalizers/-", "value": "b"},
-           {"op": "add", "path": "/metadata/labels", "value": {"a~b/c": "x"}},
-           {"op": "remove", "path": "/spec/provider"}]
+           {"op": "add", "path": "/metadata/labels", "value": {"example.com/tier": "x"}},
+           {"op": "remove", "path": "/spec/location"}]
 
     patched = proxies.patch("eu-1", ops, "application/json-patch+json")
-    assert patched["spec"] == {"port": 8080}
+    assert patched["spec"] == {"provider": "home-kvm", "port": 8080, "cloudInitEncoding": "plain"}
     assert patched["metadata"]["finalizers"] == ["a", "b"]
-    assert patched["metadata"]["labels"] == {"a~b/c": "x"}
+    assert patched["metadata"]["labels"] == {"example.com/tier": "x"}
 
-    escaped = proxies.patch("eu-1", [{"op": "remove", "path": "/metadata/labels/a~0b~1c"}],
+    escaped = proxies.patch("eu-1", [{"op": "remove", "path": "/metadata/labels/example.com~1tier"}],
                             "application/json-patch+json")
     assert escaped["metadata"]["labels"] == {}
 
@@ -306,7 +341,7 @@ def test_json_patch_operations_and_failed_test_is_422(proxies: Proxies) -> None:
                       "application/json-patch+json")
     assert caught.value.status == 422
     assert status_of(caught.value)["reason"] == "Invalid"
-    assert proxies.get("eu-1")["spec"] == {"port": 8080}
+    assert proxies.get("eu-1")["spec"]["port"] == 8080
 
 
 def test_patch_on_status_changes_only_status(proxies: Proxies) -> None:
@@ -319,7 +354,7 @@ def test_patch_on_status_changes_only_status(proxies: Proxies) -> None:
                                   "application/json-patch+json")
     main = proxies.patch("eu-1", {"status": {"phase": "Failed"}})
 
-    assert merged["spec"] == {"provider": "home-kvm"}
+    assert merged["spec"] == {"provider": "home-kvm", **SPEC_DEFAULTS}
     assert jsoned["status"] == {"phase": "Provisioning", "ip": "192.0.2.10"}
     assert main["status"] == jsoned["status"]
     assert main["metadata"]["resourceVersion"] == jsoned["metadata"]["resourceVersion"]
@@ -463,7 +498,7 @@ def test_watch_from_a_compacted_version_is_410_expired(kube: KubeEmulator,
 
 
 def test_bounded_history_expires_old_versions() -> None:
-    with KubeEmulator(history_limit=2) as kube, client.ApiClient(
+    with KubeEmulator(history_limit=2, namespaces=[NS], crds=[proxy_crd()]) as kube, client.ApiClient(
             client.Configuration(host=kube.url)) as api:
         proxies = Proxies(api)
         first = proxies.create("a")
@@ -632,11 +667,14 @@ def test_registered_kinds_are_served_and_discovered(kube: KubeEmulator,
 
 
 def test_namespaces_are_cluster_scoped(core: client.CoreV1Api) -> None:
-    created = core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=NS)))
+    created = core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name="crawl-b")))
 
     assert created.status is not None
     assert created.status.phase == "Active"
-    assert [n.metadata.name for n in core.list_namespace().items if n.metadata] == [NS]
+    assert created.metadata is not None and created.metadata.namespace is None
+    # A new cluster has default and the kube-* namespaces (the system namespaces controller).
+    assert [n.metadata.name for n in core.list_namespace().items if n.metadata] == [
+        "crawl-b", NS, "default", "kube-node-lease", "kube-public", "kube-system"]
 
 
 
@@ -662,8 +700,9 @@ def test_deployment_kinds_parse_into_the_client_models(api: client.ApiClient) ->
     ref = {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "reader"}
     subjects = [{"kind": "ServiceAccount", "name": "sa", "namespace": NS}]
     rules = [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}]
-    crd_spec = {"group": GROUP, "scope": "Namespaced", "names": {"kind": "Proxy", "plural": PLURAL},
-                "versions": [{"name": VERSION, "served": True, "storage": True}]}
+    crd_spec = {"group": GROUP, "scope": "Namespaced", "names": {"kind": "ProxyPool", "plural": "proxypools"},
+                "versions": [{"name": VERSION, "served": True, "storage": True,
+                              "schema": {"openAPIV3Schema": {"type": "object"}}}]}
     creates: list[tuple[Any, tuple[str, ...], Obj]] = [
         (core.create_namespaced_service_account, (NS,), {"metadata": {"name": "sa"}}),
         (core.create_namespaced_service, (NS,), {"metadata": {"name": "svc"}, "spec": {
@@ -677,7 +716,7 @@ def test_deployment_kinds_parse_into_the_client_models(api: client.ApiClient) ->
                                                       "roleRef": {**ref, "kind": "Role", "name": "r"},
                                                       "subjects": subjects}),
         (client.ApiextensionsV1Api(api).create_custom_resource_definition, (),
-         {"metadata": {"name": f"{PLURAL}.{GROUP}"}, "spec": crd_spec}),
+         {"metadata": {"name": f"proxypools.{GROUP}"}, "spec": crd_spec}),
     ]
 
     created = [as_dict(api, create(*args, body)) for create, args, body in creates]
@@ -792,3 +831,493 @@ def test_fail_next_on_a_watch(kube: KubeEmulator, proxies: Proxies) -> None:
         proxies.watch(1)
 
     assert caught.value.status == 500
+
+
+# --- strict like a real API server: custom resources against their CRD ------------------------
+# Each test cites the Kubernetes documentation or source whose behaviour it pins down.
+
+
+def proxy_body(name: str, spec: Any, **extra: Any) -> Obj:
+    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Proxy", "metadata": {"name": name}, "spec": spec,
+            **extra}
+
+
+def test_a_custom_resource_is_served_only_while_its_crd_exists() -> None:
+    # apiextensions-apiserver: a kind is served once its CRD is Established
+    # (https://kubernetes.io/docs/tasks/extend-kubernetes/custom-resources/custom-resource-definitions/
+    # "Create a CustomResourceDefinition"), and deleting the CRD deletes its objects ("Delete a
+    # CustomResourceDefinition": "all custom objects of that kind are deleted").
+    with KubeEmulator(namespaces=[NS]) as kube, client.ApiClient(client.Configuration(host=kube.url)) as api:
+        proxies = Proxies(api)
+        with pytest.raises(ApiException) as before:
+            proxies.list_objects()
+        assert before.value.status == 404
+
+        crds = client.ApiextensionsV1Api(api)
+        created = as_dict(api, crds.create_custom_resource_definition(cast(Any, proxy_crd())))
+        assert {c["type"]: c["status"] for c in created["status"]["conditions"]} == {
+            "NamesAccepted": "True", "Established": "True"}
+        assert proxies.create("eu-1")["spec"] == {"provider": "home-kvm", **SPEC_DEFAULTS}
+
+        crds.delete_custom_resource_definition(f"{PLURAL}.{GROUP}")
+        assert kube.requests()  # the server answered every call above
+        with pytest.raises(ApiException) as after:
+            proxies.get("eu-1")
+        assert after.value.status == 404
+    with KubeEmulator(crds=[proxy_crd()]) as again:
+        assert again.get_object(f"{PLURAL}.{GROUP}", NS, "eu-1") is None
+
+
+def test_unknown_fields_are_pruned_and_defaults_applied(api: client.ApiClient) -> None:
+    # Structural schemas: "Field pruning" (unknown fields are dropped, metadata/apiVersion/kind
+    # kept) and "Defaulting" / "Defaulting and Nullable" (a null for a non-nullable field is
+    # dropped, then the default applies) in
+    # https://kubernetes.io/docs/tasks/extend-kubernetes/custom-resources/custom-resource-definitions/
+    objects = client.CustomObjectsApi(api)
+    body = proxy_body("eu-1", {"provider": "home-kvm", "port": None, "unknown": {"x": 1}}, extra="dropped")
+
+    created = cast(Obj, objects.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, body))
+
+    assert created["spec"] == {"provider": "home-kvm", **SPEC_DEFAULTS}
+    assert "extra" not in created
+    patched = cast(Obj, objects.patch_namespaced_custom_object_status(
+        GROUP, VERSION, NS, PLURAL, "eu-1", {"status": {"phase": "Ready", "made-up": True}}))
+    assert patched["status"] == {"phase": "Ready"}
+
+
+@pytest.mark.parametrize(("spec", "causes"), [
+    # apiextensions-apiserver pkg/apiserver/validation kubeOpenAPIResultToFieldErrors: required →
+    # field.Required, enum → field.NotSupported, maxLength → field.TooLongMaxLength, a wrong type
+    # → field.TypeInvalid, anything else → field.Invalid with kube-openapi's "<path> in body ..."
+    # message (k8s.io/kube-openapi/pkg/validation/errors).
+    ({"port": 70000, "provider": "p"},
+     [("FieldValueInvalid", "spec.port",
+       "Invalid value: 70000: spec.port in body should be less than or equal to 65535")]),
+    ({"port": 0, "provider": "p"},
+     [("FieldValueInvalid", "spec.port", "Invalid value: 0: spec.port in body should be greater than or equal to 1")]),
+    ({"port": "abc", "provider": "p"},
+     [("FieldValueTypeInvalid", "spec.port",
+       'Invalid value: "abc": spec.port in body must be of type integer: "string"')]),
+    ({"location": "x"}, [("FieldValueRequired", "spec.provider", "Required value")]),
+    ({"provider": ""},
+     [("FieldValueInvalid", "spec.provider",
+       'Invalid value: "": spec.provider in body should be at least 1 chars long')]),
+    ({"provider": "p", "cloudInitEncoding": "gzip"},
+     [("FieldValueNotSupported", "spec.cloudInitEncoding",
+       'Unsupported value: "gzip": supported values: "plain", "base64"')]),
+    ({"provider": "p", "cloudInit": "x" * 90001},
+     [("FieldValueTooLong", "spec.cloudInit", "Too long: may not be longer than 90000")]),
+    ({"provider": 5, "port": 1.5},
+     [("FieldValueTypeInvalid", "spec.port",
+       'Invalid value: 1.5: spec.port in body must be of type integer: "number"'),
+      ("FieldValueTypeInvalid", "spec.provider",
+       'Invalid value: 5: spec.provider in body must be of type string: "integer"')]),
+])
+def test_an_invalid_custom_resource_is_422_with_a_cause_per_field(proxies: Proxies, spec: Obj,
+                                                                  causes: list[tuple[str, str, str]]) -> None:
+    # apimachinery api/errors NewInvalid: 422, reason Invalid, message
+    # '<Kind>.<group> "<name>" is invalid: <errors>', details.kind the Kind, one cause per error.
+    with pytest.raises(ApiException) as caught:
+        proxies.api.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, proxy_body("eu-1", spec))
+
+    assert caught.value.status == 422
+    answer = status_of(caught.value)
+    assert (answer["reason"], answer["details"]["kind"], answer["details"]["group"]) == ("Invalid", "Proxy", GROUP)
+    assert answer["message"].startswith('Proxy.crawl.example.com "eu-1" is invalid: ')
+    assert sorted((c["reason"], c["field"], c["message"]) for c in answer["details"]["causes"]) == sorted(causes)
+    assert proxies.list_objects()["items"] == []
+
+
+def test_a_missing_spec_and_an_invalid_status_write_are_refused(proxies: Proxies) -> None:
+    # crd.yaml's root "required: [spec]"; the status subresource validates the whole object
+    # against the schema too (customResourceStatusStrategy.ValidateUpdate).
+    with pytest.raises(ApiException) as no_spec:
+        proxies.api.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, {
+            "apiVersion": f"{GROUP}/{VERSION}", "kind": "Proxy", "metadata": {"name": "eu-1"}})
+    assert [(c["field"], c["reason"]) for c in status_of(no_spec.value)["details"]["causes"]] == [
+        ("spec", "FieldValueRequired")]
+
+    proxies.create("eu-1")
+    with pytest.raises(ApiException) as bad_status:
+        proxies.patch_status("eu-1", {"status": {"phase": "Running", "conditions": [
+            {"type": "Ready", "status": "Yes", "reason": "x", "message": "", "lastTransitionTime": "now"}]}})
+    assert sorted(c["field"] for c in status_of(bad_status.value)["details"]["causes"]) == [
+        "status.conditions[0].lastTransitionTime", "status.conditions[0].status", "status.phase"]
+    with pytest.raises(ApiException) as bad_patch:
+        proxies.patch("eu-1", {"spec": {"port": 99999}})
+    assert status_of(bad_patch.value)["details"]["causes"][0]["field"] == "spec.port"
+    assert proxies.get("eu-1")["spec"]["port"] == 3128
+
+
+def test_store_unvalidated_is_a_back_door_and_updates_ratchet(kube: KubeEmulator, proxies: Proxies) -> None:
+    # A real server validates writes, not reads: an object stored before the CRD's schema
+    # tightened is served as stored. Updates ratchet (KEP-4008 "CRD Validation Ratcheting",
+    # on by default since Kubernetes 1.30, GA in 1.33): errors on unchanged values are not
+    # reported, new invalid values are.
+    stored = kube.store_unvalidated({**proxy_body("eu-1", {"provider": "home-kvm", "port": "abc"}),
+                                     "metadata": {"name": "eu-1", "namespace": NS}})
+
+    assert proxies.get("eu-1")["spec"] == {"provider": "home-kvm", "port": "abc"}
+    assert stored["metadata"]["uid"] and stored["metadata"]["generation"] == 1
+    with_status = proxies.patch_status("eu-1", {"status": {"phase": "Failed"}})
+    finalized = proxies.patch("eu-1", {"metadata": {"finalizers": [FINALIZER]}})
+    assert (with_status["status"], finalized["metadata"]["finalizers"]) == ({"phase": "Failed"}, [FINALIZER])
+    with pytest.raises(ApiException) as caught:
+        proxies.patch("eu-1", {"spec": {"port": "still-not-a-port"}})
+    assert caught.value.status == 422
+
+
+# --- Leases ------------------------------------------------------------------------------------
+
+
+def send(kube: KubeEmulator, method: str, path: str, body: Obj) -> tuple[int, Obj]:
+    """One request with exactly these bytes: the official client re-serializes times through
+    its models (e.g. ``datetime.isoformat()``), which would hide what is on the wire."""
+    host, port = kube.url.removeprefix("http://").split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=10)
+    try:
+        connection.request(method, path, json.dumps(body), {"Content-Type": "application/json"})
+        response = connection.getresponse()
+        return response.status, cast(Obj, json.loads(response.read()))
+    finally:
+        connection.close()
+
+
+LEASES = f"/apis/coordination.k8s.io/v1/namespaces/{NS}/leases"
+
+
+@pytest.mark.parametrize("renew_time", ["2026-12-03T09:00:00Z", "2026-12-03T09:00:00.123Z",
+                                        "2026-12-03T09:00:00.123456789Z", "2026-12-03T09:00:00+00:00",
+                                        "yesterday", 1764752400])
+def test_a_lease_time_that_is_not_a_micro_time_is_400(kube: KubeEmulator, renew_time: Any) -> None:
+    # k8s.io/apimachinery/pkg/apis/meta/v1/micro_time.go: MicroTime.UnmarshalJSON parses
+    # RFC3339Micro "2006-01-02T15:04:05.000000Z07:00" (exactly six fractional digits); a body the
+    # decoder refuses is 400 BadRequest 'Lease in version "v1" cannot be handled as a Lease:
+    # parsing time "..." as "2006-01-02T15:04:05.000000Z07:00": ...'.
+    body = {"metadata": {"name": "egress-proxies"},
+            "spec": {"holderIdentity": "a", "leaseDurationSeconds": 15, "renewTime": renew_time}}
+
+    code, answer = send(kube, "POST", LEASES, body)
+
+    assert code == 400
+    assert answer["reason"] == "BadRequest"
+    assert answer["message"].startswith('Lease in version "v1" cannot be handled as a Lease: ')
+    if isinstance(renew_time, str):
+        assert f'parsing time "{renew_time}" as "2006-01-02T15:04:05.000000Z07:00"' in answer["message"]
+    assert kube.get_object("leases.coordination.k8s.io", NS, "egress-proxies") is None
+
+
+def test_a_micro_time_lease_is_accepted_and_checked_on_update(kube: KubeEmulator) -> None:
+    body = {"metadata": {"name": "egress-proxies"},
+            "spec": {"holderIdentity": "a", "renewTime": "2026-12-03T09:00:00.000000Z",
+                     "acquireTime": "2026-12-03T10:00:00.123456+01:00"}}
+
+    code, created = send(kube, "POST", LEASES, body)
+    assert code == 201, created
+    created["spec"]["renewTime"] = "2026-12-03T09:00:05Z"
+
+    code, answer = send(kube, "PUT", f"{LEASES}/egress-proxies", created)
+    assert (code, answer["reason"]) == (400, "BadRequest")
+    code, answer = send(kube, "PUT", f"{LEASES}/egress-proxies",
+                        {**created, "spec": {**created["spec"], "renewTime": "2026-12-03T09:00:05.000001Z"}})
+    assert code == 200, answer
+
+
+# --- Pods and namespaces -----------------------------------------------------------------------
+
+
+def bad_pod(**changes: Any) -> Obj:
+    body: Obj = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "squid-1", "labels": {"app": "squid"}},
+                 "spec": {"containers": [{"name": "squid", "image": "squid",
+                                          "ports": [{"name": "proxy", "containerPort": 3128}]}]}}
+    for path, value in changes.items():
+        target: Any = body
+        *parents, last = path.split("__")
+        for part in parents:
+            target = target[int(part)] if isinstance(target, list) else target[part]
+        if isinstance(target, list):
+            target[int(last)] = value
+        else:
+            target[last] = value
+    return body
+
+
+@pytest.mark.parametrize(("changes", "field", "reason", "detail"), [
+    # k8s.io/apimachinery/pkg/util/validation/validation.go IsValidLabelValue / IsQualifiedName,
+    # reported on metadata.labels by apimachinery/pkg/apis/meta/v1/validation ValidateLabels.
+    ({"metadata__labels": {"app": "x" * 64}}, "metadata.labels", "FieldValueInvalid",
+     "must be no more than 63 characters"),
+    ({"metadata__labels": {"app": "-squid"}}, "metadata.labels", "FieldValueInvalid",
+     "a valid label must be an empty string or consist of alphanumeric characters"),
+    ({"metadata__labels": {"crawl.example.com/proxy": "ns/name"}}, "metadata.labels", "FieldValueInvalid",
+     "a valid label must be an empty string"),
+    ({"metadata__labels": {"bad key!": "x"}}, "metadata.labels", "FieldValueInvalid",
+     "name part must consist of alphanumeric characters"),
+    # metadata.name of a Pod: a DNS-1123 subdomain (ValidatePodName).
+    ({"metadata__name": "Squid_1"}, "metadata.name", "FieldValueInvalid",
+     "a lowercase RFC 1123 subdomain must consist of"),
+    # pkg/apis/core/validation/validation.go: validateContainers, validateContainerPorts,
+    # ValidatePortNumOrName (IsValidPortNum, IsValidPortName).
+    ({"spec__containers": []}, "spec.containers", "FieldValueRequired", "Required value"),
+    ({"spec__containers__0__image": ""}, "spec.containers[0].image", "FieldValueRequired", "Required value"),
+    ({"spec__containers__0__name": "Squid"}, "spec.containers[0].name", "FieldValueInvalid",
+     "a lowercase RFC 1123 label must consist of"),
+    ({"spec__containers__0__ports": [{"containerPort": 0}]}, "spec.containers[0].ports[0].containerPort",
+     "FieldValueRequired", "Required value"),
+    ({"spec__containers__0__ports": [{"containerPort": 70000}]}, "spec.containers[0].ports[0].containerPort",
+     "FieldValueInvalid", "must be between 1 and 65535, inclusive"),
+    ({"spec__containers__0__ports": [{"containerPort": 3128, "hostPort": 65536}]},
+     "spec.containers[0].ports[0].hostPort", "FieldValueInvalid", "must be between 1 and 65535, inclusive"),
+    ({"spec__containers__0__ports": [{"name": "proxy-port-number-1", "containerPort": 3128}]},
+     "spec.containers[0].ports[0].name", "FieldValueInvalid", "must be no more than 15 characters"),
+    ({"spec__containers__0__ports": [{"name": "Proxy", "containerPort": 3128}]},
+     "spec.containers[0].ports[0].name", "FieldValueInvalid",
+     "must contain only alpha-numeric characters (a-z, 0-9), and hyphens (-)"),
+    ({"spec__containers__0__ports": [{"name": "3128", "containerPort": 3128}]},
+     "spec.containers[0].ports[0].name", "FieldValueInvalid", "must contain at least one letter (a-z)"),
+    ({"spec__containers__0__ports": [{"containerPort": 3128, "protocol": "HTTP"}]},
+     "spec.containers[0].ports[0].protocol", "FieldValueNotSupported", 'supported values: "SCTP", "TCP", "UDP"'),
+])
+def test_an_invalid_pod_is_422_naming_the_field(core: client.CoreV1Api, changes: Obj, field: str, reason: str,
+                                               detail: str) -> None:
+    with pytest.raises(ApiException) as caught:
+        core.create_namespaced_pod(NS, cast(Any, bad_pod(**changes)))
+
+    assert caught.value.status == 422
+    answer = status_of(caught.value)
+    assert (answer["reason"], answer["details"]["kind"], answer["details"]["group"]) == ("Invalid", "Pod", "")
+    assert answer["message"].startswith('Pod "')
+    assert [(c["field"], c["reason"]) for c in answer["details"]["causes"]] == [(field, reason)]
+    assert detail in answer["details"]["causes"][0]["message"]
+    assert core.list_namespaced_pod(NS).items == []
+
+
+def test_a_valid_label_of_63_characters_is_accepted_and_checked_on_update(core: client.CoreV1Api) -> None:
+    created = core.create_namespaced_pod(NS, cast(Any, bad_pod(metadata__labels={"app": "x" * 63})))
+    assert created.metadata is not None and created.metadata.labels == {"app": "x" * 63}
+
+    with pytest.raises(ApiException) as caught:
+        core.patch_namespaced_pod("squid-1", NS, {"metadata": {"labels": {"app": "x" * 64}}})
+    assert caught.value.status == 422
+
+
+@pytest.mark.parametrize("kind", ["pod", "lease", "event", "proxy"])
+def test_an_object_in_a_namespace_that_does_not_exist_is_404(api: client.ApiClient, proxies: Proxies,
+                                                             kind: str) -> None:
+    # plugin/pkg/admission/namespace/lifecycle (NamespaceLifecycle admission, on by default):
+    # creating a namespaced object in a missing namespace returns the namespace lookup's
+    # NotFound: 404, reason NotFound, 'namespaces "<name>" not found'.
+    core = client.CoreV1Api(api)
+    create: Any = {
+        "pod": lambda: core.create_namespaced_pod("missing", pod("squid-1")),
+        "lease": lambda: client.CoordinationV1Api(api).create_namespaced_lease(
+            "missing", client.V1Lease(metadata=client.V1ObjectMeta(name="l"))),
+        "event": lambda: core.create_namespaced_event("missing", client.CoreV1Event(
+            metadata=client.V1ObjectMeta(name="e"), involved_object=client.V1ObjectReference(name="x"))),
+        "proxy": lambda: proxies.api.create_namespaced_custom_object(
+            GROUP, VERSION, "missing", PLURAL, proxy_body("eu-1", {"provider": "p"})),
+    }[kind]
+
+    with pytest.raises(ApiException) as caught:
+        create()
+
+    assert caught.value.status == 404
+    answer = status_of(caught.value)
+    assert (answer["reason"], answer["message"]) == ("NotFound", 'namespaces "missing" not found')
+    assert answer["details"] == {"name": "missing", "group": "", "kind": "namespaces"}
+    # Listing a namespace that does not exist is an empty list, not an error.
+    assert core.list_namespaced_pod("missing").items == []
+
+
+# --- graceful Pod deletion and the kubelet stand-in -------------------------------------------
+
+
+def grace_pod(name: str, grace: int | None = 10) -> client.V1Pod:
+    body = pod(name)
+    assert body.spec is not None
+    body.spec.termination_grace_period_seconds = grace
+    return body
+
+
+def test_a_running_pod_is_deleted_gracefully(kube: KubeEmulator, core: client.CoreV1Api) -> None:
+    # pkg/registry/core/pod/strategy.go CheckGracefulDelete (the grace period defaults to the
+    # Pod's terminationGracePeriodSeconds) and k8s.io/apiserver/pkg/registry/rest/delete.go
+    # BeforeDelete (deletionTimestamp = now + grace, deletionGracePeriodSeconds = grace,
+    # generation + 1); the object stays until the kubelet has stopped it
+    # (https://kubernetes.io/docs/concepts/workloads/pods/pod-lifecycle/#pod-termination).
+    core.create_namespaced_pod(NS, grace_pod("squid-1"))
+    running = kube.kubelet_run(NS, "squid-1")
+    since = running["metadata"]["resourceVersion"]
+
+    answer = core.delete_namespaced_pod("squid-1", NS)
+
+    assert answer.metadata is not None
+    assert answer.metadata.deletion_grace_period_seconds == 10
+    assert answer.metadata.deletion_timestamp is not None
+    assert answer.metadata.creation_timestamp is not None
+    assert answer.metadata.deletion_timestamp > answer.metadata.creation_timestamp  # now + 10 s
+    read = core.read_namespaced_pod("squid-1", NS)
+    assert read.metadata is not None and read.metadata.deletion_timestamp == answer.metadata.deletion_timestamp
+    assert read.metadata.generation == running["metadata"]["generation"] + 1
+    assert [p.metadata.name for p in core.list_namespaced_pod(NS).items if p.metadata] == ["squid-1"]
+
+    kube.advance(9)
+    assert core.list_namespaced_pod(NS).items != []
+    kube.advance(1)
+    with pytest.raises(ApiException) as caught:
+        core.read_namespaced_pod("squid-1", NS)
+    assert caught.value.status == 404
+    events = [(event["type"], event["raw_object"]["metadata"].get("deletionGracePeriodSeconds")) for event in
+              watch_stream(new_watch(), core.list_namespaced_pod, NS, resource_version=since, timeout_seconds=1)]
+    assert events == [("MODIFIED", 10), ("DELETED", 0)]
+
+
+def test_the_grace_period_ends_by_itself_on_the_emulators_clock(kube: KubeEmulator, core: client.CoreV1Api) -> None:
+    core.create_namespaced_pod(NS, grace_pod("squid-1", grace=1))
+    kube.kubelet_run(NS, "squid-1")
+
+    core.delete_namespaced_pod("squid-1", NS)
+
+    deadline = time.monotonic() + 5
+    while core.list_namespaced_pod(NS).items and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert core.list_namespaced_pod(NS).items == []
+
+
+@pytest.mark.parametrize(("grace", "options", "expected"), [
+    (None, {}, 30),  # no terminationGracePeriodSeconds: the API default, 30
+    (10, {"grace_period_seconds": 3}, 3),  # the request's gracePeriodSeconds wins
+    (10, {"body": client.V1DeleteOptions(grace_period_seconds=5)}, 5),
+])
+def test_the_grace_period_comes_from_the_request_or_the_pod(kube: KubeEmulator, core: client.CoreV1Api,
+                                                            grace: int | None, options: Obj, expected: int) -> None:
+    core.create_namespaced_pod(NS, grace_pod("squid-1", grace))
+    kube.kubelet_run(NS, "squid-1")
+
+    answer = core.delete_namespaced_pod("squid-1", NS, **options)
+
+    assert answer.metadata is not None and answer.metadata.deletion_grace_period_seconds == expected
+    kube.advance(expected - 1)
+    assert core.list_namespaced_pod(NS).items != []
+    kube.advance(1)
+    assert core.list_namespaced_pod(NS).items == []
+
+
+def test_a_shorter_or_zero_grace_period_cuts_a_termination_short(kube: KubeEmulator, core: client.CoreV1Api) -> None:
+    # delete.go BeforeDelete: a second graceful DELETE may only shorten the period; 0 deletes now.
+    core.create_namespaced_pod(NS, grace_pod("squid-1", grace=30))
+    kube.kubelet_run(NS, "squid-1")
+    core.delete_namespaced_pod("squid-1", NS)
+
+    longer = core.delete_namespaced_pod("squid-1", NS, grace_period_seconds=60)
+    shorter = core.delete_namespaced_pod("squid-1", NS, grace_period_seconds=5)
+    assert longer.metadata is not None and longer.metadata.deletion_grace_period_seconds == 30
+    assert shorter.metadata is not None and shorter.metadata.deletion_grace_period_seconds == 5
+
+    core.delete_namespaced_pod("squid-1", NS, grace_period_seconds=0)
+    assert core.list_namespaced_pod(NS).items == []
+
+
+@pytest.mark.parametrize("state", ["unscheduled", "failed", "zero"])
+def test_a_pod_with_nothing_to_stop_goes_at_once(kube: KubeEmulator, core: client.CoreV1Api, state: str) -> None:
+    # CheckGracefulDelete: period 0 when spec.nodeName is empty (never scheduled) or the phase is
+    # Failed or Succeeded, or when the request says gracePeriodSeconds=0.
+    core.create_namespaced_pod(NS, grace_pod("squid-1"))
+    if state != "unscheduled":
+        kube.kubelet_run(NS, "squid-1")
+    if state == "failed":
+        kube.kubelet_evict(NS, "squid-1")
+
+    answer = core.delete_namespaced_pod("squid-1", NS, grace_period_seconds=0 if state == "zero" else None)
+
+    assert answer.metadata is not None and answer.metadata.deletion_timestamp is None
+    assert core.list_namespaced_pod(NS).items == []
+
+
+def test_a_terminating_pod_with_a_finalizer_waits_for_it(kube: KubeEmulator, core: client.CoreV1Api) -> None:
+    body = grace_pod("squid-1", grace=5)
+    assert body.metadata is not None
+    body.metadata.finalizers = ["example.com/hold"]
+    core.create_namespaced_pod(NS, body)
+    kube.kubelet_run(NS, "squid-1")
+    core.delete_namespaced_pod("squid-1", NS)
+
+    kube.advance(5)
+    held = core.read_namespaced_pod("squid-1", NS)
+    assert held.metadata is not None and held.metadata.deletion_grace_period_seconds == 0
+
+    core.patch_namespaced_pod("squid-1", NS, {"metadata": {"finalizers": None}})
+    assert core.list_namespaced_pod(NS).items == []
+
+
+def test_kubelet_run_reports_the_pod_running_ready_with_its_ips(kube: KubeEmulator, core: client.CoreV1Api) -> None:
+    core.create_namespaced_pod(NS, pod("squid-1"))
+
+    kube.kubelet_run(NS, "squid-1", pod_ip="10.244.1.7", host_ip="172.18.0.3", node="worker-2")
+
+    read = core.read_namespaced_pod("squid-1", NS)
+    assert read.spec is not None and read.spec.node_name == "worker-2"
+    assert read.status is not None
+    assert (read.status.phase, read.status.pod_ip, read.status.host_ip) == ("Running", "10.244.1.7", "172.18.0.3")
+    assert {c.type: c.status for c in read.status.conditions or []}["Ready"] == "True"
+    assert [s.state.running is not None for s in read.status.container_statuses or [] if s.state] == [True]
+
+
+def test_kubelet_evict_fails_the_pod_as_the_eviction_manager_does(kube: KubeEmulator,
+                                                                  core: client.CoreV1Api) -> None:
+    # pkg/kubelet/eviction (evictPod → the pod status: phase Failed, reason "Evicted", a
+    # message naming the resource; a DisruptionTarget condition, reason TerminationByKubelet,
+    # https://kubernetes.io/docs/concepts/scheduling-eviction/node-pressure-eviction/ and
+    # .../workloads/pods/disruptions/#pod-disruption-conditions); containers end terminated.
+    core.create_namespaced_pod(NS, pod("squid-1"))
+    kube.kubelet_run(NS, "squid-1", pod_ip="10.244.1.7")
+
+    kube.kubelet_evict(NS, "squid-1")
+
+    read = core.read_namespaced_pod("squid-1", NS)
+    assert read.status is not None
+    assert (read.status.phase, read.status.reason) == ("Failed", "Evicted")
+    assert read.status.message and "low on resource" in read.status.message
+    conditions = {c.type: (c.status, c.reason) for c in read.status.conditions or []}
+    assert conditions["DisruptionTarget"] == ("True", "TerminationByKubelet")
+    assert conditions["Ready"][0] == "False"
+    terminated = [s.state.terminated for s in read.status.container_statuses or [] if s.state]
+    assert [t.exit_code for t in terminated if t] == [137]
+    assert read.status.pod_ip == "10.244.1.7"  # the dead Pod keeps its address in status
+
+
+def test_a_pod_whose_finalizer_goes_during_its_grace_period_stays_until_it_ends(
+        kube: KubeEmulator, core: client.CoreV1Api) -> None:
+    # The API server removes a gracefully deleted Pod only on the kubelet's final DELETE, after
+    # the containers stopped; emptying finalizers meanwhile does not cut the grace period short.
+    body = grace_pod("squid-1", grace=5)
+    assert body.metadata is not None
+    body.metadata.finalizers = ["example.com/hold"]
+    core.create_namespaced_pod(NS, body)
+    kube.kubelet_run(NS, "squid-1")
+    core.delete_namespaced_pod("squid-1", NS)
+
+    core.patch_namespaced_pod("squid-1", NS, {"metadata": {"finalizers": None}})
+    assert [p.metadata.name for p in core.list_namespaced_pod(NS).items if p.metadata] == ["squid-1"]
+    kube.advance(5)
+    assert core.list_namespaced_pod(NS).items == []
+
+
+def test_an_updated_crd_validates_with_its_new_schema_and_keeps_serving(api: client.ApiClient,
+                                                                        proxies: Proxies) -> None:
+    # Updating a CRD's schema changes what later writes must satisfy (validation is on write);
+    # the kind keeps being served and watched across the update.
+    crds = client.ApiextensionsV1Api(api)
+    proxies.create("eu-1")
+    since = proxies.list_objects()["metadata"]["resourceVersion"]
+    current = as_dict(api, crds.read_custom_resource_definition(f"{PLURAL}.{GROUP}"))
+    spec_schema = current["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    spec_schema["properties"]["port"]["maximum"] = 9999
+    crds.replace_custom_resource_definition(f"{PLURAL}.{GROUP}", cast(Any, current))
+
+    with pytest.raises(ApiException) as caught:
+        proxies.patch("eu-1", {"spec": {"port": 10000}})
+    assert status_of(caught.value)["details"]["causes"][0]["message"] == (
+        "Invalid value: 10000: spec.port in body should be less than or equal to 9999")
+    proxies.patch("eu-1", {"spec": {"port": 9999}})
+    assert summary(proxies.watch(1, resource_version=since)) == [("MODIFIED", "eu-1")]

@@ -18,6 +18,7 @@ import pytest
 import yaml
 from kubernetes import client
 
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.k8s.pods import TERMINATION_GRACE_SECONDS
 from egress_proxies.backoff import Backoff
 from egress_proxies.kube import KubeStore
 from egress_proxies.model import GROUP, PLURAL, VERSION
@@ -176,5 +177,8 @@ def test_three_providers_one_sweep_and_one_failing_provider_degrades_only_its_ow
             if domain.isActive():
                 domain.destroy()
             domain.undefineFlags(libvirt.VIR_DOMAIN_UNDEFINE_MANAGED_SAVE)
+    # A running Pod is deleted gracefully: it terminates for its grace period, then is gone.
+    assert all(p.metadata and p.metadata.deletion_timestamp for p in core.list_namespaced_pod("egress").items)
+    kube.advance(TERMINATION_GRACE_SECONDS)
     assert core.list_namespaced_pod("egress").items == []
 

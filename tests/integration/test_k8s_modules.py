@@ -30,6 +30,14 @@ TAGS = {**OWNER_TAGS, "crawl.example.com/proxy": "crawlers/eu-1", "crawl.example
         "crawl.example.com/spec-hash": "3f9c2a"}
 
 
+@pytest.fixture(autouse=True)
+def namespaces(kube: KubeEmulator) -> None:
+    """The provider's namespaces exist, as the cluster operator made them (the API refuses Pods
+    in a missing one)."""
+    for namespace in (NAMESPACE, "crawl-b"):
+        kube.create_namespace(namespace)
+
+
 @pytest.fixture
 def core(kube: KubeEmulator) -> client.CoreV1Api:
     return client.CoreV1Api(client.ApiClient(client.Configuration(host=kube.url)))
@@ -54,15 +62,13 @@ def info(config: Path, **args: Any) -> ModuleRun:
     return run_module("k8s_proxy_info", {"provider_config": str(config), "provider": "cluster", **args})
 
 
-def be_the_kubelet(core: client.CoreV1Api, name: str = NAME, namespace: str = NAMESPACE, ready: bool = True,
-                   phase: str = "Running") -> None:
-    """What the kubelet would report once the container runs and the readiness probe passes."""
-    status = {"phase": phase, "podIP": "10.244.1.7", "hostIP": "192.0.2.21",
-              "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}
-    core.patch_namespaced_pod_status(name, namespace, {"status": status})
+def be_the_kubelet(kube: KubeEmulator, name: str = NAME, namespace: str = NAMESPACE, ready: bool = True) -> None:
+    """The Pod scheduled to a node, its container running and (if ``ready``) its readiness
+    probe passed, as the scheduler and kubelet would report it."""
+    kube.kubelet_run(namespace, name, pod_ip="10.244.1.7", host_ip="192.0.2.21", ready=ready)
 
 
-def test_create_get_list_delete_round_trip(config: Path, kube: KubeEmulator, core: client.CoreV1Api) -> None:
+def test_create_get_list_delete_round_trip(config: Path, kube: KubeEmulator) -> None:
     planned = proxy(config, check_mode=True, name=NAME, tags=TAGS)
     assert planned.status == "successful", planned.result
     assert planned.result["changed"] is True
@@ -105,7 +111,7 @@ def test_create_get_list_delete_round_trip(config: Path, kube: KubeEmulator, cor
     assert again.result["provider_id"] == PROVIDER_ID
     assert [m for m, _ in kube.requests()].count("POST") == 2  # the re-create met a 409 and read the Pod back
 
-    be_the_kubelet(core)
+    be_the_kubelet(kube)
     by_id = info(config, provider_id=PROVIDER_ID)
     assert by_id.status == "successful", by_id.result
     (running,) = by_id.result["instances"]
@@ -129,16 +135,22 @@ def test_create_get_list_delete_round_trip(config: Path, kube: KubeEmulator, cor
     deleted = proxy(config, state="absent", provider_id=PROVIDER_ID)
     assert deleted.status == "successful", deleted.result
     assert deleted.result["changed"] is True
-    assert kube.get_object("pods", NAMESPACE, NAME) is None
+    # A running Pod is deleted gracefully: terminating (and read as stopped) for its grace period.
+    terminating = kube.get_object("pods", NAMESPACE, NAME)
+    assert terminating is not None and terminating["metadata"]["deletionGracePeriodSeconds"] == 10
+    (stopping,) = info(config, provider_id=PROVIDER_ID).result["instances"]
+    assert stopping["state"] == "stopped"
     deleted_again = proxy(config, state="absent", provider_id=PROVIDER_ID)
     assert deleted_again.status == "successful" and deleted_again.result["changed"] is False
 
+    kube.advance(10)
+    assert kube.get_object("pods", NAMESPACE, NAME) is None
     gone = info(config, provider_id=PROVIDER_ID)
     assert gone.failed and gone.result["error_class"] == "not_found"
 
 
-def test_host_network_without_spreading_reports_the_node_ip(tmp_path: Path, kubeconfig: Path, kube: KubeEmulator,
-                                                              core: client.CoreV1Api) -> None:
+def test_host_network_without_spreading_reports_the_node_ip(tmp_path: Path, kubeconfig: Path,
+                                                              kube: KubeEmulator) -> None:
     config = write_kubernetes_config(tmp_path / "providers.yaml", kubeconfig, hostNetwork=True, spreadNodes=False,
                                      cpuRequest="250m", memoryRequest="64Mi", namespaces=["crawl-b"],
                                      squidConfig="http_access allow all\n")
@@ -155,9 +167,35 @@ def test_host_network_without_spreading_reports_the_node_ip(tmp_path: Path, kube
     assert container["resources"] == {"requests": {"cpu": "250m", "memory": "64Mi"}}
     assert pod["metadata"]["annotations"]["crawl.example.com/squid-conf"] == "http_port 3128\nhttp_access allow all\n"
 
-    be_the_kubelet(core, namespace="crawl-b")
+    be_the_kubelet(kube, namespace="crawl-b")
     (instance,) = info(config, provider_id=f"k8s://namespaces/crawl-b/pods/{NAME}").result["instances"]
     assert (instance["state"], instance["ip"]) == ("running", "192.0.2.21")
+
+
+def test_an_evicted_pod_is_reported_in_error_and_deleted_at_once(config: Path, kube: KubeEmulator) -> None:
+    """The kubelet evicts the Pod (phase Failed, reason Evicted): both modules report ``error``
+    so the controller replaces it, and deleting it takes no grace period (nothing runs)."""
+    assert proxy(config, name=NAME, tags=TAGS).status == "successful"
+    be_the_kubelet(kube)
+    kube.kubelet_evict(NAMESPACE, NAME)
+
+    (by_id,) = info(config, provider_id=PROVIDER_ID).result["instances"]
+    (by_tags,) = info(config, tags=OWNER_TAGS).result["instances"]
+    assert (by_id["state"], by_id["ip"]) == ("error", "10.244.1.7")
+    assert by_tags == by_id
+    deleted = proxy(config, state="absent", provider_id=PROVIDER_ID)
+    assert deleted.status == "successful" and deleted.result["changed"] is True
+    assert kube.get_object("pods", NAMESPACE, NAME) is None
+
+
+def test_a_namespace_that_does_not_exist_is_permanent_naming_location(tmp_path: Path, kubeconfig: Path) -> None:
+    config = write_kubernetes_config(tmp_path / "providers.yaml", kubeconfig, namespace="not-created")
+    created = proxy(config, name=NAME, tags=TAGS)
+    assert created.failed and created.result["error_class"] == "permanent"
+    assert created.result["msg"].startswith("location: namespace not-created does not exist")
+    assert 'namespaces "not-created" not found' in created.result["msg"]
+    listed = info(config, tags=OWNER_TAGS)  # the real server lists a missing namespace as empty
+    assert listed.status == "successful" and listed.result["instances"] == []
 
 
 def test_a_foreign_pod_of_that_name_is_never_touched(config: Path, kube: KubeEmulator,

@@ -147,6 +147,14 @@ class RolloutStandIn:
 
 
 @pytest.fixture
+def kube() -> Iterator[KubeEmulator]:
+    """A cluster before the deploy: only the system namespaces, no Proxy CRD yet (the playbook
+    installs it, and the kind is served from then on)."""
+    with KubeEmulator() as emulator:
+        yield emulator
+
+
+@pytest.fixture
 def files(tmp_path: Path) -> Path:
     (tmp_path / "providers.yaml").write_text(PROVIDER_CONFIG)
     (tmp_path / "id_ed25519").write_text(PRIVATE_KEY)

@@ -30,12 +30,32 @@ tested here: its client-side apply is a GET, then a POST or a JSON merge patch, 
 merge patch on a custom resource is refused with 415 as on the real server (custom resources
 have no patch strategy), which is what makes ``kubernetes.core.k8s`` fall back to a merge patch.
 
-Deliberately left out (nothing tested depends on them): admission, schema validation beyond
-object names, defaulting (a real server fills in e.g. a Deployment's ``strategy`` or a Service's
-``clusterIP``), workload controllers (a Deployment's status changes only when a test writes it),
-a created CRD starting to serve its kind (``Proxy`` is always served), a Secret's
-``stringData`` folding into ``data``, owner-reference garbage collection, namespace deletion
-cascading (and namespaced objects may be created in a namespace that does not exist),
+Strict where the code under test depends on it (``tests/support/kube_validation.py`` holds the
+rules and cites their sources):
+
+- custom resources exist only once their CustomResourceDefinition is created (through the API
+  or ``install_crd``; the shared ``kube`` fixture installs ``controller/manifests/crd.yaml``), and
+  every write is pruned, defaulted and validated against that CRD's ``openAPIV3Schema``: 422
+  Invalid with one ``status.details.causes`` entry per field path. ``store_unvalidated`` is the
+  one test back door around it;
+- a custom-resource PUT without ``metadata.resourceVersion`` is 422 (CRs never allow an
+  unconditional update); a Lease ``acquireTime``/``renewTime`` that is not a MicroTime is 400;
+- labels and annotations of every object, and Pods (containers, names, images, ports), are
+  validated; a namespaced object in a namespace that does not exist is 404 ``namespaces "x" not
+  found`` (the emulator starts with the real server's ``default`` and ``kube-*`` namespaces);
+- a scheduled Pod (``spec.nodeName`` set, e.g. by ``kubelet_run``) is deleted gracefully:
+  ``deletionTimestamp`` and ``deletionGracePeriodSeconds``, still readable and listed, then gone
+  (a DELETED event) once the grace period has passed on the emulator's clock (``advance``);
+  an unscheduled or finished Pod, or ``gracePeriodSeconds=0``, goes at once, as on a real server;
+- ``kubelet_run`` and ``kubelet_evict`` stand in for the scheduler and kubelet.
+
+Deliberately left out (nothing tested depends on them): admission beyond namespace existence,
+built-in defaulting (a real server fills in e.g. a Pod's ``terminationGracePeriodSeconds: 30``,
+a Deployment's ``strategy`` or a Service's ``clusterIP``; graceful deletion uses 30 when the Pod
+has none), Pod spec immutability on update, workload controllers (a Deployment's status changes
+only when a test writes it), a Secret's ``stringData`` folding into ``data``, owner-reference
+garbage collection, namespace deletion cascading and the ``Terminating`` phase, CRD conversion
+and per-version schemas beyond the one each version declares, defaulting and pruning on read,
 pagination (``limit`` is ignored: every list returns everything), ``dryRun``, server-side apply
 (415), BOOKMARK events, and a status write to a Pod changing its labels (the real Pod status
 strategy allows it; here every status write changes only ``status``, as for custom resources).
@@ -47,6 +67,7 @@ import copy
 import json
 import logging
 import queue
+import random
 import re
 import secrets
 import select
@@ -60,9 +81,24 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from types import TracebackType
 from typing import Any, cast
 from urllib.parse import parse_qs, urlsplit
+
+import yaml
+
+from .kube_validation import (
+    FieldError,
+    GoValue,
+    StructuralSchema,
+    aggregate,
+    dns1123_subdomain_errors,
+    is_micro_time,
+    micro_time_error,
+    validate_metadata,
+    validate_pod,
+)
 
 LOG = logging.getLogger(__name__)
 
@@ -76,7 +112,14 @@ _STATUS_VERBS = ["get", "patch", "update"]
 # The alphabet and length the real API server appends to generateName.
 _GENERATE_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
 _GENERATE_SUFFIX_LEN = 5
-_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+# The namespaces a new cluster has (kube-apiserver's system namespaces controller makes them).
+SYSTEM_NAMESPACES = ("default", "kube-node-lease", "kube-public", "kube-system")
+PROXY_CRD_PATH = Path(__file__).resolve().parents[2] / "controller" / "manifests" / "crd.yaml"
+# pkg/registry/core/pod/strategy.go: a Pod without terminationGracePeriodSeconds gets 30 (the
+# API server defaults it on create; the emulator applies it at deletion instead).
+DEFAULT_POD_GRACE_SECONDS = 30
+# How often the kubelet stand-in looks for Pods whose grace period has passed.
+_GRACE_POLL_SECONDS = 0.05
 _REASONS = {
     400: "BadRequest",
     403: "Forbidden",
@@ -125,7 +168,15 @@ class ResourceType:
         return f"{self.plural}.{self.group}" if self.group else self.plural
 
 
-PROXY = ResourceType("crawl.example.com", "v1alpha1", "Proxy", "proxies", True, True, True, custom=True)
+CRD_KEY = "customresourcedefinitions.apiextensions.k8s.io"
+NAMESPACES_KEY = "namespaces"
+PODS_KEY = "pods"
+LEASES_KEY = "leases.coordination.k8s.io"
+
+
+def proxy_crd() -> Obj:
+    """The project's Proxy CRD, as ``controller/manifests/crd.yaml`` ships it."""
+    return cast(Obj, yaml.safe_load(PROXY_CRD_PATH.read_text()))
 
 DEFAULT_RESOURCES: tuple[ResourceType, ...] = (
     ResourceType("", "v1", "Namespace", "namespaces", False, True, False, {"phase": "Active"}),
@@ -144,7 +195,6 @@ DEFAULT_RESOURCES: tuple[ResourceType, ...] = (
     ResourceType("rbac.authorization.k8s.io", "v1", "RoleBinding", "rolebindings", True, False),
     ResourceType("apiextensions.k8s.io", "v1", "CustomResourceDefinition", "customresourcedefinitions", False,
                  True),
-    PROXY,
 )
 
 
@@ -192,14 +242,26 @@ def _conflict(rtype: ResourceType, name: str) -> ApiError:
     )
 
 
-def _invalid(rtype: ResourceType, name: str, message: str) -> ApiError:
+def _invalid(rtype: ResourceType, name: str, errors: list[FieldError]) -> ApiError:
+    """``apierrors.NewInvalid``: 422, the qualified kind (``Proxy.crawl.example.com``, ``Pod``),
+    every field error in the message and one cause per error."""
+    qualified = f"{rtype.kind}.{rtype.group}" if rtype.group else rtype.kind
     return ApiError(
-        422, f'{rtype.kind} "{name}" is invalid: {message}', details=_details(rtype, name)
+        422, f'{qualified} "{name}" is invalid: {aggregate(errors)}',
+        details={"name": name, "group": rtype.group, "kind": rtype.kind,
+                 "causes": [e.cause() for e in errors]},
     )
 
 
-def _now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+def _namespace_not_found(namespace: str) -> ApiError:
+    # NamespaceLifecycle admission returns the NotFound of its own namespace lookup.
+    return ApiError(404, f'namespaces "{namespace}" not found',
+                    details={"name": namespace, "group": "", "kind": "namespaces"})
+
+
+def _timestamp(moment: float) -> str:
+    return datetime.fromtimestamp(moment, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
 
 
 # --- selectors -------------------------------------------------------------------------------
@@ -435,7 +497,7 @@ class _Event:
     def seen_by(self, flt: _Filter) -> tuple[str, Obj] | None:
         """The event as a filtered watch sees it: an object leaving the selection is DELETED
         for that watch and one entering it is ADDED, as with the real server."""
-        if self.rtype is not flt.rtype:
+        if self.rtype != flt.rtype:
             return None
         now = flt.matches(self.obj)
         before = self.previous is not None and flt.matches(self.previous)
@@ -477,10 +539,17 @@ class KubeEmulator:
         resources: Iterable[ResourceType] = DEFAULT_RESOURCES,
         history_limit: int = DEFAULT_HISTORY_LIMIT,
         port: int = 0,
+        *,
+        namespaces: Iterable[str] = (),
+        crds: Iterable[Obj] = (),
     ) -> None:
+        """``namespaces`` are created besides the system ones and ``crds`` installed, as if an
+        operator had done both before the test."""
         self._types: dict[tuple[str, str, str], ResourceType] = {}
         for rtype in resources:
             self.register(rtype)
+        # Structural schemas of the served custom resources, by ResourceType.key.
+        self._schemas: dict[str, StructuralSchema] = {}
         self._history_limit = history_limit
         self._port = port
         self._lock = threading.Lock()
@@ -494,11 +563,23 @@ class KubeEmulator:
         self._watchers: list[_Watcher] = []
         self._watchers_changed = threading.Condition(self._lock)
         self._faults: list[_Fault] = []
+        # fail_randomly: (rate, generator); injected so far, by status.
+        self._random_faults: tuple[float, random.Random] = (0.0, random.Random())
+        self.random_faults_injected: dict[int, int] = {}
         self._requests: list[tuple[str, str]] = []
         self._connections: set[socket.socket] = set()
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
+        # The emulator's clock: wall time plus what tests ``advance``d it by.
+        self._clock_offset = 0.0
+        # Terminating Pods the kubelet stand-in removes once their grace period has passed.
+        self._grace_deadlines: dict[tuple[str, str, str], tuple[str, float]] = {}  # key: (uid, when)
+        self._kubelet: threading.Thread | None = None
+        for namespace in (*SYSTEM_NAMESPACES, *namespaces):
+            self.create_namespace(namespace)
+        for crd in crds:
+            self.install_crd(crd)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -519,6 +600,9 @@ class KubeEmulator:
             name="kube-emulator",
         )
         self._thread.start()
+        self._kubelet = threading.Thread(target=self._kubelet_loop, daemon=True,
+                                         name="kube-emulator-kubelet")
+        self._kubelet.start()
         return self
 
     def stop(self) -> None:
@@ -540,6 +624,8 @@ class KubeEmulator:
         server.server_close()
         if self._thread is not None:
             self._thread.join(timeout=5)
+        if self._kubelet is not None:
+            self._kubelet.join(timeout=5)
 
     def __enter__(self) -> KubeEmulator:
         return self.start()
@@ -584,6 +670,163 @@ class KubeEmulator:
                 _Fault(method.upper(), re.compile(path_regex), status, count, reason, message,
                        retry_after)
             )
+
+    def fail_randomly(self, rate: float, seed: int | None = None) -> None:
+        """Answer about ``rate`` of all later requests (those no ``fail_next`` fault took) with an
+        injected error, drawn from ``random.Random(seed)``: a read 500 InternalError, a write 500
+        or 409 Conflict (half each), as a real server answers under etcd trouble and write
+        contention. Nothing is processed for an injected answer. ``rate`` 0 switches it off;
+        ``random_faults_injected`` counts them by status (bench/chaos_bench.py uses this)."""
+        with self._lock:
+            self._random_faults = (rate, random.Random(seed))
+
+    def create_namespace(self, name: str) -> Obj:
+        """Create a Namespace, as ``kubectl create namespace`` would (objects may then live in it)."""
+        rtype = self._type_by_key(NAMESPACES_KEY)
+        return self._create(_Route(rtype, None, None, None),
+                            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+
+    def install_crd(self, crd: Obj) -> Obj:
+        """Create a CustomResourceDefinition (e.g. ``proxy_crd()``): its kind is served from then
+        on, with its schema, exactly as after a POST of the CRD."""
+        rtype = self._type_by_key(CRD_KEY)
+        return self._create(_Route(rtype, None, None, None), copy.deepcopy(crd))
+
+    def store_unvalidated(self, obj: Obj) -> Obj:
+        """TEST BACK DOOR: store a custom resource exactly as given, without pruning, defaulting
+        or schema validation, and emit its ADDED event.
+
+        A real API server never accepts such an object, but it can hold one written before the
+        CRD's schema tightened (validation runs on writes, not on reads); this is how a test
+        gives the controller such an object. Server fields (uid, resourceVersion, generation,
+        creationTimestamp, namespace) are set as on a create; the namespace must exist and the
+        kind must be served; the name must not be taken."""
+        api_version, kind = obj.get("apiVersion", ""), obj.get("kind", "")
+        group, _, version = api_version.rpartition("/")
+        matches = [t for t in self._types.values()
+                   if (t.group, t.version, t.kind) == (group, version, kind) and t.custom]
+        if not matches:
+            raise KeyError(f"no custom resource {kind} in {api_version} is served")
+        rtype = matches[0]
+        body = copy.deepcopy(obj)
+        meta = body.setdefault("metadata", {})
+        with self._lock:
+            if rtype.namespaced:
+                self._require_namespace(meta.get("namespace") or "")
+            if self._key(rtype, meta) in self._objects:
+                raise ValueError(f"{rtype.key} {meta.get('namespace')}/{meta['name']} already exists")
+            meta.update(uid=str(uuid.uuid4()), resourceVersion=self._next_rv(), generation=1,
+                        creationTimestamp=self._timestamp())
+            self._objects[self._key(rtype, meta)] = body
+            self._emit(rtype, "ADDED", body, None)
+            return copy.deepcopy(body)
+
+    def advance(self, seconds: float) -> None:
+        """Move the emulator's clock forward: Pods whose grace period has now passed are gone
+        (their DELETED events sent) before this returns."""
+        with self._lock:
+            self._clock_offset += seconds
+        self._expire_graceful()
+
+    def kubelet_run(self, namespace: str, name: str, *, node: str = "node-1",
+                    pod_ip: str = "10.244.0.10", host_ip: str = "172.18.0.2",
+                    ready: bool = True) -> Obj:
+        """The scheduler and kubelet stand-in: bind the Pod to ``node`` (``spec.nodeName``, as the
+        binding subresource does) and report it Running with its containers running, Ready as
+        asked, ``podIP`` and ``hostIP`` set (as the kubelet's status manager writes them)."""
+        def change(pod: Obj) -> None:
+            now = self._timestamp()
+            pod["spec"]["nodeName"] = node
+            containers = pod["spec"].get("containers") or []
+            condition = "True" if ready else "False"
+            pod["status"] = {
+                "phase": "Running", "hostIP": host_ip, "hostIPs": [{"ip": host_ip}],
+                "podIP": pod_ip, "podIPs": [{"ip": pod_ip}], "startTime": now, "qosClass": "Burstable",
+                "conditions": [{"type": t, "status": s, "lastProbeTime": None, "lastTransitionTime": now}
+                               for t, s in (("PodReadyToStartContainers", "True"), ("Initialized", "True"),
+                                            ("Ready", condition), ("ContainersReady", condition),
+                                            ("PodScheduled", "True"))],
+                "containerStatuses": [{"name": c.get("name"), "image": c.get("image"), "imageID": "",
+                                       "containerID": f"containerd://{uuid.uuid4().hex}",
+                                       "ready": ready, "started": True, "restartCount": 0,
+                                       "state": {"running": {"startedAt": now}}} for c in containers],
+            }
+        return self._kubelet_write(namespace, name, change)
+
+    def kubelet_evict(self, namespace: str, name: str,
+                      message: str = "The node was low on resource: memory. ") -> Obj:
+        """The kubelet's eviction manager: the Pod ends ``Failed`` with reason ``Evicted``, a
+        ``DisruptionTarget`` condition, not Ready, and every container terminated (exit 137,
+        killed). The Pod object stays (an evicted Pod is kept until deleted), keeping its IPs."""
+        def change(pod: Obj) -> None:
+            now = self._timestamp()
+            status = pod.setdefault("status", {})
+            status.update(phase="Failed", reason="Evicted", message=message)
+            conditions = [c for c in status.get("conditions") or []
+                          if c.get("type") not in ("Ready", "ContainersReady", "DisruptionTarget")]
+            conditions += [
+                {"type": "DisruptionTarget", "status": "True", "reason": "TerminationByKubelet",
+                 "message": message, "lastProbeTime": None, "lastTransitionTime": now},
+                {"type": "Ready", "status": "False", "reason": "PodFailed", "lastProbeTime": None,
+                 "lastTransitionTime": now},
+                {"type": "ContainersReady", "status": "False", "reason": "PodFailed", "lastProbeTime": None,
+                 "lastTransitionTime": now}]
+            status["conditions"] = conditions
+            previous = {c.get("name"): c for c in status.get("containerStatuses") or []}
+            statuses = []
+            for container in pod["spec"].get("containers") or []:
+                old = previous.get(container.get("name"), {})
+                started = ((old.get("state") or {}).get("running") or {}).get("startedAt", now)
+                statuses.append({**old, "name": container.get("name"), "image": container.get("image"),
+                                 "ready": False, "started": False,
+                                 "state": {"terminated": {"exitCode": 137, "reason": "Error",
+                                                          "startedAt": started, "finishedAt": now}}})
+            status["containerStatuses"] = statuses
+        return self._kubelet_write(namespace, name, change)
+
+    def _kubelet_write(self, namespace: str, name: str, change: Any) -> Obj:
+        rtype = self._type_by_key(PODS_KEY)
+        with self._lock:
+            old = self._stored(_Route(rtype, namespace, name, None))
+            new = copy.deepcopy(old)
+            change(new)
+            new["metadata"]["resourceVersion"] = self._next_rv()
+            self._objects[self._key(rtype, new["metadata"])] = new
+            self._emit(rtype, "MODIFIED", new, old)
+            return copy.deepcopy(new)
+
+    def _kubelet_loop(self) -> None:
+        while not self._stopping.wait(_GRACE_POLL_SECONDS):
+            self._expire_graceful()
+
+    def _expire_graceful(self) -> None:
+        """The kubelet's last word on a terminating Pod: once its grace period has passed, the
+        Pod is deleted for good (the kubelet's DELETE with gracePeriodSeconds=0), or, if it still
+        has finalizers, left terminating with a grace period of 0."""
+        with self._lock:
+            now = self._clock()
+            for key, (uid, deadline) in list(self._grace_deadlines.items()):
+                if deadline > now:
+                    continue
+                del self._grace_deadlines[key]
+                old = self._objects.get(key)
+                if old is None or old["metadata"].get("uid") != uid:
+                    continue
+                new = copy.deepcopy(old)
+                new["metadata"].update(deletionGracePeriodSeconds=0, resourceVersion=self._next_rv())
+                rtype = self._type_by_key(key[0])
+                if new["metadata"].get("finalizers"):
+                    self._objects[key] = new
+                    self._emit(rtype, "MODIFIED", new, old)
+                else:
+                    del self._objects[key]
+                    self._emit(rtype, "DELETED", new, old)
+
+    def _clock(self) -> float:
+        return time.time() + self._clock_offset
+
+    def _timestamp(self, later: float = 0.0) -> str:
+        return _timestamp(self._clock() + later)
 
     def compact(self) -> None:
         """Drop the whole watch history, as etcd compaction does: a watch resuming from any
@@ -637,6 +880,12 @@ class KubeEmulator:
                     if fault.remaining <= 0:
                         self._faults.remove(fault)
                     return fault
+            rate, draw = self._random_faults
+            if rate and draw.random() < rate:
+                status = 409 if method != "GET" and draw.random() < 0.5 else 500
+                self.random_faults_injected[status] = self.random_faults_injected.get(status, 0) + 1
+                reason = "Conflict" if status == 409 else "InternalError"
+                return _Fault(method, re.compile(""), status, 1, reason, "injected failure (fail_randomly)", None)
         return None
 
     def _route(self, path: str) -> _Route | Obj:
@@ -738,10 +987,12 @@ class KubeEmulator:
         else:
             meta.pop("namespace", None)
         with self._lock:
+            if rtype.namespaced:
+                self._require_namespace(route.namespace or "")
             if not meta.get("name"):
                 if not meta.get("generateName"):
-                    raise _invalid(rtype, "", "metadata.name: Required value: name or "
-                                              "generateName is required")
+                    raise _invalid(rtype, "", [FieldError("FieldValueRequired", "metadata.name",
+                                                          detail="name or generateName is required")])
                 while True:
                     suffix = "".join(secrets.choice(_GENERATE_ALPHABET)
                                      for _ in range(_GENERATE_SUFFIX_LEN))
@@ -749,26 +1000,105 @@ class KubeEmulator:
                     if self._key(rtype, meta) not in self._objects:
                         break
             name = meta["name"]
-            if len(name) > 253 or not _DNS_SUBDOMAIN.fullmatch(name):
-                raise _invalid(rtype, name, f"metadata.name: Invalid value: {name!r}: a lowercase "
-                                            "RFC 1123 subdomain must consist of lower case "
-                                            "alphanumeric characters, '-' or '.'")
-            if self._key(rtype, meta) in self._objects:
-                raise ApiError(409, f'{rtype.key} "{name}" already exists',
-                               reason="AlreadyExists", details=_details(rtype, name))
+            name_errors = [FieldError("FieldValueInvalid", "metadata.name", name, msg)
+                           for msg in dns1123_subdomain_errors(str(name))]
+            if name_errors:
+                raise _invalid(rtype, name, name_errors)
             for server_owned in ("deletionTimestamp", "deletionGracePeriodSeconds",
                                  "managedFields", "selfLink"):
                 meta.pop(server_owned, None)
-            meta.update(uid=str(uuid.uuid4()), resourceVersion=self._next_rv(), generation=1,
-                        creationTimestamp=_now())
             body["apiVersion"], body["kind"] = rtype.api_version, rtype.kind
             if rtype.status_subresource:
                 body.pop("status", None)
                 if rtype.initial_status is not None:
                     body["status"] = copy.deepcopy(dict(rtype.initial_status))
+            body = self._admit(rtype, name, body, creating=True)
+            meta = body["metadata"]
+            # Storage answers last: an invalid object is 422 even when its name is taken.
+            if self._key(rtype, meta) in self._objects:
+                raise ApiError(409, f'{rtype.key} "{name}" already exists',
+                               reason="AlreadyExists", details=_details(rtype, name))
+            meta.update(uid=str(uuid.uuid4()), resourceVersion=self._next_rv(), generation=1,
+                        creationTimestamp=self._timestamp())
+            if rtype.key == CRD_KEY:
+                self._serve_crd(body)
             self._objects[self._key(rtype, meta)] = body
             self._emit(rtype, "ADDED", body, None)
             return copy.deepcopy(body)
+
+    def _require_namespace(self, namespace: str) -> None:
+        if (NAMESPACES_KEY, "", namespace) not in self._objects:
+            raise _namespace_not_found(namespace)
+
+    def _admit(self, rtype: ResourceType, name: str, obj: Obj, creating: bool, old: Obj | None = None) -> Obj:
+        """Decode, default and validate a write as the real server does before storing it;
+        returns the object to store (a custom resource pruned and defaulted)."""
+        if rtype.key == LEASES_KEY:
+            spec = obj.get("spec") or {}
+            for time_field in ("acquireTime", "renewTime"):
+                if not is_micro_time(spec.get(time_field)):
+                    # A decode error, before any validation: 400 BadRequest, as the server
+                    # answers a body its JSON decoder refuses.
+                    raise ApiError(400, f'Lease in version "{rtype.version}" cannot be handled as a '
+                                        f"Lease: {micro_time_error(spec.get(time_field))}")
+        schema = self._schemas.get(rtype.key)
+        if schema is not None:
+            obj = schema.prune_and_default(obj)
+        errors = validate_metadata(obj.get("metadata") or {})
+        if rtype.key == PODS_KEY and creating:
+            errors += validate_pod(obj)
+        if rtype.key == CRD_KEY:
+            errors += _crd_errors(obj)
+        if schema is not None:
+            errors += schema.validate(obj, old)
+        if errors:
+            raise _invalid(rtype, name, errors)
+        return obj
+
+    def _serve_crd(self, crd: Obj) -> None:
+        """Serve (or re-serve, on an update) the kind a CRD defines, with its schema; the CRD's
+        status says so, as the apiextensions controllers would within a moment."""
+        spec = crd["spec"]
+        names = spec["names"]
+        for version in spec["versions"]:
+            rtype = ResourceType(spec["group"], version["name"], names["kind"], names["plural"],
+                                 namespaced=spec.get("scope", "Namespaced") == "Namespaced",
+                                 status_subresource="status" in (version.get("subresources") or {}),
+                                 returns_deleted_object=True, custom=True)
+            if not version.get("served", True):
+                self._types.pop((rtype.group, rtype.version, rtype.plural), None)
+                continue
+            if self._types.get((rtype.group, rtype.version, rtype.plural)) != rtype:
+                self.register(rtype)  # an unchanged one stays the very object open watches hold
+            schema = (version.get("schema") or {}).get("openAPIV3Schema")
+            if schema is not None:
+                self._schemas[rtype.key] = StructuralSchema(schema)
+            else:
+                self._schemas.pop(rtype.key, None)
+        now = self._timestamp()
+        crd["status"] = {
+            "acceptedNames": copy.deepcopy(names),
+            "storedVersions": [v["name"] for v in spec["versions"] if v.get("storage")],
+            "conditions": [
+                {"type": "NamesAccepted", "status": "True", "reason": "NoConflicts",
+                 "message": "no conflicts found", "lastTransitionTime": now},
+                {"type": "Established", "status": "True", "reason": "InitialNamesAccepted",
+                 "message": "the initial names have been accepted", "lastTransitionTime": now}],
+        }
+
+    def _unserve_crd(self, crd: Obj) -> None:
+        """A deleted CRD takes its kind and every object of it with it."""
+        spec = crd["spec"]
+        for version in spec["versions"]:
+            rtype = self._types.pop((spec["group"], version["name"], spec["names"]["plural"]), None)
+            if rtype is None:
+                continue
+            self._schemas.pop(rtype.key, None)
+            for key in [k for k in self._objects if k[0] == rtype.key]:
+                old = self._objects.pop(key)
+                gone = copy.deepcopy(old)
+                gone["metadata"]["resourceVersion"] = self._next_rv()
+                self._emit(rtype, "DELETED", gone, old)
 
     @staticmethod
     def _key(rtype: ResourceType, meta: Mapping[str, Any]) -> tuple[str, str, str]:
@@ -795,10 +1125,11 @@ class KubeEmulator:
 
     def _update(self, route: _Route, body: Obj) -> Obj:
         with self._lock:
-            return self._update_locked(route, body)
+            return self._update_locked(route, body, put=True)
 
-    def _update_locked(self, route: _Route, body: Obj) -> Obj:
-        """PUT semantics, shared by PATCH (which builds the full object first)."""
+    def _update_locked(self, route: _Route, body: Obj, put: bool = False) -> Obj:
+        """PUT semantics, shared by PATCH (which builds the full object first from the stored
+        one, so it always carries the current resourceVersion)."""
         rtype, name = route.rtype, route.name
         assert name is not None
         old = self._stored(route)
@@ -812,6 +1143,16 @@ class KubeEmulator:
             raise ApiError(400, "the namespace of the provided object does not match the "
                                 "namespace sent on the request")
         rv = meta.get("resourceVersion")
+        if put and rtype.custom and rv in (None, ""):
+            # registry/generic/registry/store.go: a kind whose strategy does not
+            # AllowUnconditionalUpdate (every custom resource, main and status) refuses a PUT
+            # without a resourceVersion; the error names the resource, not the kind.
+            raise ApiError(
+                422, f'{rtype.key} "{name}" is invalid: metadata.resourceVersion: Invalid value: 0x0: '
+                     "must be specified for an update",
+                details={"name": name, "group": rtype.group, "kind": rtype.plural, "causes": [
+                    FieldError("FieldValueInvalid", "metadata.resourceVersion", GoValue("0x0"),
+                               "must be specified for an update").cause()]})
         if rv not in (None, "") and str(rv) != old["metadata"]["resourceVersion"]:
             raise _conflict(rtype, name)
         if route.subresource == "status":
@@ -841,16 +1182,22 @@ class KubeEmulator:
                 added = set(new_meta.get("finalizers") or []) - set(
                     old["metadata"].get("finalizers") or [])
                 if added:
-                    raise _invalid(rtype, name, "metadata.finalizers: Forbidden: no new "
-                                                f"finalizers can be added if the object is being "
-                                                f"deleted, found new finalizers {sorted(added)}")
-            if self._generation_changed(rtype, old, new):
-                new_meta["generation"] = old["metadata"]["generation"] + 1
+                    raise _invalid(rtype, name, [FieldError(
+                        "FieldValueForbidden", "metadata.finalizers",
+                        detail="no new finalizers can be added if the object is being deleted, found new "
+                               f"finalizers {sorted(added)}")])
+        new = self._admit(rtype, name, new, creating=False, old=old)
+        if route.subresource != "status" and self._generation_changed(rtype, old, new):
+            new["metadata"]["generation"] = old["metadata"]["generation"] + 1
         if new == old:
             return copy.deepcopy(old)  # a no-op write changes nothing, as on the real server
+        if rtype.key == CRD_KEY:
+            self._serve_crd(new)
+            new["status"] = old.get("status", new["status"])
         new["metadata"]["resourceVersion"] = self._next_rv()
         key = self._key(rtype, new["metadata"])
-        if "deletionTimestamp" in new["metadata"] and not new["metadata"].get("finalizers"):
+        if ("deletionTimestamp" in new["metadata"] and not new["metadata"].get("finalizers")
+                and key not in self._grace_deadlines):  # a terminating Pod waits for its kubelet
             del self._objects[key]
             self._emit(rtype, "DELETED", new, old)
         else:
@@ -911,11 +1258,22 @@ class KubeEmulator:
                 if wanted and wanted != old["metadata"].get(field_name):
                     raise _conflict(rtype, name)
             meta = old["metadata"]
+            if rtype.key == PODS_KEY:
+                grace = self._pod_grace_period(old, options)
+                if grace > 0:
+                    return self._delete_gracefully(rtype, old, grace), False
+                self._grace_deadlines.pop(self._key(rtype, meta), None)
             if meta.get("finalizers"):
                 if "deletionTimestamp" in meta:
+                    if meta.get("deletionGracePeriodSeconds"):  # a graceful one, cut short
+                        new = copy.deepcopy(old)
+                        new["metadata"].update(deletionGracePeriodSeconds=0, resourceVersion=self._next_rv())
+                        self._objects[self._key(rtype, meta)] = new
+                        self._emit(rtype, "MODIFIED", new, old)
+                        return copy.deepcopy(new), False
                     return copy.deepcopy(old), False
                 new = copy.deepcopy(old)
-                new["metadata"].update(deletionTimestamp=_now(), deletionGracePeriodSeconds=0,
+                new["metadata"].update(deletionTimestamp=self._timestamp(), deletionGracePeriodSeconds=0,
                                        resourceVersion=self._next_rv())
                 # The real server bumps generation when it first sets deletionTimestamp, so
                 # controllers comparing observedGeneration notice the deletion.
@@ -927,7 +1285,43 @@ class KubeEmulator:
             new["metadata"]["resourceVersion"] = self._next_rv()
             del self._objects[self._key(rtype, meta)]
             self._emit(rtype, "DELETED", new, old)
+            if rtype.key == CRD_KEY:
+                self._unserve_crd(old)
             return copy.deepcopy(new), True
+
+    @staticmethod
+    def _pod_grace_period(pod: Obj, options: Obj) -> int:
+        """pkg/registry/core/pod/strategy.go ``CheckGracefulDelete``: the request's
+        gracePeriodSeconds, else the Pod's terminationGracePeriodSeconds; 0 (at once) for a Pod
+        never scheduled to a node or already Failed/Succeeded, since no kubelet has anything to
+        stop; a negative value counts as 1."""
+        period = options.get("gracePeriodSeconds")
+        if period is None:
+            period = (pod.get("spec") or {}).get("terminationGracePeriodSeconds", DEFAULT_POD_GRACE_SECONDS)
+        if not (pod.get("spec") or {}).get("nodeName"):
+            period = 0
+        if (pod.get("status") or {}).get("phase") in ("Failed", "Succeeded"):
+            period = 0
+        return 1 if int(period) < 0 else int(period)
+
+    def _delete_gracefully(self, rtype: ResourceType, old: Obj, grace: int) -> Obj:
+        """staging/src/k8s.io/apiserver/pkg/registry/rest/delete.go ``BeforeDelete``: the first
+        graceful DELETE sets deletionTimestamp to now + grace and deletionGracePeriodSeconds (and
+        bumps generation); a later one may only shorten it; the object stays until the kubelet
+        (here ``_expire_graceful``) removes it."""
+        meta = old["metadata"]
+        key = self._key(rtype, meta)
+        if "deletionTimestamp" in meta and grace >= (meta.get("deletionGracePeriodSeconds") or 0):
+            return copy.deepcopy(old)
+        new = copy.deepcopy(old)
+        new["metadata"].update(deletionTimestamp=self._timestamp(grace), deletionGracePeriodSeconds=grace,
+                               resourceVersion=self._next_rv())
+        if "deletionTimestamp" not in meta:
+            new["metadata"]["generation"] = meta["generation"] + 1
+        self._grace_deadlines[key] = (meta["uid"], self._clock() + grace)
+        self._objects[key] = new
+        self._emit(rtype, "MODIFIED", new, old)
+        return copy.deepcopy(new)
 
     def _open_watch(self, flt: _Filter, resource_version: str | None) -> tuple[
             _Watcher, list[tuple[str, Obj]], Obj | None]:
@@ -1062,7 +1456,14 @@ class _Handler(BaseHTTPRequestHandler):
         elif route.subresource is not None:
             raise ApiError(405, "the server does not allow this method on the requested resource")
         else:  # DELETE
-            obj, deleted = emulator._delete(route, body if isinstance(body, dict) else {})
+            # endpoints/handlers/delete.go: DeleteOptions come from the body when there is one,
+            # else from the query string.
+            options = body if isinstance(body, dict) and body else {}
+            if not options and "gracePeriodSeconds" in query:
+                if not query["gracePeriodSeconds"].lstrip("-").isdigit():
+                    raise ApiError(400, f"invalid gracePeriodSeconds {query['gracePeriodSeconds']!r}")
+                options = {"gracePeriodSeconds": int(query["gracePeriodSeconds"])}
+            obj, deleted = emulator._delete(route, options)
             if deleted and not route.rtype.returns_deleted_object:
                 obj = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
                        "details": {**_details(route.rtype, route.name),
@@ -1156,3 +1557,39 @@ def _object_body(body: Any) -> Obj:
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
     return body
+
+
+def _crd_errors(crd: Obj) -> list[FieldError]:
+    """The parts of apiextensions' ``ValidateCustomResourceDefinition`` the emulator needs to
+    serve a kind: group, names, scope, versions (one storage version, each with a schema, which
+    apiextensions.k8s.io/v1 requires) and a name that is ``<plural>.<group>``."""
+    spec = crd.get("spec")
+    if not isinstance(spec, dict):
+        return [FieldError("FieldValueRequired", "spec")]
+    errors: list[FieldError] = []
+    group, names = spec.get("group"), spec.get("names") or {}
+    for path, value in (("spec.group", group), ("spec.names.plural", names.get("plural")),
+                        ("spec.names.kind", names.get("kind"))):
+        if not value:
+            errors.append(FieldError("FieldValueRequired", path))
+    if spec.get("scope") not in ("Namespaced", "Cluster"):
+        errors.append(FieldError("FieldValueNotSupported", "spec.scope", spec.get("scope"),
+                                 'supported values: "Cluster", "Namespaced"'))
+    name = crd["metadata"].get("name")
+    if group and names.get("plural") and name != f"{names['plural']}.{group}":
+        errors.append(FieldError("FieldValueInvalid", "metadata.name", name,
+                                 'must be spec.names.plural+"."+spec.group'))
+    versions = spec.get("versions")
+    if not isinstance(versions, list) or not versions:
+        return [*errors, FieldError("FieldValueInvalid", "spec.versions", versions,
+                                    "must have exactly one version marked as storage version")]
+    if sum(1 for v in versions if isinstance(v, dict) and v.get("storage")) != 1:
+        errors.append(FieldError("FieldValueInvalid", "spec.versions", versions,
+                                 "must have exactly one version marked as storage version"))
+    for i, version in enumerate(versions):
+        if not isinstance(version, dict) or not version.get("name"):
+            errors.append(FieldError("FieldValueRequired", f"spec.versions[{i}].name"))
+        elif not (version.get("schema") or {}).get("openAPIV3Schema"):
+            errors.append(FieldError("FieldValueRequired", f"spec.versions[{i}].schema.openAPIV3Schema",
+                                     detail="schemas are required"))
+    return errors

@@ -8,7 +8,8 @@ reads manifests; ``client.py`` talks to the API and raises only our error classe
 
 A Pod is one object, so every operation is one or two API calls and idempotent by name:
 - create: POST; a 409 AlreadyExists is read back and is success (``changed: false``) when
-  the Pod is ours (our managed-by label and the same owner label), else ``Permanent``
+  the Pod is ours (our managed-by label and the same owner label) and not terminating
+  (terminating: ``Transient``, the name frees up after its grace period), else ``Permanent``
   naming ``name`` (someone else's Pod is never adopted or touched); a 404 (no such
   namespace) is ``Permanent`` naming ``location``;
 - delete: GET, refuse a Pod that is not ours, DELETE with a uid precondition; gone = success;
@@ -99,6 +100,12 @@ class K8sProvider:
             if existing is None:  # deleted between our POST and GET: let the next sweep create it
                 raise Transient("pod %s/%s was being replaced while creating it; will retry" % (
                     namespace, request.name)) from None
+            if (existing.get("metadata") or {}).get("deletionTimestamp"):
+                # Ours but terminating (a graceful delete runs for its grace period): it will
+                # never serve again, so it is not the instance asked for; once it is gone the
+                # name is free and a retry creates the Pod.
+                raise Transient("pod %s/%s is still terminating from an earlier delete; will retry once it is "
+                                "gone" % (namespace, request.name)) from None
             return False, pod_instance(existing)
 
     def _existing(self, namespace: str, request: InstanceRequest) -> Optional[Dict[str, Any]]:
@@ -129,6 +136,11 @@ class K8sProvider:
 
     def get(self, provider_id: str) -> Instance:
         return pod_instance(self._managed_pod(provider_id))
+
+    def provider_ids_for(self, name: str, location: Optional[str]) -> List[str]:
+        """For state=absent by name: the Pod in ``location``, else in the provider's namespace
+        (as kubernetes.core's k8s module takes its default namespace)."""
+        return [format_provider_id("k8s", location or self.settings.namespace, name)]
 
     def delete(self, provider_id: str, check_mode: bool) -> bool:
         """Delete the Pod; whether anything was (or would be) deleted. Gone already = False."""

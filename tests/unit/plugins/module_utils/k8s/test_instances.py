@@ -27,7 +27,11 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.errors import
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.instance import InstanceRequest
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.k8s.client import KubeClient
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.k8s.instances import K8sProvider
-from ansible_collections.crawl.egress_proxies.plugins.module_utils.k8s.pods import TAGS_ANNOTATION, build_pod
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.k8s.pods import (
+    TAGS_ANNOTATION,
+    TERMINATION_GRACE_SECONDS,
+    build_pod,
+)
 from support.kube_emulator import KubeEmulator
 from support.provider_config import write_kubeconfig
 
@@ -39,7 +43,8 @@ PROVIDER_ID = "k8s://namespaces/egress/pods/eu-1"
 
 @pytest.fixture
 def kube() -> Iterator[KubeEmulator]:
-    with KubeEmulator() as emulator:
+    """The cluster: the provider's two namespaces exist (the API refuses Pods in a missing one)."""
+    with KubeEmulator(namespaces=["egress", "crawl-b"]) as emulator:
         yield emulator
 
 
@@ -120,11 +125,19 @@ def test_create_errors(provider: K8sProvider, kube: KubeEmulator, status: int, e
     assert methods(kube) == ["POST"]  # one request: nothing retried inside the call
 
 
-def test_create_in_a_namespace_that_does_not_exist_is_permanent_naming_location(provider: K8sProvider,
+def test_create_in_a_namespace_that_does_not_exist_is_permanent_naming_location(tmp_path: Path,
                                                                                 kube: KubeEmulator) -> None:
-    kube.fail_next("POST", r"/namespaces/egress/pods$", 404, message='namespaces "egress" not found')
-    with pytest.raises(Permanent, match=r"^location: namespace egress does not exist"):
-        provider.create(REQUEST, check_mode=False)
+    # The emulator answers as NamespaceLifecycle admission does: 404 'namespaces "gone" not found'.
+    settings = KubernetesSettings(namespace="gone", image="squid",
+                                  kubeconfig=str(write_kubeconfig(tmp_path / "kubeconfig", kube.url)))
+    missing = K8sProvider(settings, KubeClient(settings))
+    try:
+        with pytest.raises(Permanent, match=r'^location: namespace gone does not exist.*namespaces "gone" not found'):
+            missing.create(REQUEST, check_mode=False)
+        # The real server lists a namespace that does not exist as empty.
+        assert (missing.list(dict(OWNER)).instances, missing.list(dict(OWNER)).failed_locations) == ([], {})
+    finally:
+        missing.close()
 
 
 def test_a_409_whose_pod_vanished_before_the_read_is_transient(provider: K8sProvider, kube: KubeEmulator) -> None:
@@ -179,6 +192,48 @@ def test_delete_of_a_terminating_pod_changes_nothing(provider: K8sProvider, kube
     assert provider.get(PROVIDER_ID).state == "stopped"
     assert provider.delete(PROVIDER_ID, check_mode=False) is False
     assert methods(kube).count("DELETE") == 1
+
+
+def test_a_running_pod_is_deleted_gracefully_and_reads_stopped_until_gone(provider: K8sProvider,
+                                                                         kube: KubeEmulator) -> None:
+    """A scheduled Pod is not gone when DELETE answers: it keeps its deletionTimestamp for the
+    grace period (ours: TERMINATION_GRACE_SECONDS) and is still read and listed, as ``stopped``;
+    deleting it again changes nothing, creating it again waits (transient) until it is gone."""
+    provider.create(REQUEST, check_mode=False)
+    kube.kubelet_run("egress", "eu-1", pod_ip="10.244.0.7")
+    assert (provider.get(PROVIDER_ID).state, provider.get(PROVIDER_ID).ip) == ("running", "10.244.0.7")
+
+    assert provider.delete(PROVIDER_ID, check_mode=False) is True
+    pod = kube.get_object("pods", "egress", "eu-1")
+    assert pod is not None and pod["metadata"]["deletionGracePeriodSeconds"] == TERMINATION_GRACE_SECONDS
+    assert provider.get(PROVIDER_ID).state == "stopped"
+    assert [(i.name, i.state) for i in provider.list(dict(OWNER)).instances] == [("eu-1", "stopped")]
+    assert provider.delete(PROVIDER_ID, check_mode=False) is False
+    with pytest.raises(Transient, match="still terminating"):
+        provider.create(REQUEST, check_mode=False)
+
+    kube.advance(TERMINATION_GRACE_SECONDS)
+    with pytest.raises(NotFound):
+        provider.get(PROVIDER_ID)
+    assert provider.list(dict(OWNER)).instances == []
+    assert provider.create(REQUEST, check_mode=False)[0] is True
+    assert methods(kube).count("DELETE") == 1
+
+
+def test_an_evicted_pod_reads_as_error_and_is_deleted_at_once(provider: K8sProvider, kube: KubeEmulator) -> None:
+    """The kubelet evicts a Pod: phase Failed, its dead IP still in status. The contract's state
+    is ``error`` (so the controller replaces it), and a Failed Pod has nothing left to stop, so
+    the API server deletes it without a grace period."""
+    provider.create(REQUEST, check_mode=False)
+    kube.kubelet_run("egress", "eu-1", pod_ip="10.244.0.7")
+
+    kube.kubelet_evict("egress", "eu-1")
+
+    instance = provider.get(PROVIDER_ID)
+    assert (instance.state, instance.ip) == ("error", "10.244.0.7")
+    assert [(i.name, i.state) for i in provider.list(dict(OWNER)).instances] == [("eu-1", "error")]
+    assert provider.delete(PROVIDER_ID, check_mode=False) is True
+    assert kube.get_object("pods", "egress", "eu-1") is None
 
 
 def test_delete_errors_are_classified(provider: K8sProvider, kube: KubeEmulator) -> None:
