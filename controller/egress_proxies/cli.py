@@ -18,9 +18,10 @@ from typing import Any
 
 from egress_proxies import providers as providers_module
 from egress_proxies.backoff import Backoff
+from egress_proxies.credentials import Credentials, FileSecrets, SecretBackend
 from egress_proxies.directory import DirectoryStore
 from egress_proxies.health import SweepHealth
-from egress_proxies.http import ControllerHTTPServer, token_from_env, warn_if_no_token
+from egress_proxies.http import ControllerHTTPServer, TokenScopes, token_from_env, warn_if_no_token
 from egress_proxies.loop import Controller, Elector, LoopSettings
 from egress_proxies.model import PHASE_READY, Proxy
 from egress_proxies.probe import ProbeConfigError, Prober
@@ -57,14 +58,15 @@ class Settings:
     check_config: bool = False
     probe_interval_seconds: float = 10.0
     probe_allow: list[str] | None = None
+    discovery_tokens: Path | None = None
     until_ready_seconds: float | None = None
 
 
-def _positive(kind: type[int] | type[float], minimum: float, what: str) -> Callable[[str], Any]:
-    """An argparse type: a number of ``kind`` no smaller than ``minimum`` (argparse reports the rest)."""
+def _positive(number: type[int] | type[float], minimum: float, what: str) -> Callable[[str], Any]:
+    """An argparse type: a ``number`` (int or float) no smaller than ``minimum`` (argparse reports the rest)."""
     def parse(text: str) -> int | float:
         try:
-            value = kind(text)
+            value = number(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
         if value < minimum or value != value:  # NaN compares false both ways
@@ -139,6 +141,10 @@ def build_parser() -> argparse.ArgumentParser:
     add("--probe-allow", action="append", default=None, metavar="CIDR", dest="probe_allow",
         help="only probe proxy endpoints inside this network (repeatable; default: anywhere). Addresses a "
              "provider reports outside them are reported NotAllowed and never contacted")
+    add("--discovery-tokens", type=Path, default=None, metavar="FILE",
+        help="crawler tokens scoped to namespaces (YAML: [{name, sha256, namespaces}]); a scoped token sees only "
+             "its namespaces' proxies, with their credentials. DISCOVERY_TOKEN stays the operator's all-namespaces "
+             "token, without credentials")
     add("--log-level", type=str.upper, choices=["DEBUG", "INFO", "WARNING", "ERROR"], default="INFO",
         help="DEBUG, INFO, WARNING or ERROR (default: %(default)s)")
     return parser
@@ -154,15 +160,30 @@ def parse_args(argv: list[str] | None = None) -> Settings:
     return Settings(**args)
 
 
-def build_store(settings: Settings) -> tuple[ProxyStore, Elector | None]:
+def build_store(settings: Settings) -> tuple[ProxyStore, Elector | None, SecretBackend]:
+    """The Proxy source, its leader election, and where the proxies' credentials are kept: a 0600
+    file per namespace under the work dir, or Secrets in the controller's own namespace."""
     if settings.source == "directory":
-        return DirectoryStore(settings.proxy_dir), None
+        return DirectoryStore(settings.proxy_dir), None, FileSecrets(settings.work_dir / "credentials")
     from egress_proxies import kube  # only this source needs the kubernetes client
     from egress_proxies.leader import LeaseElector
 
     api = kube.kube_client(settings.kubeconfig)
     elector = LeaseElector(kube.KubeLeases(api), settings.lease_namespace, settings.lease_name, settings.identity)
-    return kube.KubeStore(api, namespace=settings.namespace), elector
+    return kube.KubeStore(api, namespace=settings.namespace), elector, kube.KubeSecrets(api, settings.lease_namespace)
+
+
+def proxy_url(credentials: Credentials) -> Callable[[Proxy], str | None]:
+    """Discovery's URL of a proxy: with the credentials its instance was built with."""
+    def url(proxy: Proxy) -> str | None:
+        endpoint = proxy.status.get("endpoint")
+        if not endpoint:
+            return None
+        if proxy.spec.get("auth") == "none":
+            return f"http://{endpoint}"
+        credential = credentials.by_generation(proxy.namespace, proxy.status.get("credentialGeneration"))
+        return credential.proxy_url(str(endpoint)) if credential is not None else None
+    return url
 
 
 def print_proxies(proxies: list[Proxy]) -> None:
@@ -202,8 +223,8 @@ def check_config(runner: AnsibleRunner, path: Path) -> int:
     except providers_module.ConfigUnreadable as error:
         sys.stdout.write(f"INVALID: {error}\n")
         return 1
-    lines = [f"provider {name} ({kind}): {'INVALID' if name in providers.invalid else 'ok'}"
-             for name, kind in providers.types.items()]
+    lines = [f"provider {name} ({provider_type}): {'INVALID' if name in providers.invalid else 'ok'}"
+             for name, provider_type in providers.types.items()]
     lines += [f"  {error}" for error in providers.errors]
     lines.append(f"{path}: {'valid' if providers.valid else f'{len(providers.errors)} error(s)'}")
     sys.stdout.write("\n".join(lines) + "\n")
@@ -220,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
         log.warning("provider config %s does not exist (yet): every sweep fails until it does",
                     settings.provider_config)
     try:
-        store, elector = build_store(settings)
+        store, elector, secrets = build_store(settings)
     except StoreError as error:  # another controller holds the directory; no cluster to talk to
         log.error("%s", error)
         return 2
@@ -232,11 +253,12 @@ def main(argv: list[str] | None = None) -> int:
         log.error("--probe-allow: %s", error)
         return 2
     monitor = ServingMonitor(prober, settings.probe_interval_seconds)
+    credentials = Credentials(secrets)
     reconciler = Reconciler(
         store, runner, str(settings.provider_config),
         ReconcileSettings(gc_grace_seconds=settings.gc_grace_seconds, gc_dry_run=settings.gc_dry_run,
                           batch_size=settings.batch_size),
-        backoff=Backoff(), purge=runner.purge_artifacts, monitor=monitor)
+        backoff=Backoff(), purge=runner.purge_artifacts, monitor=monitor, credentials=credentials)
     health = SweepHealth(settings.interval_seconds, leader=elector is None)
     controller = Controller(reconciler, store, health,
                             LoopSettings(interval_seconds=settings.interval_seconds,
@@ -258,7 +280,9 @@ def main(argv: list[str] | None = None) -> int:
 
     token = token_from_env()
     warn_if_no_token(token, log)
-    server = ControllerHTTPServer(health, controller.ready_proxies, token)
+    server = ControllerHTTPServer(health, controller.ready_proxies, token,
+                                  token_scopes=TokenScopes(settings.discovery_tokens),
+                                  proxy_url=proxy_url(credentials))
     host, port = settings.listen
     server.start(host, port)
     log.info("serving health, metrics and discovery on %s:%d", host, server.port)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import email.utils
+import hashlib
 import hmac
 import http.client
 import io
@@ -33,9 +34,11 @@ import socket
 import threading
 from collections.abc import Callable, Mapping
 from http import HTTPStatus
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import yaml
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
 
 from egress_proxies.health import SweepHealth
@@ -100,6 +103,52 @@ def proxy_entry(proxy: Proxy) -> dict[str, Any]:
     }
 
 
+ALL_NAMESPACES = None  # the operator's token (DISCOVERY_TOKEN): every namespace, no credentials
+
+
+class TokenScopes:
+    """Crawler tokens scoped to namespaces, from a YAML file (a mounted Secret in a cluster):
+    ``[{name: team-a, sha256: <hex of the token>, namespaces: [crawlers-a]}]``. Only hashes are
+    stored; the file is read again when it changes (a rotated Secret needs no restart)."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self._stamp: float | None = None
+        self._scopes: dict[bytes, frozenset[str]] = {}
+        self._lock = threading.Lock()
+
+    def scope(self, token: bytes) -> frozenset[str] | None:
+        if self.path is None:
+            return None
+        self._reload()
+        digest = hashlib.sha256(token).hexdigest().encode()
+        with self._lock:
+            for known, namespaces in self._scopes.items():
+                if hmac.compare_digest(known, digest):
+                    return namespaces
+        return None
+
+    def _reload(self) -> None:
+        assert self.path is not None
+        try:
+            stamp = self.path.stat().st_mtime
+        except OSError:
+            stamp = None
+        if stamp == self._stamp:
+            return
+        scopes: dict[bytes, frozenset[str]] = {}
+        try:
+            entries = yaml.safe_load(self.path.read_text()) if stamp is not None else []
+            for entry in entries or []:
+                scopes[str(entry["sha256"]).lower().encode()] = frozenset(str(n) for n in entry["namespaces"])
+        except (OSError, yaml.YAMLError, KeyError, TypeError) as error:
+            log.error("discovery tokens %s unusable (%s): scoped tokens refused until it is fixed", self.path,
+                      type(error).__name__)
+            scopes = {}
+        with self._lock:
+            self._scopes, self._stamp = scopes, stamp
+
+
 class ControllerHTTPServer:
     """Serves the routes above from a daemon thread; ``start()``, ``port``, ``stop()``.
 
@@ -109,8 +158,13 @@ class ControllerHTTPServer:
 
     def __init__(self, health: SweepHealth, ready_proxies: Callable[[], list[Proxy]], discovery_token: str | None,
                  registry: CollectorRegistry = REGISTRY, request_timeout: float = REQUEST_TIMEOUT,
-                 max_connections: int = MAX_CONNECTIONS, workers: int = WORKERS) -> None:
+                 max_connections: int = MAX_CONNECTIONS, workers: int = WORKERS,
+                 token_scopes: TokenScopes | None = None,
+                 proxy_url: Callable[[Proxy], str | None] | None = None) -> None:
         self.health = health
+        self.token_scopes = token_scopes or TokenScopes(None)
+        # The crawler's URL of a proxy, credentials included; only ever served to a scoped token.
+        self.proxy_url = proxy_url
         self.ready_proxies = ready_proxies
         self.registry = registry
         self.request_timeout = request_timeout
@@ -126,17 +180,21 @@ class ControllerHTTPServer:
 
     @property
     def discovery_enabled(self) -> bool:
-        return self._token is not None
+        return self._token is not None or self.token_scopes.path is not None
 
     def authorized(self, header: str | None) -> bool:
-        """Whether an Authorization header carries the token (constant-time comparison)."""
-        if self._token is None or header is None:
-            return False
-        scheme, _, credentials = header.strip().partition(" ")
-        if scheme.lower() != "bearer":
-            return False
-        # Headers are decoded as latin-1; surrogateescape keeps any byte comparable.
-        return hmac.compare_digest(credentials.strip().encode("utf-8", "surrogateescape"), self._token)
+        """Whether an Authorization header carries the operator's token (constant-time comparison)."""
+        token = _bearer(header)
+        return token is not None and self._token is not None and hmac.compare_digest(token, self._token)
+
+    def scope(self, header: str | None) -> tuple[bool, frozenset[str] | None]:
+        """(authorized, namespaces): the operator's token sees every namespace (None); a scoped
+        token only its own."""
+        if self.authorized(header):
+            return True, ALL_NAMESPACES
+        token = _bearer(header)
+        namespaces = self.token_scopes.scope(token) if token is not None else None
+        return namespaces is not None, namespaces
 
     def start(self, host: str, port: int) -> None:
         """Listen on host:port (port 0: any free port, see ``port``) and serve from a daemon thread.
@@ -280,17 +338,33 @@ class ControllerHTTPServer:
     def _discovery(self, header: str | None, peer: str, as_text: bool) -> Response:
         if not self.discovery_enabled:
             return 503, _TEXT, DISABLED_MESSAGE.encode(), {}
-        if not self.authorized(header):
+        authorized, namespaces = self.scope(header)
+        if not authorized:
             challenge = 'Bearer realm="egress-proxies"'
             if header is not None:
                 challenge += ', error="invalid_token"'
             log.info("discovery request from %s refused: %s", peer, "wrong token" if header is not None else "no token")
             return 401, _TEXT, b"unauthorized\n", {"WWW-Authenticate": challenge}
-        entries = [proxy_entry(proxy) for proxy in sorted(self.ready_proxies(), key=lambda p: (p.namespace, p.name))]
+        proxies = sorted((p for p in self.ready_proxies() if namespaces is None or p.namespace in namespaces),
+                         key=lambda p: (p.namespace, p.name))
+        entries = [proxy_entry(proxy) for proxy in proxies]
+        if namespaces is not None and self.proxy_url is not None:
+            for entry, proxy in zip(entries, proxies, strict=True):
+                entry["url"] = self.proxy_url(proxy)
         if as_text:
-            body = "".join(f"{entry['ip']}:{entry['port']}\n" for entry in entries if entry["ip"])
-            return 200, _TEXT, body.encode(), {}
+            lines = [entry.get("url") or f"{entry['ip']}:{entry['port']}" for entry in entries if entry["ip"]]
+            return 200, _TEXT, "".join(f"{line}\n" for line in lines).encode(), {}
         return 200, "application/json", json.dumps({"proxies": entries}).encode(), {}
+
+
+def _bearer(header: str | None) -> bytes | None:
+    if header is None:
+        return None
+    scheme, _, credentials = header.strip().partition(" ")
+    if scheme.lower() != "bearer":
+        return None
+    # Headers are decoded as latin-1; surrogateescape keeps any byte comparable.
+    return credentials.strip().encode("utf-8", "surrogateescape")
 
 
 def _probe(ok: bool, reason: str) -> Response:

@@ -9,6 +9,7 @@ become those subclasses in ``store_error`` and nowhere else.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import copy
 import datetime
@@ -16,7 +17,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, cast
 
 import urllib3
@@ -292,6 +293,59 @@ class KubeLeases:
                            self._objects.replace_namespaced_custom_object, LEASE_GROUP, LEASE_VERSION, namespace,
                            LEASE_PLURAL, name, body, field_manager=self.field_manager)
         return cast(Obj, obj)
+
+
+class KubeSecrets:
+    """``credentials.SecretBackend``: one Secret per Proxy namespace in the controller's own
+    namespace (RBAC on Secrets is granted only there). The annotation ``crawl.example.com/rotate``
+    on a Secret asks for a new credential; deleting the Secret does too."""
+
+    ROTATE_ANNOTATION = f"{GROUP}/rotate"
+
+    def __init__(self, api_client: client.ApiClient, namespace: str, field_manager: str = COMPONENT,
+                 request_timeout: float = DEFAULT_REQUEST_TIMEOUT) -> None:
+        self.namespace = namespace
+        self.field_manager = field_manager
+        self.request_timeout = request_timeout
+        self._core = client.CoreV1Api(api_client)
+
+    @staticmethod
+    def secret_name(proxy_namespace: str) -> str:
+        return f"egress-proxies-credentials-{proxy_namespace}"
+
+    def _read(self, name: str) -> client.V1Secret | None:
+        try:
+            return cast(client.V1Secret, bounded_call(f"reading secret {self.namespace}/{name}", self.request_timeout,
+                                                      self._core.read_namespaced_secret, name, self.namespace))
+        except Gone:
+            return None
+
+    def load(self, namespace: str) -> tuple[dict[str, str], bool] | None:
+        secret = self._read(self.secret_name(namespace))
+        if secret is None:
+            return None
+        data = {key: base64.b64decode(value).decode() for key, value in (secret.data or {}).items()}
+        rotate = self.ROTATE_ANNOTATION in ((secret.metadata.annotations or {}) if secret.metadata else {})
+        return data, rotate
+
+    def save(self, namespace: str, data: Mapping[str, str]) -> None:
+        name = self.secret_name(namespace)
+        body: Obj = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+                "metadata": {"name": name, "namespace": self.namespace,
+                             "labels": {"app.kubernetes.io/managed-by": COMPONENT,
+                                        f"{GROUP}/proxy-namespace": namespace}},
+                "data": {key: base64.b64encode(value.encode()).decode() for key, value in data.items()}}
+        existing = self._read(name)
+        if existing is None:
+            bounded_call(f"creating secret {self.namespace}/{name}", self.request_timeout,
+                         self._core.create_namespaced_secret, self.namespace, body, idempotent=False,
+                         field_manager=self.field_manager)
+            return
+        assert existing.metadata is not None
+        body["metadata"]["resourceVersion"] = existing.metadata.resource_version  # optimistic
+        bounded_call(f"updating secret {self.namespace}/{name}", self.request_timeout,
+                     self._core.replace_namespaced_secret, name, self.namespace, body,
+                     field_manager=self.field_manager)
 
 
 class NoClusterConfig(StoreError):

@@ -9,6 +9,7 @@ traceback, a condition and an Event) and the others go on.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 import math
 from collections.abc import Callable, Sequence
@@ -18,6 +19,7 @@ from functools import partial
 from typing import Any, TypeVar
 
 from egress_proxies import metrics
+from egress_proxies.credentials import AccessPolicy
 from egress_proxies.model import (
     PHASE_PROVISIONING,
     PHASE_READY,
@@ -29,13 +31,14 @@ from egress_proxies.model import (
     spec_hash,
 )
 from egress_proxies.probe import ProbeTarget
-from egress_proxies.providers import CreateRequest, Instance, Listing, ProviderClient, Result, Target
+from egress_proxies.providers import AccessRequest, CreateRequest, Instance, Listing, ProviderClient, Result, Target
 from egress_proxies.serving import ProbePlan, ServingMonitor
 from egress_proxies.status import ProxyWriter, find_condition
 
 log = logging.getLogger(__name__)
 
 LISTED = "ProviderListed"
+PRIVATE = "Private"
 SERVING = "Serving"
 AWAITING = "AwaitingProbe"
 UNVERIFIED = "Unverified"
@@ -81,7 +84,8 @@ class LivePath:
                  contain: Callable[[Proxy, Callable[[], object]], None], count: Callable[[str, int], None],
                  seconds_since: Callable[[str], float], plan: ProbePlan | None = None,
                  monitor: ServingMonitor | None = None,
-                 targets: dict[str, tuple[str, ProbeTarget]] | None = None) -> None:
+                 targets: dict[str, tuple[str, ProbeTarget]] | None = None,
+                 access: AccessPolicy | None = None) -> None:
         self.writer = writer
         self.settings = settings
         self.owner = owner
@@ -93,6 +97,17 @@ class LivePath:
         self.plan = plan if plan is not None and monitor is not None else ProbePlan(enabled=False)
         self.monitor = monitor
         self.targets = targets if targets is not None else {}
+        # None: instances are built without an ``access`` option (open as their user-data makes them).
+        self.access = access
+
+    def _build(self, proxy: Proxy) -> tuple[str, AccessRequest | None]:
+        """The hash an instance of this Proxy is built from (its spec, and who may use it: a
+        rotated credential or other sources replace the instance) and the access it gets."""
+        request = self.access.request(proxy) if self.access is not None else None
+        base = spec_hash(proxy.spec)
+        if request is None:
+            return base, None
+        return hashlib.sha256(f"{base}/{request.fingerprint}".encode()).hexdigest()[:16], request
 
     def reconcile(self, client: ProviderClient, proxies: Sequence[Proxy], listing: Listing) -> None:
         creates: list[_Create] = []
@@ -121,7 +136,7 @@ class LivePath:
 
     def _decide(self, proxy: Proxy, listing: Listing, creates: list[_Create],
                 retire: list[tuple[Proxy, Instance]], unhealthy: list[_Unhealthy]) -> None:
-        desired = spec_hash(proxy.spec)
+        desired, request = self._build(proxy)
         replacements = replacement_count(proxy.annotations, desired)
         name = instance_name(proxy, desired, replacements)
         mine = listing.of(proxy.uid)
@@ -131,7 +146,8 @@ class LivePath:
                 self._unlisted(proxy, listing)
                 return
             if self.writer.backoff.due(proxy.uid):
-                creates.append(_Create(proxy, CreateRequest.for_proxy(proxy, self.owner, name, desired), desired))
+                creates.append(_Create(proxy, CreateRequest.for_proxy(proxy, self.owner, name, desired, request),
+                                       desired))
             return
         self.writer.backoff.succeeded(proxy.uid)  # its provider answers again: no stale backoff
         proxy = self.observe(proxy, current, desired)
@@ -147,6 +163,23 @@ class LivePath:
         if self.seconds_since(str(serving.get("lastTransitionTime") or "")) >= threshold:
             unhealthy.append(_Unhealthy(proxy, current, desired, replacements, str(serving.get("reason")),
                                         str(serving.get("message") or "")))
+
+    def _generation(self, proxy: Proxy) -> str:
+        _, request = self._build(proxy)
+        return request.generation if request is not None else ""
+
+    def _private(self, proxy: Proxy) -> tuple[str, str, str] | None:
+        """The Private condition as built (the probe may still find it open: NotPrivate)."""
+        if self.access is None:
+            return None
+        request = self.access.request(proxy)
+        sources = ", ".join(request.allowed_sources) or "none"
+        if request.open:
+            message = f"spec.auth is none: anyone from {sources} who reaches it can use this proxy"
+            if find_condition(proxy, PRIVATE).get("reason") != "AuthDisabled":
+                self.writer.store.record_event(proxy, "Warning", "AuthDisabled", message)
+            return ("False", "AuthDisabled", message)
+        return ("True", "CredentialsRequired", f"requests need the {proxy.namespace} credentials, from {sources}")
 
     @staticmethod
     def _ready(proxy: Proxy) -> bool:
@@ -189,7 +222,8 @@ class LivePath:
         self.writer.store.record_event(
             proxy, "Warning", reason, f"replacing instance {item.instance.provider_id}: {item.reason}: {item.message}")
         name = instance_name(proxy, item.hash, count)
-        creates.append(_Create(proxy, CreateRequest.for_proxy(proxy, self.owner, name, item.hash), item.hash))
+        _, request = self._build(proxy)
+        creates.append(_Create(proxy, CreateRequest.for_proxy(proxy, self.owner, name, item.hash, request), item.hash))
 
     def _unlisted(self, proxy: Proxy, listing: Listing) -> None:
         """The provider could not be listed where this Proxy's instance may live."""
@@ -253,18 +287,31 @@ class LivePath:
                 conditions={SERVING: ("Unknown", AWAITING, "not running yet"), LISTED: None}, **fields))
         endpoint = f"{ip}:{proxy.port}"
         fields.update(ip=ip, endpoint=endpoint)
+        private = self._private(proxy)
+        if self.access is not None and proxy.spec.get("auth") != "none":
+            fields["credentialGeneration"] = self._generation(proxy)
         if not self.plan.enabled:
             phase, ready, reason = PHASE_READY, "True", "InstanceRunning"
             message = f"{where} is running at {endpoint}"
             serving = ("Unknown", UNVERIFIED, "the provider config says probe: none: nothing checks it serves")
         else:
-            target = self.plan.target(proxy, instance)
+            credentials = (self.access.probe_credentials(proxy, self._generation(proxy))
+                           if self.access is not None else None)
+            target = self.plan.target(proxy, instance, credentials)
             self.targets[target.key] = (proxy.provider, target)
             outcome = self.monitor.outcome(target.key) if self.monitor is not None else None
             if outcome is None:
                 phase, ready, reason = PHASE_PROVISIONING, "False", AWAITING
                 message = f"{where} is running at {endpoint}; waiting for the first probe through it"
                 serving = ("Unknown", AWAITING, "not probed yet")
+            elif outcome.serving and outcome.private is False:
+                # It serves anyone: an open relay is never handed to crawlers.
+                phase, ready, reason = PHASE_PROVISIONING, "False", "NotPrivate"
+                message = f"{where} at {endpoint} serves requests WITHOUT credentials: {outcome.privacy_message}"
+                serving = ("True", "Serving", f"serves ({outcome.message})")
+                private = ("False", "NotPrivate", message)
+                if find_condition(proxy, PRIVATE).get("reason") != "NotPrivate":
+                    self.writer.store.record_event(proxy, "Warning", "NotPrivate", message)
             elif outcome.serving:
                 phase, ready, reason = PHASE_READY, "True", "Serving"
                 latency = outcome.latency_seconds or 0.0
@@ -279,7 +326,7 @@ class LivePath:
                 serving = ("False", outcome.reason.value, outcome.message)
                 fields["probe"] = {"lastProbeTime": outcome.probed_at.strftime("%Y-%m-%dT%H:%M:%SZ")}
         status = self.writer.status(proxy, phase, ready, reason, message,
-                                    conditions={SERVING: serving, LISTED: None}, **fields)
+                                    conditions={SERVING: serving, LISTED: None, PRIVATE: private}, **fields)
         if phase == PHASE_READY and proxy.annotations.get(SPEC_HASH_ANNOTATION) != desired:
             proxy = self.writer.update_metadata(
                 proxy, lambda p: p.annotations.__setitem__(SPEC_HASH_ANNOTATION, desired))

@@ -39,7 +39,8 @@ PHASE_DELETING = "Deleting"
 PHASE_FAILED = "Failed"
 
 # The spec fields that shape an instance; a change to any of them replaces it.
-SPEC_FIELDS = ("provider", "location", "machineType", "image", "port", "cloudInit", "cloudInitEncoding")
+SPEC_FIELDS = ("provider", "location", "machineType", "image", "port", "cloudInit", "cloudInitEncoding", "auth",
+               "allowedSources")
 
 
 def replacement_count(annotations: dict[str, str], hash_of_spec: str) -> int:
@@ -146,6 +147,7 @@ def spec_hash(spec: dict[str, Any]) -> str:
     shaping = {key: spec.get(key) for key in SPEC_FIELDS}
     shaping["port"] = int(shaping["port"] or DEFAULT_PORT)
     shaping["cloudInitEncoding"] = shaping["cloudInitEncoding"] or "plain"
+    shaping["auth"] = shaping["auth"] or "basic"
     canonical = json.dumps(shaping, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
@@ -179,11 +181,12 @@ def instance_tags(owner: str, proxy: Proxy, hash_of_spec: str) -> dict[str, str]
 MAX_CONDITION_MESSAGE = 32768
 
 
-def condition(kind: str, status: str, reason: str, message: str, transition: str, generation: int) -> dict[str, Any]:
+def condition(condition_type: str, status: str, reason: str, message: str, transition: str,
+              generation: int) -> dict[str, Any]:
     """One condition in metav1.Condition's shape."""
     if len(message) > MAX_CONDITION_MESSAGE:
         message = message[: MAX_CONDITION_MESSAGE - 12] + " [truncated]"
-    return {"type": kind, "status": status, "reason": reason, "message": message,
+    return {"type": condition_type, "status": status, "reason": reason, "message": message,
             "lastTransitionTime": transition, "observedGeneration": generation}
 
 

@@ -194,6 +194,26 @@ class Listing:
 
 
 @dataclass(frozen=True)
+class AccessRequest:
+    """Who may use an instance (the modules' ``access`` option): users by bcrypt hash (never a
+    password), the source networks, or ``open`` (``spec.auth: none``)."""
+
+    users: tuple[tuple[str, str], ...] = field(repr=False)  # (name, bcrypt hash)
+    allowed_sources: tuple[str, ...]
+    open: bool = False
+    generation: str = ""  # the credential's generation: part of the build hash, never a secret
+
+    @property
+    def fingerprint(self) -> str:
+        """What, changed, must replace the instance (a rotation, other sources, auth turned off)."""
+        return f"{'open' if self.open else self.generation}|{','.join(self.allowed_sources)}"
+
+    def arguments(self) -> dict[str, Any]:
+        return {"users": [] if self.open else [{"name": n, "password_hash": h} for n, h in self.users],
+                "allowed_sources": list(self.allowed_sources), "open": self.open}
+
+
+@dataclass(frozen=True)
 class CreateRequest:
     """Everything a create needs, built from a Proxy in one place (``for_proxy``)."""
 
@@ -205,16 +225,18 @@ class CreateRequest:
     location: str | None = None
     machine_type: str | None = None
     image: str | None = None
+    access: AccessRequest | None = None
 
     @classmethod
-    def for_proxy(cls, proxy: Proxy, owner: str, name: str, hash_of_spec: str) -> CreateRequest:
+    def for_proxy(cls, proxy: Proxy, owner: str, name: str, hash_of_spec: str,
+                  access: AccessRequest | None = None) -> CreateRequest:
         spec = proxy.spec
         raw = spec.get("cloudInit") or ""
         # base64 on the wire whatever the Proxy says: binary-safe, and never a template.
         encoded = raw if spec.get("cloudInitEncoding") == "base64" else base64.b64encode(raw.encode()).decode()
         return cls(key=proxy.uid, name=name, user_data_base64=encoded, port=int(spec.get("port") or DEFAULT_PORT),
                    tags=instance_tags(owner, proxy, hash_of_spec), location=spec.get("location") or None,
-                   machine_type=spec.get("machineType") or None, image=spec.get("image") or None)
+                   machine_type=spec.get("machineType") or None, image=spec.get("image") or None, access=access)
 
     def arguments(self) -> dict[str, Any]:
         args: dict[str, Any] = {"state": "present", "name": self.name, "user_data": self.user_data_base64,
@@ -223,6 +245,8 @@ class CreateRequest:
                            ("image", self.image)):
             if value:
                 args[arg] = value
+        if self.access is not None:
+            args["access"] = self.access.arguments()
         return args
 
 
@@ -297,6 +321,7 @@ class ProviderSet:
     errors: tuple[str, ...] = ()  # every error, root and per provider
     digest: str = ""
     probes: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # name -> its probe settings
+    sources: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # name -> default allowed sources
 
     def clients(self, runner: Runner) -> dict[str, ProviderClient]:
         """A client for every valid provider."""
@@ -330,9 +355,11 @@ def check_config(runner: Runner, path: str, previous: ProviderSet | None = None)
     types: dict[str, ProviderType] = {}
     invalid: dict[str, tuple[str, ...]] = {}
     probes: dict[str, Mapping[str, Any]] = {}
+    sources: dict[str, tuple[str, ...]] = {}
     for provider in data.get("providers") or []:
         name = str(provider.get("name"))
         probes[name] = provider.get("probe") or {}
+        sources[name] = tuple(str(s) for s in provider.get("allowed_sources") or ())
         try:
             types[name] = ProviderType(str(provider.get("type")))
         except ValueError:
@@ -344,4 +371,4 @@ def check_config(runner: Runner, path: str, previous: ProviderSet | None = None)
     if not owner:  # a root error (the owner tags every instance): no provider is usable
         raise ConfigUnreadable(f"provider config {absolute}: " + "; ".join(errors or ("owner: missing",)))
     return ProviderSet(path=absolute, owner=str(owner), types=types, invalid=invalid, errors=errors, digest=digest,
-                       probes=probes)
+                       probes=probes, sources=sources)

@@ -25,6 +25,7 @@ from functools import partial
 
 from egress_proxies import metrics
 from egress_proxies.backoff import Backoff
+from egress_proxies.credentials import AccessPolicy, Credentials
 from egress_proxies.deletion import DeletePath
 from egress_proxies.garbage import GarbageCollector, GarbageSettings, age_seconds
 from egress_proxies.live import SERVING, LivePath, LiveSettings
@@ -115,8 +116,12 @@ class SweepReport:
 class Reconciler:
     def __init__(self, store: ProxyStore, runner: Runner, config_path: str, settings: ReconcileSettings | None = None,
                  backoff: Backoff | None = None, now: Callable[[], str] = utc_now,
-                 purge: Callable[[set[str]], int] | None = None, monitor: ServingMonitor | None = None) -> None:
+                 purge: Callable[[set[str]], int] | None = None, monitor: ServingMonitor | None = None,
+                 credentials: Credentials | None = None) -> None:
         self.store = store
+        # None: instances get no ``access`` (as open as their user-data makes them): the decision
+        # tests. The command always passes the credential store: private by default.
+        self.credentials = credentials
         # None: nothing is probed, and running with an address is Ready (unverified).
         self.monitor = monitor
         self.runner = runner
@@ -191,10 +196,14 @@ class Reconciler:
         live_settings = LiveSettings(self.settings.batch_size, self.settings.parallel_batches,
                                      self.settings.stale_listing_seconds)
         targets: dict[str, tuple[str, ProbeTarget]] = {}
+        access = None
+        if self.credentials is not None:
+            self.credentials.refresh()
+            access = AccessPolicy(self.credentials, config.sources)
 
         def reconcile_provider(name: str) -> None:
             live_path = LivePath(self.writer, live_settings, config.owner, contain, report.add, self._seconds_since,
-                                 ProbePlan.from_result(config.probes.get(name)), self.monitor, targets)
+                                 ProbePlan.from_result(config.probes.get(name)), self.monitor, targets, access)
             try:
                 live_path.reconcile(clients[name], by_provider.get(name, []), listings[name])
             except Exception as error:  # a bug must not take the other providers' sweep with it

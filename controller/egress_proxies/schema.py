@@ -46,17 +46,17 @@ def _as_object(proxy: Proxy) -> Any:
 
 def _hint(rule: dict[str, Any]) -> str:
     """What the field must be, from its schema: the fix, in the schema's own words."""
-    kind = rule.get("type")
+    json_type = rule.get("type")
     if "enum" in rule:
         return "must be one of " + ", ".join(str(v) for v in rule["enum"])
-    if kind == "integer" and "minimum" in rule and "maximum" in rule:
+    if json_type == "integer" and "minimum" in rule and "maximum" in rule:
         return f"must be an integer {rule['minimum']}-{rule['maximum']}"
-    if kind == "string" and "maxLength" in rule:
+    if json_type == "string" and "maxLength" in rule:
         return f"must be a string of at most {rule['maxLength']} characters"
-    if kind == "string":
+    if json_type == "string":
         return "must be a string (quote it in YAML)"
-    if kind:
-        return f"must be {'an' if kind[0] in 'aeiou' else 'a'} {kind}"
+    if json_type:
+        return f"must be {'an' if json_type[0] in 'aeiou' else 'a'} {json_type}"
     return "does not match the schema"
 
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from egress_proxies import metrics
 from egress_proxies.model import Proxy
-from egress_proxies.probe import ProbeOutcome, Prober, ProbeTarget
+from egress_proxies.probe import ProbeCredentials, ProbeOutcome, Prober, ProbeTarget
 from egress_proxies.providers import Instance
 
 log = logging.getLogger(__name__)
@@ -46,10 +46,12 @@ class ProbePlan:
                    timeout_seconds=float(data.get("timeoutSeconds") or 5),
                    unhealthy_after_seconds=float(data.get("unhealthyAfterSeconds") or 300))
 
-    def target(self, proxy: Proxy, instance: Instance) -> ProbeTarget:
-        """What to check for this instance: the provider's checks, overridden by ``spec.probe``."""
+    def target(self, proxy: Proxy, instance: Instance, credentials: ProbeCredentials | None = None) -> ProbeTarget:
+        """What to check for this instance: the provider's checks, overridden by ``spec.probe``;
+        with credentials, also that a request without them is refused (the proxy is private)."""
         override = proxy.spec.get("probe") or {}
         return ProbeTarget(
+            credentials=credentials, expect_private=credentials is not None,
             key=target_key(instance, proxy.port), host=str(instance.ip), port=proxy.port,
             http_url=str(override.get("httpUrl") or self.http_url),
             expected_status=int(override.get("expectStatus") or self.expect_status),

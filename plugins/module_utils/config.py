@@ -183,6 +183,12 @@ PROBE_KEYS = ("httpUrl", "expectStatus", "connect", "egressEchoUrl", "timeoutSec
 HOST_PORT_RE = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):([0-9]{1,5})$")
 
 
+# Where crawlers may connect from when neither the provider nor the Proxy says: private, CGNAT
+# and unique-local networks. Credentials are required on top; the whole Internet
+# (0.0.0.0/0, ::/0) only when someone writes it.
+DEFAULT_ALLOWED_SOURCES = ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "fc00::/7")
+
+
 @dataclass(frozen=True)
 class ProbeSettings:
     """How the controller checks that this provider's proxies serve (a request through each).
@@ -217,6 +223,8 @@ class Provider:
     kubernetes: Optional[KubernetesSettings] = None
     errors: Tuple[str, ...] = ()
     probe: ProbeSettings = field(default_factory=ProbeSettings)
+    allowed_sources: Tuple[str, ...] = DEFAULT_ALLOWED_SOURCES
+    """Networks crawlers may use this provider's proxies from, unless a Proxy says otherwise."""
 
     @property
     def valid(self) -> bool:
@@ -783,17 +791,36 @@ def _parse_provider(item: _Reader, name: str) -> Provider:
     """One provider entry, its section validated on its own."""
     errors = _Errors()
     raw_type = item.data.get("type")
-    kind = errors.read(item.choice, "type", PROVIDER_TYPES)
-    if kind is None:
+    provider_type = errors.read(item.choice, "type", PROVIDER_TYPES)
+    if provider_type is None:
         # Without a known type there is no section to read; its errors would only be noise.
         return Provider(name, raw_type if isinstance(raw_type, str) else "", errors=tuple(errors.messages))
-    item.only(errors, "name", "type", "probe", kind)
-    section = errors.read(item.mapping, kind)
-    settings = _SECTION_PARSERS[kind](section, errors) if section is not None else None
+    item.only(errors, "name", "type", "probe", "allowedSources", provider_type)
+    section = errors.read(item.mapping, provider_type)
+    settings = _SECTION_PARSERS[provider_type](section, errors) if section is not None else None
     probe = _parse_probe(item, errors)
+    sources = _parse_sources(item, errors)
     if errors.messages or settings is None or probe is None:
-        return Provider(name, kind, errors=tuple(errors.messages))
-    return Provider(name, kind, probe=probe, **{kind: settings})
+        return Provider(name, provider_type, errors=tuple(errors.messages))
+    return Provider(name, provider_type, probe=probe, allowed_sources=sources, **{provider_type: settings})
+
+
+def _parse_sources(item: _Reader, errors: _Errors) -> Tuple[str, ...]:
+    """``allowedSources``: CIDRs crawlers may connect from (a squid ``src`` ACL on every proxy)."""
+    if item.data.get("allowedSources") is None:
+        return DEFAULT_ALLOWED_SOURCES
+    raw = errors.read(item.non_empty_list, "allowedSources")
+    sources: List[str] = []
+    for index, value in enumerate(raw or []):
+        where = "%s[%d]" % (item.at("allowedSources"), index)
+        if not isinstance(value, str):
+            errors.add("%s: must be a CIDR string, got %s" % (where, _kind(value)))
+            continue
+        try:
+            sources.append(str(ipaddress.ip_network(value, strict=True)))
+        except ValueError as error:
+            errors.add("%s: %r is not a network in CIDR form such as 10.0.0.0/8 (%s)" % (where, value, error))
+    return tuple(sources)
 
 
 def _parse_probe(item: _Reader, errors: _Errors) -> Optional[ProbeSettings]:

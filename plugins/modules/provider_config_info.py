@@ -96,6 +96,10 @@ providers:
       description: The errors that make it unusable (the file's root errors, then its section's), with field paths.
       type: list
       elements: str
+    allowed_sources:
+      description: Networks crawlers may use this provider's proxies from unless a Proxy says otherwise.
+      type: list
+      elements: str
     probe:
       description:
         - How the controller checks that this provider's proxies serve (the C(probe) field, defaults filled in).
@@ -141,7 +145,8 @@ def main() -> None:
     root_errors = list(report.root_errors)
     providers = [
         {"name": provider.name, "type": provider.type, "valid": not root_errors and provider.valid,
-         "errors": root_errors + list(provider.errors), "probe": provider.probe.as_dict()}
+         "errors": root_errors + list(provider.errors), "probe": provider.probe.as_dict(),
+         "allowed_sources": list(provider.allowed_sources)}
         for provider in report.providers
     ]
     module.exit_json(changed=False, valid=report.valid, owner=report.owner, providers=providers,

@@ -132,8 +132,9 @@ def test_crd_matches_the_controller_model() -> None:
     assert [column["name"] for column in version["additionalPrinterColumns"]] == [
         "Provider", "Location", "IP", "Phase", "Age"]
     properties = proxy_schema()["properties"]
-    # Every field the controller hashes is in the schema, and nothing else is in spec.
-    assert set(properties["spec"]["properties"]) == set(model.SPEC_FIELDS)
+    # Every field the controller hashes is in the schema, and nothing else is in spec but probe
+    # (it changes how an instance is checked, not the instance: no replacement).
+    assert set(properties["spec"]["properties"]) == {*model.SPEC_FIELDS, "probe"}
     assert properties["spec"]["properties"]["port"]["default"] == model.DEFAULT_PORT
     assert properties["status"]["properties"]["phase"]["enum"] == [
         model.PHASE_PENDING, model.PHASE_PROVISIONING, model.PHASE_READY, model.PHASE_DELETING, model.PHASE_FAILED]
@@ -143,7 +144,7 @@ def test_crd_defaults_satisfy_their_own_schema() -> None:
     """The API server rejects a CRD whose default does not validate; check each one the same way."""
     fields = proxy_schema()["properties"]["spec"]["properties"]
     defaults = {name: field for name, field in fields.items() if "default" in field}
-    assert set(defaults) == {"port", "cloudInitEncoding"}
+    assert set(defaults) == {"port", "cloudInitEncoding", "auth"}
     for field in defaults.values():
         jsonschema.Draft4Validator(field).validate(field["default"])
 
@@ -236,7 +237,7 @@ def rules(kind: str, name: str | None = None) -> set[tuple[str, str, tuple[str, 
             for rule in one(kind, name)["rules"] for group in rule["apiGroups"] for resource in rule["resources"]}
 
 
-LEADER_ROLE = "egress-proxies-leader-election"
+OWN_ROLE = "egress-proxies-own-namespace"
 PODS_ROLE = "egress-proxies-pods"
 # The Kubernetes provider's namespace in the manifests (a provider config's `namespace`).
 PODS_NAMESPACE = "egress"
@@ -248,19 +249,23 @@ def test_rbac_is_least_privilege() -> None:
         ("crawl.example.com", "proxies/status", ("get", "update", "patch")),
         ("", "events", ("create", "patch")),
     }
-    assert one("Role", LEADER_ROLE)["metadata"]["namespace"] == NAMESPACE
-    assert rules("Role", LEADER_ROLE) == {("coordination.k8s.io", "leases", ("get", "create", "update"))}
+    assert one("Role", OWN_ROLE)["metadata"]["namespace"] == NAMESPACE
+    # In the controller's own namespace: the Lease, and the proxies' credentials (Secrets only there).
+    assert rules("Role", OWN_ROLE) == {("coordination.k8s.io", "leases", ("get", "create", "update")),
+                                       ("", "secrets", ("get", "create", "update"))}
     # The Kubernetes provider's Pods, in its namespace only: no update/patch/watch, no exec or logs.
     assert one("Role", PODS_ROLE)["metadata"]["namespace"] == PODS_NAMESPACE
     assert rules("Role", PODS_ROLE) == {("", "pods", ("get", "list", "create", "delete"))}
-    roles = [one("ClusterRole"), one("Role", LEADER_ROLE), one("Role", PODS_ROLE)]
+    roles = [one("ClusterRole"), one("Role", OWN_ROLE), one("Role", PODS_ROLE)]
     assert len([obj for _, obj in objects() if obj["kind"] in ("ClusterRole", "Role")]) == len(roles)
     for role in roles:
         for rule in role["rules"]:
             assert set(rule) == {"apiGroups", "resources", "verbs"}  # no nonResourceURLs, no resourceNames tricks
             for value in (*rule["apiGroups"], *rule["resources"], *rule["verbs"]):
                 assert "*" not in value
-            assert not {"secrets", "configmaps"} & set(rule["resources"])
+            assert "configmaps" not in rule["resources"]
+            if role["metadata"]["name"] != OWN_ROLE:  # Secrets only in the controller's own namespace
+                assert "secrets" not in rule["resources"]
             if role["metadata"]["name"] != PODS_ROLE:
                 assert "pods" not in rule["resources"]
 
@@ -274,7 +279,7 @@ def test_bindings_grant_the_roles_to_the_controller_service_account() -> None:
     account = one("ServiceAccount")
     assert account["metadata"]["namespace"] == NAMESPACE
     bindings = [(one("ClusterRoleBinding"), one("ClusterRole")),
-                (one("RoleBinding", LEADER_ROLE), one("Role", LEADER_ROLE)),
+                (one("RoleBinding", OWN_ROLE), one("Role", OWN_ROLE)),
                 (one("RoleBinding", PODS_ROLE), one("Role", PODS_ROLE))]
     for binding, role in bindings:
         assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": role["kind"],

@@ -695,3 +695,14 @@ def test_a_bad_probe_fails_only_its_provider(probe: Any, expected: str) -> None:
     config = parse_provider_config(with_probe(probe))
     (error,) = config.errors
     assert error.startswith(expected), error
+
+
+def test_allowed_sources_default_to_private_networks_and_are_checked() -> None:
+    assert "10.0.0.0/8" in parse_provider_config(valid_document()).provider("home-kvm").allowed_sources
+    document = valid_document()
+    document["providers"][0]["allowedSources"] = ["0.0.0.0/0", "2001:db8::/32"]
+    assert parse_provider_config(document).provider("home-kvm").allowed_sources == ("0.0.0.0/0", "2001:db8::/32")
+    document["providers"][0]["allowedSources"] = ["10.0.0.1/8", 12]
+    errors = parse_provider_config(document).errors
+    assert errors[0].startswith("providers[0].allowedSources[0]: '10.0.0.1/8' is not a network in CIDR form")
+    assert errors[1].startswith("providers[0].allowedSources[1]: must be a CIDR string")
