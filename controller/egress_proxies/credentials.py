@@ -89,6 +89,9 @@ class Credentials:
         self._lock = threading.Lock()
         self._current: dict[str, Credential] = {}
         self._previous: dict[str, Credential] = {}
+        # The last credential seen per namespace: a deleted Secret loses its fields, but the
+        # instances built with them still answer only them until they are replaced.
+        self._known: dict[str, Credential] = {}
 
     def refresh(self) -> None:
         with self._lock:
@@ -99,6 +102,7 @@ class Credentials:
             found = self._current.get(namespace)
             if found is None:
                 found = self._current[namespace] = self._load_or_make(namespace)
+                self._known[namespace] = found
             return found
 
     def by_generation(self, namespace: str, generation: str | None) -> Credential | None:
@@ -127,6 +131,8 @@ class Credentials:
                      "rotated (asked for)" if rotate else "stored fields incomplete; made anew")
         else:
             log.info("credentials of namespace %s: none stored; made new ones", namespace)
+            if namespace in self._known:  # deleted to rotate: the old one answers until replaced
+                self._previous[namespace] = self._known[namespace]
         credential = new_credential(namespace)
         data = credential.as_data()
         previous = self._previous.get(namespace)

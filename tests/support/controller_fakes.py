@@ -129,12 +129,49 @@ class FakeRunner:
     invalid_providers: dict[str, list[str]] = field(default_factory=dict)
 
     def run(self, provider: str, verb: str, operations: Sequence[Operation]) -> list[OperationResult]:
-        self.calls.append(Call(provider, verb, list(operations)))
         if operations and operations[0].module == "provider_config_info":
+            self.calls.append(Call(provider, verb, list(operations)))
             return [self._check_config(op) for op in operations]
-        if provider != self.provider:
-            return [OperationResult(ok=True, result={"instances": []}) for _ in operations]
-        return [self._one(op) for op in operations]
+        # A batch-form call (``operations`` / ``provider_ids``) is recorded as its items, each as
+        # the single-form call it stands for, so tests read what was asked per Proxy either way.
+        items = [self._items(op) for op in operations]
+        self.calls.append(Call(provider, verb, [item for batch in items for item in (batch or [])]
+                               + [op for op, batch in zip(operations, items, strict=True) if batch is None]))
+        results = []
+        for op, batch in zip(operations, items, strict=True):
+            if batch is None:
+                results.append(self._one(op) if provider == self.provider
+                               else OperationResult(ok=True, result={"instances": []}))
+                continue
+            answers = [self._one(item) if provider == self.provider
+                       else OperationResult(ok=True, result={"instances": []}) for item in batch]
+            entries = [self._entry(answer) for answer in answers]
+            results.append(OperationResult(ok=True, result={"changed": any(e["changed"] for e in entries),
+                                                            "results": entries}))
+        return results
+
+    @staticmethod
+    def _items(op: Operation) -> list[Operation] | None:
+        """The single-form calls a batch-form call stands for; None for a single-form call."""
+        common = {k: v for k, v in op.args.items() if k not in ("operations", "provider_ids")}
+        if "operations" in op.args:
+            return [Operation(op.module, {**common, **{k: v for k, v in item.items() if k != "key"}},
+                              key=item.get("key") or "") for item in op.args["operations"]]
+        if "provider_ids" in op.args:
+            keys = op.keys or (op.key,) * len(op.args["provider_ids"])
+            return [Operation(op.module, {**common, "provider_id": pid}, key=key)
+                    for pid, key in zip(op.args["provider_ids"], keys, strict=True)]
+        return None
+
+    @staticmethod
+    def _entry(answer: OperationResult) -> dict[str, Any]:
+        """A single-form answer as an entry of the batch form's ``results``."""
+        if not answer.ok:
+            return {"ok": False, "changed": False, "instance": None, "error_class": answer.error_class,
+                    "msg": answer.message}
+        instance = answer.result.get("instance") or next(iter(answer.result.get("instances") or []), None)
+        return {"ok": True, "changed": bool(answer.result.get("changed")), "instance": instance,
+                "provider_id": answer.result.get("provider_id"), "error_class": None, "msg": ""}
 
     def _one(self, op: Operation) -> OperationResult:
         args = op.args
@@ -171,7 +208,8 @@ class FakeRunner:
         in the end-to-end tests and in tests/integration/test_provider_config_info.py)."""
         document = yaml.safe_load(Path(op.args["provider_config"]).read_text())
         providers = [{"name": p["name"], "type": p["type"], "valid": p["name"] not in self.invalid_providers,
-                      "errors": self.invalid_providers.get(p["name"], [])} for p in document["providers"]]
+                      "errors": self.invalid_providers.get(p["name"], []),
+                      "allowed_sources": p.get("allowedSources") or ["10.0.0.0/8"]} for p in document["providers"]]
         errors = [e for p in providers for e in p["errors"]]
         return OperationResult(ok=True, result={"valid": not errors, "owner": document["owner"],
                                                 "providers": providers, "errors": errors})
