@@ -176,7 +176,7 @@ def test_secrets_rotate_by_annotation_on_the_kubernetes_secret(kube: KubeEmulato
     assert second.generation != first.generation
     assert rotated.by_generation("crawlers", first.generation) == first
     secret = core.read_namespaced_secret(KubeSecrets.secret_name("crawlers"), "egress-proxies")
-    assert KubeSecrets.ROTATE_ANNOTATION not in (secret.metadata.annotations or {})
+    assert secret.metadata is not None and KubeSecrets.ROTATE_ANNOTATION not in (secret.metadata.annotations or {})
     assert Credentials(backend).current("crawlers") == second
 
 
