@@ -6,7 +6,7 @@
 Each provider's client layer translates its SDK's exceptions into one of these
 where the API is called; nothing above that layer looks at SDK exceptions.
 Modules report ``error.error_class`` as ``error_class`` in their failure result,
-and the controller maps that string back to its reaction (see design.md).
+and the controller maps that string back to its reaction (see docs/contract.md).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """What every provider takes (an InstanceRequest) and returns (an Instance).
 
-The return shape is the module contract in design.md:
+The return shape is the module contract in docs/contract.md:
 ``{provider_id, name, location, state, ip, tags, created}``.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional
 
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.errors import (
     PERMANENT,
@@ -19,6 +19,9 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.errors import
     ProxyError,
     Transient,
 )
+
+if TYPE_CHECKING:  # squid_access imports nothing from here; only the annotation needs it
+    from ansible_collections.crawl.egress_proxies.plugins.module_utils.squid_access import Access
 
 STATES = ("pending", "running", "stopped", "error")
 DEFAULT_PORT = 3128
@@ -44,8 +47,10 @@ class InstanceRequest:
     machine_type: Optional[str] = None
     image: Optional[str] = None
     port: int = DEFAULT_PORT
-    # How user_data arrived; GCP passes base64 input on as base64 metadata (design.md).
+    # How user_data arrived; GCP passes base64 input on as base64 metadata (docs/contract.md).
     user_data_encoding: str = "plain"
+    # Who may use the proxy (the ``access`` option); None keeps the provider's own behaviour.
+    access: Optional["Access"] = None
 
 
 @dataclass

@@ -212,7 +212,7 @@ def test_unknown_provider_is_a_permanent_condition(store: MemoryStore, runner: F
     assert "create" not in runner.verbs()
 
 
-# -- deletion, in the order of design.md -----------------------------------------------------
+# -- deletion, in the order of docs/contract.md ----------------------------------------------
 
 
 def ready_then_deleted(store: MemoryStore, runner: FakeRunner, config: Path, clock: Clock,

@@ -11,7 +11,7 @@ connects to ``/run/libvirt/libvirt-sock`` -- that path must be the private libvi
 Transports measured against libvirt 9.0 on Debian 12 (see :meth:`HypervisorHost.uri`):
 ``qemu+libssh`` and ``qemu+libssh2`` both honour ``keyfile=`` and ``known_hosts=`` and refuse a
 host whose key differs from the known_hosts entry (plain ``qemu+ssh`` ignores ``known_hosts=``,
-see the design notes, so it is not offered). ``qemu+libssh`` stalls on replies over 4 KiB (a
+see docs/kvm-provider.md, "Connecting", so it is not offered). ``qemu+libssh`` stalls on replies over 4 KiB (a
 running domain's XML, a volume download) without an event loop, so the held connection and the
 default URI use ``qemu+libssh2``, as the collection does.
 
