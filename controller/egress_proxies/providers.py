@@ -325,8 +325,8 @@ class ProviderSet:
 
     def clients(self, runner: Runner) -> dict[str, ProviderClient]:
         """A client for every valid provider."""
-        return {name: ProviderClient(runner, self.path, name, kind) for name, kind in self.types.items()
-                if name not in self.invalid}
+        return {name: ProviderClient(runner, self.path, name, provider_type)
+                for name, provider_type in self.types.items() if name not in self.invalid}
 
     @property
     def valid(self) -> bool:
@@ -347,7 +347,9 @@ def check_config(runner: Runner, path: str, previous: ProviderSet | None = None)
         raise ConfigUnreadable(f"provider config {absolute}: cannot read it: {error.strerror}") from error
     if previous is not None and previous.digest == digest and previous.path == absolute:
         return previous
-    outcome = runner.run("config", "check", [Operation(CONFIG_MODULE, {"provider_config": absolute})])[0]
+    # "_config" can never be a provider's name (names start with a letter or digit): the runner's
+    # metrics count this call apart from every provider's.
+    outcome = runner.run("_config", "check", [Operation(CONFIG_MODULE, {"provider_config": absolute})])[0]
     if not outcome.ok:
         raise ConfigUnreadable(f"provider config {absolute}: {outcome.message}")
     data = outcome.result

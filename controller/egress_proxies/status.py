@@ -38,9 +38,9 @@ def utc_now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def find_condition(proxy: Proxy, kind: str) -> dict[str, Any]:
-    return next((c for c in proxy.status.get("conditions") or [] if isinstance(c, dict) and c.get("type") == kind),
-                {})
+def find_condition(proxy: Proxy, condition_type: str) -> dict[str, Any]:
+    return next((c for c in proxy.status.get("conditions") or []
+                 if isinstance(c, dict) and c.get("type") == condition_type), {})
 
 
 class ProxyWriter:
@@ -72,13 +72,13 @@ class ProxyWriter:
         status["observedGeneration"] = proxy.generation
         wanted: dict[str, tuple[str, str, str] | None] = {READY: (ready, reason, message), **(conditions or {})}
         result = []
-        for kind, value in wanted.items():
+        for condition_type, value in wanted.items():
             if value is None:
                 continue
-            previous = find_condition(proxy, kind)
+            previous = find_condition(proxy, condition_type)
             transition = (previous["lastTransitionTime"] if previous.get("status") == value[0]
                           and previous.get("lastTransitionTime") else self.now())
-            result.append(condition(kind, value[0], value[1], value[2], transition, proxy.generation))
+            result.append(condition(condition_type, value[0], value[1], value[2], transition, proxy.generation))
         result.extend(c for c in proxy.status.get("conditions") or []
                       if isinstance(c, dict) and c.get("type") not in wanted)
         status["conditions"] = result
