@@ -22,8 +22,9 @@ import yaml
 from kubernetes import client
 
 from egress_proxies.backoff import Backoff
+from egress_proxies.credentials import Credentials
 from egress_proxies.health import SweepHealth
-from egress_proxies.kube import KubeLeases, KubeStore
+from egress_proxies.kube import KubeLeases, KubeSecrets, KubeStore
 from egress_proxies.leader import LeaseElector
 from egress_proxies.loop import Controller, LoopSettings
 from egress_proxies.model import FINALIZER, GROUP, PLURAL, VERSION
@@ -297,6 +298,7 @@ def test_controller_killed_mid_create_leaves_exactly_one_instance(
         kube: KubeEmulator, api: client.ApiClient, objects: client.CustomObjectsApi, runner: RecordingRunner,
         config: Path, libvirt_test: LibvirtTestDaemon, tmp_path: Path) -> None:
     create_proxy(objects, "eu-1", SQUID)
+    kube.create_namespace("egress-proxies")  # the controller's own: its Lease and the credentials' Secrets
     env = {**os.environ, "ANSIBLE_COLLECTIONS_PATH": collections_path()}
     controller = subprocess.Popen(
         [str(Path(sys.executable).parent / "egress-proxies"), "--source", "kubernetes", "--kubeconfig",
@@ -309,9 +311,13 @@ def test_controller_killed_mid_create_leaves_exactly_one_instance(
         os.killpg(controller.pid, signal.SIGKILL)
     finally:
         controller.wait(timeout=30)
-    make_reconciler(api, runner, config).sweep()
-    make_reconciler(api, runner, config).sweep()
-    assert len(domains(libvirt_test)) == 1
+    killed = domains(libvirt_test)
+    # The restarted controller, with the same credential store the killed one used.
+    restarted = Reconciler(KubeStore(api), runner, str(config), backoff=Backoff(),
+                           credentials=Credentials(KubeSecrets(api, "egress-proxies")))
+    restarted.sweep()
+    restarted.sweep()
+    assert domains(libvirt_test) == killed and len(killed) == 1  # found again, never made twice
     proxy = read_proxy(objects, "eu-1")
     assert proxy is not None and proxy["status"]["phase"] == "Ready"
     assert proxy["status"]["providerID"].endswith("/" + next(iter(domains(libvirt_test))))
