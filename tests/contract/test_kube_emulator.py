@@ -27,7 +27,7 @@ pytestmark = pytest.mark.timeout(30)
 GROUP, VERSION, PLURAL, NS = "crawl.example.com", "v1alpha1", "proxies", "crawlers"
 FINALIZER = "crawl.example.com/cleanup"
 # What controller/manifests/crd.yaml's schema defaults in every Proxy's spec.
-SPEC_DEFAULTS = {"port": 3128, "cloudInitEncoding": "plain"}
+SPEC_DEFAULTS = {"port": 3128, "cloudInitEncoding": "plain", "auth": "basic"}
 Obj = dict[str, Any]
 
 
@@ -303,7 +303,7 @@ def test_merge_patch_merges_maps_and_null_deletes(proxies: Proxies) -> None:
                                      "spec": {"location": None, "port": 8080}})
 
     assert patched["metadata"]["annotations"] == {"keep": "1", "new": "3"}
-    assert patched["spec"] == {"provider": "home-kvm", "port": 8080, "cloudInitEncoding": "plain"}
+    assert patched["spec"] == {"provider": "home-kvm", "port": 8080, "cloudInitEncoding": "plain", "auth": "basic"}
 
 
 def test_strategic_merge_patch_on_a_core_kind_applies_as_merge(core: client.CoreV1Api) -> None:
@@ -327,7 +327,7 @@ def test_json_patch_operations_and_failed_test_is_422(proxies: Proxies) -> None:
            {"op": "remove", "path": "/spec/location"}]
 
     patched = proxies.patch("eu-1", ops, "application/json-patch+json")
-    assert patched["spec"] == {"provider": "home-kvm", "port": 8080, "cloudInitEncoding": "plain"}
+    assert patched["spec"] == {"provider": "home-kvm", "port": 8080, "cloudInitEncoding": "plain", "auth": "basic"}
     assert patched["metadata"]["finalizers"] == ["a", "b"]
     assert patched["metadata"]["labels"] == {"example.com/tier": "x"}
 

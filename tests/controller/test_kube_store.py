@@ -29,7 +29,7 @@ pytestmark = pytest.mark.timeout(30)
 NS = "crawlers"
 Obj = dict[str, Any]
 # What ``create`` stores: its spec with the CRD schema's defaults filled in by the API server.
-STORED_SPEC = {"provider": "home-kvm", "port": 3128, "cloudInitEncoding": "plain"}
+STORED_SPEC = {"provider": "home-kvm", "port": 3128, "cloudInitEncoding": "plain", "auth": "basic"}
 
 
 @pytest.fixture(autouse=True)
