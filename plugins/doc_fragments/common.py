@@ -83,10 +83,138 @@ options:
         C(crawl.example.com/spec-hash).
     type: dict
     default: {}
+  access:
+    description:
+      - Who may use the proxy. The operator's squid access policy, delivered without touching O(user_data)
+        (KVM vendor-data boothook, the GCP C(startup-script) metadata item, the Pod's generated squid.conf).
+      - Its rules come before any user configuration and end in C(http_access deny all); they also deny
+        loopback and link-local destinations (the cloud metadata address 169.254.169.254 among them),
+        C(CONNECT) to any port but 443, the cache manager, and strip C(Via) and C(X-Forwarded-For).
+      - Omitted, the instance gets no policy from the module (the behaviour before this option).
+      - See the collection's C(docs/architecture.md), "Security model", for precedence against a user's own
+        squid configuration.
+    type: dict
+    suboptions:
+      users:
+        description:
+          - Who may authenticate (squid Basic auth, C(basic_ncsa_auth)). Required unless O(access.open=true).
+        type: list
+        elements: dict
+        default: []
+        suboptions:
+          name:
+            description: User name, 1-64 letters, digits, C(.), C(_) or C(-).
+            type: str
+            required: true
+          password_hash:
+            description:
+              - The bcrypt (C($2b$)) or SHA-512-crypt (C($6$)) hash of the password, never the password.
+              - Never logged or returned.
+            type: str
+            required: true
+      allowed_sources:
+        description:
+          - Client networks (CIDRs) that may use the proxy; others get 403 before any credential is asked for.
+          - Required when O(access.users) is empty. Empty with users, any source that authenticates.
+            V(0.0.0.0/0) and V(::/0) serve anyone and are only ever used when written here.
+        type: list
+        elements: str
+        default: []
+      open:
+        description:
+          - V(true) asks for no credentials (the Proxy's C(spec.auth=none)); O(access.allowed_sources) still
+            applies and is then required. O(access.users) must be empty.
+        type: bool
+        default: false
   provider_id:
     description:
       - The instance to delete with O(state=absent).
+      - Without it, O(state=absent) deletes by O(name) in O(location) (as C(kubernetes.core.k8s) does); a KVM
+        provider without O(location) looks on every configured host (each must answer), a Kubernetes provider
+        uses its default namespace. Already gone is success with RV(ignore:changed=false).
     type: str
+  operations:
+    description:
+      - A batch of creates and deletes done in this one module run, instead of the single-instance options
+        above (mutually exclusive with every one of them).
+      - The provider is opened once for the whole batch (one libvirt connection per KVM host, one Kubernetes or
+        Compute API client) and the items run side by side, at most 8 at a time; items naming the same
+        instance run one after the other.
+      - Each item gets its own entry in RV(results), in order, with its own RV(results[].error_class); one
+        item failing never fails the others, and the module run fails only when nothing could be tried at all
+        (an unreadable provider config, a missing provider, a kubeconfig that cannot be loaded).
+      - Each item is idempotent as the single-instance form is, and check mode applies to every item.
+    type: list
+    elements: dict
+    suboptions:
+      state:
+        description: As O(state).
+        type: str
+        choices: [present, absent]
+        default: present
+      name:
+        description: As O(name); required with O(operations[].state=present).
+        type: str
+      location:
+        description: As O(location).
+        type: str
+      machine_type:
+        description: As O(machine_type).
+        type: str
+      image:
+        description: As O(image).
+        type: str
+      user_data:
+        description: As O(user_data); never logged or returned.
+        type: str
+        default: ''
+      user_data_encoding:
+        description: As O(user_data_encoding).
+        type: str
+        choices: [plain, base64]
+        default: plain
+      port:
+        description: As O(port).
+        type: int
+        default: 3128
+      tags:
+        description: As O(tags).
+        type: dict
+        default: {}
+      provider_id:
+        description: As O(provider_id).
+        type: str
+      access:
+        description: As O(access).
+        type: dict
+        suboptions:
+          users:
+            description: As O(access.users).
+            type: list
+            elements: dict
+            default: []
+            suboptions:
+              name:
+                description: As O(access.users[].name).
+                type: str
+                required: true
+              password_hash:
+                description: As O(access.users[].password_hash); never logged or returned.
+                type: str
+                required: true
+          allowed_sources:
+            description: As O(access.allowed_sources).
+            type: list
+            elements: str
+            default: []
+          open:
+            description: As O(access.open).
+            type: bool
+            default: false
+      key:
+        description:
+          - An opaque label returned unchanged in the item's result (the controller passes the Proxy's uid).
+        type: str
 """
 
     # Options of the *_proxy_info modules.
@@ -95,11 +223,20 @@ options:
   provider_id:
     description:
       - Return this one instance. A missing instance fails with RV(error_class=not_found).
-      - Mutually exclusive with O(tags).
+      - Mutually exclusive with O(provider_ids) and O(tags).
     type: str
+  provider_ids:
+    description:
+      - Look up each of these instances in this one run (side by side, at most 8 at a time), one entry each in
+        RV(results), in order. A missing one is an entry with RV(results[].error_class=not_found); the module
+        run itself fails only when the provider cannot be opened at all.
+      - Mutually exclusive with O(provider_id) and O(tags).
+    type: list
+    elements: str
   tags:
     description:
       - Return every instance carrying all of these tags, across every configured location.
       - An empty result is success.
+      - Mutually exclusive with O(provider_id) and O(provider_ids).
     type: dict
 """

@@ -43,6 +43,7 @@ USER_DATA_ENCODINGS = ("plain", "base64")
 
 SEED_VOLUME_ID = "cidata"
 GUEST_AGENT_SCRIPT_NAME = "install-qemu-guest-agent.sh"
+ACCESS_BOOTHOOK_NAME = "egress-proxies-access.sh"
 
 # cloud-init recognises a MIME document by this header in its first 4096 bytes.
 _MIME_MARKER = b"mime-version:"
@@ -140,23 +141,33 @@ def build_meta_data(instance_id: str, hostname: str) -> bytes:
     return ("instance-id: %s\nlocal-hostname: %s\n" % (json.dumps(instance_id), json.dumps(hostname))).encode("utf-8")
 
 
-def build_vendor_data(operator_vendor_data: str | bytes | None, install_guest_agent: bool) -> bytes | None:
+def build_vendor_data(operator_vendor_data: str | bytes | None, install_guest_agent: bool,
+                      access_boothook: bytes | None = None) -> bytes | None:
     """The NoCloud ``vendor-data`` document, or None when there is nothing to send.
 
     - only the guest agent: the bootstrap script itself;
     - only the operator's document (``installGuestAgent: false``): that
       document, byte for byte;
-    - both: a MIME multipart whose first line is ``MIME-Version: 1.0``, with the
-      operator's document as the first part and the script as a
-      ``text/x-shellscript`` part named ``install-qemu-guest-agent.sh``.
+    - only the access policy (``squid_access.boothook``): that boothook;
+    - more than one: a MIME multipart whose first line is ``MIME-Version: 1.0``, with the
+      operator's document as the first part, then the script as a
+      ``text/x-shellscript`` part named ``install-qemu-guest-agent.sh``, then the
+      access policy as a ``text/cloud-boothook`` part named ``egress-proxies-access.sh``
+      (a boothook runs in the init stage, before the final stage installs packages and
+      runs vendor scripts, whatever its place in the archive).
 
     An empty operator document counts as none.
     """
-    operator = _as_bytes(operator_vendor_data)
-    if not install_guest_agent:
-        return operator or None
-    if not operator:
-        return GUEST_AGENT_SCRIPT
+    operator = _as_bytes(operator_vendor_data) or None
+    parts = [(document, content_type, filename) for document, content_type, filename in (
+        (operator, None, None),
+        (GUEST_AGENT_SCRIPT if install_guest_agent else None, "text/x-shellscript", GUEST_AGENT_SCRIPT_NAME),
+        (access_boothook, "text/cloud-boothook", ACCESS_BOOTHOOK_NAME),
+    ) if document]
+    if not parts:
+        return None
+    if len(parts) == 1:
+        return parts[0][0]
     archive = MIMEMultipart()
     # MIMEMultipart writes Content-Type first; cloud-init only looks for
     # "mime-version:" in the first 4096 bytes, so the header is made to lead
@@ -164,8 +175,9 @@ def build_vendor_data(operator_vendor_data: str | bytes | None, install_guest_ag
     content_type = archive["Content-Type"]
     del archive["Content-Type"]
     archive["Content-Type"] = content_type
-    archive.attach(_operator_part(operator))
-    archive.attach(_binary_part(GUEST_AGENT_SCRIPT, "text/x-shellscript", GUEST_AGENT_SCRIPT_NAME))
+    for document, content_type, filename in parts:
+        archive.attach(_operator_part(document) if content_type is None
+                       else _binary_part(document, content_type, filename))
     return archive.as_bytes()
 
 

@@ -19,6 +19,7 @@ import base64
 import email
 import gzip
 import io
+import json
 import socket
 import time
 import xml.etree.ElementTree as ET
@@ -36,6 +37,7 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.domain_xm
     GUEST_AGENT_CHANNEL,
     METADATA_NS,
 )
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.squid_access import boothook, parse_access
 from egress_proxies.directory import DirectoryStore
 from egress_proxies.reconcile import Reconciler
 from egress_proxies.runner import AnsibleRunner
@@ -397,6 +399,33 @@ def test_vendor_data(
     assert vendor_data.split(b"\n", 1)[0].startswith(b"MIME-Version:")
     parts = [part for part in email.message_from_bytes(vendor_data).walk() if not part.is_multipart()]
     assert [part.get_payload(decode=True) for part in parts] == [OPERATOR_VENDOR_DATA.encode(), GUEST_AGENT_SCRIPT]
+
+
+ACCESS: dict[str, Any] = {"users": [{"name": "crawlers", "password_hash": "$2b$04$" + "a" * 53}],
+                          "allowed_sources": ["10.0.0.0/8"]}
+
+
+def test_access_policy_rides_in_vendor_data_and_user_data_stays_byte_for_byte(lab: Lab) -> None:
+    """The example cloudInit (controller/examples/proxy-kvm-squid.yaml) reaches the seed unchanged;
+    the operator's policy arrives as a boothook part beside the guest agent script (issue 13)."""
+    user_data = yaml.safe_load((REPO / "controller" / "examples" / "proxy-kvm-squid.yaml").read_text())["spec"][
+        "cloudInit"]
+    name = "egp-access"
+    try:
+        result = succeeded(lab.create(name, user_data=user_data, access=ACCESS))
+        seed = lab.hv.read_seed(name)
+    finally:
+        lab.hv.remove_instance(name)
+    assert ACCESS["users"][0]["password_hash"] not in json.dumps(result)
+    assert seed.files["user-data"] == user_data.encode()
+    access = parse_access(ACCESS)
+    assert access is not None
+    vendor_data = seed.files["vendor-data"]
+    assert vendor_data.split(b"\n", 1)[0].startswith(b"MIME-Version:")
+    parts = [part for part in email.message_from_bytes(vendor_data).walk() if not part.is_multipart()]
+    assert [(part.get_content_type(), part.get_filename(), part.get_payload(decode=True)) for part in parts] == [
+        ("text/x-shellscript", "install-qemu-guest-agent.sh", GUEST_AGENT_SCRIPT),
+        ("text/cloud-boothook", "egress-proxies-access.sh", boothook(access))]
 
 
 def test_instance_id_is_new_for_every_instance_and_every_creation(lab: Lab) -> None:

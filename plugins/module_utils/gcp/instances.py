@@ -53,11 +53,16 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.provider_id i
     format_provider_id,
     parse_provider_id,
 )
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.squid_access import install_script
 
 Log = Callable[[str], None]
 
 USER_DATA_KEY = "user-data"
 USER_DATA_ENCODING_KEY = "user-data-encoding"
+# The operator's channel beside user-data: the Google guest environment (google-guest-agent's
+# metadata script runner) runs this item as root on every boot. cloud-init's GCE datasource
+# reads no vendor-data, and user-data is the user's, byte for byte.
+STARTUP_SCRIPT_KEY = "startup-script"
 
 # GCE instance status -> the contract's state, for every status the Compute API documents
 # (Instance.Status in compute.proto and "Instance lifecycle"):
@@ -217,6 +222,8 @@ class GcpProvider:
         labels, tags_json = encode_tags(request.tags)
         metadata = [*user_data_metadata(request.user_data, request.user_data_encoding),
                     (TAGS_METADATA_KEY, tags_json), (PORT_METADATA_KEY, str(request.port))]
+        if request.access is not None:
+            metadata.append((STARTUP_SCRIPT_KEY, install_script(request.access).decode("ascii")))
         plan = _Plan(machine_key, machine_type, pinned_zone, image_key, self.settings.images[image_key], labels,
                      metadata)
         if request.location:

@@ -15,6 +15,12 @@ Anatomy (docs/kubernetes-provider.md has the why):
 - annotation ``crawl.example.com/squid-conf``: the squid.conf (``http_port <port>`` first),
   projected into the container as a file by a downwardAPI volume, so the whole instance is
   one object created in one call: no ConfigMap to create, clean up or grant RBAC for;
+- with the ``access`` option: the operator's rules (squid_access.py) right after
+  ``http_port``, before the provider's squidConfig, and the password file (bcrypt hashes
+  only, never a password) in the annotation ``crawl.example.com/squid-passwd``, projected
+  by the same volume. Not a Secret: the provider's Role has no Secrets (they live only in
+  the controller's own namespace), and a hash of a random password of 128 bits or more
+  gains a reader nothing;
 - one container running ``squid -N -f /etc/egress-proxy/squid.conf``, with the port, the
   resource requests and a tcpSocket readiness probe on the port;
 - optional ``hostNetwork`` (egress from the node's IP) and a topology spread constraint over
@@ -35,6 +41,12 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.instance impo
     InstanceRequest,
 )
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.provider_id import format_provider_id
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.squid_access import (
+    Access,
+    refuse_open_user_config,
+    render_password_file,
+    render_rules,
+)
 
 NAME_LABEL = "app.kubernetes.io/name"
 NAME_VALUE = "egress-proxy"
@@ -43,12 +55,16 @@ MANAGED_BY_VALUE = "egress-proxies"
 FIXED_LABELS = {NAME_LABEL: NAME_VALUE, MANAGED_BY_LABEL: MANAGED_BY_VALUE}
 TAGS_ANNOTATION = "crawl.example.com/tags"
 SQUID_CONF_ANNOTATION = "crawl.example.com/squid-conf"
+PASSWD_ANNOTATION = "crawl.example.com/squid-passwd"
 
 CONTAINER_NAME = "squid"
 PORT_NAME = "proxy"
 CONF_VOLUME = "squid-conf"
 CONF_DIR = "/etc/egress-proxy"
 CONF_FILE = "squid.conf"
+PASSWD_FILE = "passwd"
+# squid's auth helper runs as squid's unprivileged user, and projected files are root's.
+PASSWD_MODE = 0o444
 HOSTNAME_TOPOLOGY_KEY = "kubernetes.io/hostname"
 # squid's own shutdown_lifetime in the default config is 3 s; this leaves it room.
 TERMINATION_GRACE_SECONDS = 10
@@ -120,12 +136,23 @@ def label_selector(tags: Mapping[str, str]) -> str:
     return ",".join("%s=%s" % (key, value) for key, value in sorted(wanted.items()))
 
 
-def squid_conf(settings: KubernetesSettings, port: int) -> str:
-    """The squid.conf of one Pod: ``http_port`` from the request, then the configured text."""
+def squid_conf(settings: KubernetesSettings, port: int, access: Optional[Access] = None) -> str:
+    """The squid.conf of one Pod: ``http_port`` from the request, the operator's access rules
+    when ``access`` is given, then the configured text.
+
+    The access rules end in ``http_access deny all``, so the configured text's own
+    ``http_access`` lines are never reached (its other directives still apply); a
+    squidConfig with ``http_access allow all`` is refused outright, so the config never
+    reads as an open proxy.
+    """
     body = settings.squid_config if settings.squid_config is not None else DEFAULT_SQUID_CONFIG
     if not body.endswith("\n"):
         body += "\n"
-    return "http_port %d\n%s" % (port, body)
+    rules = ""
+    if access is not None:
+        refuse_open_user_config(settings.squid_config, "squidConfig (the Kubernetes provider's config)")
+        rules = render_rules(access, "%s/%s" % (CONF_DIR, PASSWD_FILE))
+    return "http_port %d\n%s%s" % (port, rules, body)
 
 
 def build_pod(settings: KubernetesSettings, request: InstanceRequest, namespace: str) -> Dict[str, Any]:
@@ -158,6 +185,16 @@ def build_pod(settings: KubernetesSettings, request: InstanceRequest, namespace:
             "fieldRef": {"fieldPath": "metadata.annotations['%s']" % SQUID_CONF_ANNOTATION},
         }]}}],
     }
+    annotations = {
+        TAGS_ANNOTATION: json.dumps(request.tags, sort_keys=True, separators=(",", ":")),
+        SQUID_CONF_ANNOTATION: squid_conf(settings, request.port, request.access),
+    }
+    if request.access is not None and request.access.users:
+        annotations[PASSWD_ANNOTATION] = render_password_file(request.access)
+        spec["volumes"][0]["downwardAPI"]["items"].append({
+            "path": PASSWD_FILE, "mode": PASSWD_MODE,
+            "fieldRef": {"fieldPath": "metadata.annotations['%s']" % PASSWD_ANNOTATION},
+        })
     if settings.host_network:
         spec["hostNetwork"] = True
         spec["dnsPolicy"] = "ClusterFirstWithHostNet"
@@ -176,10 +213,7 @@ def build_pod(settings: KubernetesSettings, request: InstanceRequest, namespace:
             "name": request.name,
             "namespace": namespace,
             "labels": labels,
-            "annotations": {
-                TAGS_ANNOTATION: json.dumps(request.tags, sort_keys=True, separators=(",", ":")),
-                SQUID_CONF_ANNOTATION: squid_conf(settings, request.port),
-            },
+            "annotations": annotations,
         },
         "spec": spec,
     }
