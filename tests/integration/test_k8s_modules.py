@@ -132,6 +132,7 @@ def test_create_get_list_delete_round_trip(config: Path, kube: KubeEmulator) -> 
     assert would_delete.result["changed"] is True
     assert kube.get_object("pods", NAMESPACE, NAME) is not None
 
+    kube.freeze_clock()  # module runs take seconds here: the grace period ends only by advance()
     deleted = proxy(config, state="absent", provider_id=PROVIDER_ID)
     assert deleted.status == "successful", deleted.result
     assert deleted.result["changed"] is True

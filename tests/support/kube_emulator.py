@@ -573,6 +573,9 @@ class KubeEmulator:
         self._stopping = threading.Event()
         # The emulator's clock: wall time plus what tests ``advance``d it by.
         self._clock_offset = 0.0
+        # Set by ``freeze_clock``: time stands still but for ``advance`` (a slow machine must not
+        # end a grace period a test is still looking at).
+        self._frozen_at: float | None = None
         # Terminating Pods the kubelet stand-in removes once their grace period has passed.
         self._grace_deadlines: dict[tuple[str, str, str], tuple[str, float]] = {}  # key: (uid, when)
         self._kubelet: threading.Thread | None = None
@@ -721,6 +724,11 @@ class KubeEmulator:
             self._emit(rtype, "ADDED", body, None)
             return copy.deepcopy(body)
 
+    def freeze_clock(self) -> None:
+        """Stop the emulator's clock where it is; only ``advance`` moves it from now on."""
+        with self._lock:
+            self._frozen_at = time.time()
+
     def advance(self, seconds: float) -> None:
         """Move the emulator's clock forward: Pods whose grace period has now passed are gone
         (their DELETED events sent) before this returns."""
@@ -823,7 +831,7 @@ class KubeEmulator:
                     self._emit(rtype, "DELETED", new, old)
 
     def _clock(self) -> float:
-        return time.time() + self._clock_offset
+        return (time.time() if self._frozen_at is None else self._frozen_at) + self._clock_offset
 
     def _timestamp(self, later: float = 0.0) -> str:
         return _timestamp(self._clock() + later)
