@@ -38,6 +38,8 @@ from egress_proxies.status import ProxyWriter, find_condition
 log = logging.getLogger(__name__)
 
 LISTED = "ProviderListed"
+# Status fields that describe one instance, dropped when another takes its place.
+INSTANCE_FIELDS = ("ip", "endpoint", "egressIP", "probe", "credentialGeneration")
 PRIVATE = "Private"
 SERVING = "Serving"
 AWAITING = "AwaitingProbe"
@@ -94,7 +96,8 @@ class LivePath:
         self.seconds_since = seconds_since
         # Without a monitor nothing is probed (tests of the decisions, the libvirt test driver):
         # running with an address is Ready, reported unverified.
-        self.plan = plan if plan is not None and monitor is not None else ProbePlan(enabled=False)
+        self.plan = plan if plan is not None and monitor is not None else ProbePlan(
+            enabled=False, unhealthy_after_seconds=plan.unhealthy_after_seconds if plan else 300.0)
         self.monitor = monitor
         self.targets = targets if targets is not None else {}
         # None: instances are built without an ``access`` option (open as their user-data makes them).
@@ -160,6 +163,12 @@ class LivePath:
         # Unhealthy continuously since the Serving condition turned False; each replacement
         # waits twice as long as the one before (a Proxy whose replacements keep failing backs off).
         threshold = self.plan.unhealthy_after_seconds * 2 ** min(replacements, 4)
+        served = (proxy.status.get("probe") or {}).get("servedProviderID") == current.provider_id
+        if serving.get("reason") not in LOST_REASONS and not served:
+            # Never served yet: it is booting or installing squid, not dead. It gets the start-up
+            # allowance before "not serving" counts (still bounded: a cloud-init that never brings
+            # squid up ends in ReplacementsExhausted, not in waiting forever).
+            threshold = max(threshold, self.plan.startup_seconds)
         if self.seconds_since(str(serving.get("lastTransitionTime") or "")) >= threshold:
             unhealthy.append(_Unhealthy(proxy, current, desired, replacements, str(serving.get("reason")),
                                         str(serving.get("message") or "")))
@@ -219,8 +228,9 @@ class LivePath:
             item.proxy, lambda p: p.annotations.__setitem__(REPLACEMENTS_ANNOTATION, f"{item.hash}:{count}"))
         reason = "InstanceLost" if item.reason in LOST_REASONS else "NotServing"
         metrics.REPLACEMENTS.labels(provider=provider, reason=reason).inc()
-        self.writer.store.record_event(
-            proxy, "Warning", reason, f"replacing instance {item.instance.provider_id}: {item.reason}: {item.message}")
+        why = item.message if item.message.startswith(item.reason) else f"{item.reason}: {item.message}"
+        self.writer.store.record_event(proxy, "Warning", reason,
+                                       f"replacing instance {item.instance.provider_id}: {why}")
         name = instance_name(proxy, item.hash, count)
         _, request = self._build(proxy)
         creates.append(_Create(proxy, CreateRequest.for_proxy(proxy, self.owner, name, item.hash, request), item.hash))
@@ -274,6 +284,9 @@ class LivePath:
             instance = dataclasses.replace(instance, ip=ip)
         where = f"instance {instance.provider_id}"
         fields: dict[str, Any] = {"providerID": instance.provider_id}
+        if proxy.status.get("providerID") != instance.provider_id:
+            # Another instance now: nothing recorded of its predecessor (address, probe) stays.
+            proxy.status = {k: v for k, v in proxy.status.items() if k not in INSTANCE_FIELDS}
         if instance.state in ("stopped", "error"):
             serving = ("False", LOST_REASONS[0] if instance.state == "stopped" else LOST_REASONS[1],
                        f"{where} is {instance.state}")
@@ -319,12 +332,16 @@ class LivePath:
                 serving = ("True", "Serving", message)
                 fields["egressIP"] = outcome.egress_ip
                 fields["probe"] = {"latencySeconds": round(latency, 4),
-                                   "lastProbeTime": outcome.probed_at.strftime("%Y-%m-%dT%H:%M:%SZ")}
+                                   "lastProbeTime": outcome.probed_at.strftime("%Y-%m-%dT%H:%M:%SZ"),
+                                   "servedProviderID": instance.provider_id}
             else:
                 phase, ready, reason = PHASE_PROVISIONING, "False", "NotServing"
                 message = f"{where} at {endpoint} runs but does not serve: {outcome.reason}: {outcome.message}"
                 serving = ("False", outcome.reason.value, outcome.message)
-                fields["probe"] = {"lastProbeTime": outcome.probed_at.strftime("%Y-%m-%dT%H:%M:%SZ")}
+                previous = proxy.status.get("probe") or {}
+                fields["probe"] = {"lastProbeTime": outcome.probed_at.strftime("%Y-%m-%dT%H:%M:%SZ"),
+                                   **({"servedProviderID": previous["servedProviderID"]}
+                                      if previous.get("servedProviderID") == instance.provider_id else {})}
         status = self.writer.status(proxy, phase, ready, reason, message,
                                     conditions={SERVING: serving, LISTED: None, PRIVATE: private}, **fields)
         if phase == PHASE_READY and proxy.annotations.get(SPEC_HASH_ANNOTATION) != desired:
@@ -344,7 +361,7 @@ class LivePath:
                         proxy, "Normal", "Replaced",
                         f"old instance {old.provider_id} deleted after its successor became ready")
                 else:
-                    metrics.ERRORS.labels(error_class=result.error.error_class.value).inc()
+                    metrics.ERRORS.labels(provider=client.name, error_class=result.error.error_class.value).inc()
                     log.warning("%s: deleting replaced instance %s failed (%s)", proxy.key, old.provider_id,
                                 result.error)
 

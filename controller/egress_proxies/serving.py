@@ -36,6 +36,7 @@ class ProbePlan:
     egress_echo_url: str | None = None
     timeout_seconds: float = 5.0
     unhealthy_after_seconds: float = 300.0
+    startup_seconds: float = 900.0
 
     @classmethod
     def from_result(cls, data: Mapping[str, Any] | None) -> ProbePlan:
@@ -44,7 +45,8 @@ class ProbePlan:
         return cls(enabled=True, http_url=str(data["httpUrl"]), expect_status=int(data.get("expectStatus") or 204),
                    connect=data.get("connect") or None, egress_echo_url=data.get("egressEchoUrl") or None,
                    timeout_seconds=float(data.get("timeoutSeconds") or 5),
-                   unhealthy_after_seconds=float(data.get("unhealthyAfterSeconds") or 300))
+                   unhealthy_after_seconds=float(data.get("unhealthyAfterSeconds") or 300),
+                   startup_seconds=float(data.get("startupSeconds") or 900))
 
     def target(self, proxy: Proxy, instance: Instance, credentials: ProbeCredentials | None = None) -> ProbeTarget:
         """What to check for this instance: the provider's checks, overridden by ``spec.probe``;

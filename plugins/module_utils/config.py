@@ -179,7 +179,8 @@ class KubernetesSettings:
 # can be pointed at a self-hosted target; nothing in the controller depends on these hosts.
 DEFAULT_PROBE_HTTP_URL = "http://connectivitycheck.gstatic.com/generate_204"
 DEFAULT_PROBE_CONNECT = "www.google.com:443"
-PROBE_KEYS = ("httpUrl", "expectStatus", "connect", "egressEchoUrl", "timeoutSeconds", "unhealthyAfterSeconds")
+PROBE_KEYS = ("httpUrl", "expectStatus", "connect", "egressEchoUrl", "timeoutSeconds", "unhealthyAfterSeconds",
+              "startupSeconds")
 HOST_PORT_RE = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):([0-9]{1,5})$")
 
 
@@ -203,11 +204,15 @@ class ProbeSettings:
     egress_echo_url: Optional[str] = None
     timeout_seconds: int = 5
     unhealthy_after_seconds: int = 300
+    # How long a new instance may take to serve for the first time (boot, cloud-init installing
+    # squid) before "not serving" counts against it: a booting instance is not a dead one.
+    startup_seconds: int = 900
 
     def as_dict(self) -> Dict[str, Any]:
         return {"enabled": self.enabled, "httpUrl": self.http_url, "expectStatus": self.expect_status,
                 "connect": self.connect, "egressEchoUrl": self.egress_echo_url,
-                "timeoutSeconds": self.timeout_seconds, "unhealthyAfterSeconds": self.unhealthy_after_seconds}
+                "timeoutSeconds": self.timeout_seconds, "unhealthyAfterSeconds": self.unhealthy_after_seconds,
+                "startupSeconds": self.startup_seconds}
 
 
 @dataclass(frozen=True)
@@ -860,10 +865,12 @@ def _parse_probe(item: _Reader, errors: _Errors) -> Optional[ProbeSettings]:
     status = number("expectStatus", 204, 100, 599)
     timeout = number("timeoutSeconds", 5, 1, 60)
     unhealthy = number("unhealthyAfterSeconds", 300, 30, 86400)
+    startup = number("startupSeconds", 900, 30, 86400)
     if len(errors) > before or http_url is None:
         return None
     return ProbeSettings(enabled=True, http_url=http_url, expect_status=status, connect=connect,
-                         egress_echo_url=echo, timeout_seconds=timeout, unhealthy_after_seconds=unhealthy)
+                         egress_echo_url=echo, timeout_seconds=timeout, unhealthy_after_seconds=unhealthy,
+                         startup_seconds=startup)
 
 
 def validate_provider_config(document: Any) -> ConfigReport:

@@ -319,3 +319,22 @@ def test_through_real_squid_discovery_lists_only_a_serving_proxy(
         assert store.get("eu-1").status["phase"] == "Provisioning" and discovery() == []
     finally:
         server.stop()
+
+
+def test_a_booting_instance_gets_the_start_up_allowance(config: Path) -> None:
+    """Refused while cloud-init still installs squid: not serving *yet* is not dead. Only after
+    ``startupSeconds`` does a never-served instance count as unhealthy."""
+    lab = Lab(config)
+    lab.store.add("eu-1", SPEC)
+    lab.prober.serving = {f"192.0.2.{n}": ProbeReason.CONNECTION_REFUSED for n in range(10, 250)}
+    rec = lab.reconciler()
+    lab.sweep_probe_sweep(rec)
+    assert serving_condition(lab.store.get("eu-1"))["reason"] == "ConnectionRefused"
+    lab.clock["offset"] = 301  # past unhealthyAfter, not past the start-up allowance
+    rec.sweep()
+    assert len(lab.runner.instances) == 1 and "NotServing" not in lab.store.reasons()
+    lab.clock["offset"] = 901
+    rec.sweep()
+    assert len(lab.runner.instances) == 2 and "NotServing" in lab.store.reasons()
+    (event,) = [m for k, t, r, m in lab.store.events if r == "NotServing"]
+    assert "ConnectionRefused: ConnectionRefused" not in event

@@ -8,36 +8,50 @@ the key the bootstrap authorized and the host key it printed. The guest is the D
 ``tests/support/guest_image`` builds (cached per machine): cloud-init, squid and, in one
 variant, qemu-guest-agent; nothing is fetched at boot.
 
-The test prints its timings (image build, boot to IP, boot to 204, controller overhead);
-docs/performance.md records them. Guests boot one after another: CI has two cores.
+Ready means serving: the controller probes every running guest *through its squid* (a 204 URL,
+a CONNECT to port 443 and an egress echo, all served inside the host's namespace). The guests'
+network is isolated inside the host's namespace, reachable from nowhere else -- which is where
+the test's own curl runs, so the controller runs there too (``ip netns exec``), with
+``--probe-allow`` limited to the guests' /24; it reaches the Kubernetes API emulator through a
+relay on the root namespace's end of the veth pair. A discovery watcher polls ``/v1/proxies``
+for the whole module and sends a request through every entry it is handed, at that moment.
+The healing steps break a serving guest twice (squid stopped through the guest agent, then the
+domain destroyed) and follow the controller replacing it, make-before-break.
+
+The test prints its timings (image build, boot to IP, boot to 204, controller overhead, the
+healing steps); docs/performance.md records them. Guests boot one after another: CI has two cores.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import math
 import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
+from urllib.parse import quote
 
 import libvirt
 import pytest
 import yaml
 from kubernetes import client
 
-from egress_proxies.model import GROUP, PLURAL, VERSION
+from egress_proxies.model import GROUP, PLURAL, REPLACEMENTS_ANNOTATION, VERSION
 from support.ansible_modules import collections_path, run_module
 from support.guest_agent import agent_answers, guest_exec, read_guest_file
 from support.guest_image import guest_image
 from support.hypervisor_host import HypervisorHost, bootstrap
-from support.kube_emulator import KubeEmulator
+from support.kube_emulator import KubeEmulator, proxy_crd
 from support.libvirt_daemon import stop_process_group, wait_until
 from support.provider_config import OWNER, BaseImage, kvm_host, write_kubeconfig, write_kvm_config
 
@@ -47,9 +61,26 @@ HOST = "hv"
 NAMESPACE = "crawlers"
 SQUID_PORT = 3128
 WEB_PORT = 8204
+# The CONNECT check's target: Debian's squid.conf tunnels only to SSL_ports (443).
+TUNNEL_PORT = 443
+DISCOVERY_TOKEN = "e2e-operator-token"
+# A crawler team's token, scoped to NAMESPACE: discovery hands it each proxy's URL with the
+# namespace's credentials, as a crawler would use it.
+CRAWLER_TOKEN = "e2e-crawler-token"
+LEASE_NAMESPACE = "egress-proxies"  # the controller's default --lease-namespace
+# Short, so a broken proxy is noticed and replaced within the test's budget.
+PROBE_INTERVAL = 3.0
+SWEEP_INTERVAL = 2.0
+# Not the minimum (30): the controller counts a booting guest's "squid not up yet" towards it
+# (docs/kvm-provider.md, "Known gaps"), and under emulation squid may start 30-60 s after
+# the guest has its address; the steps below wait 60 s and 120 s (doubled per replacement).
+UNHEALTHY_AFTER = 60
+# A sweep lists the host over SSH through ansible-runner before it writes status: a few
+# seconds here, up to ~30 s on a loaded two-core machine.
+SWEEP_ALLOWANCE = 30.0
 # Under software emulation a guest answers through squid 40-65 s after it starts; a loaded CI
-# machine may be twice as slow.
-BOOT_SECONDS = 300.0
+# machine may be several times slower (4.5 min from start to an address at load 15, measured).
+BOOT_SECONDS = 600.0
 
 # The case that broke the predecessor: the user's cloud-config has its own `packages` key and
 # writes squid's configuration. It must reach the guest byte for byte (the guest agent comes as
@@ -69,15 +100,28 @@ runcmd:
 - [systemctl, restart, squid]
 """
 
-# A web server that answers every GET with 204, run inside the host's namespace so the guest
-# can reach it on its network's bridge address (the guest has no other way out).
+# A web server that answers every GET with 204 (``/ip``: the caller's address, the probe's egress
+# echo), run inside the host's namespace so the guest can reach it on its network's bridge
+# address (the guest has no other way out); on every port given (one is the CONNECT target).
 NO_CONTENT_SERVER = """\
-import http.server, sys
+import http.server, sys, threading
 class NoContent(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
+        if self.path == "/ip":
+            body = self.client_address[0].encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
         self.send_response(204)
         self.end_headers()
-http.server.ThreadingHTTPServer(("0.0.0.0", int(sys.argv[1])), NoContent).serve_forever()
+    def log_message(self, *args):
+        pass
+servers = [http.server.ThreadingHTTPServer(("0.0.0.0", int(port)), NoContent) for port in sys.argv[1:]]
+for server in servers[1:]:
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+servers[0].serve_forever()
 """
 
 
@@ -139,7 +183,8 @@ def web_url(bootstrapped: Bootstrapped) -> Iterator[str]:
     """The 204 server inside the host's namespace, listening on the guests' bridge too."""
     host = bootstrapped.host
     server = subprocess.Popen(
-        ["ip", "netns", "exec", host.namespace, sys.executable, "-c", NO_CONTENT_SERVER, str(WEB_PORT)],
+        ["ip", "netns", "exec", host.namespace, sys.executable, "-c", NO_CONTENT_SERVER, str(WEB_PORT),
+         str(TUNNEL_PORT)],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         wait_until(lambda: host.run_in_namespace(["curl", "-s", "-o", "/dev/null", f"http://127.0.0.1:{WEB_PORT}/"],
@@ -150,9 +195,59 @@ def web_url(bootstrapped: Bootstrapped) -> Iterator[str]:
         stop_process_group(server)
 
 
+class Relay:
+    """A TCP relay from ``listen`` (the root namespace's end of the host's veth pair) to
+    ``upstream`` on our loopback: how the controller, inside the host's namespace, reaches the
+    Kubernetes API emulator, which listens on 127.0.0.1 only."""
+
+    def __init__(self, listen: str, upstream: tuple[str, int]) -> None:
+        self.upstream = upstream
+        self._server = socket.create_server((listen, 0))
+        self._sockets: list[socket.socket] = []
+        self._thread = threading.Thread(target=self._accept, daemon=True, name="kube-relay")
+        self._thread.start()
+
+    @property
+    def url(self) -> str:
+        host, port = self._server.getsockname()[:2]
+        return f"http://{host}:{port}"
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                downstream, _ = self._server.accept()
+            except OSError:
+                return  # closed by stop()
+            try:
+                upstream = socket.create_connection(self.upstream, timeout=10)
+            except OSError:
+                downstream.close()
+                continue
+            upstream.settimeout(None)
+            self._sockets += [downstream, upstream]
+            for source, sink in ((downstream, upstream), (upstream, downstream)):
+                threading.Thread(target=self._pipe, args=(source, sink), daemon=True).start()
+
+    @staticmethod
+    def _pipe(source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                sink.sendall(data)
+            sink.shutdown(socket.SHUT_WR)  # a half-close passes through (the client's request end)
+        except OSError:
+            for sock in (source, sink):
+                sock.close()
+
+    def stop(self) -> None:
+        self._server.close()
+        for sock in self._sockets:
+            sock.close()
+
+
 @dataclass
 class Controller:
-    """``egress-proxies`` as its own process (restartable), on the Kubernetes API emulator."""
+    """``egress-proxies`` as its own process (restartable), on the Kubernetes API emulator,
+    inside the host's network namespace (the only place the guests can be reached from)."""
 
     command: list[str]
     log: Path
@@ -160,7 +255,7 @@ class Controller:
     process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        env = {**os.environ, "ANSIBLE_COLLECTIONS_PATH": collections_path()}
+        env = {**os.environ, "ANSIBLE_COLLECTIONS_PATH": collections_path(), "DISCOVERY_TOKEN": DISCOVERY_TOKEN}
         with open(self.log, "ab") as log:
             self.process = subprocess.Popen(self.command, env=env, stdin=subprocess.DEVNULL, stdout=log,
                                             stderr=subprocess.STDOUT, start_new_session=True)
@@ -180,14 +275,85 @@ class Controller:
             return False
 
 
+@dataclass(frozen=True)
+class Sighting:
+    """One discovery entry and what a request through it got at that moment."""
+
+    at: float
+    name: str
+    provider_id: str
+    endpoint: str
+    code: str
+
+
+class DiscoveryWatch:
+    """A crawler: polls ``/v1/proxies`` with its scoped token all along and sends a request
+    through every entry it is handed, at once, with the URL (credentials included) discovery
+    gave it. ``broken`` marks the instances a step broke on purpose (and when): only a sighting
+    of one of those after that moment may fail."""
+
+    def __init__(self, host: HypervisorHost, url: str, web_url: str) -> None:
+        self.host, self.url, self.web_url = host, url, web_url
+        self.sightings: list[Sighting] = []
+        self.broken: dict[str, float] = {}
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="discovery-watch")
+        self._thread.start()
+
+    def fetch(self, strict: bool = False) -> list[dict[str, Any]]:
+        """What discovery hands a crawler now; not ``strict``: nothing while the controller is down."""
+        request = urllib.request.Request(self.url, headers={"Authorization": f"Bearer {CRAWLER_TOKEN}"})
+        try:
+            with urllib.request.urlopen(request, timeout=5) as response:
+                return cast(list[dict[str, Any]], json.loads(response.read())["proxies"])
+        except (OSError, ValueError):
+            if strict:
+                raise
+            return []  # the controller restarting (step 5), or not up yet
+
+    def _run(self) -> None:
+        while not self._stopping.is_set():
+            for entry in self.fetch():
+                code = curl_through(self.host, str(entry["url"]), self.web_url) if entry.get("url") else "no url"
+                self.sightings.append(Sighting(time.monotonic(), entry["name"], str(entry["providerID"]),
+                                               str(entry["endpoint"]), code))
+            self._stopping.wait(0.5)
+
+    def failures(self) -> list[Sighting]:
+        """Sightings that did not get a 204 through an instance nobody broke (at that time)."""
+        return [s for s in self.sightings if s.code != "204"
+                and not (s.provider_id in self.broken and s.at >= self.broken[s.provider_id])]
+
+    def last_seen(self, provider_id: str) -> float | None:
+        return max((s.at for s in self.sightings if s.provider_id == provider_id), default=None)
+
+    def first_seen(self, provider_id: str) -> Sighting | None:
+        return next((s for s in self.sightings if s.provider_id == provider_id), None)
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._thread.join(timeout=30)
+
+
+def curl_through(host: HypervisorHost, proxy: str, url: str) -> str:
+    """The HTTP status a client in the host's namespace gets for ``url`` through ``proxy`` (a
+    proxy URL, credentials included when given)."""
+    result = host.run_in_namespace(
+        ["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "10", "--noproxy", "",
+         "-x", proxy, url], check=False, timeout=30)
+    return result.stdout.strip()
+
+
 @dataclass
 class Lab:
     host: HypervisorHost
     config: Path
     key_file: Path
     objects: client.CustomObjectsApi
+    core: client.CoreV1Api
     controller: Controller
     timings: Timings
+    discovery: DiscoveryWatch
 
     @property
     def conn(self) -> libvirt.virConnect:
@@ -216,9 +382,16 @@ class Lab:
         proxy = self.proxy(name)
         return dict(proxy.get("status") or {}) if proxy else {}
 
-    def ready_condition(self, name: str) -> dict[str, Any]:
+    def condition(self, name: str, kind: str) -> dict[str, Any]:
         conditions = self.status(name).get("conditions") or []
-        return next((c for c in conditions if c.get("type") == "Ready"), {})
+        return next((c for c in conditions if c.get("type") == kind), {})
+
+    def ready_condition(self, name: str) -> dict[str, Any]:
+        return self.condition(name, "Ready")
+
+    def events(self, name: str, reason: str) -> list[Any]:
+        listed = self.core.list_namespaced_event(NAMESPACE)
+        return [e for e in listed.items if e.involved_object.name == name and e.reason == reason]
 
     def domain(self, name: str) -> libvirt.virDomain | None:
         provider_id = self.status(name).get("providerID")
@@ -236,17 +409,23 @@ class Lab:
         pool.refresh(0)
         return set(pool.listVolumes())
 
-    def curl_through(self, proxy_ip: str, url: str) -> str:
-        """The HTTP status a client in the host's namespace gets for ``url`` through the proxy."""
-        result = self.host.run_in_namespace(
-            ["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "10", "--noproxy", "",
-             "-x", f"http://{proxy_ip}:{SQUID_PORT}", url], check=False, timeout=30)
-        return result.stdout.strip()
+    def credentials(self) -> str:
+        """``user:password`` of NAMESPACE, as the controller keeps them (a Secret in its own
+        namespace), quoted for a proxy URL."""
+        secret = self.core.read_namespaced_secret(f"egress-proxies-credentials-{NAMESPACE}", LEASE_NAMESPACE)
+        data = {key: base64.b64decode(value).decode() for key, value in (secret.data or {}).items()}
+        return f"{quote(data['user'], safe='')}:{quote(data['password'], safe='')}"
+
+    def curl_through(self, proxy_ip: str, url: str, authenticated: bool = True) -> str:
+        """The HTTP status a client in the host's namespace gets for ``url`` through the proxy
+        (every proxy is private: with the namespace's credentials unless told otherwise)."""
+        auth = f"{self.credentials()}@" if authenticated else ""
+        return curl_through(self.host, f"http://{auth}{proxy_ip}:{SQUID_PORT}", url)
 
 
 @pytest.fixture(scope="module")
 def lab(bootstrapped: Bootstrapped, images: dict[str, BaseImage], kube_module: KubeEmulator, timings: Timings,
-        tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
+        web_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
     host = bootstrapped.host
     directory = tmp_path_factory.mktemp("e2e")
     # The controller's own copy of the key the role authorized, so the negative step can take
@@ -255,30 +434,51 @@ def lab(bootstrapped: Bootstrapped, images: dict[str, BaseImage], kube_module: K
     key_file.write_bytes(host.controller_key_file.read_bytes())
     key_file.chmod(0o600)
     disk_gib = max(2, math.ceil(max(_virtual_size(image) for image in images.values()) / 2**30))
+    # Every check is served inside the host's namespace, on the guests' bridge: the 204 URL,
+    # the CONNECT target (port 443 there) and the egress echo (the address squid connects from).
+    bridge = host.guest_network_address
+    probe = {"httpUrl": f"http://{bridge}:{WEB_PORT}/generate_204", "expectStatus": 204,
+             "connect": f"{bridge}:{TUNNEL_PORT}", "egressEchoUrl": f"http://{bridge}:{WEB_PORT}/ip",
+             "timeoutSeconds": 5, "unhealthyAfterSeconds": UNHEALTHY_AFTER}
     config = write_kvm_config(
         directory / "providers.yaml", [kvm_host(HOST, f"qemu+ssh://root@{host.address}/system")],
         images["agent"], ssh={"keyFile": str(key_file), "knownHostsFile": str(bootstrapped.known_hosts_file)},
-        machineTypes={"small": {"vcpus": 2, "memoryMiB": 1024, "diskGiB": disk_gib}})
+        probe=probe, machineTypes={"small": {"vcpus": 2, "memoryMiB": 1024, "diskGiB": disk_gib}})
     _add_image(config, "debian-12-no-agent", images["no-agent"])
+    relay = Relay(host.gateway, ("127.0.0.1", int(kube_module.url.rsplit(":", 1)[1])))
+    tokens = directory / "discovery-tokens.yaml"
+    tokens.write_text(yaml.safe_dump([{"name": "crawlers", "sha256": hashlib.sha256(CRAWLER_TOKEN.encode()).hexdigest(),
+                                       "namespaces": [NAMESPACE]}]))
     port = _free_port()
+    # Inside the host's namespace: its only ways out are the veth pair (sshd, the relay) and the
+    # isolated guest network. Probes may go to the guests' /24 only.
+    guests = f"{bridge.rsplit('.', 1)[0]}.0/24"
     controller = Controller(
-        command=[str(Path(sys.executable).parent / "egress-proxies"), "--source", "kubernetes",
-                 "--kubeconfig", str(write_kubeconfig(directory / "kubeconfig", kube_module.url)),
+        command=["ip", "netns", "exec", host.namespace,
+                 str(Path(sys.executable).parent / "egress-proxies"), "--source", "kubernetes",
+                 "--kubeconfig", str(write_kubeconfig(directory / "kubeconfig", relay.url)),
                  "--provider-config", str(config), "--work-dir", str(directory / "work"),
-                 "--interval", "2", "--listen", f"127.0.0.1:{port}", "--log-level", "INFO"],
-        log=directory / "controller.log", health_url=f"http://127.0.0.1:{port}/healthz")
+                 "--interval", str(SWEEP_INTERVAL), "--listen", f"{host.address}:{port}", "--log-level", "INFO",
+                 "--probe-interval", str(PROBE_INTERVAL), "--probe-allow", guests,
+                 "--discovery-tokens", str(tokens)],
+        log=directory / "controller.log", health_url=f"http://{host.address}:{port}/healthz")
     controller.start()
+    discovery = DiscoveryWatch(host, f"http://{host.address}:{port}/v1/proxies", web_url)
     try:
         with client.ApiClient(client.Configuration(host=kube_module.url)) as api:
-            yield Lab(host, config, key_file, client.CustomObjectsApi(api), controller, timings)
+            yield Lab(host, config, key_file, client.CustomObjectsApi(api), client.CoreV1Api(api), controller,
+                      timings, discovery)
     finally:
+        discovery.stop()
         controller.stop()
+        relay.stop()
 
 
 @pytest.fixture(scope="module")
 def kube_module() -> Iterator[KubeEmulator]:
     """The API server the controller process talks to, for the whole module."""
-    with KubeEmulator() as emulator:
+    # The controller's own namespace holds its leader-election Lease, as in a deployment.
+    with KubeEmulator(namespaces=[NAMESPACE, LEASE_NAMESPACE], crds=[proxy_crd()]) as emulator:
         yield emulator
 
 
@@ -332,16 +532,117 @@ def boot_proxy(lab: Lab, name: str, label: str, **spec: Any) -> Boot:
     running = time.monotonic()
     lab.timings.add(f"{label}: Proxy applied -> domain running (controller)", running - created)
     poll(lambda: lab.status(name).get("phase") == "Ready", BOOT_SECONDS, f"{name} to be Ready", lab)
-    lab.timings.add(f"{label}: domain running -> Ready with IP", time.monotonic() - running)
+    ready = time.monotonic()
+    # A booting guest is not a dead one: it must not have been replaced before it ever served.
+    assert REPLACEMENTS_ANNOTATION not in ((lab.proxy(name) or {})["metadata"].get("annotations") or {}), (
+        "replaced while booting", lab.events(name, "NotServing"))
+    lab.timings.add(f"{label}: domain running -> Ready (serving, probed)", ready - running)
+    lab.timings.add(f"{label}: Proxy applied -> Ready (serving, probed)", ready - created)
+    return _serving(lab, name, domain, running)
+
+
+def _serving(lab: Lab, name: str, domain: libvirt.virDomain, running: float) -> Boot:
+    """The Proxy is Ready: its status says the probe went through it, egress address included."""
     status = lab.status(name)
     assert status["endpoint"] == f"{status['ip']}:{SQUID_PORT}"
+    serving = lab.condition(name, "Serving")
+    assert serving["status"] == "True" and serving["reason"] == "Serving", serving
+    # squid fetched the echo URL from the guest's own address: that is the proxy's egress.
+    assert status["egressIP"] == status["ip"], status
+    assert status["probe"]["lastProbeTime"] and status["probe"]["latencySeconds"] >= 0, status
     return Boot(name, domain, str(status["ip"]), running)
 
 
 def proxies_204(lab: Lab, boot: Boot, web_url: str, label: str) -> None:
+    ready = time.monotonic()
     poll(lambda: lab.curl_through(boot.ip, web_url) == "204", BOOT_SECONDS, f"a 204 through {boot.ip}", lab,
          interval=1.0)
+    lab.timings.add(f"{label}: Ready -> first 204 through squid (client)", time.monotonic() - ready)
     lab.timings.add(f"{label}: domain running -> 204 through squid", time.monotonic() - boot.started)
+
+
+def provider_id(boot: Boot, lab: Lab) -> str:
+    found = str(lab.status(boot.name)["providerID"])
+    assert found.rsplit("/", 1)[1] == boot.domain.name()
+    return found
+
+
+def discovery_lists(lab: Lab, wanted: str) -> bool:
+    return any(entry["providerID"] == wanted for entry in lab.discovery.fetch(strict=True))
+
+
+def not_serving(lab: Lab, boot: Boot, broken_at: float, reason: str, label: str) -> float:
+    """The broken instance's Serving turns False with ``reason`` within a probe interval and a
+    sweep, the Proxy leaves Ready and discovery; returns when Serving turned False."""
+    pid = provider_id(boot, lab)
+    serving = poll(lambda: (c := lab.condition(boot.name, "Serving")).get("status") == "False" and c,
+                   PROBE_INTERVAL + SWEEP_ALLOWANCE + 30, f"{boot.name}: Serving False", lab, interval=0.25)
+    noticed = time.monotonic()
+    lab.timings.add(f"{label}: -> Serving False ({serving['reason']})", noticed - broken_at)
+    assert noticed - broken_at <= PROBE_INTERVAL + SWEEP_ALLOWANCE, (noticed - broken_at, serving)
+    # A destroyed guest may first fail its probe (Timeout, Unreachable) in a sweep whose listing
+    # still saw it running; the next listing says why: the reason settles within a sweep.
+    serving = poll(lambda: (c := lab.condition(boot.name, "Serving")).get("reason") == reason and c,
+                   SWEEP_ALLOWANCE, f"{boot.name}: Serving reason {reason}", lab, interval=0.25)
+    assert serving["status"] == "False", serving
+    assert lab.ready_condition(boot.name)["status"] == "False"
+    assert lab.status(boot.name)["phase"] != "Ready"
+    poll(lambda: not discovery_lists(lab, pid), 10, f"{boot.name} to leave discovery", lab)
+    last = lab.discovery.last_seen(pid)
+    if last is not None and last > broken_at:
+        lab.timings.add(f"{label}: -> last listed by discovery", last - broken_at)
+    return noticed
+
+
+def replaced(lab: Lab, old: Boot, not_serving_since: float, event: str, label: str, started: float) -> Boot:
+    """After unhealthyAfter (doubled per earlier replacement) the controller creates a successor
+    (Warning ``event``, the replacement count recorded), the successor serves, and only then is
+    the old domain deleted with its volumes."""
+    old_pid, old_domain = provider_id(old, lab), old.domain.name()
+    before = int(str((lab.proxy(old.name) or {}).get("metadata", {}).get("annotations", {}).get(
+        REPLACEMENTS_ANNOTATION, "x:0")).rsplit(":", 1)[1])
+    wait = UNHEALTHY_AFTER * 2 ** before
+    new_domain = poll(lambda: (lab.status(old.name).get("providerID") not in (None, old_pid)) and lab.domain(old.name),
+                      wait + SWEEP_ALLOWANCE + 120, f"{old.name}: a replacement", lab)
+    created = time.monotonic()
+    lab.timings.add(f"{label}: Serving False -> replacement created (unhealthyAfter {wait} s)",
+                    created - not_serving_since)
+    # (condition times have whole seconds: the controller may count up to 1 s more than we do)
+    assert created - not_serving_since >= wait - 2, "replaced before unhealthyAfter"
+    annotations = (lab.proxy(old.name) or {})["metadata"]["annotations"]
+    assert annotations[REPLACEMENTS_ANNOTATION].endswith(f":{before + 1}"), annotations
+    warnings = lab.events(old.name, event)
+    assert any(e.type == "Warning" and old_pid in e.message for e in warnings), [(e.type, e.message) for e in warnings]
+    assert new_domain.name() != old_domain
+
+    # Make-before-break: the old domain stays until the successor is Ready (serving).
+    def successor_ready() -> bool:
+        ready = lab.status(old.name).get("phase") == "Ready"
+        exists = old_domain in {d.name() for d in lab.conn.listAllDomains(0)}
+        assert ready or exists, f"{old_domain} deleted before its successor was Ready"
+        count = (lab.proxy(old.name) or {})["metadata"]["annotations"][REPLACEMENTS_ANNOTATION]
+        assert count.endswith(f":{before + 1}"), ("the successor was replaced while booting", count)
+        return ready
+    poll(successor_ready, BOOT_SECONDS, f"{old.name}'s replacement to be Ready", lab)
+    lab.timings.add(f"{label}: replacement created -> Ready (serving)", time.monotonic() - created)
+    boot = _serving(lab, old.name, new_domain, created)
+    assert boot.domain.isActive()
+    poll(lambda: old_domain not in {d.name() for d in lab.conn.listAllDomains(0)}, 120, f"{old_domain} deleted", lab)
+    assert not {f"{old_domain}.qcow2", f"{old_domain}-seed.iso"} & lab.pool_volumes()
+    assert lab.events(old.name, "Replaced")
+    assert lab.curl_through(boot.ip, lab.discovery.web_url) == "204"
+    lab.timings.add(f"{label}: broken -> replacement serving (total)", time.monotonic() - started)
+    poll(lambda: discovery_lists(lab, provider_id(boot, lab)), 30, f"{old.name}'s replacement in discovery", lab)
+    return boot
+
+
+def discovery_only_listed_serving(lab: Lab, *boots: Boot) -> None:
+    """Every discovery entry seen so far answered 204 at that moment (unless a step had broken
+    it by then), and the watcher did see each of ``boots`` (else this proves nothing)."""
+    assert lab.discovery.failures() == [], lab.discovery.failures()
+    for boot in boots:
+        first = lab.discovery.first_seen(provider_id(boot, lab))
+        assert first is not None and first.code == "204", (boot.name, first)
 
 
 def delete_and_check_cleanup(lab: Lab, boot: Boot) -> None:
@@ -383,8 +684,10 @@ def test_a_proxy_boots_serves_recovers_and_leaves_nothing_behind(lab: Lab, web_u
     assert poll(lambda: agent_address(boot.domain), BOOT_SECONDS, "the guest agent's IP", lab) == boot.ip
     lab.timings.add("with agent: domain running -> agent reports the IP", time.monotonic() - boot.started)
 
-    # 2. A crawler's request through squid reaches the 204 server.
+    # 2. A crawler's request through squid reaches the 204 server; without the credentials
+    #    squid refuses it (private by default: the controller's rules come before the user's).
     proxies_204(lab, boot, web_url, "with agent")
+    assert lab.curl_through(boot.ip, web_url, authenticated=False) == "407"
 
     # 3. Inside the guest, through the agent: cloud-init finished cleanly, the agent runs, and
     #    the Proxy's cloudInit arrived byte for byte.
@@ -422,8 +725,27 @@ def test_a_proxy_boots_serves_recovers_and_leaves_nothing_behind(lab: Lab, web_u
     lab.timings.add("key restored -> Ready again (no restart)", time.monotonic() - recovered)
     assert lab.controller.alive()
     assert lab.status("eu-1")["ip"] == boot.ip
+    discovery_only_listed_serving(lab, boot)
 
-    # 6. Deleting the Proxy removes the domain and every volume of it; the base stays.
+    # 6. squid stops in the guest (through the agent): not serving within a probe interval and a
+    #    sweep, out of discovery; after unhealthyAfter a successor is built and serves.
+    broken = time.monotonic()
+    lab.discovery.broken[provider_id(boot, lab)] = broken
+    stopped = guest_exec(boot.domain, ["systemctl", "stop", "squid"])
+    assert stopped.exit_code == 0, stopped
+    assert lab.curl_through(boot.ip, web_url) == "000"  # nothing listens on the proxy port now
+    since = not_serving(lab, boot, broken, "ConnectionRefused", "squid stopped")
+    boot = replaced(lab, boot, since, "NotServing", "squid stopped", broken)
+
+    # 7. The successor's domain is destroyed (virsh destroy): InstanceStopped, replaced again.
+    broken = time.monotonic()
+    lab.discovery.broken[provider_id(boot, lab)] = broken
+    boot.domain.destroy()
+    since = not_serving(lab, boot, broken, "InstanceStopped", "domain destroyed")
+    boot = replaced(lab, boot, since, "InstanceLost", "domain destroyed", broken)
+    discovery_only_listed_serving(lab, boot)
+
+    # 8. Deleting the Proxy removes the domain and every volume of it; the base stays.
     delete_and_check_cleanup(lab, boot)
 
 
@@ -433,5 +755,6 @@ def test_a_guest_without_the_agent_gets_its_ip_from_the_dhcp_lease(lab: Lab, web
     leases = lab.conn.networkLookupByName("default").DHCPLeases()
     assert boot.ip in {lease["ipaddr"] for lease in leases}
     proxies_204(lab, boot, web_url, "without agent")
+    discovery_only_listed_serving(lab, boot)
     delete_and_check_cleanup(lab, boot)
 

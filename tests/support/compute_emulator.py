@@ -299,6 +299,18 @@ class ComputeEmulator:
             self.instances[(zone, name)] = instance
         return instance
 
+    def preempt(self, zone: str, name: str) -> dict[str, Any]:
+        """Compute Engine reclaims the instance (preemption, a host error): it ends ``TERMINATED``
+        -- stopped, kept, never RUNNING again by itself -- and its ephemeral external IP is
+        released (the access config stays, without ``natIP``), as for any stopped instance."""
+        with self._lock:
+            instance = self.instances[(zone, name)]
+            instance["status"] = "TERMINATED"
+            for nic in instance["networkInterfaces"]:
+                for access in nic.get("accessConfigs", []):
+                    access.pop("natIP", None)
+            return instance
+
     def metadata(self, zone: str, name: str) -> dict[str, str]:
         items = self.instances[(zone, name)].get("metadata", {}).get("items", [])
         return {item["key"]: item["value"] for item in items}
