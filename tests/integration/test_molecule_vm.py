@@ -1,0 +1,164 @@
+"""The kvm_hypervisor role on a real, fresh Debian 12 VM: the molecule scenario ``kvm_hypervisor_vm``.
+
+Where ``test_bootstrap_role.py``'s scenario runs the role against libvirtd and sshd started on
+this machine, this one boots the suite's Debian guest image under software emulation inside a
+network namespace (``tests/support/hypervisor_vm.py``) and leaves the fragile paths to the role:
+apt on a system that has never fetched a package list (the role's cache refresh, its
+``python3-apt`` bootstrap, libvirt and QEMU from a local repository served in the namespace),
+libvirtd enabled and started by systemd, the dedicated user ``egress-proxies`` in group libvirt.
+It runs as ``molecule test`` exactly as from a shell and must pass every step, idempotence
+included; verify connects from outside the VM with only the key the role authorized and the
+known_hosts lines it wrote.
+
+The test prints the time of each step and of the parts inside create (guest image, package
+repository, VM boot), and the packages converge installed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import cast
+
+import pytest
+
+from support.ansible_modules import REPO, collections_path
+from support.hypervisor_host import HypervisorHost
+from support.libvirt_daemon import stop_process_group
+
+# Not yet in the default suite: a fresh Debian VM installing libvirt and QEMU under software
+# emulation has not finished within the suite's time budget on a 2-core machine (measured: boot
+# 108-119 s quiet, 18 min loaded; converge of 95 packages at 7-10 s per task). Run it with
+# EGRESS_PROXIES_VM_TESTS=1 (or `molecule test -s kvm_hypervisor_vm`) until it has been timed
+# on a quiet CI machine; the open issue tracks moving it into the suite.
+pytestmark = pytest.mark.skipif(os.environ.get("EGRESS_PROXIES_VM_TESTS") != "1",
+                                reason="opt-in (EGRESS_PROXIES_VM_TESTS=1): too slow for the suite's budget yet")
+
+SCENARIO = "kvm_hypervisor_vm"
+STEPS = ("destroy", "create", "prepare", "converge", "idempotence", "verify")
+# Under software emulation every task costs the guest seconds of CPU (Ansible's module payload
+# is compiled afresh each time): measured here on 2 cores shared with other test runs, create
+# took 2.5 min and converge, idempotence and verify 3-9 min each, 25+ min in all at a load
+# average of 6-8. Building the image (2-3 min) and fetching the packages (~10 s) come on top on
+# a machine's first run.
+MOLECULE_TIMEOUT = 2700
+_STEP_EVENT = re.compile(rf"{SCENARIO} > (\w+)\]? (Executing|Executed: (\w+))")
+_TIMING = re.compile(r"timing: ([^:\"]+): ([\d.]+) s")
+
+
+def _tail(text: str, lines: int = 150) -> str:
+    return "\n".join(text.splitlines()[-lines:])
+
+
+@dataclass
+class MoleculeRun:
+    status: int | None  # None: stopped at MOLECULE_TIMEOUT
+    output: str
+    steps: list[tuple[str, float]]  # each step's wall-clock seconds, in order
+
+    def report(self) -> list[str]:
+        lines = [f"  {step:<12} {seconds:7.1f} s" for step, seconds in self.steps]
+        lines += [f"    {what}: {float(seconds):.1f} s" for what, seconds in _TIMING.findall(self.output)]
+        return lines
+
+    def failure(self) -> str:
+        ended = "timed out" if self.status is None else f"ended with {self.status}"
+        return "\n".join([f"molecule {ended}; steps:", *self.report(), _tail(self.output)])
+
+
+def _run_molecule(env: dict[str, str]) -> MoleculeRun:
+    """Run ``molecule test``, timing each step from its output as it comes."""
+    process = subprocess.Popen(
+        [str(Path(sys.executable).parent / "molecule"), "test", "--scenario-name", SCENARIO],
+        cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True)
+    assert process.stdout is not None
+    lines: list[str] = []
+    steps: list[tuple[str, float]] = []
+    started: dict[str, float] = {}
+    # Checked at every line: molecule prints at least one per task.
+    deadline = time.monotonic() + MOLECULE_TIMEOUT
+    status: int | None = None
+    try:
+        for line in process.stdout:
+            lines.append(line)
+            event = _STEP_EVENT.search(line)
+            if event:
+                step, what = event.group(1), event.group(2)
+                if what == "Executing":
+                    started[step] = time.monotonic()
+                elif step in started:
+                    steps.append((step, time.monotonic() - started.pop(step)))
+            if time.monotonic() > deadline:
+                break
+        else:
+            status = process.wait(timeout=60)
+    finally:
+        process.stdout.close()
+        if process.poll() is None:
+            # ansible-playbook and its ssh processes too; the lab itself goes in the test.
+            stop_process_group(cast("subprocess.Popen[bytes]", process))
+    return MoleculeRun(status, "".join(lines), steps)
+
+
+@pytest.mark.timeout(MOLECULE_TIMEOUT + 60)
+def test_the_role_bootstraps_a_fresh_debian_vm(tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    if os.geteuid() != 0:
+        pytest.fail("the VM scenario needs root (network and mount namespaces)", pytrace=False)
+    state = tmp_path / "hypervisor-host.json"
+    ephemeral = tmp_path / "molecule"
+    bin_dir = Path(sys.executable).parent
+    # ansible-playbook runs in the scenario's directory: every path it is given must be absolute.
+    collections = os.pathsep.join(str(Path(path).resolve()) for path in collections_path().split(os.pathsep))
+    env = {
+        **os.environ,
+        "ANSIBLE_COLLECTIONS_PATH": collections,
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+        "MOLECULE_EPHEMERAL_DIRECTORY": str(ephemeral),
+        "HYPERVISOR_HOST_STATE": str(state),
+        "ANSIBLE_NOCOLOR": "1",
+        "NO_COLOR": "1",
+    }
+    try:
+        run = _run_molecule(env)
+    finally:
+        # Molecule destroys the lab after a failed step too; this covers molecule itself dying.
+        leftover = HypervisorHost.attach(state) if state.exists() else None
+        if leftover is not None:
+            leftover.stop()
+    assert run.status == 0, run.failure()
+    output = run.output
+    for step in (*STEPS, "destroy"):
+        assert f"{SCENARIO} > {step}: Executed: Successful" in output, run.failure()
+    # Idempotence: molecule fails the step on any change; the recap says so too.
+    assert re.search(r"hypervisor\s+: ok=\d+\s+changed=0 ", output.split(f"{SCENARIO} > idempotence")[-1])
+
+    recorded = json.loads(state.read_text())
+    assert recorded["stopped"], "molecule's destroy step did not stop the host"
+    assert leftover is None
+    assert not Path("/run/netns", recorded["namespace"]).exists()
+    assert not Path(recorded["root"]).exists()
+
+    installed = [line.split("\t") for line in (ephemeral / "packages-installed-by-converge.txt").read_text().split("\n")
+                 if line]
+    names = {name for name, _ in installed}
+    assert {"libvirt-daemon-system", "qemu-system-x86", "python3-libvirt", "python3-apt"} <= names
+
+    report = run.report()
+    summary = re.search(r"package repository: ([^\n\"]+)", output)
+    capture = request.config.pluginmanager.get_plugin("capturemanager")
+    if capture is not None:
+        # Past pytest's capture, so CI's log shows the figures of a passing run too.
+        with capture.global_and_fixture_disabled():
+            sys.stdout.write(f"\nmolecule {SCENARIO} (Debian 12 VM, software emulation, 2 vCPU, 1.5 GiB):\n")
+            sys.stdout.writelines(line + "\n" for line in report)
+            if summary:
+                sys.stdout.write(f"  package repository: {summary.group(1)}\n")
+            sys.stdout.write(f"  converge installed {len(installed)} packages: "
+                             f"{' '.join(f'{name}={version}' for name, version in installed)}\n")
