@@ -176,7 +176,9 @@ class CountingRunner:
             raise Stopping
         started = time.monotonic()
         results = self.inner.run(provider, verb, operations)
-        self.calls.append(Call(provider, verb, len(operations), time.monotonic() - started))
+        # A batch-form call (``operations`` / ``provider_ids``) is one module run for all its items.
+        items = sum(len(op.args.get("operations") or op.args.get("provider_ids") or [None]) for op in operations)
+        self.calls.append(Call(provider, verb, items, time.monotonic() - started))
         return results
 
 

@@ -61,7 +61,7 @@ log = logging.getLogger(__name__)
 class ReconcileSettings:
     gc_grace_seconds: float = 600.0
     gc_dry_run: bool = False
-    batch_size: int = 50
+    batch_size: int = 250
     # Create batches of one provider run side by side; the runner's memory cap still bounds them.
     parallel_batches: int = 4
     # How long a Ready Proxy stays Ready while its provider cannot be listed.
@@ -147,6 +147,8 @@ class Reconciler:
                 report.errors.append(str(error))
                 log.error("sweep failed: %s", error)
         metrics.SWEEPS.labels(result="ok" if report.ok else "failed").inc()
+        if report.ok:
+            metrics.LAST_SUCCESSFUL_SWEEP.set_to_current_time()
         return report
 
     def provider_set(self) -> ProviderSet:
@@ -294,8 +296,9 @@ class Reconciler:
                 listing = Listing(error=ProviderError(ErrorClass.TRANSIENT, f"listing crashed: {error!r}"))
             report.add("runner_calls")
             if listing.error is not None:
-                metrics.ERRORS.labels(error_class=listing.error.error_class.value).inc()
-                log.warning("listing provider %s failed (%s)", client.name, listing.error)
+                metrics.ERRORS.labels(provider=client.name, error_class=listing.error.error_class.value).inc()
+                log.warning("listing provider %s failed (%s)", client.name, listing.error,
+                            extra={"provider": client.name})
             return listing
 
         if not clients:

@@ -165,15 +165,15 @@ def results_from_events(events: Sequence[dict[str, Any]], count: int, status: st
     ``run_failure``'s verdict (transient unless the run's own error says retrying cannot help)."""
     results: list[OperationResult | None] = [None] * count
     for event in events:
-        kind = event.get("event")
-        if kind not in ("runner_on_ok", "runner_on_failed", "runner_on_unreachable"):
+        event_name = event.get("event")
+        if event_name not in ("runner_on_ok", "runner_on_failed", "runner_on_unreachable"):
             continue
         data = event.get("event_data") or {}
         match = _TASK_NAME.match(str(data.get("task") or ""))
         if match is None or int(match.group(1)) >= count:
             continue
         res = dict(data.get("res") or {})
-        if kind == "runner_on_ok":
+        if event_name == "runner_on_ok":
             results[int(match.group(1))] = OperationResult(ok=True, result=res)
         else:
             results[int(match.group(1))] = OperationResult.failure(
@@ -304,7 +304,7 @@ class AnsibleRunner:
         private = self.runs_dir / ident
         with self._rotate_lock:
             self._in_flight.add(ident)
-        with self._slots:
+        with self._slots, metrics.ACTIVE_RUNNERS.track_inprogress():
             started = time.monotonic()
             _private_dir(private)
             _private_dir(private / "project")
@@ -395,7 +395,8 @@ class AnsibleRunner:
         """Which Proxies a run touched, so their artifacts can be purged when they go."""
         artifact = self.artifact_dir / ident
         if artifact.is_dir():
-            (artifact / "egress-proxies-keys.json").write_text(json.dumps(sorted({key for op in operations for key in (op.key, *op.keys)})))
+            keys = {key for op in operations for key in (op.key, *op.keys)}  # a batch-form call acts for all its keys
+            (artifact / "egress-proxies-keys.json").write_text(json.dumps(sorted(keys)))
 
     def purge_artifacts(self, keys: set[str]) -> int:
         """Remove every run's artifacts that touched one of ``keys``; returns how many."""

@@ -130,8 +130,9 @@ options:
     description:
       - The instance to delete with O(state=absent).
       - Without it, O(state=absent) deletes by O(name) in O(location) (as C(kubernetes.core.k8s) does); a KVM
-        provider without O(location) looks on every configured host (each must answer), a Kubernetes provider
-        uses its default namespace. Already gone is success with RV(ignore:changed=false).
+        provider without O(location) looks on every configured host (each must answer), a GCP provider in every
+        configured zone, a Kubernetes provider uses its default namespace. Already gone is success with
+        RV(ignore:changed=false).
     type: str
   operations:
     description:

@@ -99,7 +99,7 @@ EXAMPLES = r"""
 RETURN = r"""
 instance:
   description: The instance (with O(state=absent), the one that was deleted, as far as known).
-  returned: always
+  returned: without O(operations)
   type: dict
   contains:
     provider_id:
@@ -132,8 +132,36 @@ instance:
       type: str
 provider_id:
   description: Same as RV(instance.provider_id), for convenience.
-  returned: always
+  returned: without O(operations)
   type: str
+results:
+  description:
+    - With O(operations), one entry per item, in the items' order.
+  returned: with O(operations)
+  type: list
+  elements: dict
+  contains:
+    ok:
+      description: Whether this item succeeded.
+      type: bool
+    changed:
+      description: Whether this item changed (or, in check mode, would change) anything.
+      type: bool
+    instance:
+      description: As RV(instance), for this item; null when the item failed.
+      type: dict
+    provider_id:
+      description: As RV(provider_id), for this item (on failure, the item's O(operations[].provider_id), if any).
+      type: str
+    key:
+      description: The item's O(operations[].key), unchanged.
+      type: str
+    error_class:
+      description: When the item failed, C(not_found), C(permanent) or C(transient); null otherwise.
+      type: str
+    msg:
+      description: When the item failed, why, starting with C(operations[<index>]:); empty otherwise.
+      type: str
 error_class:
   description: On failure, C(not_found), C(permanent) or C(transient).
   returned: failed

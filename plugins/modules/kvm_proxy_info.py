@@ -58,7 +58,7 @@ EXAMPLES = r"""
 RETURN = r"""
 instances:
   description: The matching instances (one with O(provider_id)).
-  returned: always
+  returned: without O(provider_ids)
   type: list
   elements: dict
   contains:
@@ -87,6 +87,28 @@ failed_locations:
   description: Hosts that could not be listed, each with C(error_class) and C(msg).
   returned: with O(tags)
   type: dict
+results:
+  description:
+    - With O(provider_ids), one entry per providerID, in the same order.
+  returned: with O(provider_ids)
+  type: list
+  elements: dict
+  contains:
+    ok:
+      description: Whether this instance was found and read.
+      type: bool
+    instance:
+      description: The instance, as an item of RV(instances); null when the lookup failed.
+      type: dict
+    provider_id:
+      description: The providerID looked up.
+      type: str
+    error_class:
+      description: When the lookup failed, C(not_found), C(permanent) or C(transient); null otherwise.
+      type: str
+    msg:
+      description: When the lookup failed, why, starting with C(provider_ids[<index>]:); empty otherwise.
+      type: str
 error_class:
   description: On failure, C(not_found), C(permanent) or C(transient).
   returned: failed

@@ -223,7 +223,9 @@ class RecordingRunner:
         self.calls: list[tuple[str, str, list[Operation]]] = []
 
     def run(self, provider: str, verb: str, operations: Sequence[Operation]) -> list[OperationResult]:
-        self.calls.append((provider, verb, list(operations)))
+        # Batch-form calls are recorded as their items, as FakeRunner records them.
+        items = [FakeRunner._items(op) or [op] for op in operations]
+        self.calls.append((provider, verb, [item for batch in items for item in batch]))
         return self.inner.run(provider, verb, operations)
 
     def verbs(self) -> list[str]:

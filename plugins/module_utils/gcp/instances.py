@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import datetime
 import re
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -145,6 +146,12 @@ class GcpProvider:
         self.settings = settings
         self.client = client
         self.warn: Log = warn or (lambda _message: None)
+        # One budget for the whole module run, from its first insert or delete: a batch's items
+        # (``operations``) run side by side and share it, so however many there are the run ends
+        # within the runner's timeout; an item reached after it is transient without starting
+        # anything (the retry finds it by name).
+        self._run_deadline: Optional[float] = None
+        self._deadline_lock = threading.Lock()
 
     def close(self) -> None:
         self.client.close()
@@ -177,6 +184,24 @@ class GcpProvider:
             raise Permanent("provider_id: %r is in project %r, but this provider manages project %r" % (
                 provider_id, parsed.project, self.settings.project))
         return parsed.location, parsed.name
+
+    def _deadline(self) -> float:
+        """This item's deadline for inserts and waits: its own budget, capped by the run's (set
+        by the first item that needs one); Transient for an item reached after the run's."""
+        own = operation_deadline()
+        with self._deadline_lock:
+            if self._run_deadline is None:
+                self._run_deadline = own
+            run = self._run_deadline
+        if own != run and time.monotonic() >= run:
+            raise Transient("not started: this module run's time for waiting on operations is used up (a large "
+                            "batch on a slow API); will retry")
+        return min(own, run)
+
+    def provider_ids_for(self, name: str, location: Optional[str]) -> List[str]:
+        """For state=absent by name: the instance in zone ``location``, else in every configured zone."""
+        zones = [self._zone(location)] if location else list(self.settings.zones)
+        return [self.provider_id(zone, name) for zone in zones]
 
     def _zone(self, location: str) -> str:
         if location not in self.settings.zones:
@@ -322,7 +347,7 @@ class GcpProvider:
         if check_mode:
             return True, Instance(provider_id=self.provider_id(zones[0], request.name), name=request.name,
                                   location=zones[0], state="pending", tags=dict(request.tags))
-        deadline = operation_deadline()
+        deadline = self._deadline()
         stock_outs: List[StockOut] = []
         for zone in zones:
             if stock_outs and time.monotonic() >= deadline:
@@ -362,4 +387,4 @@ class GcpProvider:
         self._ours_or_fail(found, "provider_id")
         if check_mode:
             return True
-        return bool(self.client.delete(zone, name, operation_deadline()))
+        return bool(self.client.delete(zone, name, self._deadline()))

@@ -29,6 +29,7 @@ import os
 import socket
 import stat
 import tempfile
+import threading
 from typing import Any, Callable, Dict, List, Optional
 from urllib.parse import quote, urlsplit, urlunsplit
 
@@ -233,18 +234,46 @@ def silence_libvirt_stderr() -> None:
 
 
 class KvmConnections:
-    """Open connections per host for one module run, checking SSH material lazily."""
+    """One connection per host for one module run, shared by the run's threads; SSH material
+    is checked lazily, once.
+
+    A batch's items run in threads (proxy_module.run_items) and share these connections:
+    libvirt is thread safe since 0.6.0, so one virConnect may serve several threads at once
+    (libvirt's FAQ and "Thread safety" page; its errors are kept per thread), and the Python
+    binding releases the GIL around every call, so the threads' RPCs overlap on the one
+    connection. A host that cannot be reached fails every item bound for it with the same
+    error, tried once per run: each item retrying would only wait out the same timeout again.
+    """
 
     def __init__(self, ssh: Optional[SshSettings]) -> None:
         self.ssh = ssh
         self._connections: Dict[str, Any] = {}
+        self._failures: Dict[str, ProxyError] = {}
         self._ssh_checked = False
         self._wrapper_dir: Optional[str] = None
+        self._lock = threading.Lock()  # guards the dicts, the SSH check and the wrapper dir
+        self._host_locks: Dict[str, threading.Lock] = {}
         silence_libvirt_stderr()
 
     def open(self, host: KvmHost) -> Any:
-        if host.name in self._connections:
-            return self._connections[host.name]
+        with self._lock:
+            host_lock = self._host_locks.setdefault(host.name, threading.Lock())
+        # Per host, so that a slow host never holds up the threads bound for another one.
+        with host_lock:
+            if host.name in self._connections:
+                return self._connections[host.name]
+            failure = self._failures.get(host.name)
+            if failure is not None:
+                raise type(failure)(str(failure))  # a fresh one: threads must not share a traceback
+            try:
+                connection = self._open(host)
+            except ProxyError as error:
+                self._failures[host.name] = error
+                raise
+            self._connections[host.name] = connection
+            return connection
+
+    def _open(self, host: KvmHost) -> Any:
         uri = host.uri
         # The config refuses these already; checked again here because this is the one place
         # a URI reaches libvirt, whoever built the KvmHost.
@@ -254,22 +283,21 @@ class KvmConnections:
         if transport_of(uri) in SSH_TRANSPORTS:
             if self.ssh is None:
                 raise Permanent("kvm.ssh: host %s uses SSH, so kvm.ssh is required" % host.name)
-            if not self._ssh_checked:
-                check_private_key(self.ssh.key_file)
-                check_known_hosts(self.ssh.known_hosts_file)
-                self._ssh_checked = True
-            if transport_of(uri) == "ssh" and self._wrapper_dir is None:
-                self._wrapper_dir = tempfile.mkdtemp(prefix="egress-proxies-ssh-")
+            with self._lock:
+                if not self._ssh_checked:
+                    check_private_key(self.ssh.key_file)
+                    check_known_hosts(self.ssh.known_hosts_file)
+                    self._ssh_checked = True
+                if transport_of(uri) == "ssh" and self._wrapper_dir is None:
+                    self._wrapper_dir = tempfile.mkdtemp(prefix="egress-proxies-ssh-")
             uri = connection_uri(uri, self.ssh, self._wrapper_dir)
             _check_reachable(uri)
         # No keepalive: libvirt needs an event loop for it, and a module run is short-lived;
         # the controller's runner timeout bounds a peer that dies mid-call.
         try:
-            connection = libvirt.open(uri)
+            return libvirt.open(uri)
         except libvirt.libvirtError as error:
             raise classify(error, "connecting to KVM host %s" % host.name) from error
-        self._connections[host.name] = connection
-        return connection
 
     def close(self) -> None:
         for connection in self._connections.values():
@@ -278,6 +306,7 @@ class KvmConnections:
             except libvirt.libvirtError:
                 pass
         self._connections.clear()
+        self._failures.clear()
         if self._wrapper_dir is not None:
             for name in os.listdir(self._wrapper_dir):
                 os.unlink(os.path.join(self._wrapper_dir, name))

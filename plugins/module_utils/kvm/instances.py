@@ -3,7 +3,7 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The KVM provider: create, get, delete and list proxy VMs across the configured hosts.
 
-Anatomy of one instance (design.md, "KVM instance anatomy"), with volumes named after
+Anatomy of one instance (docs/kvm-provider.md, "Instance anatomy"), with volumes named after
 the domain so that every step is idempotent and a half-made instance can always be
 found and removed by name:
 - ``<domain>.qcow2``: a qcow2 overlay backed by the cached ``base-<key>.<format>``;
@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import io
+import threading
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 try:
@@ -65,6 +66,7 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.provider_id i
     format_provider_id,
     parse_provider_id,
 )
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.squid_access import boothook
 
 GIB = 1024 ** 3
 Log = Callable[[str], None]
@@ -98,6 +100,11 @@ class KvmProvider:
         self.log = log
         self.warn = warn or log
         self.connections = KvmConnections(settings.ssh)
+        # Placement of a batch's creates: each owner's count per host (config order), read
+        # once per run and kept up to date by the run's own placements, so items placed side
+        # by side spread instead of all seeing the same emptiest host.
+        self._placement_lock = threading.Lock()
+        self._placed: Dict[str, List[int]] = {}
 
     def close(self) -> None:
         self.connections.close()
@@ -214,13 +221,31 @@ class KvmProvider:
         return None, None
 
     def _place(self, request: InstanceRequest) -> KvmHost:
-        """The requested host, else the one with the fewest of our instances (config order breaks ties)."""
+        """The requested host, else the one with the fewest of our instances (config order breaks ties).
+
+        The hosts are counted once per run (under the lock, so concurrent items wait for the
+        one count instead of each listing every host) and each placement adds one.
+        """
         if request.location:
             return self._host(request.location)
-        owner = {OWNER_TAG: request.tags[OWNER_TAG]} if OWNER_TAG in request.tags else {}
-        counts = [(len(self._matching_domains(host, owner)), index, host)
-                  for index, host in enumerate(self.settings.hosts)]
-        return min(counts, key=lambda item: (item[0], item[1]))[2]
+        owner = request.tags.get(OWNER_TAG, "")
+        hosts = list(self.settings.hosts)
+        with self._placement_lock:
+            counts = self._placed.get(owner)
+            if counts is None:
+                wanted = {OWNER_TAG: owner} if owner else {}
+                counts = [len(self._matching_domains(host, wanted)) for host in hosts]
+                self._placed[owner] = counts
+            index = min(range(len(hosts)), key=lambda i: (counts[i], i))
+            counts[index] += 1
+        return hosts[index]
+
+    def provider_ids_for(self, name: str, location: Optional[str]) -> List[str]:
+        """Where a domain called ``name`` may be, for state=absent by name: the host named by
+        ``location``, else every configured host (each must answer: a host we cannot see
+        might hold it)."""
+        hosts = [self._host(location)] if location else list(self.settings.hosts)
+        return [format_provider_id("kvm", host.name, name) for host in hosts]
 
     def plan_create(self, request: InstanceRequest) -> Tuple[KvmHost, Optional[Any]]:
         """Validate the request against the config; return the target host and any existing domain."""
@@ -253,7 +278,9 @@ class KvmProvider:
         pool = self._pool(connection, host)
         base = ensure_base_volume(connection, pool, host.name, image, self.cache_dir, self.log)
 
-        vendor_data = build_vendor_data(self.settings.vendor_data, self.settings.install_guest_agent)
+        # The access policy rides in vendor-data: the user's document stays byte for byte.
+        vendor_data = build_vendor_data(self.settings.vendor_data, self.settings.install_guest_agent,
+                                        boothook(request.access) if request.access is not None else None)
         seed = build_seed_iso(request.user_data, build_meta_data(new_instance_id(request.name), request.name),
                               vendor_data)
         created_volumes: List[Any] = []
