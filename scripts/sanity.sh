@@ -8,7 +8,9 @@
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-VENV=$ROOT/.venv
+# Which ansible-core line: .venv (2.19, Python 3.11) unless VENV names another, e.g.
+# VENV=$ROOT/.venv-current (2.21, Python 3.13); each line has its tests/sanity/ignore-<version>.txt.
+VENV=${VENV:-$ROOT/.venv}
 [[ -x $VENV/bin/ansible-test ]] || {
     echo "sanity.sh: $VENV/bin/ansible-test missing; run scripts/setup.sh first" >&2
     exit 1

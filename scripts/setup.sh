@@ -19,14 +19,19 @@ PYTHON=${PYTHON:-/usr/bin/python3}
 # which needs python3-libvirt, python3-lxml and python3-apt; curl is the crawler in the
 # end-to-end test; shellcheck and git are used by ansible-test sanity. squid is the real proxy the
 # probe and privacy tests run in their own network namespaces (tests/support/squid.py), never as
-# the machine's service; openssl hashes the test proxies' passwords (`openssl passwd`).
+# the machine's service; openssl hashes the test proxies' passwords (`openssl passwd`). prometheus
+# ships promtool, which checks and unit-tests controller/manifests/monitoring's alerting rules; its
+# server must not run (held back like squid below).
 APT_PACKAGES=(
     libvirt-daemon-system libvirt-clients libvirt-dev pkg-config gcc python3-dev python3-venv
     qemu-system-x86 qemu-utils openssh-server openssh-client dnsmasq-base iproute2 iptables util-linux
     debootstrap fdisk extlinux syslinux-common
+    # apt-ftparchive: the local package repository of the kvm_hypervisor_vm molecule scenario.
+    apt-utils
     python3-libvirt python3-lxml python3-apt curl
     git shellcheck
     squid openssl
+    prometheus
 )
 
 die() {
@@ -70,7 +75,7 @@ install_apt_packages() {
     if [[ ! -e $policy ]]; then
         # shellcheck disable=SC2016 # "$1" is the policy script's own argument, written literally
         printf '%s\n' '#!/bin/sh' '# scripts/setup.sh: squid must not start as a service during this install' \
-            'case "$1" in squid | squid.service) exit 101 ;; esac' 'exit 0' >"$policy"
+            'case "$1" in squid | squid.service | prometheus | prometheus.service) exit 101 ;; esac' 'exit 0' >"$policy"
         chmod 0755 "$policy"
         own_policy=1
         trap 'rm -f /usr/sbin/policy-rc.d' EXIT
@@ -83,6 +88,9 @@ install_apt_packages() {
     # Not started is not enough under systemd: the package also enables it for the next boot.
     if [[ " ${missing[*]} " == *" squid "* && -d /run/systemd/system ]]; then
         systemctl disable --quiet squid.service || true
+    fi
+    if [[ " ${missing[*]} " == *" prometheus "* && -d /run/systemd/system ]]; then
+        systemctl disable --quiet prometheus.service || true
     fi
 }
 
@@ -119,6 +127,43 @@ install_requirements() {
     echo "$digest" >"$stamp"
 }
 
+# The current ansible-core line (requirements-current.txt: 2.21, which needs Python >= 3.12) in
+# its own venv, .venv-current, on Python 3.13: scripts/test.sh runs ansible-test sanity and the
+# module tests there too. The runtime pins are requirements.txt's, but for ansible-core; the whole
+# tree is pinned by constraints-current.txt. PYTHON_CURRENT picks the interpreter (default: the
+# python3.13 on PATH, else pyenv's, which CI machines and these development machines have).
+make_current_venv() {
+    local venv=$ROOT/.venv-current python=${PYTHON_CURRENT:-} stamp digest
+    if [[ -z $python ]]; then
+        python=$(command -v python3.13 || true)
+        local candidate
+        for candidate in "${PYENV_ROOT:-$HOME/.pyenv}"/versions/3.13*/bin/python3.13; do
+            [[ -x $candidate ]] && python=$candidate  # several 3.13.x: the last in name order
+        done
+    fi
+    [[ -n $python && -x $(command -v "$python") ]] ||
+        die "no Python 3.13 for .venv-current (ansible-core 2.21 needs >= 3.12); set PYTHON_CURRENT"
+    if [[ ! -x $venv/bin/python || $(python_version "$venv/bin/python" 2>/dev/null) != "$(python_version "$python")" ]]; then
+        echo "setup.sh: creating .venv-current with $python (Python $(python_version "$python"))"
+        rm -rf "$venv"
+        quietly "$python" -m venv "$venv"
+    fi
+    stamp=$venv/.requirements.sha256
+    digest=$(cat "$ROOT/requirements.txt" "$ROOT/requirements-current.txt" "$ROOT/constraints-current.txt" \
+        "$ROOT/controller/pyproject.toml" | sha256sum | cut -d' ' -f1)
+    if [[ -f $stamp && $(<"$stamp") == "$digest" ]]; then
+        return
+    fi
+    echo "setup.sh: installing requirements-current.txt and the controller into .venv-current"
+    grep -v '^ansible-core==' "$ROOT/requirements.txt" >"$venv/runtime-requirements.txt"
+    quietly "$venv/bin/python" -m pip install --disable-pip-version-check -r "$venv/runtime-requirements.txt" \
+        -r "$ROOT/requirements-current.txt" -c "$ROOT/constraints-current.txt"
+    quietly "$venv/bin/python" -m pip install --disable-pip-version-check --no-deps -e "$ROOT/controller"
+    mkdir -p "$venv/collections/ansible_collections/crawl"
+    ln -sfn "$ROOT" "$venv/collections/ansible_collections/crawl/egress_proxies"
+    echo "$digest" >"$stamp"
+}
+
 link_collection() {
     # Ansible (and mypy, pytest) find crawl.egress_proxies through this link, so the source
     # tree is what runs: export ANSIBLE_COLLECTIONS_PATH=$ROOT/.venv/collections.
@@ -131,6 +176,9 @@ install_apt_packages
 make_venv
 install_requirements
 link_collection
+make_current_venv
+"$ROOT/.venv-current/bin/python" -c 'import ansible, ansible_runner, libvirt, yaml, kubernetes, egress_proxies' ||
+    die "the .venv-current cannot import its requirements"
 "$VENV/bin/python" -c 'import ansible, ansible_runner, libvirt, pycdlib, yaml, kubernetes, prometheus_client, egress_proxies' ||
     die "the .venv cannot import its requirements"
 echo "setup.sh: ready (.venv: Python $(python_version "$VENV/bin/python"))"

@@ -16,6 +16,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from egress_proxies import logs, metrics
 from egress_proxies import providers as providers_module
 from egress_proxies.backoff import Backoff
 from egress_proxies.credentials import Credentials, FileSecrets, SecretBackend
@@ -44,7 +45,7 @@ class Settings:
     interval_seconds: float = 60.0
     gc_grace_seconds: float = 600.0
     gc_dry_run: bool = False
-    batch_size: int = 50
+    batch_size: int = 250
     runner_timeout_seconds: int = 600
     max_runners: int | None = None
     keep_artifacts: int = 50
@@ -147,12 +148,15 @@ def build_parser() -> argparse.ArgumentParser:
              "token, without credentials")
     add("--log-level", type=str.upper, choices=["DEBUG", "INFO", "WARNING", "ERROR"], default="INFO",
         help="DEBUG, INFO, WARNING or ERROR (default: %(default)s)")
+    add("--log-format", choices=["text", "json"], default="text",
+        help="text, or json: one object per line with time, level, logger, message and, where a line is "
+             "about one, proxy and provider (default: %(default)s)")
     return parser
 
 
 def parse_args(argv: list[str] | None = None) -> Settings:
     args = vars(build_parser().parse_args(argv))
-    logging.basicConfig(level=args.pop("log_level"), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logs.configure(args.pop("log_level"), args.pop("log_format"))
     # Modules run in ansible-runner's private directories: a relative path would name another file.
     args["provider_config"] = args["provider_config"].absolute()
     args["proxy_dir"] = args["proxy_dir"].absolute()
@@ -260,6 +264,8 @@ def main(argv: list[str] | None = None) -> int:
                           batch_size=settings.batch_size),
         backoff=Backoff(), purge=runner.purge_artifacts, monitor=monitor, credentials=credentials)
     health = SweepHealth(settings.interval_seconds, leader=elector is None)
+    metrics.LEADER.labels(name=settings.lease_name).set_function(lambda: 1.0 if health.leader else 0.0)
+    metrics.MAX_RUNNERS.set(runner.max_concurrent)
     controller = Controller(reconciler, store, health,
                             LoopSettings(interval_seconds=settings.interval_seconds,
                                          watch=settings.source == "kubernetes"),

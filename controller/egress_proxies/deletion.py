@@ -57,7 +57,7 @@ class DeletePath:
             message = (f"provider {proxy.provider!r} is not in the provider config, so instance {provider_id} "
                        f"cannot be deleted; set the annotation crawl.example.com/skip-cleanup: \"true\" "
                        f"to release this Proxy and remove the instance by hand")
-            metrics.ERRORS.labels(error_class="permanent").inc()
+            metrics.ERRORS.labels(provider=proxy.provider, error_class="permanent").inc()
             self.writer.write_status(proxy, self.writer.status(proxy, PHASE_DELETING, "False",
                                                                "ProviderNotConfigured", message))
         elif self.writer.backoff.due(proxy.uid):

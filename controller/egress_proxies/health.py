@@ -88,6 +88,12 @@ class SweepHealth:
             self._leader = leader
             self._last_leader_report = now
 
+    @property
+    def leader(self) -> bool:
+        """Whether this replica leads now (the leader_election_master_status gauge reads it)."""
+        with self._lock:
+            return self._leader
+
     def view_loaded(self) -> None:
         """The stored Proxies were read: discovery has something real to serve without a sweep."""
         with self._lock:

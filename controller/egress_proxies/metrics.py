@@ -1,8 +1,18 @@
-"""Prometheus metrics (names and meanings are listed in docs/operations.md)."""
+"""Prometheus metrics (names and meanings are listed in docs/operations.md).
+
+Where controller-runtime (the library most Kubernetes controllers are built on) exports the same
+quantity, the name follows it, so dashboards and alerts written for other controllers apply:
+``leader_election_master_status`` is client-go's leader-election gauge as controller-runtime
+registers it, ``egress_proxies_active_runners`` mirrors ``controller_runtime_active_workers``.
+The rest are this controller's own, under ``egress_proxies_``.
+"""
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge, Histogram
+import importlib.metadata
+import platform
+
+from prometheus_client import Counter, Gauge, Histogram, Info
 
 SWEEP_SECONDS = Histogram(
     "egress_proxies_sweep_duration_seconds", "Wall time of one sweep over every provider",
@@ -14,7 +24,9 @@ RUNNER_SECONDS = Histogram(
     "egress_proxies_runner_duration_seconds", "Wall time of one ansible-runner invocation", ["provider", "verb"],
     buckets=(0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600))
 PROXIES = Gauge("egress_proxies_proxies", "Proxies by status phase", ["phase"])
-ERRORS = Counter("egress_proxies_errors_total", "Provider operation failures by error class", ["error_class"])
+# provider is the Proxy's provider name ("" when a Proxy names none); error_class the contract's class.
+ERRORS = Counter("egress_proxies_errors_total", "Provider operation failures by provider and error class",
+                 ["provider", "error_class"])
 GC_DELETIONS = Counter(
     "egress_proxies_gc_deletions_total", "Orphaned instances garbage-collected (dry_run: reported only)",
     ["provider", "dry_run"])
@@ -28,3 +40,27 @@ REPLACEMENTS = Counter("egress_proxies_replacements_total",
                        ["provider", "reason"])
 SERVING = Gauge("egress_proxies_proxies_serving", "Proxies by Serving condition (True, False, Unknown)",
                 ["serving"])
+# 1 while this replica holds the leader Lease (always 1 without leader election), 0 while it waits.
+# Same name, label and meaning as client-go's gauge in controller-runtime: name is the Lease's name.
+LEADER = Gauge("leader_election_master_status",
+               "1 when this replica is the leader of the named election, 0 when it is a standby", ["name"])
+# ansible-runner processes running now (runs waiting for a slot are not counted), and the limit.
+ACTIVE_RUNNERS = Gauge("egress_proxies_active_runners", "ansible-runner processes running now")
+MAX_RUNNERS = Gauge("egress_proxies_max_concurrent_runners", "The most ansible-runner processes run at once")
+# Unix time of the end of the last sweep in which nothing failed: `time() - this` is how stale
+# the Proxies' status may be, whatever the sweep counters say.
+LAST_SUCCESSFUL_SWEEP = Gauge("egress_proxies_last_successful_sweep_timestamp_seconds",
+                              "Unix time the last successful sweep finished")
+# egress_proxies_build_info{version, python_version, ansible_core_version} 1: what is running.
+BUILD = Info("egress_proxies_build", "The controller's version, its Python and the ansible-core it runs modules with")
+
+
+def _version(distribution: str) -> str:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+BUILD.info({"version": _version("egress-proxies-controller"), "python_version": platform.python_version(),
+            "ansible_core_version": _version("ansible-core")})

@@ -139,11 +139,11 @@ class ProxyWriter:
 
     def failed(self, proxy: Proxy, error: ProviderError, reason: str, phase: str | None = None) -> None:
         """A provider operation failed for this Proxy: back off by its class, say so once."""
-        metrics.ERRORS.labels(error_class=error.error_class.value).inc()
+        metrics.ERRORS.labels(provider=proxy.provider, error_class=error.error_class.value).inc()
         delay = self.backoff.failed(proxy.uid, error.error_class.value)
         message = f"{error} (next attempt in {delay:.0f} s)"
         self.failures[proxy.key] = f"{reason}: {error}"
-        log.warning("%s: %s: %s", proxy.key, reason, message)
+        log.warning("%s: %s: %s", proxy.key, reason, message, extra={"proxy": proxy.key, "provider": proxy.provider})
         previous = find_condition(proxy, READY)
         if previous.get("reason") != reason or not str(previous.get("message", "")).startswith(str(error)):
             # One Event when a failure starts or changes, not one per sweep while it lasts.
@@ -155,10 +155,11 @@ class ProxyWriter:
 
     def invalid(self, proxy: Proxy, reason: str, message: str) -> None:
         """The Proxy itself is wrong (schema, source): Failed, one Warning Event, nothing else."""
-        metrics.ERRORS.labels(error_class=ErrorClass.PERMANENT.value).inc()
+        metrics.ERRORS.labels(provider=proxy.provider, error_class=ErrorClass.PERMANENT.value).inc()
         self.failures[proxy.key] = f"{reason}: {message}"
         previous = find_condition(proxy, READY)
         if previous.get("reason") != reason or previous.get("message") != message:
-            log.warning("%s: %s: %s", proxy.key, reason, message)
+            log.warning("%s: %s: %s", proxy.key, reason, message,
+                        extra={"proxy": proxy.key, "provider": proxy.provider})
             self.store.record_event(proxy, "Warning", reason, message)
         self.write_status(proxy, self.status(proxy, PHASE_FAILED, "False", reason, message))

@@ -129,8 +129,11 @@ def test_crd_matches_the_controller_model() -> None:
     (version,) = spec["versions"]
     assert (version["name"], version["served"], version["storage"]) == (model.VERSION, True, True)
     assert version["subresources"] == {"status": {}}
-    assert [column["name"] for column in version["additionalPrinterColumns"]] == [
-        "Provider", "Location", "IP", "Phase", "Age"]
+    columns = {column["name"]: column for column in version["additionalPrinterColumns"]}
+    assert list(columns) == ["Provider", "Endpoint", "Phase", "Ready", "Reason", "Age", "Location"]
+    assert [name for name, column in columns.items() if column.get("priority", 0) > 0] == ["Location"]  # -o wide
+    assert columns["Location"]["jsonPath"] == ".status.location"  # where it is, also when the provider chose
+    assert columns["Ready"]["jsonPath"] == '.status.conditions[?(@.type=="Ready")].status'
     properties = proxy_schema()["properties"]
     # Every field the controller hashes is in the schema, and nothing else is in spec but probe
     # (it changes how an instance is checked, not the instance: no replacement).

@@ -31,8 +31,8 @@ pytestmark = pytest.mark.timeout(120)
 GALAXY = yaml.safe_load((REPO / "galaxy.yml").read_text())
 # What users get: collection content, the controller's manifests and example Proxies (which the
 # deploy playbook and the README's walk-through use), and the docs. Nothing else.
-ALLOWED_TOP = {"MANIFEST.json", "FILES.json", "README.md", "CHANGELOG.md", "meta", "plugins", "roles", "playbooks",
-               "docs", "controller", "extensions"}
+ALLOWED_TOP = {"MANIFEST.json", "FILES.json", "README.md", "CHANGELOG.md", "LICENSE", "bindep.txt", "meta", "plugins",
+               "roles", "playbooks", "docs", "controller", "extensions"}
 ALLOWED_CONTROLLER = {"controller/manifests", "controller/examples"}
 
 
@@ -67,6 +67,8 @@ def test_the_artifact_holds_the_collection_and_nothing_else(installed_collection
     expected = source_files("plugins", "roles", "playbooks", "meta", "controller/manifests", "controller/examples")
     assert expected - files == set()
     assert "playbooks/deploy_controller.yml" in files
+    # The licence text and what an execution environment needs (meta/execution-environment.yml names them).
+    assert {"LICENSE", "bindep.txt", "meta/execution-environment.yml", "meta/ee-requirements.txt"} <= files
 
 
 def test_the_manifest_carries_galaxy_yml(installed_collection: InstalledCollection) -> None:
@@ -78,6 +80,9 @@ def test_the_manifest_carries_galaxy_yml(installed_collection: InstalledCollecti
     runtime = yaml.safe_load((installed_collection.root / "meta" / "runtime.yml").read_text())
     assert meets_requirements(ansible_core_version, runtime["requires_ansible"]), (
         f"ansible-core {ansible_core_version} (what the tests run) is outside requires_ansible")
+    # The current line, which scripts/test.sh also runs (.venv-current), is inside it too.
+    (current,) = re.findall(r"^ansible-core==(\S+)$", (REPO / "requirements-current.txt").read_text(), re.M)
+    assert meets_requirements(current, runtime["requires_ansible"]), (current, runtime["requires_ansible"])
 
 
 def test_dependencies_are_satisfied_by_the_pinned_ansible_package(installed_collection: InstalledCollection) -> None:

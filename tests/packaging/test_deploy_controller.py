@@ -313,3 +313,22 @@ def test_a_missing_file_is_named_before_any_write(deploy: Deploy, kube: KubeEmul
     assert run.returncode != 0
     assert f"{deploy.files / missing}" in run.output
     assert writes(kube, 0) == []
+
+
+def test_an_invalid_provider_config_is_refused_with_every_error_before_the_cluster_is_touched(
+        deploy: Deploy, kube: KubeEmulator) -> None:
+    """The collection's own validator (provider_config_info) runs first: an unknown field and a
+    malformed sha256 both pass the playbook's own shape checks, and both must be reported, each
+    with its field path, before a single request reaches the cluster."""
+    config = (PROVIDER_CONFIG.replace(f'sha256: "{"0" * 64}"', 'sha256: "abc123"')
+              .replace("hostNetwork: true}", "hostNetwork: true, replicaz: 2}"))
+    assert config.count("abc123") == 1 and config.count("replicaz") == 1
+    (deploy.files / "providers.yaml").write_text(config)
+
+    run = deploy(wait=False)
+
+    assert run.returncode != 0
+    assert "providers[0].kvm.images.debian-12.sha256: 'abc123' must be 64 lowercase hex digits" in run.output
+    assert "providers[2].kubernetes.replicaz: unknown field" in run.output
+    assert "2 error(s)" in run.output
+    assert kube.requests() == []  # not even a read: the deploy stopped before any Kubernetes task
