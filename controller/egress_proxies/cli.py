@@ -45,7 +45,7 @@ class Settings:
     interval_seconds: float = 60.0
     gc_grace_seconds: float = 600.0
     gc_dry_run: bool = False
-    batch_size: int = 250
+    batch_size: int = 50
     runner_timeout_seconds: int = 600
     max_runners: int | None = None
     keep_artifacts: int = 50

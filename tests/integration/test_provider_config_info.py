@@ -55,11 +55,15 @@ def test_a_valid_config(tmp_path: Path) -> None:
     result = run.result
     assert result["changed"] is False
     assert (result["valid"], result["owner"], result["errors"]) == (True, OWNER, [])
-    assert result["providers"] == [
+    assert [{k: p[k] for k in ("name", "type", "valid", "errors")} for p in result["providers"]] == [
         {"name": "home-kvm", "type": "kvm", "valid": True, "errors": []},
         {"name": "gcp-eu", "type": "gcp", "valid": True, "errors": []},
         {"name": "cluster", "type": "kubernetes", "valid": True, "errors": []},
     ]
+    # Each provider's probe settings and allowed sources, defaults filled in, for the controller.
+    kvm = result["providers"][0]
+    assert kvm["probe"]["enabled"] is True and kvm["probe"]["expectStatus"] == 204
+    assert "10.0.0.0/8" in kvm["allowed_sources"]
 
 
 def test_two_bad_sections_report_every_error_and_the_good_provider_stays_valid(tmp_path: Path) -> None:
@@ -79,7 +83,8 @@ def test_two_bad_sections_report_every_error_and_the_good_provider_stays_valid(t
     ]
     k8s_error = "providers[2].kubernetes.namespace: 'Egress' is not a valid Kubernetes namespace name"
     by_name = {provider["name"]: provider for provider in result["providers"]}
-    assert by_name["gcp-eu"] == {"name": "gcp-eu", "type": "gcp", "valid": True, "errors": []}
+    assert {k: by_name["gcp-eu"][k] for k in ("name", "type", "valid", "errors")} == {
+        "name": "gcp-eu", "type": "gcp", "valid": True, "errors": []}
     assert by_name["home-kvm"]["valid"] is False
     assert [error[:len(expected)] for error, expected in zip(by_name["home-kvm"]["errors"], kvm_errors,
                                                             strict=True)] == kvm_errors

@@ -244,7 +244,7 @@ def test_the_built_environment_has_the_controller_and_the_installed_collection(i
     listed = subprocess.run(["ansible-doc", "--list", "--json", "crawl.egress_proxies"], env=environ,
                             capture_output=True, text=True, check=True)
     assert set(json.loads(listed.stdout)) == {f"crawl.egress_proxies.{p}_proxy{s}" for p in ("kvm", "gcp", "k8s")
-                                               for s in ("", "_info")}
+                                               for s in ("", "_info")} | {"crawl.egress_proxies.provider_config_info"}
     assert (image_env / "collections" / "ansible_collections" / "crawl" / "egress_proxies" / "MANIFEST.json").is_file()
 
 

@@ -309,6 +309,7 @@ def test_classify(code: int, message: str, expected: type[ProxyError]) -> None:
 
 
 def test_a_libvirt_error_without_details_is_transient() -> None:
+    libvirt.virResetLastError()  # an earlier test's global libvirt error must not leak into this one
     error = libvirt.libvirtError("connection dropped")
     error.err = None
     result = classify(error, "listing domains")
