@@ -287,6 +287,7 @@ class KvmProvider:
         try:
             overlay = self._create_overlay(pool, request.name, machine.disk_gib * GIB, base, image.format)
             created_volumes.append(overlay)
+            self._remove_stale(pool, seed_volume_name(request.name))
             seed_volume = create_volume_with_content(connection, pool, seed_volume_name(request.name), "raw",
                                                      io.BytesIO(seed), len(seed))
             created_volumes.append(seed_volume)
@@ -314,12 +315,19 @@ class KvmProvider:
         self.log("created domain %s on KVM host %s" % (request.name, host.name))
         return self._describe(host, domain)
 
-    def _create_overlay(self, pool: Any, name: str, capacity: int, base: Any, base_format: str) -> Any:
-        volume_name = overlay_volume_name(name)
+    @staticmethod
+    def _remove_stale(pool: Any, volume_name: str) -> None:
+        """A volume of a domain that was never defined: left by a run killed (or cut off from the
+        host) mid-create, when even its clean-up could not reach libvirt. Only ever called before
+        the domain is defined, so nothing uses it."""
         stale = lookup_volume(pool, volume_name)
-        if stale is not None:  # left by a run killed mid-create; its domain was never defined
+        if stale is not None:
             with contextlib.suppress(libvirt.libvirtError):
                 stale.delete(0)
+
+    def _create_overlay(self, pool: Any, name: str, capacity: int, base: Any, base_format: str) -> Any:
+        volume_name = overlay_volume_name(name)
+        self._remove_stale(pool, volume_name)
         try:
             base_capacity = base.info()[1]
             return pool.createXML(volume_xml(volume_name, max(capacity, base_capacity), "qcow2", base.path(),
