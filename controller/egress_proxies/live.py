@@ -153,6 +153,14 @@ class LivePath:
                                        desired))
             return
         self.writer.backoff.succeeded(proxy.uid)  # its provider answers again: no stale backoff
+        if (current.state == "stopped" and proxy.status.get("readyProviderID") != current.provider_id
+                and self.writer.backoff.due(proxy.uid)):
+            # Defined but never Ready: a create cut off between defining and starting it. The
+            # create (idempotent by name) finishes the job by starting it; one that was Ready
+            # and then stopped is a lost instance, replaced below.
+            creates.append(_Create(proxy, CreateRequest.for_proxy(proxy, self.owner, name, desired, request),
+                                   desired))
+            return
         proxy = self.observe(proxy, current, desired)
         if self._ready(proxy):
             retire.extend((proxy, old) for old in mine if old is not current)
@@ -344,6 +352,8 @@ class LivePath:
                                       if previous.get("servedProviderID") == instance.provider_id else {})}
         status = self.writer.status(proxy, phase, ready, reason, message,
                                     conditions={SERVING: serving, LISTED: None, PRIVATE: private}, **fields)
+        if phase == PHASE_READY:
+            status["readyProviderID"] = instance.provider_id
         if phase == PHASE_READY and proxy.annotations.get(SPEC_HASH_ANNOTATION) != desired:
             proxy = self.writer.update_metadata(
                 proxy, lambda p: p.annotations.__setitem__(SPEC_HASH_ANNOTATION, desired))
