@@ -65,6 +65,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 from support.guest_image import BUILD_SCRIPT, CACHE_ROOT, cache_key, guest_image  # noqa: E402
 from support.hypervisor_host import HypervisorHost, bootstrap  # noqa: E402
 from support.libvirt_daemon import LibvirtTestDaemon, stop_process_group  # noqa: E402
+from support.no_content_server import NO_CONTENT_SERVER  # noqa: E402
 
 EXAMPLE = ROOT / "controller" / "examples" / "proxy-kvm-squid.yaml"
 PROVIDER, LOCATION = "home-kvm", "beelink"  # what the example Proxies name
@@ -78,26 +79,7 @@ TEAM = "crawlers-team"
 # Answers every GET with 204 (``/ip``: the caller's address, the probe's egress echo); runs inside
 # the namespace, where the guests reach it on their bridge. Written to a file in the demo's
 # directory, so every process the demo starts names that directory (how leftovers are found).
-WEB_SERVER = """\
-import http.server, sys, threading
-class NoContent(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        if self.path == "/ip":
-            body = self.client_address[0].encode()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-            return
-        self.send_response(204)
-        self.end_headers()
-    def log_message(self, *args):
-        pass
-servers = [http.server.ThreadingHTTPServer(("0.0.0.0", int(port)), NoContent) for port in sys.argv[1:]]
-for server in servers[1:]:
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-servers[0].serve_forever()
-"""
+WEB_SERVER = NO_CONTENT_SERVER
 
 
 class DemoFailed(Exception):

@@ -149,7 +149,7 @@ class Result:
 
     @classmethod
     def from_item(cls, item: Any) -> Result:
-        """One entry of a batch-form run's ``results``, mapped as ``from_operation`` maps a run."""
+        """One entry of a batch-form run's ``results``: its instance, or its own error class."""
         if not isinstance(item, Mapping):
             return cls.failed(ErrorClass.TRANSIENT, "the module returned a result that is not a mapping")
         if not item.get("ok"):
@@ -158,17 +158,6 @@ class Result:
         instance = item.get("instance")
         return cls(instance=Instance.from_result(instance) if isinstance(instance, Mapping) else None,
                    changed=bool(item.get("changed")))
-
-    @classmethod
-    def from_operation(cls, outcome: OperationResult) -> Result:
-        if not outcome.ok:
-            return cls.failed(ErrorClass.of(outcome.error_class), outcome.message)
-        data = outcome.result
-        instance = data.get("instance")
-        if instance is None and data.get("instances"):
-            instance = data["instances"][0]
-        return cls(instance=Instance.from_result(instance) if isinstance(instance, Mapping) else None,
-                   changed=bool(data.get("changed")))
 
 
 @dataclass

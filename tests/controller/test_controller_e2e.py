@@ -13,7 +13,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +34,7 @@ from support.controller_fakes import RecordingRunner
 from support.kube_emulator import KubeEmulator
 from support.libvirt_daemon import LibvirtTestDaemon
 from support.provider_config import OWNER, BaseImage, kvm_host, write_kvm_config
+from support.waiting import wait_for
 
 POOL = "default-pool"
 NAMESPACE = "crawlers"
@@ -284,14 +284,6 @@ def kubeconfig(kube: KubeEmulator, path: Path) -> Path:
         "users": [{"name": "nobody", "user": {}}],
         "contexts": [{"name": "emulator", "context": {"cluster": "emulator", "user": "nobody"}}]}))
     return path
-
-
-def wait_for(condition: Callable[[], bool], seconds: float, what: str) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {seconds} s waiting for {what}")
-        time.sleep(0.02)
 
 
 def test_controller_killed_mid_create_leaves_exactly_one_instance(

@@ -10,8 +10,6 @@ import signal
 import stat
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import yaml
@@ -22,6 +20,7 @@ from egress_proxies.reconcile import Reconciler
 from egress_proxies.runner import AnsibleRunner
 from support.ansible_modules import collections_path
 from support.libvirt_daemon import LibvirtTestDaemon
+from support.waiting import wait_for
 
 CLOUD_INIT = "#cloud-config\npassword: not-in-any-status-file\n"
 EGRESS_PROXIES = str(Path(sys.executable).parent / "egress-proxies")
@@ -46,14 +45,6 @@ def phase(directory: Path, stem: str) -> str | None:
     except FileNotFoundError:
         return None
     return ((state or {}).get("status") or {}).get("phase")
-
-
-def wait_for(condition: Callable[[], bool], seconds: float, what: str) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {seconds} s waiting for {what}")
-        time.sleep(0.2)
 
 
 def test_a_second_controller_on_one_directory_refuses_to_start(tmp_path: Path, testdriver_config: Path,

@@ -34,6 +34,7 @@ from egress_proxies.model import Proxy
 from egress_proxies.reconcile import Reconciler, SweepReport
 from support.controller_fakes import MemoryStore
 from support.kube_emulator import KubeEmulator
+from support.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -70,14 +71,6 @@ class FakeReconciler:
             return SweepReport()
         finally:
             self.in_sweep.clear()
-
-
-def wait_for(condition: Callable[[], object], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 def ready_store(*names: str, pending: tuple[str, ...] = ()) -> MemoryStore:

@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 import yaml
 
+from support import waiting
 from support.ansible_modules import collections_path
 from support.libvirt_daemon import LibvirtTestDaemon
 from support.provider_config import kvm_host, make_base_image, write_kvm_config
@@ -55,11 +56,14 @@ class LiveController:
 
 
 def wait_for(condition: Callable[[], bool], seconds: float, what: str, controller: LiveController) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        if time.monotonic() > deadline or controller.process.poll() is not None:
-            raise AssertionError(f"timed out waiting for {what}; log:\n" + "\n".join(controller.lines[-40:]))
-        time.sleep(0.2)
+    """``support.waiting.wait_for``, failing at once when the controller exits, with its log."""
+    def log() -> str:
+        return "log:\n" + "\n".join(controller.lines[-40:])
+
+    def done() -> bool:
+        assert controller.process.poll() is None, "the controller exited; " + log()
+        return condition()
+    waiting.wait_for(done, seconds, what, interval=0.2, diagnostics=log)
 
 
 def write_proxy(directory: Path, name: str, provider: str) -> None:

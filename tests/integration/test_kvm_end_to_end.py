@@ -53,6 +53,7 @@ from support.guest_image import guest_image
 from support.hypervisor_host import HypervisorHost, bootstrap
 from support.kube_emulator import KubeEmulator, proxy_crd
 from support.libvirt_daemon import stop_process_group, wait_until
+from support.no_content_server import NO_CONTENT_SERVER
 from support.provider_config import OWNER, BaseImage, kvm_host, write_kubeconfig, write_kvm_config
 
 pytestmark = [
@@ -109,29 +110,6 @@ runcmd:
 - [systemctl, restart, squid]
 """
 
-# A web server that answers every GET with 204 (``/ip``: the caller's address, the probe's egress
-# echo), run inside the host's namespace so the guest can reach it on its network's bridge
-# address (the guest has no other way out); on every port given (one is the CONNECT target).
-NO_CONTENT_SERVER = """\
-import http.server, sys, threading
-class NoContent(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        if self.path == "/ip":
-            body = self.client_address[0].encode()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-            return
-        self.send_response(204)
-        self.end_headers()
-    def log_message(self, *args):
-        pass
-servers = [http.server.ThreadingHTTPServer(("0.0.0.0", int(port)), NoContent) for port in sys.argv[1:]]
-for server in servers[1:]:
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-servers[0].serve_forever()
-"""
 
 
 @dataclass
