@@ -31,7 +31,7 @@ import chaos_bench  # noqa: E402
 # listings succeeded and it created nothing. Opt in with EGRESS_PROXIES_CHAOS_TESTS=1 until the
 # cause is found; issue 11 stays open.
 pytestmark = pytest.mark.skipif(os.environ.get("EGRESS_PROXIES_CHAOS_TESTS") != "1",
-                                reason="flaky, under diagnosis (issue 11 left open); EGRESS_PROXIES_CHAOS_TESTS=1 runs it")
+                                reason="flaky, under diagnosis (issue 11 open); EGRESS_PROXIES_CHAOS_TESTS=1 runs it")
 
 # Measured 2026-12-03 on the 2 shared cores (load average 5-15): converged 25-67 s after the
 # last fault (the sweep in flight ends, then creates cut mid-run are retried after their backoff,
