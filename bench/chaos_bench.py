@@ -278,6 +278,7 @@ class Fleet:
     module_failed: Counter[str] = field(default_factory=Counter)
     transient: Counter[str] = field(default_factory=Counter)  # Proxy steps failed transient, by reason
     malformed_failed: int = 0
+    not_ready: Counter[str] = field(default_factory=Counter)  # live valid Proxies not Ready, by condition
     ready: int = 0
     live: int = 0
     total_seconds: float = 0.0
@@ -373,6 +374,13 @@ def inspect(objects: client.CustomObjectsApi, daemons: list[LibvirtTestDaemon], 
     }
     fleet.live = len(live)
     fleet.ready = sum(1 for p in live if (p.get("status") or {}).get("phase") == PHASE_READY)
+    # Why the stragglers are not Ready (their Ready condition, numbers blanked so alike ones group).
+    fleet.not_ready = Counter()
+    for proxy in live:
+        status = proxy.get("status") or {}
+        if status.get("phase") != PHASE_READY:
+            ready: dict[str, Any] = next((c for c in status.get("conditions") or [] if c.get("type") == "Ready"), {})
+            fleet.not_ready[re.sub(r"\d+(\.\d+)?", "N", f"{ready.get('reason')}: {ready.get('message')}")[:200]] += 1
     fleet.malformed_failed = sum(1 for p in proxies if p["metadata"]["name"] in fleet.malformed
                                  and (p.get("status") or {}).get("phase") == PHASE_FAILED)
     return not any(fleet.counts.values()) and fleet.ready == fleet.live
@@ -531,6 +539,8 @@ def report(fleet: Fleet) -> None:
     say(f"  SIGKILLs at: {', '.join(f'{k:.1f} s' for k in fleet.kills)} into the {fleet.chaos_seconds:.0f} s of chaos")
     say(f"  malformed Proxies Failed: {fleet.malformed_failed} of {len(fleet.malformed)}")
     say(f"  live valid Proxies Ready: {fleet.ready} of {fleet.live}")
+    for why, count in fleet.not_ready.most_common(5):
+        say(f"    not Ready, {count}x: {why}")
     for what, count in fleet.counts.items():
         say(f"  {what + ':':42} {count}  {'ok' if count == 0 else 'FAIL'}")
     converged = (f"{fleet.converge_seconds:.1f} s" if fleet.converge_seconds is not None

@@ -32,6 +32,9 @@ APT_PACKAGES=(
     git shellcheck
     squid openssl
     prometheus
+    # buildah (vfs storage, chroot isolation: no daemon, no fuse-overlayfs) builds
+    # controller/Containerfile in the image test, crun runs the result.
+    buildah crun
 )
 
 die() {

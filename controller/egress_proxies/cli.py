@@ -14,17 +14,25 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, cast
 
 from egress_proxies import logs, metrics
 from egress_proxies import providers as providers_module
 from egress_proxies.backoff import Backoff
 from egress_proxies.credentials import Credentials, FileSecrets, SecretBackend
-from egress_proxies.directory import DirectoryStore
+from egress_proxies.directory import DirectoryPools, DirectoryStore
 from egress_proxies.health import SweepHealth
-from egress_proxies.http import ControllerHTTPServer, TokenScopes, token_from_env, warn_if_no_token
-from egress_proxies.loop import Controller, Elector, LoopSettings
+from egress_proxies.http import (
+    QUARANTINE_PER_MINUTE,
+    ControllerHTTPServer,
+    TokenScopes,
+    token_from_env,
+    warn_if_no_token,
+)
+from egress_proxies.loop import ChangeFeed, Controller, Elector, LoopSettings
 from egress_proxies.model import PHASE_READY, Proxy
+from egress_proxies.pool_reconcile import PoolReconciler, Quarantine
+from egress_proxies.pools import PoolStore
 from egress_proxies.probe import ProbeConfigError, Prober
 from egress_proxies.reconcile import Reconciler, ReconcileSettings
 from egress_proxies.runner import AnsibleRunner
@@ -61,6 +69,7 @@ class Settings:
     probe_allow: list[str] | None = None
     discovery_tokens: Path | None = None
     until_ready_seconds: float | None = None
+    quarantine_per_minute: float = QUARANTINE_PER_MINUTE
 
 
 def _positive(number: type[int] | type[float], minimum: float, what: str) -> Callable[[str], Any]:
@@ -146,6 +155,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="crawler tokens scoped to namespaces (YAML: [{name, sha256, namespaces}]); a scoped token sees only "
              "its namespaces' proxies, with their credentials. DISCOVERY_TOKEN stays the operator's all-namespaces "
              "token, without credentials")
+    add("--quarantine-rate", type=_positive(float, 0.1, "a number per minute"), default=QUARANTINE_PER_MINUTE,
+        dest="quarantine_per_minute", metavar="PER_MINUTE",
+        help="quarantines one discovery token may ask for per minute (POST /v1/proxies/NS/NAME/quarantine); "
+             "beyond it the answer is 429 with Retry-After (default: %(default)s)")
     add("--log-level", type=str.upper, choices=["DEBUG", "INFO", "WARNING", "ERROR"], default="INFO",
         help="DEBUG, INFO, WARNING or ERROR (default: %(default)s)")
     add("--log-format", choices=["text", "json"], default="text",
@@ -162,6 +175,15 @@ def parse_args(argv: list[str] | None = None) -> Settings:
     args["proxy_dir"] = args["proxy_dir"].absolute()
     args["work_dir"] = args["work_dir"].absolute()
     return Settings(**args)
+
+
+def build_pools(settings: Settings, store: ProxyStore) -> PoolStore:
+    """Where ProxyPools come from: the same source as the Proxies."""
+    if isinstance(store, DirectoryStore):
+        return DirectoryPools(store)
+    from egress_proxies import kube
+
+    return kube.KubePools(kube.kube_client(settings.kubeconfig), namespace=settings.namespace)
 
 
 def build_store(settings: Settings) -> tuple[ProxyStore, Elector | None, SecretBackend]:
@@ -258,18 +280,22 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     monitor = ServingMonitor(prober, settings.probe_interval_seconds)
     credentials = Credentials(secrets)
+    pool_store = build_pools(settings, store)
     reconciler = Reconciler(
         store, runner, str(settings.provider_config),
         ReconcileSettings(gc_grace_seconds=settings.gc_grace_seconds, gc_dry_run=settings.gc_dry_run,
                           batch_size=settings.batch_size),
-        backoff=Backoff(), purge=runner.purge_artifacts, monitor=monitor, credentials=credentials)
+        backoff=Backoff(), purge=runner.purge_artifacts, monitor=monitor, credentials=credentials,
+        pools=PoolReconciler(pool_store, store))
     health = SweepHealth(settings.interval_seconds, leader=elector is None)
     metrics.LEADER.labels(name=settings.lease_name).set_function(lambda: 1.0 if health.leader else 0.0)
     metrics.MAX_RUNNERS.set(runner.max_concurrent)
     controller = Controller(reconciler, store, health,
                             LoopSettings(interval_seconds=settings.interval_seconds,
                                          watch=settings.source == "kubernetes"),
-                            elector=elector)
+                            elector=elector,
+                            # A scaled or new pool wakes the sweep at once (files have no change feed).
+                            pool_feed=None if isinstance(pool_store, DirectoryPools) else cast(ChangeFeed, pool_store))
     if settings.once:
         report = controller.sweep_once()
         if monitor.probe_now():  # record what the first probe of new instances found
@@ -288,7 +314,8 @@ def main(argv: list[str] | None = None) -> int:
     warn_if_no_token(token, log)
     server = ControllerHTTPServer(health, controller.ready_proxies, token,
                                   token_scopes=TokenScopes(settings.discovery_tokens),
-                                  proxy_url=proxy_url(credentials))
+                                  proxy_url=proxy_url(credentials), quarantine=Quarantine(store),
+                                  quarantine_per_minute=settings.quarantine_per_minute)
     host, port = settings.listen
     server.start(host, port)
     log.info("serving health, metrics and discovery on %s:%d", host, server.port)

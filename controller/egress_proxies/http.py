@@ -5,6 +5,10 @@ Started by ``cli`` next to ``loop.Controller``. Routes:
 - ``/healthz`` and ``/readyz``: ``SweepHealth.alive()`` / ``ready()``, 200 ``ok`` or 503 with the
   reason. Unauthenticated, for the kubelet.
 - ``/metrics``: the Prometheus registry. Unauthenticated, for scrapers.
+- ``/v1/pools/{namespace}/{name}/proxies[.txt]``: the same, for one ProxyPool's members.
+- ``POST /v1/proxies/{namespace}/{name}/quarantine`` with ``{"reason": "..."}``: a crawler reports
+  the proxy's current instance unusable (banned); it leaves discovery at once and is replaced
+  (``pool_reconcile.Quarantine``). Same tokens and scopes as discovery, rate-limited per token.
 - ``/v1/proxies`` (JSON) and ``/v1/proxies.txt`` (``ip:port`` lines): the Ready proxies, for
   crawlers. Always behind ``Authorization: Bearer <DISCOVERY_TOKEN>``: the list is a map of
   egress addresses, so it is never served unauthenticated -- without a configured token the
@@ -29,9 +33,11 @@ import http.client
 import io
 import json
 import logging
+import math
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable, Mapping
 from http import HTTPStatus
 from pathlib import Path
@@ -43,6 +49,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, 
 
 from egress_proxies.health import SweepHealth
 from egress_proxies.model import Proxy
+from egress_proxies.pool_reconcile import QuarantineError
+from egress_proxies.pools import pool_of, quarantined
+from egress_proxies.store import StoreError
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +68,12 @@ MAX_CONNECTIONS = 256
 WORKERS = 4
 # Request line and headers; a request without a body is never longer.
 _MAX_HEAD = 16 * 1024
+# A quarantine's JSON body: a reason and nothing else.
+_MAX_BODY = 4096
+MAX_QUARANTINE_REASON = 512
+# Quarantines a token may ask for per minute (--quarantine-rate): enough for a crawler that meets
+# bans, far too few for a buggy one to recycle a pool.
+QUARANTINE_PER_MINUTE = 10.0
 
 Response = tuple[int, str, bytes, Mapping[str, str]]
 
@@ -115,9 +130,19 @@ class TokenScopes:
         self.path = path
         self._stamp: float | None = None
         self._scopes: dict[bytes, frozenset[str]] = {}
+        self._names: dict[bytes, str] = {}
         self._lock = threading.Lock()
 
     def scope(self, token: bytes) -> frozenset[str] | None:
+        found = self._find(token)
+        return found[0] if found is not None else None
+
+    def name(self, token: bytes) -> str | None:
+        """The token's entry name (who it is, for Events and logs; never the token)."""
+        found = self._find(token)
+        return found[1] if found is not None else None
+
+    def _find(self, token: bytes) -> tuple[frozenset[str], str] | None:
         if self.path is None:
             return None
         self._reload()
@@ -125,7 +150,7 @@ class TokenScopes:
         with self._lock:
             for known, namespaces in self._scopes.items():
                 if hmac.compare_digest(known, digest):
-                    return namespaces
+                    return namespaces, self._names.get(known, "a crawler token")
         return None
 
     def _reload(self) -> None:
@@ -137,16 +162,19 @@ class TokenScopes:
         if stamp == self._stamp:
             return
         scopes: dict[bytes, frozenset[str]] = {}
+        names: dict[bytes, str] = {}
         try:
             entries = yaml.safe_load(self.path.read_text()) if stamp is not None else []
             for entry in entries or []:
-                scopes[str(entry["sha256"]).lower().encode()] = frozenset(str(n) for n in entry["namespaces"])
+                digest = str(entry["sha256"]).lower().encode()
+                scopes[digest] = frozenset(str(n) for n in entry["namespaces"])
+                names[digest] = f"token {entry.get('name') or 'unnamed'}"
         except (OSError, yaml.YAMLError, KeyError, TypeError) as error:
             log.error("discovery tokens %s unusable (%s): scoped tokens refused until it is fixed", self.path,
                       type(error).__name__)
-            scopes = {}
+            scopes, names = {}, {}
         with self._lock:
-            self._scopes, self._stamp = scopes, stamp
+            self._scopes, self._names, self._stamp = scopes, names, stamp
 
 
 class ControllerHTTPServer:
@@ -160,8 +188,18 @@ class ControllerHTTPServer:
                  registry: CollectorRegistry = REGISTRY, request_timeout: float = REQUEST_TIMEOUT,
                  max_connections: int = MAX_CONNECTIONS, workers: int = WORKERS,
                  token_scopes: TokenScopes | None = None,
-                 proxy_url: Callable[[Proxy], str | None] | None = None) -> None:
+                 proxy_url: Callable[[Proxy], str | None] | None = None,
+                 quarantine: Callable[[str, str, str, str], Proxy] | None = None,
+                 quarantine_per_minute: float = QUARANTINE_PER_MINUTE) -> None:
         self.health = health
+        # POST /v1/proxies/{namespace}/{name}/quarantine (pool_reconcile.Quarantine); None: 503.
+        self.quarantine = quarantine
+        self.quarantine_per_minute = quarantine_per_minute
+        self._buckets: dict[bytes, _Bucket] = {}
+        # (namespace, name) -> the providerID quarantined through this server: hidden from
+        # discovery at once, before any sweep has read the annotation back.
+        self._quarantined: dict[tuple[str, str], str] = {}
+        self._quarantine_lock = threading.Lock()
         self.token_scopes = token_scopes or TokenScopes(None)
         # The crawler's URL of a proxy, credentials included; only ever served to a scoped token.
         self.proxy_url = proxy_url
@@ -299,10 +337,18 @@ class ControllerHTTPServer:
             return
         method, target, _ = parts
         headers = http.client.parse_headers(io.BytesIO(rest))
-        if method != "GET":
-            response: Response = (501, _TEXT, b"only GET is served\n", {"Allow": "GET"})
+        loop = asyncio.get_running_loop()
+        if method == "POST" and _is_quarantine(urlsplit(target).path):
+            length = headers.get("Content-Length") or "0"
+            if not length.isdigit() or int(length) > _MAX_BODY:
+                response: Response = (413, _TEXT, f"a body of at most {_MAX_BODY} bytes\n".encode(), {})
+            else:
+                body = await reader.readexactly(int(length))
+                response = await loop.run_in_executor(None, self._respond_post, urlsplit(target).path,
+                                                      headers.get("Authorization"), peer, body)
+        elif method != "GET":
+            response = (501, _TEXT, b"only GET is served here (POST only to .../quarantine)\n", {"Allow": "GET"})
         else:
-            loop = asyncio.get_running_loop()
             response = await loop.run_in_executor(None, self._respond, urlsplit(target).path,
                                                   headers.get("Authorization"), peer)
         # The request line holds no credentials (the token only travels in a header), so debug
@@ -333,19 +379,46 @@ class ControllerHTTPServer:
             return 200, CONTENT_TYPE_LATEST, generate_latest(self.registry), {}
         if path in ("/v1/proxies", "/v1/proxies.txt"):
             return self._discovery(authorization, peer, as_text=path.endswith(".txt"))
+        parts = path.split("/")
+        if len(parts) == 6 and parts[:3] == ["", "v1", "pools"] and parts[5] in ("proxies", "proxies.txt"):
+            return self._discovery(authorization, peer, as_text=parts[5].endswith(".txt"), pool=(parts[3], parts[4]))
+        if path.endswith("/quarantine") and path.startswith("/v1/proxies/"):
+            return 405, _TEXT, b"POST a JSON body {\"reason\": \"...\"}\n", {"Allow": "POST"}
         return 404, _TEXT, b"not found\n", {}
 
-    def _discovery(self, header: str | None, peer: str, as_text: bool) -> Response:
+    def _refused(self, header: str | None, peer: str, what: str) -> Response:
+        challenge = 'Bearer realm="egress-proxies"'
+        if header is not None:
+            challenge += ', error="invalid_token"'
+        log.info("%s request from %s refused: %s", what, peer, "wrong token" if header is not None else "no token")
+        return 401, _TEXT, b"unauthorized\n", {"WWW-Authenticate": challenge}
+
+    def hidden(self, proxy: Proxy) -> bool:
+        """Quarantined: its annotation names its current instance, or it was quarantined here
+        since the sweep that listed it (so it leaves discovery at once, not a sweep later)."""
+        provider_id = proxy.status.get("providerID")
+        with self._quarantine_lock:
+            recent = self._quarantined.get((proxy.namespace, proxy.name))
+        return quarantined(proxy) or (recent is not None and recent == provider_id)
+
+    def _discovery(self, header: str | None, peer: str, as_text: bool,
+                   pool: tuple[str, str] | None = None) -> Response:
         if not self.discovery_enabled:
             return 503, _TEXT, DISABLED_MESSAGE.encode(), {}
         authorized, namespaces = self.scope(header)
         if not authorized:
-            challenge = 'Bearer realm="egress-proxies"'
-            if header is not None:
-                challenge += ', error="invalid_token"'
-            log.info("discovery request from %s refused: %s", peer, "wrong token" if header is not None else "no token")
-            return 401, _TEXT, b"unauthorized\n", {"WWW-Authenticate": challenge}
-        proxies = sorted((p for p in self.ready_proxies() if namespaces is None or p.namespace in namespaces),
+            return self._refused(header, peer, "discovery")
+        if pool is not None and namespaces is not None and pool[0] not in namespaces:
+            return 403, _TEXT, f"this token does not cover namespace {pool[0]}\n".encode(), {}
+        ready = self.ready_proxies()
+        with self._quarantine_lock:
+            # Forget what the sweeps have caught up with: a Proxy gone, or on another instance now.
+            current = {(p.namespace, p.name): p.status.get("providerID") for p in ready}
+            self._quarantined = {key: provider_id for key, provider_id in self._quarantined.items()
+                                 if current.get(key) == provider_id}
+        proxies = sorted((p for p in ready if (namespaces is None or p.namespace in namespaces)
+                          and (pool is None or (p.namespace == pool[0] and pool_of(p) == pool[1]))
+                          and not self.hidden(p)),
                          key=lambda p: (p.namespace, p.name))
         entries = [proxy_entry(proxy) for proxy in proxies]
         if namespaces is not None and self.proxy_url is not None:
@@ -355,6 +428,78 @@ class ControllerHTTPServer:
             lines = [entry.get("url") or f"{entry['ip']}:{entry['port']}" for entry in entries if entry["ip"]]
             return 200, _TEXT, "".join(f"{line}\n" for line in lines).encode(), {}
         return 200, "application/json", json.dumps({"proxies": entries}).encode(), {}
+
+
+    def _respond_post(self, path: str, authorization: str | None, peer: str, body: bytes) -> Response:
+        _, _, _, namespace, name, _ = path.split("/")
+        if self.quarantine is None or not self.discovery_enabled:
+            return 503, _TEXT, b"quarantine is not enabled on this controller\n", {}
+        authorized, namespaces = self.scope(authorization)
+        token = _bearer(authorization)
+        if not authorized or token is None:
+            return self._refused(authorization, peer, "quarantine")
+        if namespaces is not None and namespace not in namespaces:
+            return 403, _TEXT, f"this token does not cover namespace {namespace}\n".encode(), {}
+        try:
+            document = json.loads(body or b"null")
+        except ValueError:
+            document = None
+        reason = document.get("reason") if isinstance(document, dict) else None
+        if not isinstance(reason, str) or not reason.strip() or len(reason) > MAX_QUARANTINE_REASON:
+            return 400, _TEXT, (f'the body must be JSON {{"reason": "..."}} with a reason of 1-{MAX_QUARANTINE_REASON} '
+                                "characters\n").encode(), {}
+        wait = self._take(token)
+        if wait > 0:
+            log.warning("quarantine request from %s for %s/%s refused: rate limit (%g per minute per token)", peer,
+                        namespace, name, self.quarantine_per_minute)
+            return 429, _TEXT, (f"at most {self.quarantine_per_minute:g} quarantines per minute per token; retry "
+                                f"in {wait} s\n").encode(), {"Retry-After": str(wait)}
+        who = "the operator token" if namespaces is None else (self.token_scopes.name(token) or "a crawler token")
+        try:
+            proxy = self.quarantine(namespace, name, " ".join(reason.split()), who)
+        except QuarantineError as error:
+            return error.status, _TEXT, f"{error}\n".encode(), {}
+        except StoreError as error:
+            log.warning("quarantine of %s/%s failed: %s", namespace, name, error)
+            return 503, _TEXT, b"the Proxy could not be updated; try again\n", {}
+        provider_id = str(proxy.status.get("providerID") or "")
+        with self._quarantine_lock:
+            self._quarantined[(namespace, name)] = provider_id
+        answer = {"namespace": namespace, "name": name, "providerID": provider_id, "quarantined": True}
+        return 200, "application/json", json.dumps(answer).encode(), {}
+
+    def _take(self, token: bytes) -> int:
+        """One quarantine from this token's bucket: 0, or the seconds to wait (Retry-After)."""
+        key = hashlib.sha256(token).digest()
+        with self._quarantine_lock:
+            bucket = self._buckets.setdefault(key, _Bucket(self.quarantine_per_minute))
+            return bucket.take()
+
+
+class _Bucket:
+    """A token bucket: ``per_minute`` at once, refilled continuously at ``per_minute`` a minute."""
+
+    def __init__(self, per_minute: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.capacity = max(1.0, per_minute)
+        self.rate = per_minute / 60.0
+        self.tokens = self.capacity
+        self.clock = clock
+        self.stamp = clock()
+
+    def take(self) -> int:
+        now = self.clock()
+        self.tokens = min(self.capacity, self.tokens + (now - self.stamp) * self.rate)
+        self.stamp = now
+        if self.tokens >= 1:
+            self.tokens -= 1
+            return 0
+        return max(1, math.ceil((1 - self.tokens) / self.rate)) if self.rate > 0 else 3600
+
+
+def _is_quarantine(path: str) -> bool:
+    """``/v1/proxies/{namespace}/{name}/quarantine``: the one route that takes a POST."""
+    parts = path.split("/")
+    return len(parts) == 6 and parts[:3] == ["", "v1", "proxies"] and all(parts[3:5]) and parts[5] == "quarantine"
 
 
 def _bearer(header: str | None) -> bytes | None:

@@ -26,6 +26,7 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 
 from egress_proxies.model import API_VERSION, GROUP, KIND, PLURAL, VERSION, Proxy
+from egress_proxies.pools import POOL_KIND, POOL_PLURAL, Pool
 from egress_proxies.store import Conflict, Gone, StoreError, WatchEvent, WatchExpired
 
 log = logging.getLogger(__name__)
@@ -235,7 +236,7 @@ class KubeStore:
                            PLURAL, proxy.name, body, field_manager=self.field_manager)
         return _proxy(cast(Obj, obj))
 
-    def record_event(self, proxy: Proxy, event_type: str, reason: str, message: str) -> None:
+    def record_event(self, proxy: Proxy | Pool, event_type: str, reason: str, message: str) -> None:
         now = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
         # client-go's naming: the object's name and the time in hex nanoseconds.
         suffix = f".{time.time_ns():x}"
@@ -243,18 +244,119 @@ class KubeStore:
             metadata=client.V1ObjectMeta(name=proxy.name[:_EVENT_NAME_LIMIT - len(suffix)] + suffix,
                                          namespace=proxy.namespace),
             involved_object=client.V1ObjectReference(
-                api_version=API_VERSION, kind=KIND, namespace=proxy.namespace, name=proxy.name,
+                api_version=API_VERSION, kind=POOL_KIND if isinstance(proxy, Pool) else KIND,
+                namespace=proxy.namespace, name=proxy.name,
                 uid=proxy.uid or None, resource_version=proxy.resource_version or None),
             reason=reason, message=message[:_EVENT_MESSAGE_LIMIT], type=event_type,
             source=client.V1EventSource(component=COMPONENT),
             first_timestamp=now, last_timestamp=now, count=1)
         try:
-            bounded_call(f"recording event {reason} on proxy {proxy.key}", self.request_timeout,
+            what = "pool" if isinstance(proxy, Pool) else "proxy"
+            bounded_call(f"recording event {reason} on {what} {proxy.key}", self.request_timeout,
                          self._core.create_namespaced_event, proxy.namespace, event, idempotent=False,
                          field_manager=self.field_manager)
         except StoreError as error:
             # Events are for humans; losing one must never fail or slow down a reconcile.
             log.warning("event not recorded (%s: %s): %s", reason, message, error)
+
+
+class KubePools:
+    """``pools.PoolStore`` on the Kubernetes API: ProxyPools (status subresource, Events) and the
+    member Proxies a pool creates and deletes. Same namespace rule as ``KubeStore``."""
+
+    def __init__(self, api_client: client.ApiClient, namespace: str | None = None,
+                 field_manager: str = COMPONENT, request_timeout: float = DEFAULT_REQUEST_TIMEOUT) -> None:
+        self.namespace = namespace
+        self.field_manager = field_manager
+        self.request_timeout = request_timeout
+        self._objects = client.CustomObjectsApi(api_client)
+        self._events = KubeStore(api_client, namespace, field_manager, request_timeout)
+        self._missing_logged = False
+
+    def list_pools(self) -> list[Pool]:
+        call, args = self._list_call()
+        try:
+            listing = cast(Obj, bounded_call(f"listing {POOL_PLURAL}", self.request_timeout, call, *args))
+        except Gone:
+            # 404 on the collection: the ProxyPool CRD is not installed (a cluster upgraded from
+            # before pools): there are no pools, which is not a failure of the sweep.
+            if not self._missing_logged:
+                log.info("the ProxyPool CRD (%s.%s) is not installed: no pools", POOL_PLURAL, GROUP)
+                self._missing_logged = True
+            return []
+        self._missing_logged = False
+        return [Pool.from_object(copy.deepcopy(item)) for item in listing.get("items") or []]
+
+    def _list_call(self) -> tuple[Callable[..., object], tuple[str, ...]]:
+        if self.namespace is None:
+            return self._objects.list_cluster_custom_object, (GROUP, VERSION, POOL_PLURAL)
+        return self._objects.list_namespaced_custom_object, (GROUP, VERSION, self.namespace, POOL_PLURAL)
+
+    def list_version(self) -> str:
+        """The pool list's resourceVersion, to watch from."""
+        call, args = self._list_call()
+        listing = cast(Obj, bounded_call(f"listing {POOL_PLURAL}", self.request_timeout, call, *args))
+        return str(listing["metadata"]["resourceVersion"])
+
+    def watch(self, resource_version: str, timeout_seconds: int) -> Iterator[str]:
+        """The resourceVersion of each pool change after ``resource_version`` (a scale, a new pool,
+        a deletion): each one only wakes the sweep. Raises WatchExpired like ``watch_proxies``."""
+        call, args = self._list_call()
+        stream = watch.Watch()  # type: ignore[no-untyped-call]
+        with _translated(f"watching {POOL_PLURAL} from resourceVersion {resource_version}"):
+            events = cast(Iterator[Obj], stream.stream(  # type: ignore[no-untyped-call]
+                call, *args, resource_version=resource_version, timeout_seconds=timeout_seconds,
+                _request_timeout=(_CONNECT_TIMEOUT, timeout_seconds + _WATCH_READ_SLACK)))
+            try:
+                for event in events:
+                    if event["type"] in _WATCH_TYPES:
+                        yield str(event["raw_object"].get("metadata", {}).get("resourceVersion") or resource_version)
+            finally:
+                cast(Any, events).close()
+
+    def create_proxy(self, namespace: str, body: Obj) -> None:
+        # Not retried (a POST): a repeat after a lost answer is a 409, which the caller reads as "exists".
+        bounded_call(f"creating proxy {namespace}/{body['metadata']['name']}", self.request_timeout,
+                     self._objects.create_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL, body,
+                     idempotent=False, field_manager=self.field_manager)
+
+    def delete_proxy(self, namespace: str, name: str) -> None:
+        try:
+            bounded_call(f"deleting proxy {namespace}/{name}", self.request_timeout,
+                         self._objects.delete_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL, name)
+        except Gone:
+            pass  # gone already: what was asked
+
+    def _body(self, pool: Pool) -> Obj:
+        body = copy.deepcopy(pool.raw) if pool.raw is not None else {
+            "apiVersion": API_VERSION, "kind": POOL_KIND, "metadata": {"name": pool.name, "namespace": pool.namespace},
+            "spec": pool.spec}
+        body.setdefault("metadata", {})["resourceVersion"] = pool.resource_version
+        return body
+
+    def replace_pool_metadata(self, pool: Pool) -> Pool:
+        body = self._body(pool)
+        metadata = body["metadata"]
+        for key, value in (("finalizers", list(pool.finalizers)), ("annotations", dict(pool.annotations))):
+            if value:
+                metadata[key] = value
+            else:
+                metadata.pop(key, None)
+        obj = bounded_call(f"updating metadata of pool {pool.key}", self.request_timeout,
+                           self._objects.replace_namespaced_custom_object, GROUP, VERSION, pool.namespace,
+                           POOL_PLURAL, pool.name, body, field_manager=self.field_manager)
+        return Pool.from_object(copy.deepcopy(cast(Obj, obj)))
+
+    def replace_pool_status(self, pool: Pool) -> Pool:
+        body = self._body(pool)
+        body["status"] = copy.deepcopy(pool.status)
+        obj = bounded_call(f"updating status of pool {pool.key}", self.request_timeout,
+                           self._objects.replace_namespaced_custom_object_status, GROUP, VERSION, pool.namespace,
+                           POOL_PLURAL, pool.name, body, field_manager=self.field_manager)
+        return Pool.from_object(copy.deepcopy(cast(Obj, obj)))
+
+    def record_pool_event(self, pool: Pool, event_type: str, reason: str, message: str) -> None:
+        self._events.record_event(pool, event_type, reason, message)
 
 
 class KubeLeases:

@@ -30,8 +30,24 @@ from egress_proxies.model import (
     replacement_count,
     spec_hash,
 )
+from egress_proxies.pools import (
+    QUARANTINE_REPLACEMENTS,
+    QUARANTINED,
+    pool_of,
+    quarantine_replacements,
+    quarantined,
+)
 from egress_proxies.probe import ProbeTarget
-from egress_proxies.providers import AccessRequest, CreateRequest, Instance, Listing, ProviderClient, Result, Target
+from egress_proxies.providers import (
+    AccessRequest,
+    CreateRequest,
+    ErrorClass,
+    Instance,
+    Listing,
+    ProviderClient,
+    Result,
+    Target,
+)
 from egress_proxies.serving import ProbePlan, ServingMonitor
 from egress_proxies.status import ProxyWriter, find_condition
 
@@ -133,9 +149,29 @@ class LivePath:
             for future in as_completed(done):
                 chunk, results = future.result()
                 self.count("runner_calls", 1)
+                provider_delay = self._batch_outcome(client.name, results)
                 for create, result in zip(chunk, results, strict=True):
-                    self.contain(create.proxy, partial(self._created, create, result, listing, retire))
+                    transient = result.error is not None and result.error.error_class is ErrorClass.TRANSIENT
+                    delay = provider_delay if transient else None
+                    self.contain(create.proxy, partial(self._created, create, result, listing, retire, delay))
         self._retire(client, retire)
+
+    def _batch_outcome(self, provider: str, results: Sequence[Result]) -> float | None:
+        """The provider's share of a create batch. Any item created clears its backoff. Two or
+        more items failing transient in one batch is the provider's failure (the host or API
+        unreachable, a connection dropped mid-run, the run killed; measured in the chaos run,
+        each item's message names the item, so they do not read alike): backed off once for the
+        batch, and the delay is returned so those items' own backoffs stay as they were. One
+        item failing alone is that Proxy's (None)."""
+        errors = [r.error for r in results if r.error is not None]
+        if len(errors) < len(results):
+            self.writer.provider_backoff.succeeded(provider)
+        if sum(1 for e in errors if e.error_class is ErrorClass.TRANSIENT) < 2:
+            return None
+        return self.writer.provider_backoff.failed(provider, ErrorClass.TRANSIENT.value)
+
+    def _due(self, proxy: Proxy) -> bool:
+        return self.writer.backoff.due(proxy.uid) and self.writer.provider_backoff.due(proxy.provider)
 
     def _decide(self, proxy: Proxy, listing: Listing, creates: list[_Create],
                 retire: list[tuple[Proxy, Instance]], unhealthy: list[_Unhealthy]) -> None:
@@ -148,13 +184,13 @@ class LivePath:
             if listing.error is not None and not mine:
                 self._unlisted(proxy, listing)
                 return
-            if self.writer.backoff.due(proxy.uid):
+            if self._due(proxy):
                 creates.append(_Create(proxy, CreateRequest.for_proxy(proxy, self.owner, name, desired, request),
                                        desired))
             return
         self.writer.backoff.succeeded(proxy.uid)  # its provider answers again: no stale backoff
         if (current.state == "stopped" and proxy.status.get("readyProviderID") != current.provider_id
-                and self.writer.backoff.due(proxy.uid)):
+                and self._due(proxy)):
             # Defined but never Ready: a create cut off between defining and starting it. The
             # create (idempotent by name) finishes the job by starting it; one that was Ready
             # and then stopped is a lost instance, replaced below.
@@ -162,6 +198,12 @@ class LivePath:
                                    desired))
             return
         proxy = self.observe(proxy, current, desired)
+        if quarantined(proxy) and pool_of(proxy) is None:
+            # A crawler reported this instance unusable (banned): replaced like a dead one, at once.
+            # A pool member is replaced by its pool instead (a new member), not here.
+            unhealthy.append(_Unhealthy(proxy, current, desired, replacements, QUARANTINED,
+                                        f"a crawler quarantined instance {current.provider_id}"))
+            return
         if self._ready(proxy):
             retire.extend((proxy, old) for old in mine if old is not current)
             return
@@ -213,7 +255,7 @@ class LivePath:
             find_condition(p, SERVING).get("status") == "False" for p in probed)
         chosen = []
         for item in unhealthy:
-            if outage and item.reason not in LOST_REASONS:
+            if outage and item.reason not in (*LOST_REASONS, QUARANTINED):
                 log.warning("%s: not serving, but no probe of provider %s succeeds: replacements paused",
                             item.proxy.key, provider)
                 continue
@@ -224,7 +266,8 @@ class LivePath:
         return chosen[:budget]
 
     def _replace(self, provider: str, item: _Unhealthy, creates: list[_Create]) -> None:
-        if item.replacements >= self.settings.max_replacements:
+        quarantines = quarantine_replacements(item.proxy.annotations, item.hash)
+        if item.replacements - quarantines >= self.settings.max_replacements and item.reason != QUARANTINED:
             message = (f"instance {item.instance.provider_id} is {item.reason} ({item.message}) after "
                        f"{item.replacements} replacements; fix the cause (image, cloudInit, probe target), then "
                        "change the spec or delete the annotation crawl.example.com/replacements to try again")
@@ -232,9 +275,13 @@ class LivePath:
             return
         count = item.replacements + 1
         # Recorded before the create: a crash in between finds the same name again.
-        proxy = self.writer.update_metadata(
-            item.proxy, lambda p: p.annotations.__setitem__(REPLACEMENTS_ANNOTATION, f"{item.hash}:{count}"))
-        reason = "InstanceLost" if item.reason in LOST_REASONS else "NotServing"
+        def record(p: Proxy) -> None:
+            p.annotations[REPLACEMENTS_ANNOTATION] = f"{item.hash}:{count}"
+            if item.reason == QUARANTINED:  # not counted toward ReplacementsExhausted
+                p.annotations[QUARANTINE_REPLACEMENTS] = f"{item.hash}:{quarantines + 1}"
+        proxy = self.writer.update_metadata(item.proxy, record)
+        reason = item.reason if item.reason == QUARANTINED else (
+            "InstanceLost" if item.reason in LOST_REASONS else "NotServing")
         metrics.REPLACEMENTS.labels(provider=provider, reason=reason).inc()
         why = item.message if item.message.startswith(item.reason) else f"{item.reason}: {item.message}"
         self.writer.store.record_event(proxy, "Warning", reason,
@@ -260,9 +307,9 @@ class LivePath:
         self.writer.failed(proxy, listing.error, "ListFailed")
 
     def _created(self, create: _Create, result: Result, listing: Listing,
-                 retire: list[tuple[Proxy, Instance]]) -> None:
+                 retire: list[tuple[Proxy, Instance]], provider_delay: float | None = None) -> None:
         if result.error is not None:
-            self.writer.failed(create.proxy, result.error, "CreateFailed")
+            self.writer.failed(create.proxy, result.error, "CreateFailed", delay=provider_delay)
             return
         self.count("created", 1)
         instance = result.instance or Instance(provider_id="")
@@ -292,6 +339,10 @@ class LivePath:
             instance = dataclasses.replace(instance, ip=ip)
         where = f"instance {instance.provider_id}"
         fields: dict[str, Any] = {"providerID": instance.provider_id}
+        if instance.location:
+            # Where the provider placed it (spec.location, or the host/zone/namespace it chose):
+            # the CRD's `-o wide` Location column reads status.location.
+            fields["location"] = instance.location
         if proxy.status.get("providerID") != instance.provider_id:
             # Another instance now: nothing recorded of its predecessor (address, probe) stays.
             proxy.status = {k: v for k, v in proxy.status.items() if k not in INSTANCE_FIELDS}
@@ -321,7 +372,17 @@ class LivePath:
             target = self.plan.target(proxy, instance, credentials)
             self.targets[target.key] = (proxy.provider, target)
             outcome = self.monitor.outcome(target.key) if self.monitor is not None else None
-            if outcome is None:
+            previous_serving = find_condition(proxy, SERVING)
+            if (outcome is None and proxy.status.get("phase") == PHASE_READY
+                    and proxy.status.get("readyProviderID") == instance.provider_id
+                    and previous_serving.get("status") == "True"):
+                # Served when last probed, and not probed by this process yet (a restarted
+                # controller, a provider listed again): the last verdict stands until the first
+                # probe, one probe interval, rather than pulling a serving proxy out of discovery.
+                phase, ready, reason = PHASE_READY, "True", "Serving"
+                message = str(find_condition(proxy, "Ready").get("message") or f"{where} at {endpoint} serves")
+                serving = ("True", "Serving", str(previous_serving.get("message") or "served when last probed"))
+            elif outcome is None:
                 phase, ready, reason = PHASE_PROVISIONING, "False", AWAITING
                 message = f"{where} is running at {endpoint}; waiting for the first probe through it"
                 serving = ("Unknown", AWAITING, "not probed yet")
@@ -353,6 +414,9 @@ class LivePath:
         status = self.writer.status(proxy, phase, ready, reason, message,
                                     conditions={SERVING: serving, LISTED: None, PRIVATE: private}, **fields)
         if phase == PHASE_READY:
+            if proxy.status.get("readyProviderID") != instance.provider_id or not status.get("readySince"):
+                # When this instance first served: a pool rotates its members by this age.
+                status["readySince"] = self.writer.now()
             status["readyProviderID"] = instance.provider_id
         if phase == PHASE_READY and proxy.annotations.get(SPEC_HASH_ANNOTATION) != desired:
             proxy = self.writer.update_metadata(

@@ -10,16 +10,24 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
 from egress_proxies.health import SweepHealth
 from egress_proxies.model import PHASE_READY, Proxy
 from egress_proxies.reconcile import Reconciler, SweepReport
-from egress_proxies.store import ProxyStore, StoreError, WatchExpired
+from egress_proxies.store import Gone, ProxyStore, StoreError, WatchExpired
 
 log = logging.getLogger(__name__)
+
+
+class ChangeFeed(Protocol):
+    """Another kind's changes that should wake the sweep (``kube.KubePools``: a scale, a new pool)."""
+
+    def list_version(self) -> str: ...
+
+    def watch(self, resource_version: str, timeout_seconds: int) -> Iterator[str]: ...
 
 
 class Elector(Protocol):
@@ -47,8 +55,10 @@ class LoopSettings:
 
 class Controller:
     def __init__(self, reconciler: Reconciler, store: ProxyStore, health: SweepHealth,
-                 settings: LoopSettings | None = None, elector: Elector | None = None) -> None:
+                 settings: LoopSettings | None = None, elector: Elector | None = None,
+                 pool_feed: ChangeFeed | None = None) -> None:
         self.reconciler = reconciler
+        self.pool_feed = pool_feed
         self.store = store
         self.health = health
         self.settings = settings or LoopSettings()
@@ -65,6 +75,12 @@ class Controller:
         # a leader that has just taken over, never answers with an empty list by accident.
         self._view_lock = threading.Lock()
         self._stored_ready: list[Proxy] = []
+        # uids of Proxies the watch saw deleted or deleting: out of discovery at once, not after
+        # the sweep in flight (whose deletion of the instance would otherwise be handed to
+        # crawlers for seconds: seen in the real-guest test).
+        # uid -> when it was seen (monotonic); dropped once a sweep or a stored read that began
+        # later has published a view, which leaves deleting Proxies out by itself.
+        self._withdrawn: dict[str, float] = {}
         self._serving_sweep = False
 
     def trigger(self) -> None:
@@ -81,13 +97,19 @@ class Controller:
         """The Ready Proxies discovery serves: the last sweep's while this process leads and
         has swept in this term, else the Ready ones as stored (read every interval)."""
         with self._view_lock:
-            if self._serving_sweep:
-                return list(self.reconciler.last_ready)
-            return list(self._stored_ready)
+            ready = self.reconciler.last_ready if self._serving_sweep else self._stored_ready
+            return [p for p in ready if p.uid not in self._withdrawn]
+
+    def _forget_withdrawn(self, before: float) -> None:
+        """A view read after ``before`` knows of deletions seen before it (it leaves deleting
+        Proxies out itself)."""
+        with self._view_lock:
+            self._withdrawn = {uid: seen for uid, seen in self._withdrawn.items() if seen >= before}
 
     def refresh_stored_view(self) -> bool:
         """Read the Proxies from the store and keep the Ready ones for discovery; False when
         the store could not be read (the previous view stays)."""
+        started = time.monotonic()
         try:
             proxies, _ = self.store.list_proxies()
         except StoreError as error:
@@ -96,6 +118,7 @@ class Controller:
         ready = [p for p in proxies if p.status.get("phase") == PHASE_READY and not p.deleting]
         with self._view_lock:
             self._stored_ready = ready
+        self._forget_withdrawn(started)
         self.health.view_loaded()
         return True
 
@@ -114,6 +137,9 @@ class Controller:
         if self.settings.watch:
             threads.append(threading.Thread(target=self._guarded("watch", self._watch_loop), name="watch",
                                             daemon=True))
+        if self.settings.watch and self.pool_feed is not None:
+            threads.append(threading.Thread(target=self._guarded("pool-watch", self._pool_watch_loop),
+                                            name="pool-watch", daemon=True))
         elector_thread = None
         if self.elector is not None:
             elector_thread = threading.Thread(target=self._guarded("leader", self._elect_loop), name="leader",
@@ -228,7 +254,10 @@ class Controller:
 
     def sweep_once(self) -> SweepReport:
         self.health.sweep_started()
+        started = time.monotonic()
         report = self.reconciler.sweep()
+        if report.ok:
+            self._forget_withdrawn(started)
         self.health.sweep_finished(report.ok, "" if report.clean else report.summary())
         self.sweeps += 1
         log.log(logging.INFO if report.clean else logging.WARNING,
@@ -236,6 +265,30 @@ class Controller:
                 self.sweeps, report.summary(), report.runner_calls, report.created, report.deleted,
                 report.released, len(report.gc))
         return report
+
+    def _pool_watch_loop(self) -> None:
+        """Like ``_watch_loop``, for ProxyPools: a pool scaled or created is acted on at once."""
+        assert self.pool_feed is not None  # started only with a feed
+        resource_version = ""
+        while not self.stopping.is_set():
+            try:
+                if not resource_version:
+                    resource_version = self.pool_feed.list_version()
+                for version in self.pool_feed.watch(resource_version, self.settings.watch_timeout_seconds):
+                    resource_version = version
+                    self.trigger()
+                    if self.stopping.is_set():
+                        return
+            except WatchExpired:
+                resource_version = ""
+            except Gone:
+                # No ProxyPool CRD (yet): nothing to watch; look again now and then, quietly.
+                resource_version = ""
+                self.stopping.wait(self.settings.watch_timeout_seconds)
+            except StoreError as error:
+                log.warning("pool watch failed: %s; retrying", error)
+                resource_version = ""
+                self.stopping.wait(5)
 
     def _watch_loop(self) -> None:
         resource_version = ""
@@ -245,6 +298,9 @@ class Controller:
                     _, resource_version = self.store.list_proxies()
                 for event in self.store.watch_proxies(resource_version, self.settings.watch_timeout_seconds):
                     resource_version = event.proxy.resource_version or resource_version
+                    if event.type == "DELETED" or event.proxy.deleting:
+                        with self._view_lock:
+                            self._withdrawn[event.proxy.uid] = time.monotonic()
                     self.trigger()
                     if self.stopping.is_set():
                         return

@@ -64,3 +64,10 @@ def _version(distribution: str) -> str:
 
 BUILD.info({"version": _version("egress-proxies-controller"), "python_version": platform.python_version(),
             "ansible_core_version": _version("ansible-core")})
+# Pools (docs/contract.md, "ProxyPool"): what each pool asks for and how many of its members serve.
+POOL_DESIRED = Gauge("egress_proxies_pool_desired_replicas", "spec.replicas of each ProxyPool", ["namespace", "pool"])
+POOL_READY = Gauge("egress_proxies_pool_ready_replicas", "Serving (Ready, not quarantined) members of each ProxyPool",
+                   ["namespace", "pool"])
+# By namespace, never by token: a token is a secret's stand-in and its name says who, not what.
+QUARANTINES = Counter("egress_proxies_quarantines_total", "Proxies quarantined by crawlers, by the Proxy's namespace",
+                      ["namespace"])

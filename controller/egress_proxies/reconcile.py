@@ -38,6 +38,7 @@ from egress_proxies.model import (
     PHASE_READY,
     Proxy,
 )
+from egress_proxies.pool_reconcile import PoolReconciler, ProviderHealth
 from egress_proxies.probe import ProbeTarget
 from egress_proxies.providers import (
     ConfigUnreadable,
@@ -117,8 +118,12 @@ class Reconciler:
     def __init__(self, store: ProxyStore, runner: Runner, config_path: str, settings: ReconcileSettings | None = None,
                  backoff: Backoff | None = None, now: Callable[[], str] = utc_now,
                  purge: Callable[[set[str]], int] | None = None, monitor: ServingMonitor | None = None,
-                 credentials: Credentials | None = None) -> None:
+                 credentials: Credentials | None = None, pools: PoolReconciler | None = None) -> None:
         self.store = store
+        # None: no pools (a source without them, the decision tests). Reconciled first in a sweep.
+        self.pools = pools
+        # The providers whose listing failed in the last sweep: a pool's placement there is degraded.
+        self._failing: dict[str, str] = {}
         # None: instances get no ``access`` (as open as their user-data makes them): the decision
         # tests. The command always passes the credential store: private by default.
         self.credentials = credentials
@@ -164,6 +169,11 @@ class Reconciler:
             log.warning("provider config %s has %d error(s): %s", config.path, len(config.errors),
                         "; ".join(config.errors))
         proxies, _ = self.store.list_proxies()
+        if self.pools is not None:
+            health = ProviderHealth(list(config.types), {name: "; ".join(errors) for name, errors in
+                                                         config.invalid.items()}, dict(self._failing))
+            if self.pools.reconcile(proxies, health):
+                proxies, _ = self.store.list_proxies()  # the members it created get instances now
         self.backoff.forget({p.uid for p in proxies})
         self.writer.latest = {p.uid: p for p in proxies}
         self.writer.failures = {}
@@ -230,9 +240,12 @@ class Reconciler:
         for name, listing in listings.items():
             if listing.error is not None:
                 report.providers_failed.setdefault(name, str(listing.error))
+        self._failing = {name: str(listing.error) for name, listing in listings.items() if listing.error is not None}
         for name in config.invalid:
             report.providers_failed.setdefault(name, unusable[name])
         report.proxies_failed.update(self.writer.failures)
+        if self.pools is not None:
+            report.proxies_failed.update({f"pool {key}": why for key, why in self.pools.failed.items()})
         if self.monitor is not None:
             self.monitor.watch(targets)
         self._publish(list(self.writer.latest.values()))
@@ -253,7 +266,8 @@ class Reconciler:
             serving[state] = serving.get(state, 0) + 1
         for state, count in serving.items():
             metrics.SERVING.labels(serving=state).set(count)
-        self.last_ready = [p for p in final if p.status.get("phase") == PHASE_READY]
+        # A deleting Proxy is never handed out, whatever its last phase: its instance is going.
+        self.last_ready = [p for p in final if p.status.get("phase") == PHASE_READY and not p.deleting]
 
     def _contain(self, proxy: Proxy, action: Callable[[], object], report: SweepReport) -> None:
         """Run one Proxy's step; whatever goes wrong stays with that Proxy."""

@@ -40,6 +40,11 @@ BASIC_NCSA_AUTH = "/usr/lib/squid/basic_ncsa_auth"
 # Where KVM and GCP instances get the two files. "00-" sorts before any file a user drops
 # into conf.d (and before Debian's own debian.conf), so our http_access lines come first.
 DROPIN_PATH = "/etc/squid/conf.d/00-egress-proxies.conf"
+# The boot gate (KVM): "00-egress-proxies-" sorts before "00-egress-proxies." ('-' < '.'), so
+# while this file exists its ``deny all`` decides every request, ahead of our own rules.
+GATE_PATH = "/etc/squid/conf.d/00-egress-proxies-booting.conf"
+# The transient systemd unit that opens the gate once cloud-init's final stage has finished.
+GATE_UNIT = "egress-proxies-open-gate"
 PASSWORD_FILE = "/etc/squid/egress-proxies.passwd"
 REALM = "egress-proxy"
 
@@ -208,8 +213,18 @@ def refuse_open_user_config(text: Optional[str], field: str) -> None:
 _HEREDOC_END = "EGRESS_PROXIES_EOF"
 
 
-def install_script(access: Access) -> bytes:
+def install_script(access: Access, boot_gate: bool = False) -> bytes:
     """A POSIX sh script that writes the drop-in and the password file, then reloads squid.
+
+    ``boot_gate`` (the KVM boothook): squid also refuses every request (403) until cloud-init
+    has finished this boot, user-data included. Ready means serving, and the controller's
+    probe must not pass before a user's ``runcmd`` or ``packages`` restart squid (measured in
+    the real-guest test: a guest Ready after its first 204 then refused connections for
+    seconds while its cloud-final restarted squid). The gate is a drop-in of its own
+    (:data:`GATE_PATH`) that a transient systemd unit ordered after ``cloud-final.service``
+    removes, then reloads squid: queued with ``--no-block``, so nothing in cloud-init waits on
+    it, and a boothook runs on every boot, so every boot gates until it has finished. Without
+    systemd-run there is no gate (nothing would open it).
 
     It runs before squid is installed (a KVM boothook, in cloud-init's init stage, before
     the final stage installs the user's ``packages``) or after (GCP's startup script races
@@ -249,6 +264,23 @@ def install_script(access: Access) -> bytes:
     ]
     if access.users:
         parts += ["write %s 0640 <<'%s'" % (PASSWORD_FILE, _HEREDOC_END), password_file.rstrip("\n"), _HEREDOC_END]
+    if boot_gate:
+        opener = "rm -f %s && systemctl try-reload-or-restart squid" % GATE_PATH
+        parts += [
+            "if command -v systemd-run >/dev/null 2>&1; then",
+            "    write %s 0644 <<'%s'" % (GATE_PATH, _HEREDOC_END),
+            "# crawl.egress_proxies: closed until cloud-init has finished this boot (removed by %s)" % GATE_UNIT,
+            "http_access deny all",
+            _HEREDOC_END,
+            "    systemctl reset-failed %s.service >/dev/null 2>&1" % GATE_UNIT,
+            "    systemd-run --no-block --unit=%s --property=Type=oneshot --property=After=cloud-final.service \\"
+            % GATE_UNIT,
+            "        /bin/sh -c '%s' >/dev/null && log \"squid closed until cloud-init has finished\" ||" % opener,
+            "        { rm -f %s; log \"FAILED: cannot queue %s; squid is not gated\"; }" % (GATE_PATH, GATE_UNIT),
+            "else",
+            "    rm -f %s" % GATE_PATH,
+            "fi",
+        ]
     parts += [
         "write %s 0644 <<'%s'" % (DROPIN_PATH, _HEREDOC_END), rules.rstrip("\n"), _HEREDOC_END,
         # try-reload-or-restart acts only on a running unit: a squid installed later starts
@@ -272,4 +304,4 @@ def boothook(access: Access) -> bytes:
     with the policy from its very first start. cloud-init strips the ``#cloud-boothook``
     line and executes the rest, which therefore starts with its own ``#!/bin/sh``.
     """
-    return b"#cloud-boothook\n" + install_script(access)
+    return b"#cloud-boothook\n" + install_script(access, boot_gate=True)

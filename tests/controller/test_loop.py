@@ -32,6 +32,7 @@ from egress_proxies.leader import LeaseElector
 from egress_proxies.loop import Controller, LoopSettings
 from egress_proxies.model import Proxy
 from egress_proxies.reconcile import Reconciler, SweepReport
+from egress_proxies.store import WatchEvent
 from support.controller_fakes import MemoryStore
 from support.kube_emulator import KubeEmulator
 from support.waiting import wait_for
@@ -256,6 +257,42 @@ def test_a_standby_serves_discovery_from_the_stored_status(leases: KubeLeases) -
         assert standby.reconciler.sweeps == 0  # type: ignore[attr-defined]  # and never swept
     finally:
         standby.stop()
+        thread.join(timeout=10)
+
+
+def test_a_proxy_seen_deleting_leaves_discovery_before_the_sweep_in_flight_ends() -> None:
+    # The real-guest test saw a deleted Proxy handed to a crawler while the sweep deleted its
+    # instance: the watch's deletion must take it out of discovery at once.
+    store = ready_store("eu-1", "eu-2")
+    both = [store.get_proxy("crawlers", "eu-1"), store.get_proxy("crawlers", "eu-2")]
+    reconciler = FakeReconciler(lambda: list(both))
+    deleting = threading.Event()
+    sent: list[Proxy] = []
+
+    def watch(resource_version: str, timeout_seconds: int) -> Iterator[WatchEvent]:  # noqa: ARG001
+        if deleting.wait(0.1) and not sent:
+            proxy = store.get_proxy("crawlers", "eu-1")
+            proxy.deletion_timestamp = "2026-12-03T12:00:00Z"
+            sent.append(proxy)
+            yield WatchEvent("MODIFIED", proxy)
+
+    store.watch_proxies = watch  # type: ignore[method-assign]
+    controller = make_controller(reconciler, store, None, "solo", watch=True)
+    thread = start(controller)
+    try:
+        wait_for(lambda: len(controller.ready_proxies()) == 2, 5, "the first sweep's view")
+        reconciler.block.clear()  # the next sweep (the one deleting eu-1's instance) takes a while
+        wait_for(reconciler.in_sweep.is_set, 5, "a sweep in flight")
+        deleting.set()
+        wait_for(lambda: [p.name for p in controller.ready_proxies()] == ["eu-2"], 5, "eu-1 out of discovery")
+        assert [p.name for p in reconciler.last_ready] == ["eu-1", "eu-2"]  # the sweep has not said so yet
+        both.pop(0)  # a sweep that began after the deletion leaves it out itself
+        reconciler.block.set()
+        wait_for(lambda: reconciler.sweeps >= 3, 5, "a sweep after the deletion")
+        assert [p.name for p in controller.ready_proxies()] == ["eu-2"]
+        assert controller._withdrawn == {}  # forgotten once a later view knows
+    finally:
+        controller.stop()
         thread.join(timeout=10)
 
 

@@ -185,6 +185,48 @@ def test_transient_create_failure_backs_off_exponentially(store: MemoryStore, ru
     assert store.reasons() == ["CreateFailed"]  # the same failure again: no second Event
 
 
+def test_a_batch_failing_transient_backs_off_the_provider_not_each_proxy(store: MemoryStore, runner: FakeRunner,
+                                                                           config: Path, clock: Clock) -> None:
+    # Items of one batch failing transient (the host dropped the connection; each message names
+    # its item, as the KVM module's do): the provider's failure. The batch is tried again after
+    # the provider's short backoff, however often it failed, and no Proxy's own backoff grows.
+    proxies = [store.add(f"eu-{n}", SPEC) for n in range(3)]
+    for index, proxy in enumerate(proxies):
+        name = instance_name(proxy, spec_hash(SPEC))
+        runner.fail[("kvm_proxy", name)] = (
+            "transient", f"operations[{index}]: looking up domain {name}: internal error: client socket is closed")
+    rec = reconciler(store, runner, config, clock)
+    delays = []
+    for _ in range(6):
+        rec.sweep()
+        message = store.get("eu-0").status["conditions"][0]["message"]
+        delays.append(int(message.rsplit("next attempt in ", 1)[1].split(" s")[0]))
+        rec.sweep()  # too early: nothing is tried
+        clock.now += delays[-1]
+    assert delays == [2, 4, 8, 16, 30, 30]  # capped at 30 s, not the 300 s of a Proxy's own failures
+    assert runner.verbs().count("create") == 6  # one batch run per attempt
+    assert all(rec.backoff.due(p.uid) for p in proxies)
+    runner.fail.clear()
+    rec.sweep()
+    assert all(store.get(p.name).status["phase"] == "Ready" for p in proxies)
+    # One success clears the provider's backoff: a new Proxy is created at once.
+    store.add("eu-9", SPEC)
+    rec.sweep()
+    assert store.get("eu-9").status["phase"] == "Ready"
+
+
+def test_one_item_failing_alone_backs_off_its_own_proxy(store: MemoryStore, runner: FakeRunner, config: Path,
+                                                        clock: Clock) -> None:
+    proxies = [store.add(f"eu-{n}", SPEC) for n in range(3)]
+    name = instance_name(proxies[0], spec_hash(SPEC))
+    runner.fail[("kvm_proxy", name)] = ("transient", f"{name}: disk full on host h1")
+    rec = reconciler(store, runner, config, clock)
+    rec.sweep()
+    assert not rec.backoff.due(proxies[0].uid)
+    assert "next attempt in 5 s" in store.get("eu-0").status["conditions"][0]["message"]
+    assert [store.get(p.name).status["phase"] for p in proxies[1:]] == ["Ready", "Ready"]
+
+
 def test_permanent_create_failure_fails_and_requeues_slowly(store: MemoryStore, runner: FakeRunner, config: Path,
                                                             clock: Clock) -> None:
     proxy = store.add("eu-1", {**SPEC, "image": "windows-95"})

@@ -136,6 +136,28 @@ def test_ready_only_once_a_request_through_it_worked(config: Path) -> None:
     assert [p.key for p in rec.last_ready] == ["crawlers/eu-1"]
 
 
+def test_a_restarted_controller_keeps_a_serving_proxy_ready_until_its_own_first_probe(config: Path) -> None:
+    lab = Lab(config)
+    lab.store.add("eu-1", SPEC)
+    lab.sweep_probe_sweep(lab.reconciler())
+    assert lab.store.get("eu-1").status["phase"] == "Ready"
+    # A new process: a fresh monitor that has probed nothing yet.
+    lab.monitor = ServingMonitor(lab.prober)  # type: ignore[arg-type]
+    restarted = lab.reconciler()
+    restarted.sweep()
+    kept = lab.store.get("eu-1")
+    assert kept.status["phase"] == "Ready" and serving_condition(kept)["status"] == "True"
+    assert [p.key for p in restarted.last_ready] == ["crawlers/eu-1"]  # never out of discovery
+    # Its own first probe decides from then on.
+    (instance,) = lab.runner.instances.values()
+    lab.prober.serving[instance["ip"]] = ProbeReason.CONNECTION_REFUSED
+    lab.monitor.probe_now()
+    restarted.sweep()
+    down = lab.store.get("eu-1")
+    assert down.status["phase"] == "Provisioning" and serving_condition(down)["reason"] == "ConnectionRefused"
+    assert restarted.last_ready == []
+
+
 def test_a_proxy_that_stops_serving_leaves_discovery_then_is_replaced(config: Path) -> None:
     lab = Lab(config)
     lab.store.add("eu-1", SPEC)

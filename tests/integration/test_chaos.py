@@ -14,11 +14,8 @@ The 1,000-Proxy run and its figures: docs/performance.md, "Chaos".
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
-
-import pytest
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 if str(BENCH) not in sys.path:
@@ -26,13 +23,12 @@ if str(BENCH) not in sys.path:
 
 import chaos_bench  # noqa: E402
 
-# Flaky since proxies became private and batches one module run: 1 pass, 2 failures in the last
-# three runs. Every failure stopped with most Proxies lacking a domain, while the controller's
-# listings succeeded and it created nothing. Opt in with EGRESS_PROXIES_CHAOS_TESTS=1 until the
-# cause is found; issue 11 stays open.
-pytestmark = pytest.mark.skipif(os.environ.get("EGRESS_PROXIES_CHAOS_TESTS") != "1",
-                                reason="flaky, under diagnosis (issue 11 open); EGRESS_PROXIES_CHAOS_TESTS=1 runs it")
-
+# It was opt-in for a while: 2 of 3 runs stopped with most Proxies lacking an instance and nothing
+# being created. Per-Proxy backoff grown by failed batches (up to 5 min) fits that; batches of
+# several transient failures now back off the provider instead (30 s cap; docs/architecture.md,
+# "Error classes"). Since then 6 of 6 runs (seeds 7-12, load 4-6, 3 of them before the final
+# rule) converged 19-60 s after the last fault. Should it fail again, the report prints why the
+# stragglers are not Ready (their Ready condition).
 # Measured 2026-12-03 on the 2 shared cores (load average 5-15): converged 25-67 s after the
 # last fault (the sweep in flight ends, then creates cut mid-run are retried after their backoff,
 # orphans go after the 5 s GC grace); the whole test takes 75-135 s. The bound leaves room for a

@@ -18,7 +18,9 @@ What it honours (see the contract tests): create with ``uid``/``resourceVersion`
 ``generation``/``creationTimestamp`` and ``generateName``; 409 AlreadyExists; get and list
 (per namespace or across namespaces) with label and ``metadata.name``/``metadata.namespace``
 field selectors; PUT with a 409 Conflict on a stale ``resourceVersion``; an isolated
-``/status`` subresource; JSON merge patch, JSON patch (RFC 6902) and strategic merge patch
+``/status`` subresource; a CRD's ``/scale`` subresource (an ``autoscaling/v1`` Scale over its
+``specReplicasPath``/``statusReplicasPath``/``labelSelectorPath``: GET, PUT, merge and JSON
+patch, 422 below 0, 409 on a stale resourceVersion); JSON merge patch, JSON patch (RFC 6902) and strategic merge patch
 (applied as a JSON merge patch, which is exact for our kinds' maps but replaces lists where the
 real server merges them by key); finalizers with ``deletionTimestamp``; watch with replay from a
 ``resourceVersion``, ``ERROR`` 410 Expired once that version left the bounded history, and
@@ -157,6 +159,8 @@ class ResourceType:
     custom: bool = False
     """A custom resource (served from a CRD): it has no strategic merge patch, only JSON merge
     and JSON patch."""
+    scale: tuple[str, str, str | None] | None = None
+    """The CRD's scale subresource: (specReplicasPath, statusReplicasPath, labelSelectorPath)."""
 
     @property
     def api_version(self) -> str:
@@ -926,11 +930,13 @@ class KubeEmulator:
                 and types[rest[2]].namespaced):
             namespace, rest = rest[1], rest[2:]
         rtype = types.get(rest[0])
-        if rtype is None or len(rest) > 3 or (len(rest) == 3 and rest[2] != "status"):
+        if rtype is None or len(rest) > 3 or (len(rest) == 3 and rest[2] not in ("status", "scale")):
             raise ApiError(404, "the server could not find the requested resource")
         if not rtype.namespaced and namespace is not None:
             raise ApiError(404, "the server could not find the requested resource")
-        if len(rest) == 3 and not rtype.status_subresource:
+        if len(rest) == 3 and rest[2] == "status" and not rtype.status_subresource:
+            raise ApiError(404, "the server could not find the requested resource")
+        if len(rest) == 3 and rest[2] == "scale" and rtype.scale is None:
             raise ApiError(404, "the server could not find the requested resource")
         return _Route(rtype, namespace, rest[1] if len(rest) > 1 else None,
                       rest[2] if len(rest) > 2 else None)
@@ -957,6 +963,10 @@ class KubeEmulator:
                 resources.append({"name": f"{t.plural}/status", "singularName": "",
                                   "namespaced": t.namespaced, "kind": t.kind,
                                   "verbs": _STATUS_VERBS})
+            if t.scale is not None:
+                resources.append({"name": f"{t.plural}/scale", "singularName": "",
+                                  "namespaced": t.namespaced, "group": "autoscaling", "version": "v1",
+                                  "kind": "Scale", "verbs": _STATUS_VERBS})
         return {"kind": "APIResourceList", "apiVersion": "v1",
                 "groupVersion": f"{group}/{version}" if group else version,
                 "resources": resources}
@@ -1069,10 +1079,14 @@ class KubeEmulator:
         spec = crd["spec"]
         names = spec["names"]
         for version in spec["versions"]:
+            scale = (version.get("subresources") or {}).get("scale")
             rtype = ResourceType(spec["group"], version["name"], names["kind"], names["plural"],
                                  namespaced=spec.get("scope", "Namespaced") == "Namespaced",
                                  status_subresource="status" in (version.get("subresources") or {}),
-                                 returns_deleted_object=True, custom=True)
+                                 returns_deleted_object=True, custom=True,
+                                 scale=None if scale is None else (scale["specReplicasPath"],
+                                                                   scale["statusReplicasPath"],
+                                                                   scale.get("labelSelectorPath")))
             if not version.get("served", True):
                 self._types.pop((rtype.group, rtype.version, rtype.plural), None)
                 continue
@@ -1130,6 +1144,75 @@ class KubeEmulator:
             rv = str(self._rv)
         return {"kind": f"{flt.rtype.kind}List", "apiVersion": flt.rtype.api_version,
                 "metadata": {"resourceVersion": rv}, "items": items}
+
+    def _scale(self, route: _Route, method: str, content_type: str, body: Any) -> Obj:
+        """The scale subresource of a custom resource, as apiextensions-apiserver serves it
+        (registry/customresource/etcd.go ScaleREST): an ``autoscaling/v1`` Scale whose
+        ``spec.replicas`` is read from and written to ``specReplicasPath``, ``status.replicas``
+        read from ``statusReplicasPath`` (0 when absent) and ``status.selector`` from
+        ``labelSelectorPath`` ("" when absent). A write changes only the spec replicas (and so
+        the generation); a resourceVersion in the Scale is a precondition (409 when stale)."""
+        rtype = route.rtype
+        assert rtype.scale is not None and route.name is not None
+        spec_path, status_path, selector_path = (p.lstrip(".").split(".") if p else None for p in rtype.scale)
+
+        def read(obj: Obj, path: list[str] | None) -> Any:
+            value: Any = obj
+            for part in path or []:
+                value = value.get(part) if isinstance(value, dict) else None
+            return value
+
+        def scale_of(obj: Obj) -> Obj:
+            replicas = read(obj, spec_path)
+            if not isinstance(replicas, int):
+                raise ApiError(500, f"the spec replicas field {rtype.scale[0]!r} cannot be found")  # type: ignore[index]
+            meta = obj["metadata"]
+            return {"kind": "Scale", "apiVersion": "autoscaling/v1",
+                    "metadata": {k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion",
+                                                      "creationTimestamp") if k in meta},
+                    "spec": {"replicas": replicas},
+                    "status": {"replicas": read(obj, status_path) or 0,
+                               "selector": str(read(obj, selector_path) or "")}}
+
+        with self._lock:
+            old = self._stored(route)
+            if method == "GET":
+                return scale_of(copy.deepcopy(old))
+            current = scale_of(copy.deepcopy(old))
+            if method == "PATCH":
+                media = content_type.split(";")[0].strip().lower()
+                if media == "application/json-patch+json":
+                    try:
+                        wanted = json_patch(current, body)
+                    except (_PatchFailed, KeyError, TypeError) as exc:
+                        raise ApiError(422, f"the server rejected our request due to an error in our request: "
+                                            f"{exc}") from exc
+                elif media in ("application/merge-patch+json", "application/strategic-merge-patch+json"):
+                    if not isinstance(body, dict):
+                        raise ApiError(400, "a merge patch must be a JSON object")
+                    wanted = merge_patch(current, body)
+                else:
+                    raise ApiError(415, f"the body of the request was in an unknown format (got {media})")
+            else:
+                wanted = body
+            if not isinstance(wanted, dict) or wanted.get("kind") not in (None, "Scale"):
+                raise ApiError(400, "the body must be an autoscaling/v1 Scale")
+            replicas = (wanted.get("spec") or {}).get("replicas")
+            if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 0:
+                raise _invalid(rtype, route.name, [FieldError(
+                    "FieldValueInvalid", "spec.replicas", GoValue(replicas),
+                    "must be greater than or equal to 0")])
+            rv = (wanted.get("metadata") or {}).get("resourceVersion")
+            if rv not in (None, "") and str(rv) != old["metadata"]["resourceVersion"]:
+                raise _conflict(rtype, route.name)
+            new = copy.deepcopy(old)
+            target: Any = new
+            assert spec_path is not None
+            for part in spec_path[:-1]:
+                target = target.setdefault(part, {})
+            target[spec_path[-1]] = replicas
+            updated = self._update_locked(_Route(rtype, route.namespace, route.name, None), new)
+            return scale_of(updated)
 
     def _update(self, route: _Route, body: Obj) -> Obj:
         with self._lock:
@@ -1450,6 +1533,8 @@ class _Handler(BaseHTTPRequestHandler):
                 self._watch(flt, query)
             else:
                 self._send_json(200, emulator._list(flt))
+        elif route.subresource == "scale" and method in ("GET", "PUT", "PATCH"):
+            self._send_json(200, emulator._scale(route, method, self.headers.get("Content-Type", ""), body))
         elif method == "GET":
             self._send_json(200, emulator._get(route))
         elif method == "POST":

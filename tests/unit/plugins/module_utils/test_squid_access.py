@@ -29,6 +29,7 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.k8s.pods impo
 )
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.squid_access import (
     DROPIN_PATH,
+    GATE_PATH,
     PASSWORD_FILE,
     Access,
     AccessUser,
@@ -165,8 +166,22 @@ class TestScript:
         assert f"<<'EGRESS_PROXIES_EOF'\n{render_rules(self.access())}EGRESS_PROXIES_EOF\n" in text
         assert f"write {PASSWORD_FILE} 0640 " in text and f"write {DROPIN_PATH} 0644 " in text
 
-    def test_boothook_is_the_script_behind_the_boothook_line(self) -> None:
-        assert boothook(self.access()) == b"#cloud-boothook\n" + install_script(self.access())
+    def test_boothook_is_the_gated_script_behind_the_boothook_line(self) -> None:
+        assert boothook(self.access()) == b"#cloud-boothook\n" + install_script(self.access(), boot_gate=True)
+
+    def test_the_boot_gate_denies_everything_ahead_of_the_rules_until_cloud_final(self) -> None:
+        text = install_script(self.access(), boot_gate=True).decode()
+        # squid reads conf.d/*.conf in name order: the gate's deny all comes before our rules.
+        assert sorted([GATE_PATH, DROPIN_PATH]) == [GATE_PATH, DROPIN_PATH]
+        assert text.index(f"write {GATE_PATH} 0644") < text.index(f"write {DROPIN_PATH} 0644")
+        gate = text.split(f"write {GATE_PATH} 0644 <<'EGRESS_PROXIES_EOF'\n", 1)[1].split("EGRESS_PROXIES_EOF", 1)[0]
+        assert [line for line in gate.splitlines() if not line.startswith("#")] == ["http_access deny all"]
+        # Opened by a unit queued without waiting, ordered after cloud-init's last stage.
+        assert "systemd-run --no-block" in text and "--property=After=cloud-final.service" in text
+        assert f"rm -f {GATE_PATH} && systemctl try-reload-or-restart squid" in text
+        # No gate without the means to open it; none at all for GCP's startup script.
+        assert "else\n    rm -f " + GATE_PATH in text
+        assert GATE_PATH not in install_script(self.access()).decode()
 
     def test_open_policy_writes_no_password_file(self) -> None:
         access = parse_access({"open": True, "allowed_sources": ["10.0.0.0/8"]})

@@ -1,0 +1,418 @@
+"""ProxyPool decisions (controller/egress_proxies/pools.py), pure: the split, failover with its
+hysteresis, rotation bounds, member names, validation errors; and the directory source's pool
+(one pool file -> member files -> Proxies Ready through the real runner and libvirt's test
+driver -> deleting the pool file deletes the members through the normal finalizer path).
+
+The decision tests drive ``decide`` through a small simulated world (members appear not ready
+and become ready a few sweeps later, deletions take effect at once) so a bound like "ready never
+below replicas - maxUnavailable" is checked on every sweep, not at the end.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from egress_proxies.backoff import Backoff
+from egress_proxies.directory import DirectoryPools, DirectoryStore
+from egress_proxies.model import Proxy
+from egress_proxies.pool_reconcile import PoolReconciler
+from egress_proxies.pools import (
+    DEGRADED,
+    HEALTHY,
+    POOL_LABEL,
+    QUARANTINE_ANNOTATION,
+    RECOVERING,
+    Decision,
+    Member,
+    Placement,
+    Pool,
+    PoolSpec,
+    decide,
+    jitter_factor,
+    member_name,
+    parse_duration,
+    parse_spec,
+    pool_status,
+    quarantined,
+    split,
+)
+from egress_proxies.reconcile import Reconciler
+from egress_proxies.runner import AnsibleRunner
+from support.ansible_modules import collections_path
+
+GOOD_SPEC: dict[str, Any] = {"replicas": 3, "template": {"port": 3128},
+                             "placement": [{"provider": "a", "weight": 2}, {"provider": "b"}]}
+
+
+# -- the split ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("total", "weights", "caps", "expected"), [
+    (6, [2, 1], [None, None], [4, 2]),
+    (7, [1, 1, 1], [None, None, None], [3, 2, 2]),
+    (1, [1, 1], [None, None], [1, 0]),  # a tie goes to the earlier placement
+    (5, [2, 1], [None, None], [3, 2]),  # remainders 0.33 and 0.67: the larger one wins
+    (6, [1, 1], [2, None], [2, 4]),  # what a capped placement cannot take goes to the others
+    (6, [1, 1], [2, 1], [2, 1]),  # the caps allow no more: the sum is short
+    (4, [0, 1], [None, None], [0, 4]),  # weight 0 takes nothing
+    (0, [1, 1], [None, None], [0, 0]),
+])
+def test_split_is_largest_remainder_by_weight_capped(total: int, weights: list[int], caps: list[int | None],
+                                                      expected: list[int]) -> None:
+    assert split(total, weights, caps) == expected
+
+
+# -- validation -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("change", "expected"), [
+    ({"replicas": "abc"}, "spec.replicas: must be an integer >= 0 (got 'abc')"),
+    ({"replicas": -1}, "spec.replicas: must be an integer >= 0 (got -1)"),
+    ({"replicas": True}, "spec.replicas: must be an integer >= 0 (got True)"),
+    ({"template": {"provider": "a"}}, ("spec.template.provider: not allowed: each member's provider comes from "
+                                      "spec.placement; move it there")),
+    ({"template": "squid"}, "spec.template: must be an object"),
+    ({"placement": []}, "spec.placement: must be a non-empty list"),
+    ({"placement": [{"provider": "nope"}]}, ("spec.placement[0].provider: 'nope' is not a configured provider "
+                                            "(configured: a, b)")),
+    ({"placement": [{"provider": "a", "weight": "x"}]}, "spec.placement[0].weight: must be an integer >= 0"),
+    ({"placement": [{"provider": "a", "max": -2}]}, "spec.placement[0].max: must be an integer >= 0"),
+    ({"placement": [{"provider": "a", "zone": "x"}]}, "spec.placement[0]: unknown field(s) zone"),
+    ({"placement": [{"provider": "a", "weight": 0}]}, "spec.placement: at least one placement needs a weight > 0"),
+    ({"rotation": {"maxAge": "6 hours"}}, 'spec.rotation.maxAge: must be a duration such as "6h"'),
+    ({"rotation": {"maxAge": "1h", "maxSurge": 0}}, "spec.rotation: maxSurge and maxUnavailable cannot both be 0"),
+    ({"rotation": {"jitter": 2}}, "spec.rotation.jitter: must be a number from 0 to 1 (got 2)"),
+    ({"minReady": "all"}, "spec.minReady: must be an integer >= 0"),
+    ({"failoverAfter": 120}, 'spec.failoverAfter: must be a duration such as "120s"'),
+    ({"replica": 3}, "spec: unknown field(s) replica"),
+])
+def test_a_malformed_spec_names_the_field_and_the_fix(change: dict[str, Any], expected: str) -> None:
+    spec, errors = parse_spec({**GOOD_SPEC, **change}, ["a", "b"])
+    assert spec is None
+    assert any(error.startswith(expected) for error in errors), errors
+
+
+def test_every_error_is_reported_at_once() -> None:
+    _, errors = parse_spec({"replicas": "abc", "placement": [{"provider": 3}], "rotation": {"jitter": -1}}, ["a"])
+    assert [e.split(":")[0] for e in errors] == ["spec.replicas", "spec.placement[0].provider",
+                                                 "spec.rotation.jitter"]
+
+
+def test_a_good_spec_is_typed_with_defaults() -> None:
+    spec, errors = parse_spec({**GOOD_SPEC, "rotation": {"maxAge": "1h30m"}, "failoverAfter": "5m"}, ["a", "b"])
+    assert errors == [] and spec is not None
+    assert spec.placements == (Placement("a", None, 2, None), Placement("b", None, 1, None))
+    assert (spec.max_age_seconds, spec.max_surge, spec.max_unavailable, spec.jitter) == (5400, 1, 0, 0.1)
+    assert spec.failover_after_seconds == 300 and spec.available_minimum == 3
+    assert spec.member_spec(1) == {"port": 3128, "provider": "b"}
+
+
+def test_durations() -> None:
+    assert [parse_duration(t) for t in ("6h", "1h30m", "90s", "500ms", "1.5m")] == [21600, 5400, 90, 0.5, 90]
+    assert [parse_duration(t) for t in ("", "6", "6 h", "h", 6, None, "-1s")] == [None] * 7
+
+
+# -- names and jitter ------------------------------------------------------------------------------
+
+def test_member_names_are_deterministic_per_pool_uid_and_serial() -> None:
+    pool = Pool("crawlers", "eu", "uid-1", GOOD_SPEC)
+    assert member_name(pool, 1) == member_name(pool, 1)
+    assert member_name(pool, 1) != member_name(pool, 2)
+    assert member_name(pool, 1) != member_name(dataclasses.replace(pool, uid="uid-2"), 1)
+    name = member_name(pool, 7)
+    assert name.startswith("eu-") and len(name) == len("eu-") + 5 and name[3:].isalnum()
+
+
+def test_jitter_is_stable_bounded_and_spread() -> None:
+    factors = [jitter_factor(f"eu-{i:05x}", 0.2) for i in range(200)]
+    assert all(0.8 <= f <= 1.2 for f in factors)
+    assert min(factors) < 0.85 and max(factors) > 1.15  # spread over the range, not all at once
+    assert jitter_factor("eu-00001", 0.2) == jitter_factor("eu-00001", 0.2)
+    assert jitter_factor("eu-00001", 0.0) == 1.0
+
+
+# -- the simulated world ------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class World:
+    """Members as ``decide`` sees them; a created member becomes Ready ``boot`` sweeps later."""
+
+    spec: PoolSpec
+    boot: int = 2
+    now: float = 1_000_000.0
+    step: float = 10.0
+    members: dict[str, Member] = dataclasses.field(default_factory=dict)
+    born: dict[str, int] = dataclasses.field(default_factory=dict)
+    ready_at: dict[str, float] = dataclasses.field(default_factory=dict)
+    never_ready: set[int] = dataclasses.field(default_factory=set)  # placements whose members never serve
+    rows: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    serial: int = 0
+    sweep: int = 0
+    ready_per_sweep: list[int] = dataclasses.field(default_factory=list)
+
+    def add_ready(self, placement: int, count: int, age: float = 0.0) -> None:
+        for _ in range(count):
+            name = self._new(placement)
+            self.members[name] = dataclasses.replace(self.members[name], ready=True, ready_age=age)
+            self.ready_at[name] = self.now - age
+
+    def _new(self, placement: int) -> str:
+        self.serial += 1
+        name = f"m-{self.serial:04d}"
+        self.members[name] = Member(name, placement, ready=False, created=self.now + self.serial * 1e-3)
+        self.born[name] = self.sweep
+        return name
+
+    def run(self, broken: dict[int, str] | None = None) -> Decision:
+        self.sweep += 1
+        self.now += self.step
+        for name, member in list(self.members.items()):
+            if (not member.ready and not member.quarantined and member.placement not in self.never_ready
+                    and self.sweep - self.born[name] >= self.boot):
+                self.ready_at[name] = self.now
+                member = dataclasses.replace(member, ready=True)
+            if member.ready:
+                member = dataclasses.replace(member, ready_age=self.now - self.ready_at[name])
+            self.members[name] = member
+        self.ready_per_sweep.append(sum(1 for m in self.members.values() if m.ready))
+        decision = decide(self.spec, list(self.members.values()), broken or {}, self.rows, self.now)
+        self.rows = decision.placements
+        for name, why in decision.retire.items():
+            self.members[name] = dataclasses.replace(self.members[name], retiring=why)
+        for placement in decision.creates:
+            self._new(placement)
+        for name in decision.deletes:
+            del self.members[name]
+        return decision
+
+    def per_placement(self) -> list[int]:
+        counts = [0] * len(self.spec.placements)
+        for member in self.members.values():
+            if member.placement is not None:
+                counts[member.placement] += 1
+        return counts
+
+
+def pool_spec(**changes: Any) -> PoolSpec:
+    base = PoolSpec(replicas=6, template={}, placements=(Placement("a", "h1", 2), Placement("b", "h2", 1)),
+                    failover_after_seconds=60.0)
+    return dataclasses.replace(base, **changes)
+
+
+def test_scaling_up_spreads_by_weight_and_settles() -> None:
+    world = World(pool_spec())
+    first = world.run()
+    assert sorted(first.creates) == [0, 0, 0, 0, 1, 1]
+    for _ in range(4):
+        world.run()
+    assert world.per_placement() == [4, 2] and world.ready_per_sweep[-1] == 6
+    settled = world.run()
+    assert (settled.creates, settled.deletes, settled.retire) == ([], [], {})
+    status = pool_status(Pool("ns", "eu", "uid", {}), world.spec, settled, list(world.members.values()), {},
+                         world.now)
+    assert (status["replicas"], status["readyReplicas"], status["phase"]) == (6, 6, "Ready")
+    assert status["selector"] == f"{POOL_LABEL}=eu"
+    assert {c["type"]: c["reason"] for c in status["conditions"]} == {
+        "Available": "MinimumReplicasAvailable", "Progressing": "Complete", "PlacementDegraded": "AllPlacementsServing"}
+
+
+def test_scaling_down_deletes_not_ready_members_first_then_the_newest() -> None:
+    world = World(pool_spec(replicas=4))
+    world.add_ready(0, 4)
+    world.add_ready(1, 2)
+    booting = world._new(1)
+    decision = world.run()
+    # [3, 1] wanted: the booting one goes first, then the newest ready one on placement 0 and 1.
+    assert booting in decision.deletes and len(decision.deletes) == 3
+    assert world.per_placement() == [3, 1]
+
+
+def test_a_broken_placement_fails_over_within_max_surge_and_comes_back_after_hysteresis() -> None:
+    world = World(pool_spec(replicas=3, max_surge=1))
+    world.add_ready(0, 2)
+    world.add_ready(1, 1)
+    assert world.run().creates == []
+    # Placement 1's provider breaks (its section invalid): its member is kept, one extra on 0.
+    world.members = {n: dataclasses.replace(m, ready=False) if m.placement == 1 else m
+                     for n, m in world.members.items()}
+    world.never_ready = {1}
+    broken = {1: "provider b cannot be used"}
+    decision = world.run(broken)
+    assert decision.creates == [0] and decision.deletes == [] and decision.newly_degraded == [1]
+    assert world.rows[1]["state"] == DEGRADED
+    for _ in range(5):
+        decision = world.run(broken)
+        assert decision.creates == [] and decision.deletes == []  # no churn while it lasts
+    assert world.per_placement() == [3, 1] and world.ready_per_sweep[-1] == 3
+
+    # It recovers: nothing moves before 2 x failoverAfter of continuous health.
+    world.never_ready = set()
+    world.members = {n: dataclasses.replace(m, ready=True, ready_age=0.0) if m.placement == 1 else m
+                     for n, m in world.members.items()}
+    for name, member in world.members.items():
+        world.ready_at.setdefault(name, world.now)
+        if member.placement == 1:
+            world.ready_at[name] = world.now
+    moves: list[int | str] = []
+    for _ in range(12):  # recovering from the first of these sweeps: 110 s < 120 s
+        decision = world.run()
+        moves += [*decision.creates, *decision.deletes]
+    assert moves == [] and world.rows[1]["state"] == RECOVERING
+    decision = world.run()  # 120 s
+    assert decision.recovered == [1] and world.rows[1]["state"] == HEALTHY
+    assert len(decision.deletes) == 1 and decision.creates == []
+    assert world.per_placement() == [2, 1]
+    # Down to 2 only while the extra member booted; never again, the move back included.
+    assert world.ready_per_sweep[:4] == [3, 2, 2, 3] and min(world.ready_per_sweep[3:]) >= 3
+    assert world.run().deletes == [] and min(world.ready_per_sweep[3:]) >= 3
+
+
+def test_a_placement_whose_members_never_get_ready_fails_over_after_failover_after() -> None:
+    world = World(pool_spec(replicas=3, max_surge=2), boot=1)
+    world.never_ready = {1}
+    world.run()  # creates the members; the next sweep sees placement 1's, none ready
+    for _ in range(6):  # 0 to 50 s without a ready member: not yet
+        assert world.run().creates == []
+    assert world.rows[1]["state"] == HEALTHY and "unreadySince" in world.rows[1]
+    decision = world.run()  # 60 s without a ready member on placement 1
+    assert decision.creates == [0] and world.rows[1]["state"] == DEGRADED
+    assert "no member Ready for 60 s" in world.rows[1]["reason"]
+
+
+def test_members_started_on_a_placement_that_then_dies_do_not_block_the_refill() -> None:
+    """A rotation started members on placement 1 just before its provider died: they will never
+    be ready, and must not use up the surge the refill on placement 0 needs."""
+    world = World(pool_spec(replicas=3, max_surge=2))
+    world.add_ready(0, 2)
+    world.add_ready(1, 1)
+    world.never_ready = {1}
+    world._new(1)
+    world._new(1)  # two stuck members there: 5 in all, the cap (3 + 2) reached
+    for name in [n for n, m in world.members.items() if m.placement == 1 and m.ready]:
+        world.members[name] = dataclasses.replace(world.members[name], ready=False)
+    decision = world.run({1: "provider b cannot be listed"})
+    assert decision.creates == [0] and decision.deletes == []  # its members kept, one made up on 0
+    world.run({1: "provider b cannot be listed"})
+    world.run({1: "provider b cannot be listed"})
+    assert world.ready_per_sweep[-1] == 3
+
+
+def test_an_unplaceable_shortfall_is_capped_by_max_surge() -> None:
+    world = World(pool_spec(replicas=6, max_surge=1))
+    world.add_ready(0, 4)
+    decision = world.run({1: "provider b is not configured"})
+    assert decision.creates == [0]  # 2 missing on placement 1, one extra allowed
+
+
+@pytest.mark.parametrize(("surge", "unavailable"), [(1, 0), (2, 0), (0, 1), (1, 1)])
+def test_rotation_replaces_every_member_without_dropping_below_the_floor(surge: int, unavailable: int) -> None:
+    spec = pool_spec(replicas=6, max_age_seconds=300.0, jitter=0.1, max_surge=surge, max_unavailable=unavailable)
+    world = World(spec, boot=3)
+    world.add_ready(0, 4, age=100.0)
+    world.add_ready(1, 2, age=100.0)
+    original = set(world.members)
+    for _ in range(150):
+        world.run()
+        assert len(world.members) <= 6 + surge
+        if original.isdisjoint(world.members):
+            break
+    assert original.isdisjoint(world.members), "every member rotated"
+    for _ in range(5):  # maxSurge 0: the last one was deleted first, its successor follows
+        world.run()
+    assert min(world.ready_per_sweep) >= 6 - unavailable, world.ready_per_sweep
+    assert world.per_placement() == [4, 2] and len(world.members) == 6
+
+
+def test_rotation_waits_while_the_pool_is_short() -> None:
+    world = World(pool_spec(replicas=3, max_age_seconds=10.0), boot=100)
+    world.add_ready(0, 2, age=1000.0)
+    decision = world.run()
+    assert decision.retire == {} and decision.creates == [1]
+
+
+def test_a_template_change_rotates_members_like_age() -> None:
+    world = World(pool_spec(replicas=2))
+    world.add_ready(0, 1)
+    world.add_ready(1, 1)
+    name = next(iter(world.members))
+    world.members[name] = dataclasses.replace(world.members[name], outdated=True)
+    decision = world.run()
+    assert decision.retire == {name: "template"} and decision.creates == [0]
+
+
+def test_a_quarantined_member_is_replaced_and_deleted_once_its_successor_is_ready() -> None:
+    world = World(pool_spec(replicas=3, max_surge=1), boot=2)
+    world.add_ready(0, 2)
+    world.add_ready(1, 1)
+    victim = next(n for n, m in world.members.items() if m.placement == 1)
+    world.members[victim] = dataclasses.replace(world.members[victim], ready=False, quarantined=True)
+    decision = world.run()
+    assert decision.creates == [1] and victim not in decision.deletes  # make before break
+    world.run()
+    decision = world.run()
+    assert victim in decision.deletes and world.per_placement() == [2, 1]
+
+
+def test_quarantine_names_one_instance() -> None:
+    proxy = Proxy("ns", "p", "uid", {"provider": "a"}, status={"providerID": "kvm://hosts/h/domains/x"},
+                  annotations={QUARANTINE_ANNOTATION: "kvm://hosts/h/domains/x"})
+    assert quarantined(proxy)
+    proxy.status["providerID"] = "kvm://hosts/h/domains/y"  # its replacement is not quarantined
+    assert not quarantined(proxy)
+
+
+# -- the directory source, through the real runner and libvirt's test driver ---------------------------
+
+def test_a_pool_file_makes_member_files_and_deleting_it_deletes_them(
+        tmp_path: Path, testdriver_config: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO)
+    config = yaml.safe_load(testdriver_config.read_text())
+    config["providers"][0]["probe"] = "none"  # the test driver's addresses are made up
+    testdriver_config.write_text(yaml.safe_dump(config))
+    proxies = tmp_path / "proxies"
+    proxies.mkdir()
+    (proxies / "pool.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "crawl.example.com/v1alpha1", "kind": "ProxyPool",
+        "metadata": {"name": "eu", "namespace": "crawlers"},
+        "spec": {"replicas": 2, "template": {"cloudInit": "#cloud-config\n"}, "placement": [{"provider": "lab"}]}}))
+    store = DirectoryStore(proxies)
+    runner = AnsibleRunner(tmp_path / "work", timeout_seconds=120, max_concurrent=2,
+                           collections_path=collections_path())
+    rec = Reconciler(store, runner, str(testdriver_config), backoff=Backoff(base_seconds=0, jitter=0),
+                     pools=PoolReconciler(DirectoryPools(store), store))
+    for _ in range(2):
+        assert rec.sweep().ok
+    members = sorted(p for p in proxies.glob("eu-*.yaml") if not p.name.endswith(".status.yaml"))
+    assert len(members) == 2
+    assert members[0].read_text().startswith("# Managed by the egress-proxies controller as a member of ProxyPool "
+                                             "crawlers/eu")
+    listed, _ = store.list_proxies()
+    assert [str(p.status.get("phase")) for p in listed] == ["Ready", "Ready"]
+    [pool] = DirectoryPools(store).list_pools()
+    assert (pool.status["replicas"], pool.status["readyReplicas"], pool.status["phase"]) == (2, 2, "Ready")
+    assert (proxies / ".pool.pool.yaml").exists()
+
+    # A pool file that cannot be parsed is not a deleted pool: Failed, its members untouched.
+    good = (proxies / "pool.yaml").read_text()
+    (proxies / "pool.yaml").write_text("kind: ProxyPool\nspec: [unclosed\n")
+    assert rec.sweep().ok
+    [pool] = DirectoryPools(store).list_pools()
+    assert pool.status["phase"] == "Failed"
+    assert "pool.yaml cannot be read or parsed" in pool.status["conditions"][0]["message"]
+    assert sorted(p for p in proxies.glob("eu-*.yaml") if not p.name.endswith(".status.yaml")) == members
+    (proxies / "pool.yaml").write_text(good)
+    assert rec.sweep().ok
+    assert DirectoryPools(store).list_pools()[0].status["phase"] == "Ready"
+
+    (proxies / "pool.yaml").unlink()
+    for _ in range(3):
+        assert rec.sweep().ok
+    assert list(proxies.glob("eu-*")) == []  # member files and their status files: gone
+    assert not (proxies / ".pool.pool.yaml").exists()
+    listed, _ = store.list_proxies()
+    assert listed == []
+    assert "Deleted" in caplog.text  # each instance went through the deletion path
