@@ -147,12 +147,13 @@ class ProxyWriter:
     def failed(self, proxy: Proxy, error: ProviderError, reason: str, phase: str | None = None,
                delay: float | None = None) -> None:
         """A provider operation failed for this Proxy: back off by its class, say so once.
-        ``delay``: the failure was the provider's (see ``provider_backoff``), which already
-        decided when to try again; this Proxy's own backoff is left as it was."""
+        ``delay``: the failure was the provider's (see ``provider_backoff``; 0: a listing, tried
+        every sweep), which already decided when to try again; this Proxy's own backoff is left
+        as it was."""
         metrics.ERRORS.labels(provider=proxy.provider, error_class=error.error_class.value).inc()
         if delay is None:
             delay = self.backoff.failed(proxy.uid, error.error_class.value)
-        message = f"{error} (next attempt in {delay:.0f} s)"
+        message = f"{error} ({f'next attempt in {delay:.0f} s' if delay else 'tried again next sweep'})"
         self.failures[proxy.key] = f"{reason}: {error}"
         log.warning("%s: %s: %s", proxy.key, reason, message, extra={"proxy": proxy.key, "provider": proxy.provider})
         previous = find_condition(proxy, READY)

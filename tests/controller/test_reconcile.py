@@ -215,6 +215,25 @@ def test_a_batch_failing_transient_backs_off_the_provider_not_each_proxy(store: 
     assert store.get("eu-9").status["phase"] == "Ready"
 
 
+def test_failed_listings_never_delay_the_create_once_the_provider_lists_again(
+        store: MemoryStore, runner: FakeRunner, config: Path, clock: Clock) -> None:
+    # The chaos run's last cause: each failed listing grew every unlisted Proxy's own backoff, so
+    # after a flapping minute half the Proxies waited minutes with their host answering again.
+    store.add("eu-1", SPEC)
+    runner.list_failure = ("transient", "connecting to KVM host h1: Cannot recv data: Connection reset by peer")
+    rec = reconciler(store, runner, config, clock)
+    for _ in range(8):
+        rec.sweep()
+        clock.now += 1
+    condition = store.get("eu-1").status["conditions"][0]
+    assert condition["reason"] == "ListFailed" and condition["message"].endswith("(tried again next sweep)")
+    assert runner.verbs().count("create") == 0
+    runner.list_failure = None
+    rec.sweep()
+    assert runner.verbs().count("create") == 1
+    assert store.get("eu-1").status["phase"] == "Ready"
+
+
 def test_one_item_failing_alone_backs_off_its_own_proxy(store: MemoryStore, runner: FakeRunner, config: Path,
                                                         clock: Clock) -> None:
     proxies = [store.add(f"eu-{n}", SPEC) for n in range(3)]
