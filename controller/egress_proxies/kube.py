@@ -140,6 +140,28 @@ def _translated(what: str) -> Iterator[None]:
         raise store_error(error, what) from error
 
 
+def watch_objects(plural: str, call: Callable[..., object], args: tuple[str, ...], resource_version: str,
+                  timeout_seconds: int) -> Iterator[Obj]:
+    """ADDED/MODIFIED/DELETED events of ``plural`` after ``resource_version`` (one request).
+
+    With timeout_seconds set the client makes exactly one request and turns an ERROR event (410
+    Expired when resource_version left the server's history) into an ApiException, so expiry
+    reaches store_error like any other status."""
+    stream = watch.Watch()  # type: ignore[no-untyped-call]
+    with _translated(f"watching {plural} from resourceVersion {resource_version}"):
+        events = cast(Iterator[Obj], stream.stream(  # type: ignore[no-untyped-call]
+            call, *args, resource_version=resource_version, timeout_seconds=timeout_seconds,
+            _request_timeout=(_CONNECT_TIMEOUT, timeout_seconds + _WATCH_READ_SLACK)))
+        try:
+            for event in events:
+                if event["type"] in _WATCH_TYPES:
+                    yield event
+        finally:
+            # A consumer that stops early closes this generator; closing the client's releases
+            # the HTTP connection instead of leaving the stream open.
+            cast(Any, events).close()
+
+
 def _proxy(obj: Obj) -> Proxy:
     # The Proxy gets its own copy: a caller changing its spec or status in place (nested
     # values included) must not change the object a later PUT sends back.
@@ -182,22 +204,8 @@ class KubeStore:
 
     def watch_proxies(self, resource_version: str, timeout_seconds: int) -> Iterator[WatchEvent]:
         call, args = self._list_call()
-        # With timeout_seconds set the client makes exactly one request and turns an ERROR
-        # event (410 Expired when resource_version left the server's history) into an
-        # ApiException, so expiry reaches store_error like any other status.
-        stream = watch.Watch()  # type: ignore[no-untyped-call]
-        with _translated(f"watching {PLURAL} from resourceVersion {resource_version}"):
-            events = cast(Iterator[Obj], stream.stream(  # type: ignore[no-untyped-call]
-                call, *args, resource_version=resource_version, timeout_seconds=timeout_seconds,
-                _request_timeout=(_CONNECT_TIMEOUT, timeout_seconds + _WATCH_READ_SLACK)))
-            try:
-                for event in events:
-                    if event["type"] in _WATCH_TYPES:
-                        yield WatchEvent(event["type"], _proxy(event["raw_object"]))
-            finally:
-                # A consumer that stops early closes this generator; closing the client's
-                # releases the HTTP connection instead of leaving the stream open.
-                cast(Any, events).close()
+        for event in watch_objects(PLURAL, call, args, resource_version, timeout_seconds):
+            yield WatchEvent(event["type"], _proxy(event["raw_object"]))
 
     def _as_read(self, proxy: Proxy) -> Obj:
         """The object at the resourceVersion ``proxy`` was read at, to send back with changes.
@@ -302,17 +310,8 @@ class KubePools:
         """The resourceVersion of each pool change after ``resource_version`` (a scale, a new pool,
         a deletion): each one only wakes the sweep. Raises WatchExpired like ``watch_proxies``."""
         call, args = self._list_call()
-        stream = watch.Watch()  # type: ignore[no-untyped-call]
-        with _translated(f"watching {POOL_PLURAL} from resourceVersion {resource_version}"):
-            events = cast(Iterator[Obj], stream.stream(  # type: ignore[no-untyped-call]
-                call, *args, resource_version=resource_version, timeout_seconds=timeout_seconds,
-                _request_timeout=(_CONNECT_TIMEOUT, timeout_seconds + _WATCH_READ_SLACK)))
-            try:
-                for event in events:
-                    if event["type"] in _WATCH_TYPES:
-                        yield str(event["raw_object"].get("metadata", {}).get("resourceVersion") or resource_version)
-            finally:
-                cast(Any, events).close()
+        for event in watch_objects(POOL_PLURAL, call, args, resource_version, timeout_seconds):
+            yield str(event["raw_object"].get("metadata", {}).get("resourceVersion") or resource_version)
 
     def create_proxy(self, namespace: str, body: Obj) -> None:
         # Not retried (a POST): a repeat after a lost answer is a 409, which the caller reads as "exists".
