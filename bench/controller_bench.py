@@ -95,11 +95,17 @@ BATCH_NAMESPACE = "bench"
 PER_OBJECT_NAMESPACE = "bench-per-object"
 CLOUD_INIT = "#cloud-config\npackages: [squid]\n"
 STEADY_SWEEPS = 3
-# The issue's targets (for 1,000 Proxies on this 2-core machine).
+# The issues' targets on this 2-core machine: for 1,000 Proxies, and (issue 15) the same steady
+# sweep time for 10,000 with the controller's RSS at most 300 MiB.
 TARGET_STEADY_SECONDS = 10.0
 TARGET_CALLS_PER_PROVIDER = 1
 TARGET_SPAWN_RATIO = 100.0
-TARGET_RSS_MIB = 200.0
+TARGET_RSS_MIB = {1000: 200.0, 10000: 300.0}
+
+
+def rss_target_mib(proxies: int) -> float:
+    """The RSS target of the nearest fleet size with one (a 3,000 fleet is held to 1,000's)."""
+    return TARGET_RSS_MIB[max((n for n in TARGET_RSS_MIB if n <= proxies), default=min(TARGET_RSS_MIB))]
 
 # The emulators run in processes of their own: their memory (every object, its history) must
 # not count against the controller's RSS. Each serves until its stdin closes, so it also ends
@@ -434,7 +440,9 @@ def print_results(r: Results) -> None:
     steady_runner = statistics.median(max((c.seconds for c in p.calls), default=0.0) for p in r.steady)
     per_provider = {name: max(p.by_provider()[name] for p in r.steady) for name in r.providers}
     steady_calls = max(p.spawns for p in r.steady)
-    for_target = "" if n == 1000 else f" (target is for 1000; this run has {n})"
+    sizes = " and ".join(map(str, TARGET_RSS_MIB))
+    for_target = "" if n in TARGET_RSS_MIB else f" (targets are for {sizes}; this run has {n})"
+    rss_target = rss_target_mib(n)
     fleet = ", ".join(f"{name} ({DESCRIPTIONS[name].format(hosts=r.hosts)}) {count}"
                       for name, count in r.providers.items())
 
@@ -480,7 +488,7 @@ def print_results(r: Results) -> None:
         f"{verdict(max(per_provider.values()) <= TARGET_CALLS_PER_PROVIDER)} "
         f"(target <= {TARGET_CALLS_PER_PROVIDER} per provider)")
     row("controller peak RSS (RUSAGE_SELF)", f"{r.rss_self_mib:.0f} MiB",
-        f"{verdict(r.rss_self_mib <= TARGET_RSS_MIB)} (target <= {TARGET_RSS_MIB:.0f} MiB)")
+        f"{verdict(r.rss_self_mib <= rss_target)} (target <= {rss_target:.0f} MiB)")
     row("runner children peak RSS (RUSAGE_CHILDREN)", f"{r.rss_children_mib:.0f} MiB",
         "largest single ansible-playbook/module process, not counted above")
 

@@ -51,9 +51,9 @@ class Settings:
     provider_config: Path = Path("/etc/egress-proxies/providers.yaml")
     work_dir: Path = Path("/var/lib/egress-proxies")
     interval_seconds: float = 60.0
-    gc_grace_seconds: float = 600.0
-    gc_dry_run: bool = False
-    batch_size: int = 50
+    gc_grace_seconds: float = ReconcileSettings.gc_grace_seconds
+    gc_dry_run: bool = ReconcileSettings.gc_dry_run
+    batch_size: int = ReconcileSettings.batch_size
     runner_timeout_seconds: int = 600
     max_runners: int | None = None
     keep_artifacts: int = 50

@@ -85,6 +85,9 @@ class _Create:
 
 @dataclass(frozen=True)
 class LiveSettings:
+    # Operations per module run. 50 keeps one cut or timed-out run's loss, and one run's length on
+    # real hosts, small; a fill from empty spawns fewer processes with more (250 meets the
+    # 100x-fewer-spawns figure in docs/performance.md), a setting for fleets that fill in bulk.
     batch_size: int = 50
     # Create batches of one provider run side by side; the runner's memory cap still bounds them.
     parallel_batches: int = 4

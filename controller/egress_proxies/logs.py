@@ -17,10 +17,13 @@ from typing import Any
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 # Attributes a log call may set with extra= that become fields of the JSON object.
 CONTEXT_FIELDS = ("proxy", "provider")
+# Such attributes that stay JSON values (numbers, objects) instead of strings: a base image
+# transfer's event, image, host, bytes, total_bytes, seconds and rate_mib_s (transfers.py).
+VALUE_FIELDS = ("transfer",)
 
 
 class JSONFormatter(logging.Formatter):
-    """``{"time", "level", "logger", "message"[, "proxy"][, "provider"][, "exception"]}``, one line."""
+    """``{"time", "level", "logger", "message"[, "proxy"][, "provider"][, "transfer"][, "exception"]}``, one line."""
 
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, Any] = {
@@ -34,6 +37,10 @@ class JSONFormatter(logging.Formatter):
             value = getattr(record, name, None)
             if value is not None:
                 entry[name] = str(value)
+        for name in VALUE_FIELDS:
+            value = getattr(record, name, None)
+            if value is not None:
+                entry[name] = value
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
         elif record.exc_text:

@@ -9,7 +9,7 @@ import hashlib
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar, Generic, Self, TypeVar
 
 GROUP = "crawl.example.com"
 VERSION = "v1alpha1"
@@ -49,14 +49,30 @@ def replacement_count(annotations: dict[str, str], hash_of_spec: str) -> int:
     return int(count) if recorded == hash_of_spec and count.isdigit() else 0
 
 
+def _mapping(value: Any, path: str, problems: list[str]) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if isinstance(value, dict):
+        return value
+    problems.append(f"{path}: must be an object, not {type(value).__name__}")
+    return {}
+
+
+SpecT = TypeVar("SpecT")
+
+
 @dataclass
-class Proxy:
-    """One Proxy object: metadata, spec and status as plain dicts (the API's own shape)."""
+class CustomObject(Generic[SpecT]):
+    """One namespaced object of this API group (a Proxy, a ProxyPool): its metadata, spec and
+    status as plain data (the API's own shape), parsed by one ``from_object`` for every kind.
+
+    Mutable on purpose: the reconcilers and the sources change finalizers, annotations, status
+    and resourceVersion in place and write the same object back."""
 
     namespace: str
     name: str
     uid: str
-    spec: dict[str, Any]
+    spec: SpecT
     status: dict[str, Any] = field(default_factory=dict)
     generation: int = 1
     resource_version: str = ""
@@ -69,9 +85,12 @@ class Proxy:
     # need it (kube.KubeStore) set it; it duplicates the fields above, so equality ignores it.
     raw: dict[str, Any] | None = field(default=None, repr=False, compare=False)
     # Why this object, as its source holds it, cannot be reconciled (a corrupt status file, two
-    # files with one name, a field of the wrong type). The reconciler marks such a Proxy Failed
-    # with this message and touches nothing of it: no create, no delete, no GC of its instance.
+    # files with one name, a field of the wrong type). The reconciler marks it Failed with this
+    # message and touches nothing of it: no create, no delete, no GC of its instances.
     defect: str | None = None
+    # Whether ``from_object`` requires the spec to be an object (else a defect, spec {}), or keeps
+    # it as found for a validation of its own to report field by field (a ProxyPool's).
+    SPEC_CHECKED_BY_FROM_OBJECT: ClassVar[bool] = True
 
     @property
     def key(self) -> str:
@@ -80,6 +99,67 @@ class Proxy:
     @property
     def deleting(self) -> bool:
         return self.deletion_timestamp is not None
+
+    def _raw_metadata(self, key: str) -> Any:
+        # Labels and owner references are read only (the controller never rewrites them), so
+        # they stay in ``raw`` instead of being copied into fields a write would have to merge.
+        metadata = (self.raw or {}).get("metadata")
+        return metadata.get(key) if isinstance(metadata, dict) else None
+
+    @property
+    def labels(self) -> dict[str, str]:
+        labels = self._raw_metadata("labels")
+        return {str(k): str(v) for k, v in labels.items()} if isinstance(labels, dict) else {}
+
+    @property
+    def owner_references(self) -> list[dict[str, Any]]:
+        owners = self._raw_metadata("ownerReferences")
+        return [o for o in owners if isinstance(o, dict)] if isinstance(owners, list) else []
+
+    @classmethod
+    def from_object(cls, obj: Any) -> Self:
+        """From the API's JSON object (or a YAML file of the same shape). Never raises: an object
+        whose metadata, spec or status has the wrong type gets ``defect`` set, so one malformed
+        object fails alone instead of stopping the sweep."""
+        problems: list[str] = []
+        obj = _mapping(obj, "the object", problems)
+        metadata = _mapping(obj.get("metadata"), "metadata", problems)
+        spec: Any = obj.get("spec")
+        if cls.SPEC_CHECKED_BY_FROM_OBJECT:
+            spec = dict(_mapping(spec, "spec", problems))
+        status = _mapping(obj.get("status"), "status", problems)
+        generation = metadata.get("generation") or 1
+        if isinstance(generation, bool) or not isinstance(generation, int | str) or not str(generation).isdigit():
+            problems.append(f"metadata.generation: must be an integer, not {generation!r}")
+            generation = 1
+        finalizers = metadata.get("finalizers") or []
+        if not isinstance(finalizers, list) or not all(isinstance(f, str) for f in finalizers):
+            problems.append("metadata.finalizers: must be a list of strings")
+            finalizers = [f for f in finalizers if isinstance(f, str)] if isinstance(finalizers, list) else []
+        annotations = _mapping(metadata.get("annotations"), "metadata.annotations", problems)
+        if not all(isinstance(v, str) for v in annotations.values()):
+            problems.append("metadata.annotations: every value must be a string (quote it)")
+        deletion = metadata.get("deletionTimestamp")
+        creation = metadata.get("creationTimestamp")
+        return cls(
+            namespace=str(metadata.get("namespace") or "default"),
+            name=str(metadata.get("name") or ""),
+            uid=str(metadata.get("uid") or ""),
+            spec=spec,
+            status=dict(status),
+            generation=int(generation),
+            resource_version=str(metadata.get("resourceVersion") or ""),
+            finalizers=list(finalizers),
+            annotations={str(k): str(v) for k, v in annotations.items()},
+            deletion_timestamp=None if deletion is None else str(deletion),
+            creation_timestamp=None if creation is None else str(creation),
+            defect="; ".join(problems) or None,
+        )
+
+
+@dataclass
+class Proxy(CustomObject[dict[str, Any]]):
+    """One Proxy object (``from_object`` leaves ``raw`` unset: the source that needs it sets it)."""
 
     @property
     def provider(self) -> str:
@@ -92,54 +172,6 @@ class Proxy:
     @property
     def skip_cleanup(self) -> bool:
         return self.annotations.get(SKIP_CLEANUP_ANNOTATION, "").lower() == "true"
-
-    @classmethod
-    def from_object(cls, obj: Any) -> Proxy:
-        """From the API's JSON object (or a YAML file of the same shape). Never raises: an object
-        whose metadata, spec or status has the wrong type becomes a Proxy with ``defect`` set,
-        so one malformed object fails alone instead of stopping the sweep."""
-        problems: list[str] = []
-
-        def mapping(value: Any, path: str) -> dict[str, Any]:
-            if value is None:
-                return {}
-            if isinstance(value, dict):
-                return value
-            problems.append(f"{path}: must be an object, not {type(value).__name__}")
-            return {}
-
-        obj = mapping(obj, "the object")
-        metadata = mapping(obj.get("metadata"), "metadata")
-        spec = mapping(obj.get("spec"), "spec")
-        status = mapping(obj.get("status"), "status")
-        generation = metadata.get("generation") or 1
-        if isinstance(generation, bool) or not isinstance(generation, int | str) or not str(generation).isdigit():
-            problems.append(f"metadata.generation: must be an integer, not {generation!r}")
-            generation = 1
-        finalizers = metadata.get("finalizers") or []
-        if not isinstance(finalizers, list) or not all(isinstance(f, str) for f in finalizers):
-            problems.append("metadata.finalizers: must be a list of strings")
-            finalizers = [f for f in finalizers if isinstance(f, str)] if isinstance(finalizers, list) else []
-        annotations = mapping(metadata.get("annotations"), "metadata.annotations")
-        if not all(isinstance(v, str) for v in annotations.values()):
-            problems.append("metadata.annotations: every value must be a string (quote it)")
-            annotations = {str(k): str(v) for k, v in annotations.items()}
-        deletion = metadata.get("deletionTimestamp")
-        creation = metadata.get("creationTimestamp")
-        return cls(
-            namespace=str(metadata.get("namespace") or "default"),
-            name=str(metadata.get("name") or ""),
-            uid=str(metadata.get("uid") or ""),
-            spec=dict(spec),
-            status=dict(status),
-            generation=int(generation),
-            resource_version=str(metadata.get("resourceVersion") or ""),
-            finalizers=list(finalizers),
-            annotations={str(k): v for k, v in annotations.items()},
-            deletion_timestamp=None if deletion is None else str(deletion),
-            creation_timestamp=None if creation is None else str(creation),
-            defect="; ".join(problems) or None,
-        )
 
 
 def spec_hash(spec: dict[str, Any]) -> str:

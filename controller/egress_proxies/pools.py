@@ -1,4 +1,5 @@
-"""ProxyPool: the resource, its validation and every decision about its members. Pure: no I/O.
+"""ProxyPool: the resource, its validation and every decision about its members. Pure: no I/O
+but reading the ProxyPool CRD's schema once (``schema.pool_spec_errors``).
 
 A pool manages ordinary Proxy objects, Deployment-style: ``pool_reconcile.PoolReconciler`` reads
 the pools and their members, asks ``decide`` what to do, and writes it through a ``PoolStore``.
@@ -34,9 +35,19 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, Self
 
-from egress_proxies.model import API_VERSION, GROUP, KIND, PHASE_READY, Proxy, condition, spec_hash
+from egress_proxies.model import (
+    API_VERSION,
+    GROUP,
+    KIND,
+    PHASE_READY,
+    CustomObject,
+    Proxy,
+    condition,
+    spec_hash,
+)
+from egress_proxies.schema import DURATION_PATTERN, pool_spec_errors
 
 POOL_KIND = "ProxyPool"
 POOL_PLURAL = "proxypools"
@@ -69,8 +80,9 @@ HEALTHY = "Healthy"
 DEGRADED = "Degraded"
 RECOVERING = "Recovering"
 
-_DURATION = re.compile(r"^(?:(\d+(?:\.\d+)?)(h|ms|m|s))+$")
-_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(h|ms|m|s)")
+# The CRD's own pattern (ASCII digits only, as the API server's), so the two never disagree.
+_DURATION = re.compile(DURATION_PATTERN)
+_DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(h|ms|m|s)")
 _UNITS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
 
 
@@ -98,31 +110,13 @@ def parse_stamp(stamp: Any) -> float | None:
 
 
 @dataclass
-class Pool:
-    """One ProxyPool object as a source read it (the API's own shape, as plain dicts)."""
+class Pool(CustomObject[Any]):
+    """One ProxyPool object as a source read it (the API's own shape, as plain dicts). Its
+    ``defect``: why the source cannot present it now (an unparseable file, malformed metadata):
+    it goes Failed with that message, and nothing is created or deleted for it."""
 
-    namespace: str
-    name: str
-    uid: str
-    spec: Any
-    status: dict[str, Any] = field(default_factory=dict)
-    generation: int = 1
-    resource_version: str = ""
-    annotations: dict[str, str] = field(default_factory=dict)
-    finalizers: list[str] = field(default_factory=list)
-    deletion_timestamp: str | None = None
-    raw: dict[str, Any] | None = field(default=None, repr=False, compare=False)
-    # Why the source cannot present this pool's spec now (an unparseable file): it goes Failed
-    # with this message, and nothing is created or deleted for it.
-    defect: str | None = None
-
-    @property
-    def key(self) -> str:
-        return f"{self.namespace}/{self.name}"
-
-    @property
-    def deleting(self) -> bool:
-        return self.deletion_timestamp is not None
+    # The spec is kept as found: ``parse_spec`` says what is wrong with it, field by field.
+    SPEC_CHECKED_BY_FROM_OBJECT = False
 
     @property
     def serial(self) -> int:
@@ -134,26 +128,10 @@ class Pool:
         return f"{POOL_LABEL}={self.name}"
 
     @classmethod
-    def from_object(cls, obj: Any) -> Pool:
-        """Never raises: the spec is kept as found (``parse_spec`` says what is wrong with it)."""
-        obj = obj if isinstance(obj, dict) else {}
-        found = obj.get("metadata")
-        metadata: dict[str, Any] = found if isinstance(found, dict) else {}
-        found = obj.get("status")
-        status: dict[str, Any] = found if isinstance(found, dict) else {}
-        found = metadata.get("annotations")
-        annotations: dict[str, Any] = found if isinstance(found, dict) else {}
-        found = metadata.get("finalizers")
-        finalizers: list[Any] = found if isinstance(found, list) else []
-        generation = metadata.get("generation")
-        deletion = metadata.get("deletionTimestamp")
-        return cls(namespace=str(metadata.get("namespace") or "default"), name=str(metadata.get("name") or ""),
-                   uid=str(metadata.get("uid") or ""), spec=obj.get("spec"), status=dict(status),
-                   generation=generation if isinstance(generation, int) and not isinstance(generation, bool) else 1,
-                   resource_version=str(metadata.get("resourceVersion") or ""),
-                   annotations={str(k): str(v) for k, v in annotations.items()},
-                   finalizers=[str(f) for f in finalizers], deletion_timestamp=None if deletion is None else
-                   str(deletion), raw=obj)
+    def from_object(cls, obj: Any) -> Self:
+        pool = super().from_object(obj)
+        pool.raw = obj if isinstance(obj, dict) else None  # a write sends back what it did not change
+        return pool
 
 
 @dataclass(frozen=True)
@@ -192,120 +170,64 @@ class PoolSpec:
         return self.min_ready if self.min_ready is not None else max(0, self.replicas - self.max_unavailable)
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _got(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+def _duration(value: Any, path: str, errors: list[str]) -> float | None:
+    """A duration field in seconds (None: omitted, or not one, which the schema reports)."""
+    seconds = parse_duration(value) if value is not None else None
+    if seconds is not None and seconds <= 0:
+        # The schema's pattern admits "0s"; a pattern that does not would be unreadable (RE2,
+        # which the API server uses, has no lookahead).
+        errors.append(f"{path}: must be a duration greater than 0, such as \"90s\" or \"6h\" (got {value!r})")
+        return None
+    return seconds
 
 
 def parse_spec(spec: Any, providers: Sequence[str] | None = None) -> tuple[PoolSpec | None, list[str]]:
     """The typed spec, or every problem as ``<field path>: <what it must be> (got ...)``.
 
-    ``providers``: the configured provider names (a placement naming another is an error of the
-    pool, not a degraded placement: nothing will ever serve there). None: not checked."""
-    errors: list[str] = []
+    What each field may hold is the ProxyPool CRD's schema, checked as the API server checks it
+    (``schema.pool_spec_errors``); here only what a JSON schema cannot say: rules across fields,
+    a template field that the placement owns, a duration of 0. ``providers``: the configured
+    provider names (a placement naming another is an error of the pool, not a degraded
+    placement: nothing will ever serve there). None: not checked."""
+    spec, errors = pool_spec_errors(spec)
     if not isinstance(spec, dict):
-        return None, [f"spec: must be an object with replicas, template and placement (got {_got(spec)})"]
-    replicas = spec.get("replicas", 0)
-    if not _is_int(replicas) or replicas < 0:
-        errors.append(f"spec.replicas: must be an integer >= 0 (got {_got(replicas)})")
+        return None, errors
     template = spec.get("template", {})
-    if template is None:
-        template = {}
-    if not isinstance(template, dict):
-        errors.append(f"spec.template: must be an object: a Proxy spec without provider and location "
-                      f"(got {_got(template)})")
-        template = {}
     for forbidden in TEMPLATE_FORBIDDEN:
-        if forbidden in template:
+        if isinstance(template, dict) and forbidden in template:
             errors.append(f"spec.template.{forbidden}: not allowed: each member's {forbidden} comes from "
                           "spec.placement; move it there")
-    placements: list[Placement] = []
-    raw_placements = spec.get("placement")
-    if not isinstance(raw_placements, list) or not raw_placements:
-        errors.append("spec.placement: must be a non-empty list of {provider, location?, weight?, max?} "
-                      f"(got {_got(raw_placements)})")
-        raw_placements = []
-    for index, entry in enumerate(raw_placements):
-        path = f"spec.placement[{index}]"
-        if not isinstance(entry, dict):
-            errors.append(f"{path}: must be an object {{provider, location?, weight?, max?}} (got {_got(entry)})")
-            continue
-        provider, location = entry.get("provider"), entry.get("location")
-        weight, cap = entry.get("weight", 1), entry.get("max")
-        unknown = sorted(set(entry) - {"provider", "location", "weight", "max"})
-        if unknown:
-            errors.append(f"{path}: unknown field(s) {', '.join(unknown)}; allowed: provider, location, weight, max")
-        if not isinstance(provider, str) or not provider:
-            errors.append(f"{path}.provider: must be a non-empty string: a provider name (got {_got(provider)})")
-            continue
-        if providers is not None and provider not in providers:
-            errors.append(f"{path}.provider: {provider!r} is not a configured provider (configured: "
+    found = spec.get("placement")
+    entries: list[Any] = found if isinstance(found, list) else []
+    for index, entry in enumerate(entries):
+        provider = entry.get("provider") if isinstance(entry, dict) else None
+        if providers is not None and isinstance(provider, str) and provider and provider not in providers:
+            errors.append(f"spec.placement[{index}].provider: {provider!r} is not a configured provider (configured: "
                           f"{', '.join(sorted(providers)) or 'none'}); fix the name or add the provider")
-        if location is not None and (not isinstance(location, str) or not location):
-            errors.append(f"{path}.location: must be a non-empty string, or omitted (got {_got(location)})")
-            location = None
-        if not _is_int(weight) or weight < 0:
-            errors.append(f"{path}.weight: must be an integer >= 0 (got {_got(weight)})")
-            weight = 1
-        if cap is not None and (not _is_int(cap) or cap < 0):
-            errors.append(f"{path}.max: must be an integer >= 0, or omitted (got {_got(cap)})")
-            cap = None
-        placements.append(Placement(provider, location, weight, cap))
-    if raw_placements and placements and not any(p.weight > 0 for p in placements):
+    weights = [entry.get("weight", 1) for entry in entries if isinstance(entry, dict)]
+    numbers = [w for w in weights if isinstance(w, int | float)]
+    if entries and len(numbers) == len(entries) and not any(w > 0 for w in numbers):
         errors.append("spec.placement: at least one placement needs a weight > 0")
-    rotation = spec.get("rotation", {})
-    if rotation is None:
-        rotation = {}
-    if not isinstance(rotation, dict):
-        errors.append(f"spec.rotation: must be an object {{maxAge?, maxSurge?, maxUnavailable?, jitter?}} "
-                      f"(got {_got(rotation)})")
-        rotation = {}
-    max_age = None
-    if rotation.get("maxAge") is not None:
-        max_age = parse_duration(rotation["maxAge"])
-        if max_age is None or max_age <= 0:
-            errors.append('spec.rotation.maxAge: must be a duration such as "6h", "90m" or "1h30m" '
-                          f"(got {_got(rotation['maxAge'])})")
+    found = spec.get("rotation", {})
+    rotation: dict[str, Any] = found if isinstance(found, dict) else {}
+    max_age = _duration(rotation.get("maxAge"), "spec.rotation.maxAge", errors)
     surge = rotation.get("maxSurge", DEFAULT_MAX_SURGE)
-    if not _is_int(surge) or surge < 0:
-        errors.append(f"spec.rotation.maxSurge: must be an integer >= 0 (got {_got(surge)})")
-        surge = DEFAULT_MAX_SURGE
     unavailable = rotation.get("maxUnavailable", DEFAULT_MAX_UNAVAILABLE)
-    if not _is_int(unavailable) or unavailable < 0:
-        errors.append(f"spec.rotation.maxUnavailable: must be an integer >= 0 (got {_got(unavailable)})")
-        unavailable = DEFAULT_MAX_UNAVAILABLE
     if max_age is not None and surge == 0 and unavailable == 0:
         errors.append("spec.rotation: maxSurge and maxUnavailable cannot both be 0 with maxAge set "
                       "(no member could ever be replaced); set maxSurge: 1")
-    jitter = rotation.get("jitter", DEFAULT_JITTER)
-    if isinstance(jitter, bool) or not isinstance(jitter, int | float) or not 0 <= jitter <= 1:
-        errors.append(f"spec.rotation.jitter: must be a number from 0 to 1 (got {_got(jitter)})")
-        jitter = DEFAULT_JITTER
-    min_ready = spec.get("minReady")
-    if min_ready is not None and (not _is_int(min_ready) or min_ready < 0):
-        errors.append(f"spec.minReady: must be an integer >= 0, or omitted (got {_got(min_ready)})")
-    failover = DEFAULT_FAILOVER_AFTER
-    if spec.get("failoverAfter") is not None:
-        parsed = parse_duration(spec["failoverAfter"])
-        if parsed is None or parsed <= 0:
-            errors.append(f'spec.failoverAfter: must be a duration such as "120s" or "5m" '
-                          f"(got {_got(spec['failoverAfter'])})")
-        else:
-            failover = parsed
-    unknown = sorted(set(spec) - {"replicas", "template", "placement", "rotation", "minReady", "failoverAfter"})
-    if unknown:
-        errors.append(f"spec: unknown field(s) {', '.join(unknown)}; allowed: replicas, template, placement, "
-                      "rotation, minReady, failoverAfter")
+    failover = _duration(spec.get("failoverAfter"), "spec.failoverAfter", errors)
     if errors:
         return None, errors
-    return PoolSpec(replicas=int(replicas), template=dict(template), placements=tuple(placements),
+    # Valid against the schema: every value below has its type; an omitted one its CRD default.
+    placements = tuple(Placement(e["provider"], e.get("location"), int(e.get("weight", 1)),
+                                 None if e.get("max") is None else int(e["max"])) for e in entries)
+    min_ready = spec.get("minReady")
+    return PoolSpec(replicas=int(spec.get("replicas", 0)), template=dict(template), placements=placements,
                     max_age_seconds=max_age, max_surge=int(surge), max_unavailable=int(unavailable),
-                    jitter=float(jitter), min_ready=None if min_ready is None else int(min_ready),
-                    failover_after_seconds=failover), []
+                    jitter=float(rotation.get("jitter", DEFAULT_JITTER)),
+                    min_ready=None if min_ready is None else int(min_ready),
+                    failover_after_seconds=DEFAULT_FAILOVER_AFTER if failover is None else failover), []
 
 
 def split(total: int, weights: Sequence[int], caps: Sequence[int | None]) -> list[int]:
@@ -359,15 +281,9 @@ def member_body(pool: Pool, spec: PoolSpec, index: int, name: str) -> dict[str, 
             "spec": spec.member_spec(index)}
 
 
-def labels_of(proxy: Proxy) -> dict[str, str]:
-    metadata = (proxy.raw or {}).get("metadata")
-    labels = metadata.get("labels") if isinstance(metadata, dict) else None
-    return {str(k): str(v) for k, v in labels.items()} if isinstance(labels, dict) else {}
-
-
 def pool_of(proxy: Proxy) -> str | None:
     """The name of the pool this Proxy is a member of (its label), or None for a bare Proxy."""
-    return labels_of(proxy).get(POOL_LABEL) or None
+    return proxy.labels.get(POOL_LABEL) or None
 
 
 def owned_by(proxy: Proxy, pool: Pool) -> bool:
@@ -375,19 +291,14 @@ def owned_by(proxy: Proxy, pool: Pool) -> bool:
     deleted pool of the same name is not this pool's)."""
     if proxy.namespace != pool.namespace or pool_of(proxy) != pool.name:
         return False
-    metadata = (proxy.raw or {}).get("metadata")
-    owners = metadata.get("ownerReferences") if isinstance(metadata, dict) else None
-    if not isinstance(owners, list) or not owners:
-        return True
-    return any(isinstance(o, dict) and o.get("kind") == POOL_KIND and o.get("uid") == pool.uid for o in owners)
+    owners = proxy.owner_references
+    return not owners or any(o.get("kind") == POOL_KIND and o.get("uid") == pool.uid for o in owners)
 
 
 def controller_of(proxy: Proxy) -> str | None:
     """The uid of the ProxyPool controlling this Proxy (its owner reference), or None."""
-    metadata = (proxy.raw or {}).get("metadata")
-    owners = metadata.get("ownerReferences") if isinstance(metadata, dict) else None
-    for owner in owners if isinstance(owners, list) else []:
-        if isinstance(owner, dict) and owner.get("kind") == POOL_KIND and owner.get("controller") and owner.get("uid"):
+    for owner in proxy.owner_references:
+        if owner.get("kind") == POOL_KIND and owner.get("controller") and owner.get("uid"):
             return str(owner["uid"])
     return None
 
@@ -419,7 +330,7 @@ class Member:
 
     @classmethod
     def of(cls, proxy: Proxy, spec: PoolSpec, now: float) -> Member:
-        label = labels_of(proxy).get(PLACEMENT_LABEL, "")
+        label = proxy.labels.get(PLACEMENT_LABEL, "")
         index = int(label) if label.isdigit() and int(label) < len(spec.placements) else None
         placed = index is not None and (proxy.spec.get("provider") == spec.placements[index].provider
                                         and proxy.spec.get("location") == spec.placements[index].location)

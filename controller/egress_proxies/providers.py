@@ -263,8 +263,13 @@ class ProviderClient:
     def list_instances(self, owner: str) -> Listing:
         outcome = self.runner.run(self.name, "list", [
             Operation(f"{self._module}_info", {**self._common(), "tags": {OWNER_TAG: owner}})])[0]
-        instances = [Instance.from_result(i) for i in outcome.result.get("instances") or []
-                     if isinstance(i, Mapping)]
+        listed = outcome.result.get("instances")
+        instances = [Instance.from_result(i) for i in listed or [] if isinstance(i, Mapping)]
+        if outcome.ok and not isinstance(listed, list):
+            # A listing that says nothing is not an empty one: taken for "no instances", it would
+            # have every Proxy's instance created again.
+            return Listing(error=ProviderError(ErrorClass.TRANSIENT,
+                                               "the list call succeeded but returned no 'instances' list"))
         if outcome.ok:
             return Listing(instances=instances)
         return Listing(instances=instances,
@@ -275,21 +280,25 @@ class ProviderClient:
                          [t.key for t in targets])
 
     def create(self, requests: Sequence[CreateRequest], verb: str = "create") -> list[Result]:
+        # kvm_proxy reports base image transfers (minutes long) to a file the runner follows.
+        progress = "progress_path" if self.type is ProviderType.KVM else ""
         return self._run(verb, self._module, "operations", [{**r.arguments(), "key": r.key} for r in requests],
-                         [r.key for r in requests])
+                         [r.key for r in requests], progress)
 
     def delete(self, targets: Sequence[Target], verb: str = "delete") -> list[Result]:
         return self._run(verb, self._module, "operations",
                          [{"state": "absent", "provider_id": t.provider_id, "key": t.key} for t in targets],
                          [t.key for t in targets])
 
-    def _run(self, verb: str, module: str, option: str, items: Sequence[Any], keys: Sequence[str]) -> list[Result]:
+    def _run(self, verb: str, module: str, option: str, items: Sequence[Any], keys: Sequence[str],
+             progress_option: str = "") -> list[Result]:
         """The whole batch as ONE module run (the modules' batch form, ``operations`` or
         ``provider_ids``): one process, one config parse, one connection per host for all items.
         The artifacts are indexed under every item's key, so purging one Proxy's still finds them."""
         if not items:
             return []
-        operation = Operation(module, {**self._common(), option: list(items)}, key=keys[0], keys=tuple(keys))
+        operation = Operation(module, {**self._common(), option: list(items)}, key=keys[0], keys=tuple(keys),
+                              progress_option=progress_option)
         (outcome,) = self.runner.run(self.name, verb, [operation])
         return Result.from_batch(outcome, len(items))
 

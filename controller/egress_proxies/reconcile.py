@@ -62,11 +62,10 @@ log = logging.getLogger(__name__)
 class ReconcileSettings:
     gc_grace_seconds: float = 600.0
     gc_dry_run: bool = False
-    batch_size: int = 50
-    # Create batches of one provider run side by side; the runner's memory cap still bounds them.
-    parallel_batches: int = 4
-    # How long a Ready Proxy stays Ready while its provider cannot be listed.
-    stale_listing_seconds: float = 600.0
+    # The live path's settings (see LiveSettings for what each means).
+    batch_size: int = LiveSettings.batch_size
+    parallel_batches: int = LiveSettings.parallel_batches
+    stale_listing_seconds: float = LiveSettings.stale_listing_seconds
 
 
 @dataclass

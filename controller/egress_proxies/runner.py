@@ -12,6 +12,7 @@ with ``{{ ... }}`` reaches the instance unchanged and cannot run code here.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -31,6 +32,7 @@ import ansible_runner
 import yaml
 
 from egress_proxies import metrics
+from egress_proxies.transfers import ProgressTail
 
 log = logging.getLogger(__name__)
 
@@ -57,18 +59,30 @@ _PERMANENT_RUN_ERRORS = re.compile(
 _RUN_ERROR_LINE = re.compile(r"^(\[ERROR\]:|ERROR!|The command was not found)")
 # A run-level error line is logged and stored in a status condition: cut it there.
 _MAX_ERROR_LINE = 400
+# ansible-runner's event callback replaces a task result longer than MAX_EVENT_RES characters
+# (700,000 by default) with {} -- silently: a listing of ~1,500 instances came back as a
+# successful run with no instances, and a 10,000-Proxy fleet was created a second time (bench,
+# 2026-12-03). The controller raises the limit (a listing of 10,000 KVM instances is ~5 MB) and
+# takes an emptied result for what it is (``DROPPED_RESULT``), never for an empty answer.
+MAX_RESULT_CHARS = 256 * 1024 * 1024
+DROPPED_RESULT = ("no result: ansible-runner dropped the module's result, longer than its MAX_EVENT_RES "
+                  "limit of {limit} characters; the run's effects (if any) show in the next listing")
 
 
 @dataclass(frozen=True)
 class Operation:
     """One module call: ``module`` is the short name (``kvm_proxy``), ``key`` says what it is for;
-    a batch-form call (``operations``, ``provider_ids``) acts for several, named in ``keys``."""
+    a batch-form call (``operations``, ``provider_ids``) acts for several, named in ``keys``.
+    ``progress_option`` names the module's option for a progress file (``progress_path``): the
+    runner points it into the run's private dir and logs the events written there while the
+    run lasts (transfers.py)."""
 
     module: str
     args: dict[str, Any]
     key: str = ""
     check_mode: bool = False
     keys: tuple[str, ...] = ()
+    progress_option: str = ""
 
 
 @dataclass(frozen=True)
@@ -160,9 +174,11 @@ def run_failure(status: str, error_line: str | None) -> OperationResult:
 
 
 def results_from_events(events: Sequence[dict[str, Any]], count: int, status: str,
-                        stdout: str = "") -> list[OperationResult]:
+                        stdout: str = "", max_result_chars: int = MAX_RESULT_CHARS) -> list[OperationResult]:
     """One result per operation from the runner's events; a task with no result gets
-    ``run_failure``'s verdict (transient unless the run's own error says retrying cannot help)."""
+    ``run_failure``'s verdict (transient unless the run's own error says retrying cannot help).
+    An empty ``res`` is one ansible-runner dropped for its size: Ansible itself always sets at
+    least ``changed``, so no module's answer is ever ``{}``."""
     results: list[OperationResult | None] = [None] * count
     for event in events:
         event_name = event.get("event")
@@ -173,7 +189,10 @@ def results_from_events(events: Sequence[dict[str, Any]], count: int, status: st
         if match is None or int(match.group(1)) >= count:
             continue
         res = dict(data.get("res") or {})
-        if event_name == "runner_on_ok":
+        if not res:
+            results[int(match.group(1))] = OperationResult.failure(
+                "transient", DROPPED_RESULT.format(limit=max_result_chars))
+        elif event_name == "runner_on_ok":
             results[int(match.group(1))] = OperationResult(ok=True, result=res)
         else:
             results[int(match.group(1))] = OperationResult.failure(
@@ -269,8 +288,10 @@ class AnsibleRunner:
     """Runs batches through ansible-runner, bounded in time, concurrency and artifacts on disk."""
 
     def __init__(self, work_dir: Path, timeout_seconds: int = 600, max_concurrent: int | None = None,
-                 keep_artifacts: int = 50, collections_path: str | None = None) -> None:
+                 keep_artifacts: int = 50, collections_path: str | None = None,
+                 max_result_chars: int = MAX_RESULT_CHARS) -> None:
         self.work_dir = work_dir
+        self.max_result_chars = max_result_chars
         self.timeout_seconds = timeout_seconds
         self.keep_artifacts = keep_artifacts
         self.collections_path = collections_path or os.environ.get("ANSIBLE_COLLECTIONS_PATH", "")
@@ -311,6 +332,13 @@ class AnsibleRunner:
             (private / _OWNER_FILE).write_text(f"{os.getpid()} {_process_start(os.getpid())}")
             # O_EXCL and 0600 from the first byte: the playbook holds user-data, never readable
             # by anyone else, not even between a create and a chmod.
+            # Progress files live in the private dir: fresh per run, removed with it, and the
+            # module (local connection) writes them on this machine.
+            progress = [private / f"progress-{index}.jsonl" if op.progress_option else None
+                        for index, op in enumerate(operations)]
+            operations = [
+                op if path is None else dataclasses.replace(op, args={**op.args, op.progress_option: str(path)})
+                for op, path in zip(operations, progress, strict=True)]
             playbook = os.open(private / "project" / "batch.yml", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(playbook, "w") as handle:
                 handle.write(build_playbook(operations))
@@ -319,15 +347,17 @@ class AnsibleRunner:
                 # cancel_callback: without one, ansible-runner takes over SIGINT/SIGTERM for good
                 # when called from the main thread (--once, --until-ready); with it, stopping
                 # the controller cancels runs in flight.
-                outcome = ansible_runner.run(
-                    private_data_dir=str(private), playbook="batch.yml", ident=ident,
-                    artifact_dir=str(self.artifact_dir),
-                    inventory={"all": {"hosts": {"localhost": {
-                        "ansible_connection": "local", "ansible_python_interpreter": sys.executable}}}},
-                    envvars={"ANSIBLE_COLLECTIONS_PATH": self.collections_path, "ANSIBLE_NOCOLOR": "1",
-                             "ANSIBLE_RETRY_FILES_ENABLED": "0", RUN_MARKER: ident},
-                    timeout=self.timeout_seconds, quiet=True, cancel_callback=self._cancelled.is_set,
-                )
+                with ProgressTail([path for path in progress if path is not None], provider):
+                    outcome = ansible_runner.run(
+                        private_data_dir=str(private), playbook="batch.yml", ident=ident,
+                        artifact_dir=str(self.artifact_dir),
+                        inventory={"all": {"hosts": {"localhost": {
+                            "ansible_connection": "local", "ansible_python_interpreter": sys.executable}}}},
+                        envvars={"ANSIBLE_COLLECTIONS_PATH": self.collections_path, "ANSIBLE_NOCOLOR": "1",
+                                 "ANSIBLE_RETRY_FILES_ENABLED": "0", RUN_MARKER: ident,
+                                 "MAX_EVENT_RES": str(self.max_result_chars)},
+                        timeout=self.timeout_seconds, quiet=True, cancel_callback=self._cancelled.is_set,
+                    )
                 events = list(outcome.events)
                 status = str(outcome.status)
                 if not events and status not in ("successful", "timeout", "canceled"):
@@ -344,7 +374,7 @@ class AnsibleRunner:
                     log.warning("runner %s %s: killed %d leftover process(es) of the run", provider, verb,
                                 len(leftovers))
             elapsed = time.monotonic() - started
-        results = results_from_events(events, len(operations), status, stdout)
+        results = results_from_events(events, len(operations), status, stdout, self.max_result_chars)
         self._index(ident, operations)
         with self._rotate_lock:
             self._in_flight.discard(ident)

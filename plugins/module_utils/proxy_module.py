@@ -169,27 +169,33 @@ class ProxyModule:
         self.module.exit_json(**result)
         raise AssertionError("exit_json returned")  # pragma: no cover - it always exits
 
-    def fail_from(self, error: ProxyError) -> NoReturn:
+    def fail_from(self, error: ProxyError, **extra: Any) -> NoReturn:
         """Report ``error`` with its class (and its details); never an SDK traceback in place of a class."""
-        self.module.fail_json(msg=str(error), error_class=error_class_of(error), **error.details)
+        self.module.fail_json(msg=str(error), error_class=error_class_of(error), **dict(extra, **error.details))
         raise AssertionError("fail_json returned")  # pragma: no cover - it always exits
 
     def run(self, open_provider: Callable[["ProxyModule"], P], act: Callable[[P], Dict[str, Any]]) -> NoReturn:
         """Open the provider, act, report: the whole body of every module's ``main()``.
 
         Any ``ProxyError`` becomes a failure with its ``error_class``; the provider's
-        connections are closed whatever happens.
+        connections are closed whatever happens. A provider with a ``result_fields()`` adds
+        those to the result either way (kvm_proxy: ``image_transfers``).
         """
         provider: Optional[P] = None
         try:
             provider = open_provider(self)
             result = act(provider)
         except ProxyError as error:
-            self.fail_from(error)
+            self.fail_from(error, **_result_fields(provider))
         finally:
             if provider is not None:
                 provider.close()
-        self.exit(**result)
+        self.exit(**dict(result, **_result_fields(provider)))
+
+
+def _result_fields(provider: Optional[Provider]) -> Dict[str, Any]:
+    fields = getattr(provider, "result_fields", None)
+    return dict(fields()) if fields is not None else {}
 
 
 Item = TypeVar("Item")

@@ -33,6 +33,16 @@ options:
       - Directory for downloaded base images and the download locks, on the machine running the module.
       - Defaults to E(EGRESS_PROXIES_CACHE_DIR), else C(~/.cache/egress-proxies/images).
     type: path
+  progress_path:
+    description:
+      - A file on the machine running the module to which every base image transfer event is appended
+        while it happens, one JSON object per line (C(kind), C(direction), C(image), C(host), C(url),
+        C(bytes), C(total), C(seconds)); see docs/contract.md, "Image transfer progress".
+      - C(kind) is C(start), C(progress) (every 64 MiB or 10 s), C(done), C(failed) or C(waiting) (for
+        another run transferring the same image); C(url) has no userinfo and no query.
+      - The controller passes a fresh file per run and logs each event while the module runs. A file
+        that cannot be written is a warning, never a failure.
+    type: path
 attributes:
   check_mode:
     support: full
@@ -157,6 +167,31 @@ results:
     msg:
       description: When the item failed, why, starting with C(operations[<index>]:); empty otherwise.
       type: str
+image_transfers:
+  description:
+    - The base image transfers this run finished, in the order they finished (a cached image or an
+      existing base volume transfers nothing, so usually this is empty).
+    - On libvirt's test driver, which cannot upload, only downloads are listed.
+  returned: when the provider config could be used
+  type: list
+  elements: dict
+  contains:
+    image:
+      description: The image's key in the provider config.
+      type: str
+      sample: debian-12
+    host:
+      description: The KVM host uploaded to; null for a download.
+      type: str
+    direction:
+      description: C(download) (to O(image_cache_dir), sha256-verified) or C(upload) (to the host's pool).
+      type: str
+    bytes:
+      description: How many bytes were transferred.
+      type: int
+    seconds:
+      description: How long the transfer took.
+      type: float
 error_class:
   description: On failure, C(not_found), C(permanent) or C(transient).
   returned: failed
@@ -165,13 +200,14 @@ error_class:
 
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.module import (  # noqa: E402
     LIBRARIES,
-    kvm_provider,
+    kvm_proxy_provider,
 )
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.proxy_module import run_proxy_module  # noqa: E402
 
 
 def main() -> None:
-    run_proxy_module("kvm", "kvm", LIBRARIES, kvm_provider, extra_spec={"image_cache_dir": {"type": "path"}})
+    run_proxy_module("kvm", "kvm", LIBRARIES, kvm_proxy_provider,
+                     extra_spec={"image_cache_dir": {"type": "path"}, "progress_path": {"type": "path"}})
 
 
 if __name__ == "__main__":

@@ -12,16 +12,18 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
 
+from egress_proxies.providers import ErrorClass, ProviderClient, ProviderType
 from egress_proxies.runner import (
     RUN_MARKER,
     RUN_MEMORY_BYTES,
     AnsibleRunner,
     Operation,
+    OperationResult,
     build_playbook,
     concurrency_for_memory,
     results_from_events,
@@ -29,7 +31,7 @@ from egress_proxies.runner import (
 )
 from support.ansible_modules import collections_path
 from support.libvirt_daemon import LibvirtTestDaemon
-from support.provider_config import OWNER_TAGS, BaseImage, kvm_host, write_kvm_config
+from support.provider_config import OWNER, OWNER_TAGS, BaseImage, kvm_host, write_kvm_config
 
 POOL = "default-pool"
 
@@ -88,6 +90,42 @@ def test_the_playbook_marks_every_string_unsafe() -> None:
     assert "name: !unsafe '{{ x }}'" in text
     assert "k: !unsafe '{% raw %}'" in text
     assert "port: 3128" in text
+
+
+def test_a_result_ansible_runner_dropped_for_its_size_fails_instead_of_reading_as_empty(
+        tmp_path: Path, config: Path) -> None:
+    """The real ansible-runner: above MAX_EVENT_RES it swaps the module's result for {} (a
+    listing of ~1,500 instances read as "no instances" had a 10,000-Proxy fleet created twice).
+    A small limit stands in for a big fleet here; the default keeps the same listing whole."""
+    base = {"provider_config": str(config), "provider": "lab", "image_cache_dir": str(tmp_path / "cache")}
+    small = AnsibleRunner(tmp_path / "small", timeout_seconds=120, max_concurrent=1,
+                          collections_path=collections_path(), max_result_chars=200)
+    (created,) = small.run("lab", "create", [Operation("kvm_proxy", {**base, "name": "big", "tags": OWNER_TAGS})])
+    # The create's own result is longer than 200 characters too: dropped, so not ok, and
+    # transient (the next listing shows what it did), never an instance-less success.
+    assert not created.ok and created.error_class == "transient", created
+    assert "dropped the module's result" in created.message and "200 characters" in created.message
+
+    (listed,) = small.run("lab", "list", [info(config)])
+    assert not listed.ok and listed.error_class == "transient" and "MAX_EVENT_RES" in listed.message
+    client = ProviderClient(small, str(config), "lab", ProviderType.KVM)
+    listing = client.list_instances(OWNER)
+    assert listing.error is not None and not listing.instances
+
+    whole = AnsibleRunner(tmp_path / "whole", timeout_seconds=120, max_concurrent=1,
+                          collections_path=collections_path())
+    (listed,) = whole.run("lab", "list", [info(config)])
+    assert listed.ok and [i["name"] for i in listed.result["instances"]] == ["big"]
+
+
+def test_a_successful_listing_without_instances_is_an_error_not_an_empty_fleet() -> None:
+    class Answers:
+        def run(self, _provider: str, _verb: str, _operations: Sequence[Operation]) -> list[OperationResult]:
+            return [OperationResult(ok=True, result={"changed": False})]
+
+    listing = ProviderClient(Answers(), "providers.yaml", "lab", ProviderType.KVM).list_instances("owner")
+    assert listing.error is not None and listing.error.error_class is ErrorClass.TRANSIENT
+    assert "no 'instances' list" in listing.error.message
 
 
 def test_results_missing_from_the_events_are_transient() -> None:

@@ -41,6 +41,7 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.squid_access 
 from egress_proxies.directory import DirectoryStore
 from egress_proxies.reconcile import Reconciler
 from egress_proxies.runner import AnsibleRunner
+from egress_proxies.transfers import describe
 from support.ansible_modules import REPO, ModuleRun, collections_path, run_module
 from support.hypervisor_host import HypervisorHost
 from support.provider_config import OWNER_TAGS, BaseImage, kvm_host, make_base_image, write_kvm_config
@@ -252,12 +253,24 @@ def lab(hv: Hypervisor, base_image: BaseImage, tmp_path: Path) -> Lab:
 # --- 1. life cycle -----------------------------------------------------------------------------
 
 
-def test_create_info_idempotence_check_mode_and_delete(lab: Lab, base_image: BaseImage) -> None:
+def test_create_info_idempotence_check_mode_and_delete(lab: Lab, base_image: BaseImage, tmp_path: Path) -> None:
     hv, name = lab.hv, "egp-life"
     tags = {**OWNER_TAGS, "crawl.example.com/proxy": "lab/life", "crawl.example.com/uid": "u-1"}
+    if BASE_VOLUME in hv.volume_names():  # left by an earlier test: this one measures the upload
+        hv.pool().storageVolLookupByName(BASE_VOLUME).delete(0)
 
-    created = succeeded(lab.create(name, tags=tags))
+    progress = tmp_path / "progress.jsonl"
+    created = succeeded(lab.create(name, tags=tags, progress_path=str(progress)))
     assert created["changed"] is True
+    size = base_image.path.stat().st_size
+    assert [(t["direction"], t["host"], t["bytes"]) for t in created["image_transfers"]] == [
+        ("download", None, size), ("upload", HOST, size)]
+    events = [json.loads(line) for line in progress.read_text().splitlines()]
+    assert [(e["kind"], e["direction"]) for e in events] == [
+        ("start", "download"), ("done", "download"), ("start", "upload"), ("done", "upload")]
+    uploaded = describe("lab", events[-1])
+    assert uploaded is not None and uploaded[1].startswith(
+        f"provider lab: base image debian-12: uploaded {size / 2**20:.1f} MiB to host {HOST} in ")
     assert created["provider_id"] == provider_id(name)
     assert created["instance"]["state"] == "running"
     assert created["instance"]["tags"] == tags
@@ -296,6 +309,7 @@ def test_create_info_idempotence_check_mode_and_delete(lab: Lab, base_image: Bas
 
     again = succeeded(lab.create(name, tags=tags))
     assert again["changed"] is False
+    assert again["image_transfers"] == []
     assert again["provider_id"] == provider_id(name)
 
     before = (hv.domain_names(), hv.volume_names())

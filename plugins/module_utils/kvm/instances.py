@@ -57,6 +57,8 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.domain_xm
     parse_domain_xml,
 )
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.images import (
+    TransferEvent,
+    TransferReport,
     create_volume_with_content,
     ensure_base_volume,
     lookup_volume,
@@ -94,11 +96,15 @@ def _state_names() -> Dict[int, str]:
 
 
 class KvmProvider:
-    def __init__(self, settings: KvmSettings, cache_dir: str, log: Log, warn: Optional[Log] = None) -> None:
+    def __init__(self, settings: KvmSettings, cache_dir: str, log: Log, warn: Optional[Log] = None,
+                 transfers: Optional[TransferReport] = None) -> None:
+        """``transfers`` (kvm_proxy's): where base image transfer events go, reported in the result
+        as ``image_transfers``; without it (kvm_proxy_info, which never transfers) they are log lines."""
         self.settings = settings
         self.cache_dir = cache_dir
         self.log = log
         self.warn = warn or log
+        self.transfers = transfers
         self.connections = KvmConnections(settings.ssh)
         # Placement of a batch's creates: each owner's count per host (config order), read
         # once per run and kept up to date by the run's own placements, so items placed side
@@ -108,6 +114,18 @@ class KvmProvider:
 
     def close(self) -> None:
         self.connections.close()
+        if self.transfers is not None:
+            self.transfers.close()
+
+    def result_fields(self) -> Dict[str, Any]:
+        """What the run's result carries beside the contract's fields (proxy_module.ProxyModule.run)."""
+        return {} if self.transfers is None else {"image_transfers": self.transfers.transfers()}
+
+    def _progress(self, event: TransferEvent) -> None:
+        if self.transfers is not None:
+            self.transfers(event)
+        else:
+            self.log(event.text())
 
     # -- lookups ---------------------------------------------------------------------------
 
@@ -276,7 +294,7 @@ class KvmProvider:
         image = self.settings.images[request.image or self.settings.default_image]
         connection = self.connections.open(host)
         pool = self._pool(connection, host)
-        base = ensure_base_volume(connection, pool, host.name, image, self.cache_dir, self.log)
+        base = ensure_base_volume(connection, pool, host.name, image, self.cache_dir, self._progress)
 
         # The access policy rides in vendor-data: the user's document stays byte for byte.
         vendor_data = build_vendor_data(self.settings.vendor_data, self.settings.install_guest_agent,

@@ -11,7 +11,10 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.cloudinit imp
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.config import HAS_YAML
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.errors import Permanent
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.connection import HAS_LIBVIRT
-from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.images import default_cache_dir
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.images import (
+    TransferReport,
+    default_cache_dir,
+)
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.instances import KvmProvider
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.proxy_module import ProxyModule
 
@@ -26,3 +29,13 @@ def kvm_provider(module: ProxyModule) -> KvmProvider:
         raise Permanent("provider: %r has no kvm section" % module.params["provider"])
     cache_dir = module.params.get("image_cache_dir") or default_cache_dir()
     return KvmProvider(settings, cache_dir, module.module.log, module.warn)
+
+
+def kvm_proxy_provider(module: ProxyModule) -> KvmProvider:
+    """``kvm_provider`` for ``kvm_proxy``: base image transfers are also appended to
+    ``progress_path`` as they happen (the controller follows that file to log them while the
+    run lasts; module.log reaches only the syslog of the machine running the module) and
+    summed up in the result's ``image_transfers``."""
+    provider = kvm_provider(module)
+    provider.transfers = TransferReport(module.module.log, module.params.get("progress_path"), module.warn)
+    return provider

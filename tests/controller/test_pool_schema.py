@@ -1,0 +1,138 @@
+"""What ProxyPools and Proxies share: the parsing of an object's metadata (model.CustomObject)
+and validation against the CRDs' own schemas (schema.py), as the packaged controller reads them.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from egress_proxies import pools, schema
+from egress_proxies.model import Proxy
+from egress_proxies.pools import Pool, parse_duration, parse_spec
+from egress_proxies.schema import PATTERN_HINTS, pool_schema, proxy_schema, validation_errors
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def rules(rule: Any, path: str = "") -> Iterator[tuple[str, dict[str, Any]]]:
+    """Every (path, schema) below ``rule``."""
+    if isinstance(rule, dict):
+        yield path, rule
+        for name, sub in (rule.get("properties") or {}).items():
+            yield from rules(sub, f"{path}.{name}")
+        yield from rules(rule.get("items"), f"{path}[]")
+
+
+# -- the CRDs, as the controller loads them ------------------------------------------------------
+
+def test_the_packaged_crds_are_the_manifests() -> None:
+    """The package reads both CRDs through links beside its modules, which the distribution ships
+    (package-data), so an installed controller validates against the manifests' own schemas."""
+    assert schema.CRD_PATH.resolve() == ROOT / "controller" / "manifests" / "crd.yaml"
+    assert schema.POOL_CRD_PATH.resolve() == ROOT / "controller" / "manifests" / "crd-proxypool.yaml"
+    package_data = tomllib.loads((ROOT / "controller" / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "package-data"]["egress_proxies"]
+    assert {schema.CRD_PATH.name, schema.POOL_CRD_PATH.name} <= set(package_data)
+
+
+@pytest.mark.parametrize("crd", [proxy_schema, pool_schema], ids=["proxy", "proxypool"])
+def test_every_pattern_a_user_writes_has_a_readable_hint(crd: Any) -> None:
+    patterns = {path: rule["pattern"] for path, rule in rules(crd()["properties"]["spec"], "spec") if "pattern" in rule}
+    assert patterns
+    assert {path: p for path, p in patterns.items() if p not in PATTERN_HINTS} == {}
+
+
+def test_durations_are_what_the_crd_pattern_admits() -> None:
+    spec = pool_schema()["properties"]["spec"]["properties"]
+    assert spec["failoverAfter"]["pattern"] == spec["rotation"]["properties"]["maxAge"]["pattern"] == \
+        schema.DURATION_PATTERN
+    # Go's forms, and what the API server refuses (RE2's [0-9] is ASCII: not an Arabic-Indic 5).
+    assert [parse_duration(t) for t in ("6h", "1h30m", "90s", "500ms", "1.5m", "1m5s")] == [21600, 5400, 90, 0.5,
+                                                                                             90, 65]
+    assert [parse_duration(t) for t in ("\u0665s", "1d", "-1s", "1h 30m")] == [None] * 4
+
+
+def test_the_crd_defaults_are_the_controllers() -> None:
+    """The API server fills in the CRD's defaults; the directory source gets parse_spec's."""
+    spec = pool_schema()["properties"]["spec"]["properties"]
+    rotation = spec["rotation"]["properties"]
+    assert spec["replicas"]["default"] == 0
+    assert spec["placement"]["items"]["properties"]["weight"]["default"] == 1
+    assert parse_duration(spec["failoverAfter"]["default"]) == pools.DEFAULT_FAILOVER_AFTER
+    assert (rotation["maxSurge"]["default"], rotation["maxUnavailable"]["default"], rotation["jitter"]["default"]) == (
+        pools.DEFAULT_MAX_SURGE, pools.DEFAULT_MAX_UNAVAILABLE, pools.DEFAULT_JITTER)
+    parsed, errors = parse_spec({"placement": [{"provider": "a"}]}, ["a"])
+    assert errors == [] and parsed is not None
+    assert (parsed.replicas, parsed.placements[0].weight, parsed.failover_after_seconds, parsed.max_surge,
+            parsed.max_unavailable, parsed.jitter) == (0, 1, 120.0, 1, 0, 0.1)
+
+
+# -- a Proxy's messages from the same hints ---------------------------------------------------------
+
+@pytest.mark.parametrize(("change", "expected"), [
+    ({"allowedSources": ["10.0.0.0"]}, ("spec.allowedSources[0]: must be a network in CIDR notation, such as "
+                                       "10.0.0.0/8 or 2001:db8::/32 (got '10.0.0.0')")),
+    ({"probe": {"httpUrl": "https://example.com/"}}, ("spec.probe.httpUrl: must be a plain-HTTP URL (http://host/path) "
+                                                      "(got 'https://example.com/')")),
+    ({"provider": ""}, "spec.provider: must be a non-empty string (got '')"),
+    ({"provider": None}, "spec.provider: must be a non-empty string (quote it in YAML) (got None)"),
+    ({"port": 0}, "spec.port: must be an integer 1-65535 (got 0)"),
+])
+def test_a_proxy_pattern_or_range_violation_says_what_is_allowed(change: dict[str, Any], expected: str) -> None:
+    proxy = Proxy("ns", "p", "uid", {"provider": "a", **change})
+    assert validation_errors(proxy) == [expected]
+
+
+def test_a_missing_required_field_says_what_it_must_be() -> None:
+    assert validation_errors(Proxy("ns", "p", "uid", {"port": 3128})) == [
+        "spec.provider: is required; it must be a non-empty string"]
+
+
+# -- the shared metadata parsing -------------------------------------------------------------------
+
+OBJECT: dict[str, Any] = {
+    "metadata": {"name": "eu", "namespace": "crawlers", "uid": "u-1", "resourceVersion": "42", "generation": 3,
+                 "annotations": {"a": "b"}, "labels": {"team": "crawl"}, "finalizers": ["x/y"],
+                 "deletionTimestamp": "2026-01-02T00:00:00Z", "creationTimestamp": "2026-01-01T00:00:00Z",
+                 "ownerReferences": [{"kind": "ProxyPool", "uid": "p-1", "controller": True}, "junk"]},
+    "spec": {"replicas": 2}, "status": {"phase": "Ready"}}
+
+
+@pytest.mark.parametrize("kind", [Proxy, Pool])
+def test_both_kinds_read_metadata_alike(kind: type[Proxy] | type[Pool]) -> None:
+    parsed = kind.from_object(OBJECT)
+    assert (parsed.key, parsed.uid, parsed.resource_version, parsed.generation, parsed.finalizers,
+            parsed.annotations, parsed.deletion_timestamp, parsed.creation_timestamp, parsed.status, parsed.defect) == (
+        "crawlers/eu", "u-1", "42", 3, ["x/y"], {"a": "b"}, "2026-01-02T00:00:00Z", "2026-01-01T00:00:00Z",
+        {"phase": "Ready"}, None)
+    assert parsed.deleting and parsed.spec == {"replicas": 2}
+    parsed.raw = OBJECT
+    assert parsed.labels == {"team": "crawl"}
+    assert parsed.owner_references == [{"kind": "ProxyPool", "uid": "p-1", "controller": True}]
+
+
+@pytest.mark.parametrize(("metadata", "defect"), [
+    ({"generation": "three"}, "metadata.generation: must be an integer, not 'three'"),
+    ({"finalizers": "x/y"}, "metadata.finalizers: must be a list of strings"),
+    ({"annotations": {"replicas": 3}}, "metadata.annotations: every value must be a string (quote it)"),
+    ({"annotations": ["a"]}, "metadata.annotations: must be an object, not list"),
+])
+@pytest.mark.parametrize("kind", [Proxy, Pool])
+def test_malformed_metadata_is_a_defect_of_either_kind(kind: type[Proxy] | type[Pool], metadata: dict[str, Any],
+                                                       defect: str) -> None:
+    parsed = kind.from_object({"metadata": {"name": "eu", **metadata}, "spec": {}})
+    assert parsed.defect == defect and parsed.name == "eu"
+
+
+def test_only_a_proxy_requires_its_spec_to_be_an_object() -> None:
+    """A pool's spec is kept as found: parse_spec names each field that is wrong."""
+    assert Proxy.from_object({"spec": ["a"]}).defect == "spec: must be an object, not list"
+    pool = Pool.from_object({"spec": ["a"]})
+    assert (pool.spec, pool.defect) == (["a"], None)
+    assert parse_spec(pool.spec)[1][0].startswith("spec: must be an object {")
+    assert pool.raw == {"spec": ["a"]}  # a write sends back what it does not change
