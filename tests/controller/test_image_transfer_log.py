@@ -26,7 +26,7 @@ import pytest
 from egress_proxies.logs import JSONFormatter
 from egress_proxies.providers import CreateRequest, ProviderClient, ProviderType
 from egress_proxies.runner import AnsibleRunner, Operation, OperationResult
-from egress_proxies.transfers import ProgressTail, describe, redact_url
+from egress_proxies.transfers import WITHHELD_URL, ProgressTail, describe, loggable_url
 from support.ansible_modules import collections_path, run_module
 from support.libvirt_daemon import LibvirtTestDaemon
 from support.provider_config import OWNER_TAGS, BaseImage, kvm_host, write_kvm_config
@@ -90,13 +90,20 @@ def test_anything_else_is_not_an_event(bad: dict[str, Any]) -> None:
     assert describe("lab", bad) is None
 
 
-def test_a_urls_secrets_never_reach_the_log_even_from_a_careless_module() -> None:
-    described = describe("lab", event("start", url="https://u:S3CRET@images.example/d.qcow2?sig=TOPSECRET"))
+@pytest.mark.parametrize("url", ["https://u:S3CRET@images.example/d.qcow2", "https://images.example/d.qcow2?sig=S3CRET",
+                                 "https://images.example/d.qcow2#S3CRET", "https://<redacted>@images.example/?S3CRET"])
+def test_a_urls_secrets_never_reach_the_log_even_from_a_careless_module(url: str) -> None:
+    described = describe("lab", event("start", url=url))
     assert described is not None
     _level, message, transfer = described
-    assert "S3CRET" not in message + json.dumps(transfer) and "TOPSECRET" not in message + json.dumps(transfer)
-    assert transfer["url"] == "https://<redacted>@images.example/d.qcow2?<redacted>"
-    assert redact_url("file:///var/cache/base.qcow2") == "file:///var/cache/base.qcow2"
+    assert "S3CRET" not in message + json.dumps(transfer)
+    assert transfer["url"] == WITHHELD_URL
+
+
+@pytest.mark.parametrize("url", ["https://<redacted>@images.example/d.qcow2?<redacted>", "file:///var/cache/base.qcow2",
+                                 "https://images.example:8443/d.qcow2"])
+def test_a_url_the_module_redacted_is_logged_as_it_came(url: str) -> None:
+    assert loggable_url(url) == url
 
 
 # --- tailing ----------------------------------------------------------------------------------

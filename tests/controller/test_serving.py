@@ -184,6 +184,29 @@ def test_a_proxy_that_stops_serving_leaves_discovery_then_is_replaced(config: Pa
     assert lab.store.reasons()[-1] == "Replaced"
 
 
+def test_each_earlier_replacement_doubles_the_wait(config: Path) -> None:
+    """A Proxy replaced once before waits 2 x unhealthyAfter before its next replacement (the
+    real-guest test breaks two first-time Proxies, so this is where the doubling is pinned)."""
+    from egress_proxies.model import spec_hash
+
+    lab = Lab(config)
+    lab.store.add("eu-1", SPEC)
+    lab.store.objects[("crawlers", "eu-1")].annotations[REPLACEMENTS_ANNOTATION] = f"{spec_hash(SPEC)}:1"
+    rec = lab.reconciler()
+    lab.sweep_probe_sweep(rec)
+    (old,) = lab.runner.instances.values()
+    lab.prober.serving[old["ip"]] = ProbeReason.CONNECTION_REFUSED
+    lab.monitor.probe_now()
+    rec.sweep()
+    lab.clock["offset"] = 301  # enough for a first replacement
+    rec.sweep()
+    assert len(lab.runner.instances) == 1
+    lab.clock["offset"] = 601
+    rec.sweep()
+    assert lab.store.get("eu-1").annotations[REPLACEMENTS_ANNOTATION].endswith(":2")
+    assert len(lab.runner.instances) == 2
+
+
 def test_a_stopped_instance_is_replaced_as_lost(config: Path) -> None:
     lab = Lab(config)
     lab.store.add("eu-1", SPEC)
