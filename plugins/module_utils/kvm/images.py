@@ -282,12 +282,13 @@ def _download(image: KvmImage, target: str, progress: Progress) -> None:
     partial = target + ".part"
     digest = hashlib.sha256()
     url = redact_url(image.url)
-    meter: Optional[_Meter] = None
-    try:
+    meters: List[_Meter] = []
+    with _reporting(meters):
         try:
             with open_url(image.url, timeout=DOWNLOAD_TIMEOUT_SECONDS) as response, open(partial, "wb") as out:
                 length = response.headers.get("Content-Length")
                 meter = _Meter(progress, "download", image.key, None, int(length) if length else None, url)
+                meters.append(meter)
                 for chunk in iter(lambda: response.read(CHUNK), b""):
                     digest.update(chunk)
                     out.write(chunk)
@@ -313,11 +314,20 @@ def _download(image: KvmImage, target: str, progress: Progress) -> None:
             raise Permanent("images.%s.sha256: the download of %s has sha256 %s, the config says %s; "
                             "fix the checksum or the URL" % (image.key, url, actual, image.sha256))
         os.replace(partial, target)
+
+
+@contextlib.contextmanager
+def _reporting(meters: List[_Meter]) -> Iterator[None]:
+    """Ends the transfers of the meters ``meters`` holds by the end of the block (a download's
+    starts once the answer's headers are in): ``done`` when the block completes, ``failed`` when
+    it raises."""
+    try:
+        yield
     except BaseException:
-        if meter is not None:
+        for meter in meters:
             meter.failed()
         raise
-    if meter is not None:
+    for meter in meters:
         meter.done()
 
 
@@ -405,17 +415,10 @@ def ensure_base_volume(connection: Any, pool: Any, host_name: str, image: KvmIma
         local = fetch_image(image, cache_dir, progress)
         size = os.path.getsize(local)
         # The test driver stores no content: reporting an upload there would be a made-up figure.
-        meter = None if is_test_driver(connection) else _Meter(progress, "upload", image.key, host_name, size)
-        try:
-            with open(local, "rb") as source:
-                volume = create_volume_with_content(connection, pool, image.volume_name, image.format, source, size,
-                                                    meter.add if meter is not None else None)
-        except BaseException:
-            if meter is not None:
-                meter.failed()
-            raise
-        if meter is not None:
-            meter.done()
+        meters = [] if is_test_driver(connection) else [_Meter(progress, "upload", image.key, host_name, size)]
+        with _reporting(meters), open(local, "rb") as source:
+            volume = create_volume_with_content(connection, pool, image.volume_name, image.format, source, size,
+                                                meters[0].add if meters else None)
         try:
             pool.refresh(0)
         except libvirt.libvirtError as error:
