@@ -158,15 +158,21 @@ def test_a_restarted_controller_keeps_a_serving_proxy_ready_until_its_own_first_
     assert restarted.last_ready == []
 
 
+def ready_then_refusing(lab: Lab, rec: Reconciler) -> dict[str, Any]:
+    """eu-1 goes Ready, then its instance refuses connections and a sweep sees it; returns it."""
+    lab.sweep_probe_sweep(rec)
+    (instance,) = lab.runner.instances.values()
+    lab.prober.serving[instance["ip"]] = ProbeReason.CONNECTION_REFUSED
+    lab.monitor.probe_now()
+    rec.sweep()
+    return instance
+
+
 def test_a_proxy_that_stops_serving_leaves_discovery_then_is_replaced(config: Path) -> None:
     lab = Lab(config)
     lab.store.add("eu-1", SPEC)
     rec = lab.reconciler()
-    lab.sweep_probe_sweep(rec)
-    (old,) = lab.runner.instances.values()
-    lab.prober.serving[old["ip"]] = ProbeReason.CONNECTION_REFUSED
-    lab.monitor.probe_now()
-    rec.sweep()
+    old = ready_then_refusing(lab, rec)
     down = lab.store.get("eu-1")
     assert down.status["phase"] == "Provisioning" and down.status["conditions"][0]["reason"] == "NotServing"
     assert serving_condition(down)["reason"] == "ConnectionRefused" and rec.last_ready == []
@@ -193,11 +199,7 @@ def test_each_earlier_replacement_doubles_the_wait(config: Path) -> None:
     lab.store.add("eu-1", SPEC)
     lab.store.objects[("crawlers", "eu-1")].annotations[REPLACEMENTS_ANNOTATION] = f"{spec_hash(SPEC)}:1"
     rec = lab.reconciler()
-    lab.sweep_probe_sweep(rec)
-    (old,) = lab.runner.instances.values()
-    lab.prober.serving[old["ip"]] = ProbeReason.CONNECTION_REFUSED
-    lab.monitor.probe_now()
-    rec.sweep()
+    ready_then_refusing(lab, rec)
     lab.clock["offset"] = 301  # enough for a first replacement
     rec.sweep()
     assert len(lab.runner.instances) == 1
