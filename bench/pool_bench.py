@@ -17,7 +17,8 @@ Measured, in this order:
 3. quarantine-to-replaced latency: ``POST .../quarantine`` on the real HTTP server, then sweeps
    until the member is gone and the pool has N ready again;
 4. a provider killed mid-run (the Compute emulator stops answering): sweeps until the pool has N
-   ready again, refilled on KVM and Kubernetes (``maxSurge`` raised to N/3 for this).
+   ready again, refilled on KVM and Kubernetes (``maxSurge`` raised to N/3 for this); the
+   placement degrades once its listing has failed for the pool's failoverAfter (60 s).
 
 Run as root from the repository root: ``.venv/bin/python bench/pool_bench.py [--replicas 300]``.
 """
@@ -67,6 +68,9 @@ GCP_PROJECT = "bench-project"
 GCP_ZONE = "europe-west1-b"
 PER_HOST = 90  # the test driver's 100 GiB pool holds at most 99 1-GiB overlays
 TOKEN = "pool-bench-operator-token"
+# The pool's failoverAfter: how long a placement may be bad (members not Ready, or its listing
+# failing) before its shortfall moves.
+FAILOVER_AFTER_SECONDS = 60
 KUBE_LAUNCHER = """
 import sys, yaml
 from support.kube_emulator import KubeEmulator, proxy_crd
@@ -130,16 +134,22 @@ class Bench:
     def ready_replicas(self) -> int:
         return int((self.pool().get("status") or {}).get("readyReplicas") or 0)
 
-    def until(self, done: Callable[[], bool], limit: int, on_sweep: Callable[[], None] | None = None) -> tuple[
-            float, int]:
+    def until(self, done: Callable[[], bool], limit: int, on_sweep: Callable[[], None] | None = None,
+              wait_seconds: float = 0.0) -> tuple[float, int]:
+        """Sweeps until ``done``: at most ``limit`` sweeps once ``wait_seconds`` (what the pool
+        must wait by its spec, such as failoverAfter) have passed, as many as it takes before."""
         started = time.monotonic()
-        for count in range(1, limit + 1):
+        count = after_wait = 0
+        while after_wait < limit:
+            count += 1
+            if time.monotonic() - started >= wait_seconds:
+                after_wait += 1
             self.sweep()
             if on_sweep is not None:
                 on_sweep()
             if done():
                 return time.monotonic() - started, count
-        raise RuntimeError(f"not done after {limit} sweeps")
+        raise RuntimeError(f"not done after {count} sweeps")
 
     def patch_pool(self, spec: dict[str, Any]) -> None:
         self.objects.patch_namespaced_custom_object(GROUP, VERSION, NAMESPACE, POOL_PLURAL, POOL_NAME, {"spec": spec})
@@ -189,7 +199,7 @@ def run(args: argparse.Namespace, stack: contextlib.ExitStack) -> None:
     bench.objects.create_namespaced_custom_object(GROUP, VERSION, NAMESPACE, POOL_PLURAL, {
         "apiVersion": f"{GROUP}/{VERSION}", "kind": "ProxyPool",
         "metadata": {"name": POOL_NAME, "namespace": NAMESPACE},
-        "spec": {"replicas": 0, "template": {}, "failoverAfter": "60s",
+        "spec": {"replicas": 0, "template": {}, "failoverAfter": f"{FAILOVER_AFTER_SECONDS}s",
                  "placement": [{"provider": "lab"}, {"provider": "gcp-eu"}, {"provider": "cluster"}]}})
     bench.sweep()
 
@@ -246,7 +256,8 @@ def run(args: argparse.Namespace, stack: contextlib.ExitStack) -> None:
         # has made the shortfall up elsewhere.
         return bool(status["placements"][1]["state"] == "Degraded" and status["readyReplicas"] == n)
 
-    seconds, sweeps = bench.until(refilled, args.max_sweeps * 2)
+    # A failing listing degrades the placement once it has lasted failoverAfter (contract change 23).
+    seconds, sweeps = bench.until(refilled, args.max_sweeps * 2, wait_seconds=FAILOVER_AFTER_SECONDS)
     placements = bench.pool()["status"]["placements"]
     say(f"4. GCP killed: pool back to {n} ready in {seconds:.1f} s, {sweeps} sweep(s); placements now "
         f"{[(p['provider'], p['ready'], p['state']) for p in placements]} (gcp-eu's members kept, not counted)")

@@ -9,7 +9,7 @@ import hashlib
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Generic, Self, TypeVar
+from typing import Any, Generic, Self, TypeVar
 
 GROUP = "crawl.example.com"
 VERSION = "v1alpha1"
@@ -88,9 +88,6 @@ class CustomObject(Generic[SpecT]):
     # files with one name, a field of the wrong type). The reconciler marks it Failed with this
     # message and touches nothing of it: no create, no delete, no GC of its instances.
     defect: str | None = None
-    # Whether ``from_object`` requires the spec to be an object (else a defect, spec {}), or keeps
-    # it as found for a validation of its own to report field by field (a ProxyPool's).
-    SPEC_CHECKED_BY_FROM_OBJECT: ClassVar[bool] = True
 
     @property
     def key(self) -> str:
@@ -117,6 +114,12 @@ class CustomObject(Generic[SpecT]):
         return [o for o in owners if isinstance(o, dict)] if isinstance(owners, list) else []
 
     @classmethod
+    def _spec_from(cls, spec: Any, problems: list[str]) -> Any:
+        """The spec as this kind keeps it: an object, else a defect and ``{}``. A kind whose spec
+        is validated field by field later (a ProxyPool's) keeps it as found instead."""
+        return dict(_mapping(spec, "spec", problems))
+
+    @classmethod
     def from_object(cls, obj: Any) -> Self:
         """From the API's JSON object (or a YAML file of the same shape). Never raises: an object
         whose metadata, spec or status has the wrong type gets ``defect`` set, so one malformed
@@ -124,9 +127,7 @@ class CustomObject(Generic[SpecT]):
         problems: list[str] = []
         obj = _mapping(obj, "the object", problems)
         metadata = _mapping(obj.get("metadata"), "metadata", problems)
-        spec: Any = obj.get("spec")
-        if cls.SPEC_CHECKED_BY_FROM_OBJECT:
-            spec = dict(_mapping(spec, "spec", problems))
+        spec = cls._spec_from(obj.get("spec"), problems)
         status = _mapping(obj.get("status"), "status", problems)
         generation = metadata.get("generation") or 1
         if isinstance(generation, bool) or not isinstance(generation, int | str) or not str(generation).isdigit():

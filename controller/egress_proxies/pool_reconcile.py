@@ -1,7 +1,8 @@
 """The pools' part of a sweep, and the quarantine a crawler asks for: the I/O around ``pools``.
 
-``PoolReconciler.reconcile`` runs at the start of every sweep (``reconcile.Reconciler``), before
-the Proxies are reconciled, so a member it creates gets its instance in the same sweep. Every
+``PoolReconciler.reconcile`` runs early in every sweep (``reconcile.Reconciler``), after the
+providers are listed and before the Proxies are reconciled, so it sees this sweep's listing
+failures and a member it creates gets its instance in the same sweep. Every
 pool is handled on its own: a malformed one goes Failed alone (a condition naming the field and
 the fix), an exception on one is logged and recorded on it, and the others and every Proxy go on.
 
@@ -16,7 +17,7 @@ import logging
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from egress_proxies import metrics
@@ -48,19 +49,29 @@ CONFLICT_RETRIES = 5
 
 @dataclass(frozen=True)
 class ProviderHealth:
-    """What the sweep knows of the providers: configured names, invalid sections, failing listings."""
+    """What the sweep knows of the providers: configured names, invalid sections, and the
+    providers whose listing is failing, with why and for how long (seconds, this sweep's
+    listing included)."""
 
     configured: Sequence[str]
     invalid: Mapping[str, str]
-    failing: Mapping[str, str]
+    failing: Mapping[str, tuple[str, float]] = field(default_factory=dict)
 
-    def broken(self, provider: str) -> str | None:
+    def broken(self, provider: str, failover_after: float) -> str | None:
+        """Why a placement on ``provider`` cannot be used now, or None. A listing that fails
+        counts once it has failed for ``failover_after``, as a placement whose members are not
+        Ready does: one failed listing (an API blip) must not create a member elsewhere and
+        delete it again after the hysteresis. Until then the members' own status stands (the
+        live path keeps a Ready Proxy Ready for a bounded time while its provider cannot be
+        listed, and the serving probe keeps testing it)."""
         if provider in self.invalid:
             return f"provider {provider} cannot be used: its section of the provider config is invalid"
         if provider not in self.configured:
             return f"provider {provider} is not configured"
         if provider in self.failing:
-            return f"provider {provider} cannot be listed ({self.failing[provider]})"
+            why, seconds = self.failing[provider]
+            if seconds >= failover_after:
+                return f"provider {provider} cannot be listed for {seconds:.0f} s ({why})"
         return None
 
 
@@ -134,7 +145,7 @@ class PoolReconciler:
         live = [p for p in members if not p.deleting]
         views = [Member.of(p, spec, now) for p in live]
         broken = {i: why for i, placement in enumerate(spec.placements)
-                  if (why := health.broken(placement.provider)) is not None}
+                  if (why := health.broken(placement.provider, spec.failover_after_seconds)) is not None}
         found = pool.status.get("placements")
         previous = [row for row in found if isinstance(row, dict)] if isinstance(found, list) else []
         decision = decide(spec, views, broken, previous, now)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import datetime
 import logging
 import threading
+import time
 import traceback
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -50,7 +51,7 @@ from egress_proxies.providers import (
     check_config,
 )
 from egress_proxies.runner import Runner
-from egress_proxies.schema import validation_errors
+from egress_proxies.schema import ValidationMemo
 from egress_proxies.serving import ProbePlan, ServingMonitor
 from egress_proxies.status import ProxyWriter, find_condition, utc_now
 from egress_proxies.store import Gone, ProxyStore, StoreError
@@ -121,8 +122,9 @@ class Reconciler:
         self.store = store
         # None: no pools (a source without them, the decision tests). Reconciled first in a sweep.
         self.pools = pools
-        # The providers whose listing failed in the last sweep: a pool's placement there is degraded.
-        self._failing: dict[str, str] = {}
+        # Since when (time.monotonic) each provider's listing has failed, sweep after sweep: a
+        # pool's placement there is degraded once that lasts its failoverAfter.
+        self._failing_since: dict[str, float] = {}
         # None: instances get no ``access`` (as open as their user-data makes them): the decision
         # tests. The command always passes the credential store: private by default.
         self.credentials = credentials
@@ -133,6 +135,7 @@ class Reconciler:
         self.settings = settings or ReconcileSettings()
         self.backoff = backoff or Backoff()
         self.writer = ProxyWriter(store, self.backoff, now, purge)
+        self.validation = ValidationMemo()
         self.last_ready: list[Proxy] = []
         self.providers: ProviderSet | None = None
         # Traceback already logged per Proxy uid: an error that repeats every sweep is logged
@@ -168,12 +171,17 @@ class Reconciler:
             log.warning("provider config %s has %d error(s): %s", config.path, len(config.errors),
                         "; ".join(config.errors))
         proxies, _ = self.store.list_proxies()
+        clients = config.clients(self.runner)
+        # Listed before the pools run, so a pool sees this sweep's listing failures.
+        listings = self._list_all(clients, report)
+        failing = self._failing_for(listings)
         if self.pools is not None:
             health = ProviderHealth(list(config.types), {name: "; ".join(errors) for name, errors in
-                                                         config.invalid.items()}, dict(self._failing))
+                                                         config.invalid.items()}, failing)
             if self.pools.reconcile(proxies, health):
                 proxies, _ = self.store.list_proxies()  # the members it created get instances now
         self.backoff.forget({p.uid for p in proxies})
+        self.validation.retain(p.uid for p in proxies)
         self.writer.latest = {p.uid: p for p in proxies}
         self.writer.failures = {}
 
@@ -183,7 +191,7 @@ class Reconciler:
         usable: list[Proxy] = []
         unreconciled: list[Proxy] = []
         for proxy in proxies:
-            problems = [proxy.defect] if proxy.defect else validation_errors(proxy)
+            problems = [proxy.defect] if proxy.defect else self.validation.errors(proxy)
             if problems and not (proxy.deleting and not proxy.defect):
                 unreconciled.append(proxy)
                 reason = "SourceDefect" if proxy.defect else "InvalidSpec"
@@ -194,10 +202,8 @@ class Reconciler:
             # provider's name, and a Proxy that cannot be deleted would wedge its finalizer.
             contain(proxy, partial(self._admit, proxy, usable))
 
-        clients = config.clients(self.runner)
         unusable = {name: f"provider {name!r} cannot be used: its section of the provider config is invalid: "
                           + "; ".join(errors) for name, errors in config.invalid.items()}
-        listings = self._list_all(clients, report)
         live = [p for p in usable if not p.deleting]
         deleting = [p for p in usable if p.deleting and FINALIZER in p.finalizers]
         by_provider: dict[str, list[Proxy]] = {}
@@ -239,7 +245,6 @@ class Reconciler:
         for name, listing in listings.items():
             if listing.error is not None:
                 report.providers_failed.setdefault(name, str(listing.error))
-        self._failing = {name: str(listing.error) for name, listing in listings.items() if listing.error is not None}
         for name in config.invalid:
             report.providers_failed.setdefault(name, unusable[name])
         report.proxies_failed.update(self.writer.failures)
@@ -296,6 +301,14 @@ class Reconciler:
         return 0.0 if age is None else age
 
     # -- listing -------------------------------------------------------------------------------
+
+    def _failing_for(self, listings: Mapping[str, Listing]) -> dict[str, tuple[str, float]]:
+        """The providers whose listing failed in this sweep: why, and for how many seconds in a
+        row (since the first of the failed sweeps)."""
+        now = time.monotonic()
+        self._failing_since = {name: self._failing_since.get(name, now) for name, listing in listings.items()
+                               if listing.error is not None}
+        return {name: (str(listings[name].error), now - since) for name, since in self._failing_since.items()}
 
     def _list_all(self, clients: Mapping[str, ProviderClient], report: SweepReport) -> dict[str, Listing]:
         """One info call per provider, all providers in parallel."""

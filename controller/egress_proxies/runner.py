@@ -329,6 +329,12 @@ class AnsibleRunner:
             started = time.monotonic()
             _private_dir(private)
             _private_dir(private / "project")
+            # Every temporary file of the run goes here, so it goes with the run: a run killed
+            # at its timeout cannot clean up after itself, and Ansible's local temp dir and the
+            # modules' unpacked payloads (~200 KB a run) would pile up in /tmp, an emptyDir with
+            # a size limit in the Deployment, until the kubelet evicts the controller.
+            temp = private / "tmp"
+            _private_dir(temp)
             (private / _OWNER_FILE).write_text(f"{os.getpid()} {_process_start(os.getpid())}")
             # O_EXCL and 0600 from the first byte: the playbook holds user-data, never readable
             # by anyone else, not even between a create and a chmod.
@@ -355,7 +361,8 @@ class AnsibleRunner:
                             "ansible_connection": "local", "ansible_python_interpreter": sys.executable}}}},
                         envvars={"ANSIBLE_COLLECTIONS_PATH": self.collections_path, "ANSIBLE_NOCOLOR": "1",
                                  "ANSIBLE_RETRY_FILES_ENABLED": "0", RUN_MARKER: ident,
-                                 "MAX_EVENT_RES": str(self.max_result_chars)},
+                                 "MAX_EVENT_RES": str(self.max_result_chars), "TMPDIR": str(temp),
+                                 "ANSIBLE_LOCAL_TEMP": str(temp), "ANSIBLE_REMOTE_TEMP": str(temp)},
                         timeout=self.timeout_seconds, quiet=True, cancel_callback=self._cancelled.is_set,
                     )
                 events = list(outcome.events)

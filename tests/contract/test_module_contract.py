@@ -33,11 +33,12 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils import config
 from ansible_collections.crawl.egress_proxies.plugins.module_utils import errors as module_errors
 from ansible_collections.crawl.egress_proxies.plugins.module_utils import instance as module_instance
 from ansible_collections.crawl.egress_proxies.plugins.module_utils import proxy_module
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm import images as module_images
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.provider_id import (
     format_provider_id,
     parse_provider_id,
 )
-from egress_proxies import model, runner
+from egress_proxies import model, runner, transfers
 from egress_proxies.probe import ProbeReason
 from egress_proxies.providers import (
     CONFIG_MODULE,
@@ -106,6 +107,32 @@ def test_error_classes_agree() -> None:
     assert runner.classify_failure({"error_class": "bogus"}) == runner.classify_failure({}) == "transient"
     for value in controller:
         assert runner.classify_failure({"error_class": value}) == value
+
+
+def test_image_transfer_events_agree() -> None:
+    """Every event kvm_proxy can write into its progress file is one the controller logs, with the
+    numbers it carries, and a URL the module redacted is logged as redacted, not withheld."""
+    assert (transfers.KINDS, transfers.DIRECTIONS, transfers.MIB, transfers.REDACTED) == (
+        module_images.KINDS, module_images.DIRECTIONS, module_images.MIB, module_images.REDACTED)
+    secret = "https://user:pw@images.example.test:8443/debian-12.qcow2?X-Goog-Signature=abc"
+    redacted = module_images.redact_url(secret)
+    assert "pw" not in redacted and "abc" not in redacted
+    assert transfers.loggable_url(redacted) == redacted
+    for kind in module_images.KINDS:
+        for direction in module_images.DIRECTIONS:
+            event = module_images.TransferEvent(
+                kind=kind, direction=direction, image="debian-12", host=None if direction == "download" else "hv1",
+                bytes=3 * module_images.MIB, total=4 * module_images.MIB, seconds=2.0,
+                url=redacted if direction == "download" else None)
+            described = transfers.describe("lab", event.to_dict())
+            assert described is not None, (kind, direction)
+            _level, message, field = described
+            assert "debian-12" in message and field["event"] == kind and field["direction"] == direction
+            if direction == "download" and kind == "start":
+                assert redacted in message
+    with pytest.raises(ValueError, match="not a transfer event"):
+        module_images.TransferEvent(kind="finished", direction="download", image="i", host=None, bytes=0,
+                                    total=None, seconds=0.0)
 
 
 def _main_call(module: str, function: str) -> list[str]:

@@ -595,3 +595,51 @@ def config(tmp_path: Path) -> Path:
     path.write_text(yaml.safe_dump({"owner": "test-owner", "providers": [{"name": "home-kvm", "type": "kvm",
                                                                           "kvm": {}}]}))
     return path
+
+
+def test_an_edited_file_is_validated_again_and_an_unchanged_one_is_not(tmp_path: Path, config: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Sweeps remember each Proxy's validation (schema.ValidationMemo) by content: a file edited
+    into an invalid spec and back is seen both times, though the directory source's
+    resourceVersion does not move with the file; a sweep over unchanged Proxies validates none."""
+    from egress_proxies import schema
+
+    validated: list[str] = []
+    real = schema.validation_errors
+
+    def counting(proxy: Proxy) -> list[str]:
+        validated.append(proxy.name)
+        return real(proxy)
+
+    monkeypatch.setattr(schema, "validation_errors", counting)
+    (tmp_path / "proxies").mkdir()
+    good = {"provider": "home-kvm", "cloudInit": "#cloud-config\n"}
+    write_proxy(tmp_path / "proxies", "a", good)
+    write_proxy(tmp_path / "proxies", "b", good, name="eu-2")
+    with DirectoryStore(tmp_path / "proxies") as proxies:
+        reconciler = Reconciler(proxies, FakeRunner(), str(config), backoff=Backoff())
+        assert reconciler.sweep().ok and sorted(validated) == ["eu-1", "eu-2"]
+        validated.clear()
+        reconciler.sweep()
+        reconciler.sweep()
+        assert validated == []  # Ready and unchanged: nothing validated again
+
+        write_proxy(tmp_path / "proxies", "a", {**good, "port": "abc"})
+        reconciler.sweep()
+        assert validated == ["eu-1"]
+        eu1 = by_name(proxies.list_proxies()[0])["eu-1"]
+        assert eu1.status["phase"] == "Failed" and "spec.port" in eu1.status["conditions"][0]["message"]
+        write_proxy(tmp_path / "proxies", "a", {**good, "port": 0})
+        reconciler.sweep()
+        eu1 = by_name(proxies.list_proxies()[0])["eu-1"]
+        assert eu1.status["phase"] == "Failed" and "(got 0)" in eu1.status["conditions"][0]["message"]
+
+        write_proxy(tmp_path / "proxies", "a", good)
+        reconciler.sweep()
+        eu1 = by_name(proxies.list_proxies()[0])["eu-1"]
+        assert eu1.status["phase"] == "Ready", eu1.status
+        write_proxy(tmp_path / "proxies", "b", good, name="eu-3")  # eu-2 goes, then eu-3 comes
+        reconciler.sweep()
+        reconciler.sweep()
+        assert sorted(p.name for p in proxies.list_proxies()[0]) == ["eu-1", "eu-3"]
+        assert set(reconciler.validation._known) == {p.uid for p in proxies.list_proxies()[0]}

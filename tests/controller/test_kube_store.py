@@ -8,6 +8,7 @@ holding a deleted Proxy, best-effort Events, and the mapping of HTTP statuses to
 
 from __future__ import annotations
 
+import copy
 import logging
 import socket
 import threading
@@ -247,6 +248,31 @@ def test_replace_status_writes_only_the_status(api: client.ApiClient, kube: Kube
     assert obj["spec"] == STORED_SPEC
     assert obj["metadata"]["generation"] == 1
     assert written.status == proxy.status and written.spec["port"] == 3128
+
+
+def test_changing_a_proxy_in_place_leaves_the_object_it_was_read_from_alone(
+        api: client.ApiClient, store: KubeStore) -> None:
+    """A read Proxy keeps the object as the API sent it (``raw``, what a write sends back for
+    everything it did not change); its spec, status and metadata are its own, nested values too."""
+    body = {"apiVersion": API_VERSION, "kind": KIND,
+            "metadata": {"name": "eu-1", "annotations": {"team": "crawl"}, "finalizers": ["example.com/keep"]},
+            "spec": {"provider": "home-kvm", "allowedSources": ["10.0.0.0/8"], "probe": {"url": "http://a.test/"}}}
+    client.CustomObjectsApi(api).create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, body)
+    proxy = store.get_proxy(NS, "eu-1")
+    proxy.status = {"phase": "Ready", "conditions": [{"type": "Ready", "status": "True", "reason": "Serving",
+                                                     "message": "ok", "lastTransitionTime": "2026-12-03T21:00:00Z"}]}
+    store.replace_status(proxy)
+    (proxy,), _ = store.list_proxies()
+    assert proxy.raw is not None
+    before = copy.deepcopy(proxy.raw)
+
+    proxy.spec["allowedSources"].append("0.0.0.0/0")
+    proxy.spec["probe"]["url"] = "http://b.test/"
+    proxy.status["conditions"][0]["status"] = "False"
+    proxy.annotations["team"] = "other"
+    proxy.finalizers.append(FINALIZER)
+
+    assert proxy.raw == before
 
 
 def test_replace_status_at_a_stale_version_conflicts(api: client.ApiClient, kube: KubeEmulator,

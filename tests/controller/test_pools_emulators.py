@@ -89,10 +89,13 @@ def provider(name: str, host: str, daemon: LibvirtTestDaemon, image: BaseImage) 
 
 
 def write_config(path: Path, hosts: tuple[LibvirtTestDaemon, LibvirtTestDaemon], image: BaseImage,
-                 break_b: bool = False) -> Path:
+                 break_b: bool = False, unreachable_b: bool = False) -> Path:
     second = provider("kvm-b", "h2", hosts[1], image)
     if break_b:
         second["kvm"]["hosts"] = "not-a-list"  # an invalid section: only kvm-b is unusable
+    if unreachable_b:  # a valid section whose host does not answer: kvm-b's listing fails
+        gone = hosts[1].socket_path.with_name("nobody-listens-here")
+        second["kvm"]["hosts"][0]["uri"] = f"test+unix:///default?socket={gone}"
     path.write_text(yaml.safe_dump({"owner": OWNER, "providers": [provider("kvm-a", "h1", hosts[0], image),
                                                                   second]}))
     return path
@@ -214,15 +217,24 @@ def test_scale_from_zero_to_six_by_weight_then_through_the_scale_subresource_the
     assert domains(hosts[0]) == domains(hosts[1]) == []
 
 
+def three_serving(api: client.ApiClient, hosts: tuple[LibvirtTestDaemon, LibvirtTestDaemon], image: BaseImage,
+                  tmp_path: Path, failover_after: str) -> tuple[Reconciler, Path, set[str]]:
+    """Pool "eu": 3 members over kvm-a (2) and kvm-b (1), maxSurge 1, all serving; the
+    reconciler, the provider config's path and the members' names."""
+    objects = client.CustomObjectsApi(api)
+    config = write_config(tmp_path / "providers.yaml", hosts, image)
+    rec = reconciler(api, config, tmp_path / "work")
+    create_pool(objects, "eu", {**BASE_SPEC, "replicas": 3, "failoverAfter": failover_after,
+                                "rotation": {"maxSurge": 1}})
+    sweep_until(rec, lambda: len(serving(members(objects, "eu"))) == 3)
+    return rec, config, {m["metadata"]["name"] for m in members(objects, "eu")}
+
+
 def test_a_broken_placement_fails_over_within_max_surge_and_moves_back_without_churn(
         api: client.ApiClient, hosts: tuple[LibvirtTestDaemon, LibvirtTestDaemon],
         image: BaseImage, tmp_path: Path) -> None:
     objects, core = client.CustomObjectsApi(api), client.CoreV1Api(api)
-    config = write_config(tmp_path / "providers.yaml", hosts, image)
-    rec = reconciler(api, config, tmp_path / "work")
-    create_pool(objects, "eu", {**BASE_SPEC, "replicas": 3, "failoverAfter": "5s", "rotation": {"maxSurge": 1}})
-    sweep_until(rec, lambda: len(serving(members(objects, "eu"))) == 3)
-    seen = {m["metadata"]["name"] for m in members(objects, "eu")}
+    rec, config, seen = three_serving(api, hosts, image, tmp_path, failover_after="5s")
 
     write_config(config, hosts, image, break_b=True)
     report = rec.sweep()
@@ -255,6 +267,40 @@ def test_a_broken_placement_fails_over_within_max_surge_and_moves_back_without_c
     assert len(serving(items)) == 3
     assert seen == {m["metadata"]["name"] for m in items} | seen and len(seen) == 4  # one extra, ever
     assert get_pool(objects, "eu")["status"]["placements"][1]["state"] == "Healthy"
+
+
+def test_a_failing_listing_fails_over_only_once_it_has_lasted_failover_after(
+        api: client.ApiClient, hosts: tuple[LibvirtTestDaemon, LibvirtTestDaemon],
+        image: BaseImage, tmp_path: Path) -> None:
+    """One failed listing (an API blip) creates nothing: a member made elsewhere would be deleted
+    again after the hysteresis. A listing failing for failoverAfter degrades the placement in
+    the sweep that sees it, the view of that sweep's own listing."""
+    objects = client.CustomObjectsApi(api)
+    rec, config, names = three_serving(api, hosts, image, tmp_path, failover_after="4s")
+
+    write_config(config, hosts, image, unreachable_b=True)
+    report = rec.sweep()
+    assert "kvm-b" in report.providers_failed
+    assert {m["metadata"]["name"] for m in members(objects, "eu")} == names  # nothing created
+    assert condition(get_pool(objects, "eu"), "PlacementDegraded")["status"] != "True"
+    write_config(config, hosts, image)  # the blip is over
+    assert rec.sweep().ok
+    assert {m["metadata"]["name"] for m in members(objects, "eu")} == names
+    assert len(serving(members(objects, "eu"))) == 3
+
+    write_config(config, hosts, image, unreachable_b=True)  # now for good
+    assert "kvm-b" in rec.sweep().providers_failed
+    # The failure's clock started again in that sweep (the listing in between worked): by the
+    # sweep's end at the latest.
+    started = time.monotonic()
+    assert {m["metadata"]["name"] for m in members(objects, "eu")} == names
+    time.sleep(max(0.0, 4.2 - (time.monotonic() - started)))
+    report = rec.sweep()
+    pool = get_pool(objects, "eu")
+    degraded = condition(pool, "PlacementDegraded")
+    assert degraded["status"] == "True" and "kvm-b cannot be listed for" in degraded["message"], degraded
+    items = members(objects, "eu")
+    assert sorted(m["metadata"]["labels"][PLACEMENT_LABEL] for m in items) == ["0", "0", "0", "1"]
 
 
 def test_rotation_never_drops_below_replicas_minus_max_unavailable(

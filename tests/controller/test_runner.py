@@ -196,11 +196,13 @@ def test_a_hung_run_is_killed_with_its_process_group(tmp_path: Path, silent_ssh_
     runner = AnsibleRunner(tmp_path / "work", timeout_seconds=3, max_concurrent=1,
                            collections_path=collections_path())
     seen: set[int] = set()
+    payloads: set[Path] = set()
     done = threading.Event()
 
     def watch() -> None:
         while not done.is_set():
             seen.update(run_processes("hung-test"))
+            payloads.update(runner.runs_dir.glob("*/tmp/ansible_*_payload_*"))
             time.sleep(0.1)
 
     watcher = threading.Thread(target=watch, daemon=True)
@@ -215,6 +217,11 @@ def test_a_hung_run_is_killed_with_its_process_group(tmp_path: Path, silent_ssh_
     assert elapsed < 9  # libssh alone would wait 10 s before giving up
     assert len(seen) >= 3  # ansible-playbook, its task worker (own session) and the module
     assert run_processes("hung-test") == set()  # nothing of the run survives it
+    # Nor its temporary files: the module unpacked itself in the run's own temp dir (it never
+    # got to remove it), and that went with the run.
+    assert payloads, "the module's payload was not unpacked in the run's temp dir"
+    assert not any(path.exists() for path in payloads)
+    assert list(runner.runs_dir.iterdir()) == []
 
 
 def test_artifacts_are_rotated_and_purged_per_proxy(runner: AnsibleRunner, config: Path) -> None:

@@ -60,12 +60,6 @@ ACCEPTED_WARNINGS = {
     # (measured), and the repository's own ansible-lint run resolves it too. The playbook is in
     # the artifact: test_the_import_result_describes_the_collection checks the importer loaded it.
     r"WARNING: ERROR +Failed to find crawl\.egress_proxies\.bootstrap_hypervisor playbook\.",
-    # flake8 runs with --isolated --select E,F,W, which turns on the checks pycodestyle leaves off by
-    # default because they contradict the formatting ruff (and black) produce: W503, an operator
-    # at the start of a continued line, and E704, the one-line `def f(...) -> T: ...` of a
-    # Protocol's methods (plugins/module_utils/proxy_module.py). ruff checks the project's style.
-    (r"WARNING: plugins/\S+\.py:\d+:\d+: (W503 line break before binary operator"
-     r"|E704 multiple statements on one line \(def\))"),
 }
 
 

@@ -54,6 +54,12 @@ DOWNLOAD_TIMEOUT_SECONDS = 60
 # movement every 10 s, a fast one writes at most one line per 64 MiB (32 for a 2 GiB image).
 PROGRESS_EVERY_BYTES = 64 * MIB
 PROGRESS_EVERY_SECONDS = 10.0
+# The event vocabulary the controller reads (controller/egress_proxies/transfers.py defines the
+# same; tests/contract/test_module_contract.py holds the two to each other).
+KINDS = ("start", "progress", "done", "failed", "waiting")
+DIRECTIONS = ("download", "upload")
+# What stands in for a URL's userinfo and query.
+REDACTED = "<redacted>"
 
 
 @dataclass(frozen=True)
@@ -74,6 +80,10 @@ class TransferEvent:
     total: Optional[int]
     seconds: float
     url: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS or self.direction not in DIRECTIONS:
+            raise ValueError("not a transfer event: kind %r, direction %r" % (self.kind, self.direction))
 
     def to_dict(self) -> Dict[str, Any]:
         return {"kind": self.kind, "direction": self.direction, "image": self.image, "host": self.host,
@@ -117,10 +127,10 @@ def redact_url(url: str) -> str:
     host = parts.hostname or ""
     if ":" in host:
         host = "[%s]" % host
-    netloc = ("<redacted>@" if "@" in parts.netloc else "") + host + ("" if port is None else ":%d" % port)
+    netloc = (REDACTED + "@" if "@" in parts.netloc else "") + host + ("" if port is None else ":%d" % port)
     redacted = urlunsplit((parts.scheme, netloc, parts.path, "", ""))
     if parts.query or parts.fragment:
-        redacted += "?<redacted>"
+        redacted += "?" + REDACTED
     return redacted
 
 

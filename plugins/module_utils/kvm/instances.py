@@ -380,8 +380,8 @@ class KvmProvider:
                 domain.destroy()
             # Our domains boot BIOS (no NVRAM); managed saves and snapshot metadata would
             # otherwise make a plain undefine refuse.
-            domain.undefineFlags(libvirt.VIR_DOMAIN_UNDEFINE_MANAGED_SAVE
-                                 | libvirt.VIR_DOMAIN_UNDEFINE_SNAPSHOTS_METADATA)
+            flags = libvirt.VIR_DOMAIN_UNDEFINE_MANAGED_SAVE | libvirt.VIR_DOMAIN_UNDEFINE_SNAPSHOTS_METADATA
+            domain.undefineFlags(flags)
         except libvirt.libvirtError as error:
             if error.get_error_code() != libvirt.VIR_ERR_NO_DOMAIN:  # gone meanwhile: fine
                 raise classify(error, "removing domain %s on host %s" % (name, host.name)) from error
