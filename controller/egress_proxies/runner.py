@@ -20,6 +20,7 @@ import re
 import shutil
 import signal
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -46,6 +47,9 @@ RUN_MARKER = "EGRESS_PROXIES_RUN"
 # In each run's private data dir: "<pid> <start time>" of the controller that owns the run, so a
 # later controller can tell a dead run's leftovers from a live run of another process.
 _OWNER_FILE = ".owner"
+# The run's temporary directory (its path is written into the private dir, in this file).
+_TEMP_FILE = ".tempdir"
+_TEMP_PREFIX = "egress-proxies-run-"
 # First error lines of runs that will fail the same way however often they are retried: the
 # collection (or a module of it) cannot be found, the generated playbook does not parse, or
 # ansible-playbook itself is missing. Matched case-insensitively against ansible-core 2.19's
@@ -246,6 +250,17 @@ def _owner_alive(private: Path) -> bool:
     return _process_start(pid) == start
 
 
+def _run_temp_dir(private: Path) -> Path | None:
+    """The temporary directory a run recorded in its private dir, if it is one of ours (a
+    recorded path never makes the runner remove anything else)."""
+    try:
+        recorded = Path((private / _TEMP_FILE).read_text().strip())
+    except OSError:
+        return None
+    ours = recorded.parent == Path(tempfile.gettempdir()) and recorded.name.startswith(_TEMP_PREFIX)
+    return recorded if ours and recorded.is_dir() else None
+
+
 def _private_dir(path: Path) -> None:
     """Create (or tighten) a directory only this user can enter: it holds user-data."""
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -329,12 +344,14 @@ class AnsibleRunner:
             started = time.monotonic()
             _private_dir(private)
             _private_dir(private / "project")
-            # Every temporary file of the run goes here, so it goes with the run: a run killed
-            # at its timeout cannot clean up after itself, and Ansible's local temp dir and the
-            # modules' unpacked payloads (~200 KB a run) would pile up in /tmp, an emptyDir with
-            # a size limit in the Deployment, until the kubelet evicts the controller.
-            temp = private / "tmp"
-            _private_dir(temp)
+            # Every temporary file of the run goes here, removed with the run: a run killed at its
+            # timeout cannot clean up after itself, and Ansible's local temp dir and the modules'
+            # unpacked payloads (~200 KB a run) would pile up in /tmp, an emptyDir with a size
+            # limit in the Deployment, until the kubelet evicts the controller. Short and in the
+            # system temp dir, not under the work dir: ansible-core 2.21 binds a unix socket in
+            # it (multiprocessing's pymp-*/listener-*), and a socket path has 107 bytes at most.
+            temp = Path(tempfile.mkdtemp(prefix=_TEMP_PREFIX))
+            (private / _TEMP_FILE).write_text(str(temp))
             (private / _OWNER_FILE).write_text(f"{os.getpid()} {_process_start(os.getpid())}")
             # O_EXCL and 0600 from the first byte: the playbook holds user-data, never readable
             # by anyone else, not even between a create and a chmod.
@@ -376,6 +393,7 @@ class AnsibleRunner:
                 # The playbook holds user-data: it never outlives the run, and neither does
                 # any process of it (a timed-out run's workers sit in their own sessions).
                 shutil.rmtree(private, ignore_errors=True)
+                shutil.rmtree(temp, ignore_errors=True)
                 leftovers = kill_run_processes(ident)
                 if leftovers:
                     log.warning("runner %s %s: killed %d leftover process(es) of the run", provider, verb,
@@ -408,6 +426,9 @@ class AnsibleRunner:
                 continue
             # An orphaned ansible-playbook of that run would go on writing (and creating VMs).
             killed = kill_run_processes(private.name)
+            temp = _run_temp_dir(private)
+            if temp is not None:
+                shutil.rmtree(temp, ignore_errors=True)
             shutil.rmtree(private, ignore_errors=True)
             removed.append(private)
             log.warning("runner: removed the leftovers of killed run %s%s", private.name,

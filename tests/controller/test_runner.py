@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -202,7 +203,9 @@ def test_a_hung_run_is_killed_with_its_process_group(tmp_path: Path, silent_ssh_
     def watch() -> None:
         while not done.is_set():
             seen.update(run_processes("hung-test"))
-            payloads.update(runner.runs_dir.glob("*/tmp/ansible_*_payload_*"))
+            for recorded in runner.runs_dir.glob("*/.tempdir"):
+                with contextlib.suppress(OSError):
+                    payloads.update(Path(recorded.read_text()).glob("ansible_*_payload_*"))
             time.sleep(0.1)
 
     watcher = threading.Thread(target=watch, daemon=True)
@@ -312,6 +315,8 @@ def test_a_killed_runs_playbook_is_private_and_removed_when_the_next_runner_star
             time.sleep(0.2)
         assert len(run_processes("killed-test")) >= 3, "the run never reached its module"
         (playbook,) = (work / "runs").glob("*/project/batch.yml")
+        temp = Path((playbook.parent.parent / ".tempdir").read_text())
+        assert temp.is_dir() and mode(temp) == 0o700  # the run's temporary files, owner-only too
         # While it runs: the playbook (it holds user-data) is owner-only, in owner-only dirs.
         assert mode(playbook) == 0o600
         assert mode(playbook.parent) == mode(playbook.parent.parent) == mode(work / "runs") == 0o700
@@ -325,8 +330,10 @@ def test_a_killed_runs_playbook_is_private_and_removed_when_the_next_runner_star
         if controller.poll() is None:
             controller.kill()
             controller.wait()
+    assert temp.is_dir()
     AnsibleRunner(work, timeout_seconds=60, max_concurrent=1, collections_path=collections_path())
     assert list((work / "runs").iterdir()) == []
+    assert not temp.exists()
     deadline = time.monotonic() + 5
     while run_processes("killed-test") and time.monotonic() < deadline:
         time.sleep(0.1)
