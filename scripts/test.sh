@@ -83,7 +83,8 @@ step ruff ruff check --output-format=concise .
 step mypy mypy
 step sanity bash scripts/sanity.sh
 step ansible-lint ansible-lint --nocolor
-step pytest run_pytest "$@"
+# The slowest tests, printed on every run: the suite has a 45-minute budget on a fresh clone.
+step pytest run_pytest --durations=15 "$@"
 
 # The current ansible-core line: the same sanity run, and every test that runs the modules or
 # imports module_utils, on .venv-current. The controller there is this tree too (editable), so

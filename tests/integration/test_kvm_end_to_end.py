@@ -54,6 +54,7 @@ from kubernetes import client
 
 from egress_proxies.model import GROUP, PLURAL, REPLACEMENTS_ANNOTATION, VERSION
 from support.ansible_modules import collections_path, run_module
+from support.figures import show
 from support.guest_agent import agent_answers, guest_exec, read_guest_file
 from support.guest_image import guest_image
 from support.hypervisor_host import HypervisorHost, bootstrap
@@ -124,12 +125,8 @@ class Timings:
 def timings(request: pytest.FixtureRequest) -> Iterator[Timings]:
     found = Timings()
     yield found
-    capture = request.config.pluginmanager.get_plugin("capturemanager")
-    if capture is not None and found.lines:
-        # Past pytest's capture, so CI's log shows the figures of a passing run too.
-        with capture.global_and_fixture_disabled():
-            sys.stdout.write("\nKVM end to end (software emulation, 2 vCPU, 1 GiB):\n")
-            sys.stdout.writelines(f"  {line}\n" for line in found.lines)
+    if found.lines:
+        show(request.config, "KVM end to end (software emulation, 2 vCPU, 1 GiB):", found.lines)
 
 
 @pytest.fixture(scope="module")

@@ -29,6 +29,7 @@ from typing import cast
 import pytest
 
 from support.ansible_modules import REPO, collections_path
+from support.figures import show
 from support.hypervisor_host import HypervisorHost
 from support.libvirt_daemon import stop_process_group
 
@@ -56,16 +57,16 @@ class MoleculeRun:
     steps: list[tuple[str, float]]  # each step's wall-clock seconds, in order
 
     def report(self) -> list[str]:
-        lines = [f"  {step:<12} {seconds:7.1f} s" for step, seconds in self.steps]
-        lines += [f"    {what}: {float(seconds):.1f} s" for what, seconds in _TIMING.findall(self.output)]
+        lines = [f"{step:<12} {seconds:7.1f} s" for step, seconds in self.steps]
+        lines += [f"  {what}: {float(seconds):.1f} s" for what, seconds in _TIMING.findall(self.output)]
         slowest = sorted(((float(seconds), task) for task, seconds in _TASK_TIME.findall(self.output)), reverse=True)
-        lines += ["  slowest tasks (every step's run of them):"]
-        lines += [f"    {seconds:6.1f} s  {task}" for seconds, task in slowest[:8]]
+        lines += ["slowest tasks (every step's run of them):"]
+        lines += [f"  {seconds:6.1f} s  {task}" for seconds, task in slowest[:8]]
         return lines
 
     def failure(self) -> str:
         ended = "timed out" if self.status is None else f"ended with {self.status}"
-        return "\n".join([f"molecule {ended}; steps:", *self.report(), _tail(self.output)])
+        return "\n".join([f"molecule {ended}; steps:", *(f"  {line}" for line in self.report()), _tail(self.output)])
 
 
 def _run_molecule(env: dict[str, str]) -> MoleculeRun:
@@ -154,13 +155,8 @@ def test_the_role_bootstraps_a_fresh_debian_vm(tmp_path: Path, request: pytest.F
 
     report = run.report()
     summary = re.search(r"package repository: ([^\n\"]+)", output)
-    capture = request.config.pluginmanager.get_plugin("capturemanager")
-    if capture is not None:
-        # Past pytest's capture, so CI's log shows the figures of a passing run too.
-        with capture.global_and_fixture_disabled():
-            sys.stdout.write(f"\nmolecule {SCENARIO} (Debian 12 VM, software emulation, 2 vCPU, 1.5 GiB):\n")
-            sys.stdout.writelines(line + "\n" for line in report)
-            if summary:
-                sys.stdout.write(f"  package repository: {summary.group(1)}\n")
-            sys.stdout.write(f"  converge installed {len(installed)} packages: "
-                             f"{' '.join(f'{name}={version}' for name, version in installed)}\n")
+    if summary:
+        report.append(f"package repository: {summary.group(1)}")
+    report.append(f"converge installed {len(installed)} packages: "
+                  f"{' '.join(f'{name}={version}' for name, version in installed)}")
+    show(request.config, f"molecule {SCENARIO} (Debian 12 VM, software emulation, 2 vCPU, 1.5 GiB):", report)

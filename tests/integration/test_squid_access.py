@@ -45,6 +45,7 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.squid_access 
     install_script,
     parse_access,
 )
+from support.figures import show
 from support.squid import SQUID_USER, NetworkNamespace, Squid, TargetServer
 
 STOCK_SQUID_CONF = Path("/etc/squid/squid.conf")
@@ -92,22 +93,14 @@ def lab(request: pytest.FixtureRequest) -> Iterator[Lab]:
         pytest.fail("real squid in a network namespace needs root; run the tests as root, as CI does")
     with NetworkNamespace() as ns, TargetServer(ns) as targets:
         yield Lab(ns, targets, ns.add_address())
-    # Through the terminal reporter, so the measured matrix is in every run's output (no -s needed).
-    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-    capture = request.config.pluginmanager.get_plugin("capturemanager")
-    if reporter is not None and capture is not None:
-        with capture.global_and_fixture_disabled():
-            for line in _matrix_lines():
-                reporter.write_line(line)
+    if MATRIX:
+        show(request.config, "measured (issue 13):", _matrix_lines())
 
 
 def _matrix_lines() -> list[str]:
-    if not MATRIX:
-        return []
     width = max(len(name) for name in REQUESTS)
     configs = list(MATRIX)
-    lines = ["", "measured (issue 13):",
-             " " * (width + 2) + "  ".join(f"{config:>12}" for config in configs) + "  expected"]
+    lines = [" " * (width + 2) + "  ".join(f"{config:>12}" for config in configs) + "  expected"]
     for name in REQUESTS:
         cells = "  ".join(f"{MATRIX[config].get(name, 0):>12}" for config in configs)
         lines.append(f"  {name:<{width}}{cells}  {EXPECTED[name]:>8}")

@@ -21,7 +21,6 @@ import re
 import shlex
 import socket
 import subprocess
-import sys
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -38,6 +37,7 @@ from support import container_image
 from support.ansible_modules import REPO
 from support.container_image import DEBS_MOUNT, Buildah, Crun, ImageConfig, bind, tmpfs
 from support.containerfile import parse
+from support.figures import show
 from support.kube_emulator import KubeEmulator
 from support.libvirt_daemon import LibvirtTestDaemon
 from support.provider_config import BaseImage, kvm_host, make_base_image, write_kvm_config
@@ -211,13 +211,13 @@ class BuiltImage:
         return ImageConfig.from_inspect(self.inspected)
 
 
-def report(line: str) -> None:
-    """A measurement, on the terminal even under pytest's capture (the issue asks for them)."""
-    sys.__stderr__.write(f"\n[controller image] {line}\n")  # type: ignore[union-attr]
+def report(config: pytest.Config, line: str) -> None:
+    """A measurement, in every run's output (the issue asks for them)."""
+    show(config, "controller image:", [line])
 
 
 @pytest.fixture(scope="module")
-def built_image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BuiltImage]:
+def built_image(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config) -> Iterator[BuiltImage]:
     """The image, built from this tree: minutes; the base and the wheelhouse come from the cache
     (made once per machine, several minutes more the first time)."""
     packages = [p for stage in STAGES for p in stage.apt_packages()]
@@ -238,8 +238,8 @@ def built_image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BuiltImage
                                                check=True).stdout.split()[0])
                             for path in (rootfs, rootfs / IMAGE_PREFIX.lstrip("/")))
         image = BuiltImage(name, base, buildah, buildah.inspect(name), rootfs, seconds, buildah.size(name), content)
-        report(f"built in {seconds:.0f} s; size {image.size / 1e6:.0f} MB (buildah), files {content / 1e6:.0f} MB, "
-               f"of which {IMAGE_PREFIX} {runtime / 1e6:.0f} MB")
+        report(pytestconfig, f"built in {seconds:.0f} s; size {image.size / 1e6:.0f} MB (buildah), "
+                             f"files {content / 1e6:.0f} MB, of which {IMAGE_PREFIX} {runtime / 1e6:.0f} MB")
         yield image
     finally:
         buildah.remove()
@@ -390,7 +390,7 @@ def phases(objects: client.CustomObjectsApi, namespace: str) -> dict[str, str]:
 @pytest.mark.timeout(2400)
 def test_the_image_runs_the_deployments_command_until_its_proxies_are_ready(
         crun: Crun, kube: KubeEmulator, api: client.ApiClient, shared_libvirtd: LibvirtTestDaemon,
-        tmp_path: Path) -> None:
+        tmp_path: Path, pytestconfig: pytest.Config) -> None:
     names = ["crawler-a", "crawler-b", "crawler-c"]
     kube.create_namespace("egress-proxies")  # the controller's: its Lease and the credentials' Secrets
     kube.create_namespace("crawlers")
@@ -440,7 +440,7 @@ def test_the_image_runs_the_deployments_command_until_its_proxies_are_ready(
         wait_for(ready, 240, "the Proxies to be Ready", interval=0.2,
                  diagnostics=lambda: f"{phases(objects, 'crawlers')}\n{output.read_text()[-4000:]}")
         to_ready = time.monotonic() - started
-        report(f"started to {len(names)} Proxies Ready in {to_ready:.1f} s")
+        report(pytestconfig, f"started to {len(names)} Proxies Ready in {to_ready:.1f} s")
         wait_for(lambda: http_get(port, "/readyz")[0] == 200, 60, "/readyz to answer 200")
         assert http_get(port, "/healthz") == (200, "ok\n")
         status, metrics = http_get(port, "/metrics")

@@ -23,6 +23,7 @@ import yaml
 
 from support.ansible_modules import REPO
 from support.collection_artifact import InstalledCollection
+from support.figures import show
 
 # The whole import takes ~23 s here (ansible-lint most of it); 2 shared cores can make that minutes.
 pytestmark = pytest.mark.timeout(300)
@@ -91,12 +92,9 @@ def imported(installed_collection: InstalledCollection, tmp_path_factory: pytest
     done = subprocess.run(["unshare", "--net", sys.executable, "-m", "galaxy_importer.main",
                            str(installed_collection.artifact)],
                           cwd=work, env=env, capture_output=True, text=True, timeout=270)
-    # The verdict, past pytest's capture, so every run's output records it (passing runs too).
-    capture = request.config.pluginmanager.get_plugin("capturemanager")
-    if capture is not None:
-        with capture.global_and_fixture_disabled():
-            sys.stdout.write(f"\ngalaxy-importer exit {done.returncode}; verdict lines:\n")
-            sys.stdout.writelines(f"  {line}\n" for line in verdict(done.stdout))
+    # The verdict in every run's output (passing runs too).
+    finished = [line for line in done.stdout.splitlines() if line.startswith("Importer processing")]
+    show(request.config, f"galaxy-importer exit {done.returncode}; verdict lines:", verdict(done.stdout) + finished)
     result_file = work / "importer_result.json"
     result = json.loads(result_file.read_text()) if result_file.exists() else {}
     return done, result
