@@ -8,12 +8,14 @@ integration test would look like a passing one.
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from kubernetes import client
 
+from egress_proxies.runner import RUN_TEMP_PREFIX
 from support.hypervisor_host import HypervisorHost
 from support.kube_emulator import KubeEmulator, proxy_crd
 from support.libvirt_daemon import LibvirtTestDaemon
@@ -21,6 +23,20 @@ from support.provider_config import BaseImage, kvm_host, make_base_image, write_
 
 # The test driver's built-in storage pool.
 TEST_DRIVER_POOL = "default-pool"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_run_temp_dir_left_behind() -> Iterator[None]:
+    """Whatever the tests do to runs (time them out, SIGKILL their controllers), no run's temporary
+    directory outlives the session: a killed run's is for the next runner on its work dir to
+    remove, and a test that kills one starts that runner."""
+    def run_temp_dirs() -> set[Path]:
+        return set(Path(tempfile.gettempdir()).glob(f"{RUN_TEMP_PREFIX}*"))
+
+    before = run_temp_dirs()
+    yield
+    left = sorted(run_temp_dirs() - before)
+    assert not left, f"runs' temporary directories left behind in {tempfile.gettempdir()}: {left}"
 
 
 def _require_root(what: str) -> None:

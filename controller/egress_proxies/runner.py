@@ -47,9 +47,10 @@ RUN_MARKER = "EGRESS_PROXIES_RUN"
 # In each run's private data dir: "<pid> <start time>" of the controller that owns the run, so a
 # later controller can tell a dead run's leftovers from a live run of another process.
 _OWNER_FILE = ".owner"
-# The run's temporary directory (its path is written into the private dir, in this file).
+# The run's temporary directory (its path is written into the private dir, in this file), named
+# with this prefix directly in the system temp dir; nothing else is ever removed as a run's.
 _TEMP_FILE = ".tempdir"
-_TEMP_PREFIX = "egress-proxies-run-"
+RUN_TEMP_PREFIX = "egress-proxies-run-"
 # First error lines of runs that will fail the same way however often they are retried: the
 # collection (or a module of it) cannot be found, the generated playbook does not parse, or
 # ansible-playbook itself is missing. Matched case-insensitively against ansible-core 2.19's
@@ -257,7 +258,7 @@ def _run_temp_dir(private: Path) -> Path | None:
         recorded = Path((private / _TEMP_FILE).read_text().strip())
     except OSError:
         return None
-    ours = recorded.parent == Path(tempfile.gettempdir()) and recorded.name.startswith(_TEMP_PREFIX)
+    ours = recorded.parent == Path(tempfile.gettempdir()) and recorded.name.startswith(RUN_TEMP_PREFIX)
     return recorded if ours and recorded.is_dir() else None
 
 
@@ -350,7 +351,7 @@ class AnsibleRunner:
             # limit in the Deployment, until the kubelet evicts the controller. Short and in the
             # system temp dir, not under the work dir: ansible-core 2.21 binds a unix socket in
             # it (multiprocessing's pymp-*/listener-*), and a socket path has 107 bytes at most.
-            temp = Path(tempfile.mkdtemp(prefix=_TEMP_PREFIX))
+            temp = Path(tempfile.mkdtemp(prefix=RUN_TEMP_PREFIX))
             (private / _TEMP_FILE).write_text(str(temp))
             (private / _OWNER_FILE).write_text(f"{os.getpid()} {_process_start(os.getpid())}")
             # O_EXCL and 0600 from the first byte: the playbook holds user-data, never readable

@@ -287,8 +287,8 @@ def kubeconfig(kube: KubeEmulator, path: Path) -> Path:
 
 
 def test_controller_killed_mid_create_leaves_exactly_one_instance(
-        kube: KubeEmulator, api: client.ApiClient, objects: client.CustomObjectsApi, runner: RecordingRunner,
-        config: Path, libvirt_test: LibvirtTestDaemon, tmp_path: Path) -> None:
+        kube: KubeEmulator, api: client.ApiClient, objects: client.CustomObjectsApi, config: Path,
+        libvirt_test: LibvirtTestDaemon, tmp_path: Path) -> None:
     create_proxy(objects, "eu-1", SQUID)
     kube.create_namespace("egress-proxies")  # the controller's own: its Lease and the credentials' Secrets
     env = {**os.environ, "ANSIBLE_COLLECTIONS_PATH": collections_path()}
@@ -304,7 +304,12 @@ def test_controller_killed_mid_create_leaves_exactly_one_instance(
     finally:
         controller.wait(timeout=30)
     killed = domains(libvirt_test)
-    # The restarted controller, with the same credential store the killed one used.
+    temp_dirs = [Path(record.read_text()) for record in (tmp_path / "killed" / "runs").glob("*/.tempdir")]
+    # The restarted controller, with the work dir and the credential store the killed one used: its
+    # runner removes the killed run's leftovers, the temp dir outside the work dir included.
+    runner = AnsibleRunner(tmp_path / "killed", timeout_seconds=120, max_concurrent=2)
+    assert list((tmp_path / "killed" / "runs").iterdir()) == []
+    assert not [path for path in temp_dirs if path.exists()]
     restarted = Reconciler(KubeStore(api), runner, str(config), backoff=Backoff(),
                            credentials=Credentials(KubeSecrets(api, "egress-proxies")))
     restarted.sweep()
