@@ -251,15 +251,15 @@ def _owner_alive(private: Path) -> bool:
     return _process_start(pid) == start
 
 
-def _run_temp_dir(private: Path) -> Path | None:
-    """The temporary directory a run recorded in its private dir, if it is one of ours (a
-    recorded path never makes the runner remove anything else)."""
+def run_temp_dir(private: Path) -> Path | None:
+    """The temporary directory the run with this private data dir recorded, if the record is
+    there and names one of ours (a recorded path never makes the runner remove anything else)."""
     try:
         recorded = Path((private / _TEMP_FILE).read_text().strip())
     except OSError:
         return None
     ours = recorded.parent == Path(tempfile.gettempdir()) and recorded.name.startswith(RUN_TEMP_PREFIX)
-    return recorded if ours and recorded.is_dir() else None
+    return recorded if ours else None
 
 
 def _private_dir(path: Path) -> None:
@@ -427,7 +427,7 @@ class AnsibleRunner:
                 continue
             # An orphaned ansible-playbook of that run would go on writing (and creating VMs).
             killed = kill_run_processes(private.name)
-            temp = _run_temp_dir(private)
+            temp = run_temp_dir(private)
             if temp is not None:
                 shutil.rmtree(temp, ignore_errors=True)
             shutil.rmtree(private, ignore_errors=True)

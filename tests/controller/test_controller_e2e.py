@@ -28,7 +28,7 @@ from egress_proxies.leader import LeaseElector
 from egress_proxies.loop import Controller, LoopSettings
 from egress_proxies.model import FINALIZER, GROUP, PLURAL, VERSION
 from egress_proxies.reconcile import Reconciler, ReconcileSettings
-from egress_proxies.runner import AnsibleRunner
+from egress_proxies.runner import AnsibleRunner, run_temp_dir
 from support.ansible_modules import collections_path, run_module
 from support.controller_fakes import RecordingRunner
 from support.kube_emulator import KubeEmulator
@@ -304,7 +304,7 @@ def test_controller_killed_mid_create_leaves_exactly_one_instance(
     finally:
         controller.wait(timeout=30)
     killed = domains(libvirt_test)
-    temp_dirs = [Path(record.read_text()) for record in (tmp_path / "killed" / "runs").glob("*/.tempdir")]
+    temp_dirs = list(filter(None, map(run_temp_dir, (tmp_path / "killed" / "runs").iterdir())))
     # The restarted controller, with the work dir and the credential store the killed one used: its
     # runner removes the killed run's leftovers, the temp dir outside the work dir included.
     runner = AnsibleRunner(tmp_path / "killed", timeout_seconds=120, max_concurrent=2)

@@ -29,6 +29,7 @@ from egress_proxies.runner import (
     concurrency_for_memory,
     results_from_events,
     run_failure,
+    run_temp_dir,
 )
 from support.ansible_modules import collections_path
 from support.libvirt_daemon import LibvirtTestDaemon
@@ -203,9 +204,9 @@ def test_a_hung_run_is_killed_with_its_process_group(tmp_path: Path, silent_ssh_
     def watch() -> None:
         while not done.is_set():
             seen.update(run_processes("hung-test"))
-            for recorded in runner.runs_dir.glob("*/.tempdir"):
-                with contextlib.suppress(OSError):
-                    payloads.update(Path(recorded.read_text()).glob("ansible_*_payload_*"))
+            with contextlib.suppress(OSError):  # a run's dirs go as it ends
+                for temp in filter(None, map(run_temp_dir, runner.runs_dir.iterdir())):
+                    payloads.update(temp.glob("ansible_*_payload_*"))
             time.sleep(0.1)
 
     watcher = threading.Thread(target=watch, daemon=True)
@@ -315,8 +316,8 @@ def test_a_killed_runs_playbook_is_private_and_removed_when_the_next_runner_star
             time.sleep(0.2)
         assert len(run_processes("killed-test")) >= 3, "the run never reached its module"
         (playbook,) = (work / "runs").glob("*/project/batch.yml")
-        temp = Path((playbook.parent.parent / ".tempdir").read_text())
-        assert temp.is_dir() and mode(temp) == 0o700  # the run's temporary files, owner-only too
+        temp = run_temp_dir(playbook.parent.parent)
+        assert temp is not None and temp.is_dir() and mode(temp) == 0o700  # the run's temporary files, owner-only too
         # While it runs: the playbook (it holds user-data) is owner-only, in owner-only dirs.
         assert mode(playbook) == 0o600
         assert mode(playbook.parent) == mode(playbook.parent.parent) == mode(work / "runs") == 0o700
