@@ -65,8 +65,17 @@ from controller_bench import CLOUD_INIT, KVM_PROVIDER, POOL, PROXIES_PER_HOST, T
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from egress_proxies.model import FINALIZER, GROUP, OWNER_TAG, PHASE_FAILED, PHASE_READY, PLURAL, UID_TAG, VERSION
-from egress_proxies.runner import kill_run_processes
+from egress_proxies.providers.runner import kill_run_processes
+from egress_proxies.resources.proxy import (
+    FINALIZER,
+    GROUP,
+    OWNER_TAG,
+    PHASE_FAILED,
+    PHASE_READY,
+    PLURAL,
+    UID_TAG,
+    VERSION,
+)
 from support.ansible_modules import collections_path
 from support.libvirt_daemon import LibvirtTestDaemon
 from support.provider_config import OWNER, kvm_host, make_base_image, write_kubeconfig, write_kvm_config

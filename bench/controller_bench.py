@@ -67,13 +67,13 @@ if str(TESTS) not in sys.path:
 from kubernetes import client  # noqa: E402
 from prometheus_client import REGISTRY  # noqa: E402
 
-from egress_proxies.backoff import Backoff  # noqa: E402
-from egress_proxies.kube import KubeStore  # noqa: E402
-from egress_proxies.live import LivePath, LiveSettings  # noqa: E402
-from egress_proxies.model import GROUP, PHASE_READY, PLURAL, VERSION, Proxy, spec_hash  # noqa: E402
-from egress_proxies.providers import Target, check_config  # noqa: E402
-from egress_proxies.reconcile import Reconciler, ReconcileSettings, SweepReport  # noqa: E402
-from egress_proxies.runner import AnsibleRunner, Operation, OperationResult  # noqa: E402
+from egress_proxies.providers.client import Target, check_config  # noqa: E402
+from egress_proxies.providers.runner import AnsibleRunner, Operation, OperationResult  # noqa: E402
+from egress_proxies.resources.proxy import GROUP, PHASE_READY, PLURAL, VERSION, Proxy, spec_hash  # noqa: E402
+from egress_proxies.sources.kube import KubeStore  # noqa: E402
+from egress_proxies.sweep.backoff import Backoff  # noqa: E402
+from egress_proxies.sweep.live import LivePath, LiveSettings  # noqa: E402
+from egress_proxies.sweep.reconcile import Reconciler, ReconcileSettings, SweepReport  # noqa: E402
 from support.ansible_modules import collections_path  # noqa: E402
 from support.libvirt_daemon import LibvirtTestDaemon  # noqa: E402
 from support.provider_config import kvm_host, make_base_image, write_kubeconfig, write_kvm_config  # noqa: E402

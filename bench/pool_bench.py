@@ -47,15 +47,15 @@ import yaml
 from controller_bench import REPO, emulator_process, say
 from kubernetes import client
 
-from egress_proxies.backoff import Backoff
 from egress_proxies.health import SweepHealth
-from egress_proxies.http import ControllerHTTPServer, TokenScopes
-from egress_proxies.kube import KubePools, KubeStore
-from egress_proxies.model import GROUP, PLURAL, VERSION
-from egress_proxies.pool_reconcile import PoolReconciler, Quarantine
-from egress_proxies.pools import POOL_LABEL, POOL_PLURAL, QUARANTINE_ANNOTATION
-from egress_proxies.reconcile import Reconciler, ReconcileSettings
-from egress_proxies.runner import AnsibleRunner
+from egress_proxies.http_server import ControllerHTTPServer, TokenScopes
+from egress_proxies.providers.runner import AnsibleRunner
+from egress_proxies.resources.pool import POOL_LABEL, POOL_PLURAL, QUARANTINE_ANNOTATION
+from egress_proxies.resources.proxy import GROUP, PLURAL, VERSION
+from egress_proxies.sources.kube import KubePools, KubeStore
+from egress_proxies.sweep.backoff import Backoff
+from egress_proxies.sweep.pools import PoolReconciler, Quarantine
+from egress_proxies.sweep.reconcile import Reconciler, ReconcileSettings
 from support.ansible_modules import collections_path
 from support.compute_emulator import ComputeEmulator
 from support.libvirt_daemon import LibvirtTestDaemon

@@ -1,4 +1,4 @@
-"""Benchmark of the controller's probe (``egress_proxies.probe``) over 1,000 proxy endpoints.
+"""Benchmark of the controller's probe (``egress_proxies.serving.probe``) over 1,000 proxy endpoints.
 
 Prints figures, asserts nothing (not part of pytest). What answers the probes, all on this
 machine and nowhere else:
@@ -54,7 +54,7 @@ TESTS = REPO / "tests"
 if str(TESTS) not in sys.path:
     sys.path.insert(0, str(TESTS))
 
-from egress_proxies.probe import ProbeCredentials, ProbeOutcome, Prober, ProbeTarget  # noqa: E402
+from egress_proxies.serving.probe import ProbeCredentials, ProbeOutcome, Prober, ProbeTarget  # noqa: E402
 from support.squid import NetworkNamespace, Squid, TargetServer, basic_auth_config, write_password_file  # noqa: E402
 
 USER = "bench"

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
-from egress_proxies.runner import RUN_TEMP_PREFIX
+from egress_proxies.providers.runner import RUN_TEMP_PREFIX
 from support.hypervisor_host import HypervisorHost
 from support.kube_emulator import KubeEmulator, proxy_crd
 from support.libvirt_daemon import LibvirtTestDaemon

@@ -17,12 +17,8 @@ from types import FrameType
 from typing import Any, cast
 
 from egress_proxies import logs, metrics
-from egress_proxies import providers as providers_module
-from egress_proxies.backoff import Backoff
-from egress_proxies.credentials import Credentials, FileSecrets, SecretBackend
-from egress_proxies.directory import DirectoryPools, DirectoryStore
 from egress_proxies.health import SweepHealth
-from egress_proxies.http import (
+from egress_proxies.http_server import (
     QUARANTINE_PER_MINUTE,
     ControllerHTTPServer,
     TokenScopes,
@@ -30,14 +26,18 @@ from egress_proxies.http import (
     warn_if_no_token,
 )
 from egress_proxies.loop import ChangeFeed, Controller, Elector, LoopSettings
-from egress_proxies.model import PHASE_READY, Proxy
-from egress_proxies.pool_reconcile import PoolReconciler, Quarantine
-from egress_proxies.pools import PoolStore
-from egress_proxies.probe import ProbeConfigError, Prober
-from egress_proxies.reconcile import Reconciler, ReconcileSettings
-from egress_proxies.runner import AnsibleRunner
-from egress_proxies.serving import ServingMonitor
-from egress_proxies.store import ProxyStore, StoreError
+from egress_proxies.providers import client as providers_module
+from egress_proxies.providers.runner import AnsibleRunner
+from egress_proxies.resources.pool import PoolStore
+from egress_proxies.resources.proxy import PHASE_READY, Proxy
+from egress_proxies.serving.credentials import Credentials, FileSecrets, SecretBackend
+from egress_proxies.serving.monitor import ServingMonitor
+from egress_proxies.serving.probe import ProbeConfigError, Prober
+from egress_proxies.sources.directory import DirectoryPools, DirectoryStore
+from egress_proxies.sources.store import ProxyStore, StoreError
+from egress_proxies.sweep.backoff import Backoff
+from egress_proxies.sweep.pools import PoolReconciler, Quarantine
+from egress_proxies.sweep.reconcile import Reconciler, ReconcileSettings
 
 log = logging.getLogger("egress_proxies")
 
@@ -181,7 +181,7 @@ def build_pools(settings: Settings, store: ProxyStore) -> PoolStore:
     """Where ProxyPools come from: the same source as the Proxies."""
     if isinstance(store, DirectoryStore):
         return DirectoryPools(store)
-    from egress_proxies import kube
+    from egress_proxies.sources import kube
 
     return kube.KubePools(kube.kube_client(settings.kubeconfig), namespace=settings.namespace)
 
@@ -191,8 +191,8 @@ def build_store(settings: Settings) -> tuple[ProxyStore, Elector | None, SecretB
     file per namespace under the work dir, or Secrets in the controller's own namespace."""
     if settings.source == "directory":
         return DirectoryStore(settings.proxy_dir), None, FileSecrets(settings.work_dir / "credentials")
-    from egress_proxies import kube  # only this source needs the kubernetes client
     from egress_proxies.leader import LeaseElector
+    from egress_proxies.sources import kube  # only this source needs the kubernetes client
 
     api = kube.kube_client(settings.kubeconfig)
     elector = LeaseElector(kube.KubeLeases(api), settings.lease_namespace, settings.lease_name, settings.identity)

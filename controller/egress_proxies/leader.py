@@ -21,7 +21,7 @@ import logging
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from egress_proxies.store import Conflict, StoreError
+from egress_proxies.sources.store import Conflict, StoreError
 
 log = logging.getLogger(__name__)
 

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from egress_proxies.health import SweepHealth
-from egress_proxies.model import PHASE_READY, Proxy
-from egress_proxies.reconcile import Reconciler, SweepReport
-from egress_proxies.store import Gone, ProxyStore, StoreError, WatchExpired
+from egress_proxies.resources.proxy import PHASE_READY, Proxy
+from egress_proxies.sources.store import Gone, ProxyStore, StoreError, WatchExpired
+from egress_proxies.sweep.reconcile import Reconciler, SweepReport
 
 log = logging.getLogger(__name__)
 

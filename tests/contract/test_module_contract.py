@@ -1,7 +1,7 @@
 """The module contract (docs/contract.md), checked from both sides.
 
 The controller and the collection each hold half of the contract: the controller's
-``egress_proxies.providers`` builds the module calls and parses their results into its own types
+``egress_proxies.providers.client`` builds the module calls and parses their results into its own types
 (``Instance``, ``Result``, ``Listing``, ``ErrorClass``, ``ProviderType``), the collection's
 ``module_utils`` produces them. Nothing but this file ties the two halves together:
 
@@ -38,9 +38,8 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.provider_id i
     format_provider_id,
     parse_provider_id,
 )
-from egress_proxies import model, runner, transfers
-from egress_proxies.probe import ProbeReason
-from egress_proxies.providers import (
+from egress_proxies.providers import runner, transfers
+from egress_proxies.providers.client import (
     CONFIG_MODULE,
     ConfigUnreadable,
     CreateRequest,
@@ -51,8 +50,10 @@ from egress_proxies.providers import (
     Target,
     check_config,
 )
-from egress_proxies.runner import AnsibleRunner
-from egress_proxies.schema import proxy_schema
+from egress_proxies.providers.runner import AnsibleRunner
+from egress_proxies.resources import proxy as model
+from egress_proxies.resources.schema import proxy_schema
+from egress_proxies.serving.probe import ProbeReason
 from support.ansible_modules import collections_path
 from support.compute_emulator import ComputeEmulator
 from support.kube_emulator import KubeEmulator

@@ -20,15 +20,15 @@ import pytest
 import yaml
 from kubernetes import client
 
-from egress_proxies.backoff import Backoff
-from egress_proxies.credentials import Credentials
 from egress_proxies.health import SweepHealth
-from egress_proxies.kube import KubeLeases, KubeSecrets, KubeStore
 from egress_proxies.leader import LeaseElector
 from egress_proxies.loop import Controller, LoopSettings
-from egress_proxies.model import FINALIZER, GROUP, PLURAL, VERSION
-from egress_proxies.reconcile import Reconciler, ReconcileSettings
-from egress_proxies.runner import AnsibleRunner, run_temp_dir
+from egress_proxies.providers.runner import AnsibleRunner, run_temp_dir
+from egress_proxies.resources.proxy import FINALIZER, GROUP, PLURAL, VERSION
+from egress_proxies.serving.credentials import Credentials
+from egress_proxies.sources.kube import KubeLeases, KubeSecrets, KubeStore
+from egress_proxies.sweep.backoff import Backoff
+from egress_proxies.sweep.reconcile import Reconciler, ReconcileSettings
 from support.ansible_modules import collections_path, run_module
 from support.controller_fakes import RecordingRunner
 from support.kube_emulator import KubeEmulator

@@ -20,11 +20,11 @@ import pytest
 import yaml
 
 import egress_proxies
-from egress_proxies.backoff import Backoff
-from egress_proxies.directory import LOCK_NAME, DirectoryLocked, DirectoryStore
-from egress_proxies.model import FINALIZER, SKIP_CLEANUP_ANNOTATION, Proxy
-from egress_proxies.reconcile import Reconciler
-from egress_proxies.store import Conflict, StoreError
+from egress_proxies.resources.proxy import FINALIZER, SKIP_CLEANUP_ANNOTATION, Proxy
+from egress_proxies.sources.directory import LOCK_NAME, DirectoryLocked, DirectoryStore
+from egress_proxies.sources.store import Conflict, StoreError
+from egress_proxies.sweep.backoff import Backoff
+from egress_proxies.sweep.reconcile import Reconciler
 from support.controller_fakes import FakeRunner
 
 CONTROLLER = Path(egress_proxies.__file__).resolve().parents[1]
@@ -145,7 +145,7 @@ def test_a_second_store_on_the_same_directory_refuses(tmp_path: Path) -> None:
 
 def test_a_second_controller_process_refuses_and_a_killed_holder_frees_the_directory(tmp_path: Path) -> None:
     script = ("import pathlib, sys\n"
-              "from egress_proxies.directory import DirectoryLocked, DirectoryStore\n"
+              "from egress_proxies.sources.directory import DirectoryLocked, DirectoryStore\n"
               "try:\n"
               "    store = DirectoryStore(pathlib.Path(sys.argv[1]))\n"
               "except DirectoryLocked as error:\n"
@@ -602,7 +602,7 @@ def test_an_edited_file_is_validated_again_and_an_unchanged_one_is_not(tmp_path:
     """Sweeps remember each Proxy's validation (schema.ValidationMemo) by content: a file edited
     into an invalid spec and back is seen both times, though the directory source's
     resourceVersion does not move with the file; a sweep over unchanged Proxies validates none."""
-    from egress_proxies import schema
+    from egress_proxies.resources import schema
 
     validated: list[str] = []
     real = schema.validation_errors

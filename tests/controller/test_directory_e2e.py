@@ -14,10 +14,10 @@ from pathlib import Path
 
 import yaml
 
-from egress_proxies.backoff import Backoff
-from egress_proxies.directory import DirectoryStore
-from egress_proxies.reconcile import Reconciler
-from egress_proxies.runner import AnsibleRunner
+from egress_proxies.providers.runner import AnsibleRunner
+from egress_proxies.sources.directory import DirectoryStore
+from egress_proxies.sweep.backoff import Backoff
+from egress_proxies.sweep.reconcile import Reconciler
 from support.ansible_modules import collections_path
 from support.libvirt_daemon import LibvirtTestDaemon
 from support.waiting import wait_for

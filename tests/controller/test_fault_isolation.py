@@ -22,13 +22,13 @@ import pytest
 import yaml
 from kubernetes import client
 
-from egress_proxies.backoff import Backoff
 from egress_proxies.cli import parse_args
-from egress_proxies.kube import KubeStore
-from egress_proxies.model import FINALIZER, GROUP, PLURAL, VERSION, Proxy
-from egress_proxies.reconcile import Reconciler, ReconcileSettings
-from egress_proxies.runner import AnsibleRunner
-from egress_proxies.store import Conflict
+from egress_proxies.providers.runner import AnsibleRunner
+from egress_proxies.resources.proxy import FINALIZER, GROUP, PLURAL, VERSION, Proxy
+from egress_proxies.sources.kube import KubeStore
+from egress_proxies.sources.store import Conflict
+from egress_proxies.sweep.backoff import Backoff
+from egress_proxies.sweep.reconcile import Reconciler, ReconcileSettings
 from support.ansible_modules import collections_path
 from support.controller_fakes import FakeRunner, MemoryStore, RecordingRunner
 from support.kube_emulator import KubeEmulator

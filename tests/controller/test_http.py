@@ -17,8 +17,8 @@ import pytest
 
 from egress_proxies import metrics
 from egress_proxies.health import SweepHealth
-from egress_proxies.http import ControllerHTTPServer, token_from_env, warn_if_no_token
-from egress_proxies.model import Proxy
+from egress_proxies.http_server import ControllerHTTPServer, token_from_env, warn_if_no_token
+from egress_proxies.resources.proxy import Proxy
 
 TOKEN = "s3cret-discovery-token-0123456789"
 INTERVAL = 10.0

@@ -24,15 +24,15 @@ from typing import Any
 import pytest
 
 from egress_proxies.logs import JSONFormatter
-from egress_proxies.providers import CreateRequest, ProviderClient, ProviderType
-from egress_proxies.runner import AnsibleRunner, Operation, OperationResult
-from egress_proxies.transfers import WITHHELD_URL, ProgressTail, describe, loggable_url
+from egress_proxies.providers.client import CreateRequest, ProviderClient, ProviderType
+from egress_proxies.providers.runner import AnsibleRunner, Operation, OperationResult
+from egress_proxies.providers.transfers import WITHHELD_URL, ProgressTail, describe, loggable_url
 from support.ansible_modules import collections_path, run_module
 from support.libvirt_daemon import LibvirtTestDaemon
 from support.provider_config import OWNER_TAGS, BaseImage, kvm_host, write_kvm_config
 
 MIB = 1024 * 1024
-LOGGER = "egress_proxies.transfers"
+LOGGER = "egress_proxies.providers.transfers"
 
 
 def event(kind: str, direction: str = "download", done: int = 0, total: int | None = 300 * MIB,

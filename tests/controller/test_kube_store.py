@@ -20,9 +20,18 @@ from typing import Any, cast
 import pytest
 from kubernetes import client
 
-from egress_proxies.kube import NO_CLUSTER_MESSAGE, KubeLeases, KubeStore, NoClusterConfig, kube_client
-from egress_proxies.model import API_VERSION, FINALIZER, GROUP, KIND, PLURAL, SPEC_HASH_ANNOTATION, VERSION, Proxy
-from egress_proxies.store import Conflict, Gone, StoreError, WatchEvent, WatchExpired
+from egress_proxies.resources.proxy import (
+    API_VERSION,
+    FINALIZER,
+    GROUP,
+    KIND,
+    PLURAL,
+    SPEC_HASH_ANNOTATION,
+    VERSION,
+    Proxy,
+)
+from egress_proxies.sources.kube import NO_CLUSTER_MESSAGE, KubeLeases, KubeStore, NoClusterConfig, kube_client
+from egress_proxies.sources.store import Conflict, Gone, StoreError, WatchEvent, WatchExpired
 from support.kube_emulator import KubeEmulator
 
 pytestmark = pytest.mark.timeout(30)
@@ -316,7 +325,7 @@ def test_record_event_never_raises(api: client.ApiClient, kube: KubeEmulator, st
     proxy = store.get_proxy(NS, create(api, "eu-1")["metadata"]["name"])
     kube.fail_next("POST", ".*/events", 500)
 
-    with caplog.at_level(logging.WARNING, logger="egress_proxies.kube"):
+    with caplog.at_level(logging.WARNING, logger="egress_proxies.sources.kube"):
         store.record_event(proxy, "Normal", "Created", "instance created")
 
     assert "event not recorded (Created: instance created)" in caplog.text

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from egress_proxies.kube import KubeLeases
 from egress_proxies.leader import LeaseElector, parse_micro_time
+from egress_proxies.sources.kube import KubeLeases
 from support.kube_emulator import KubeEmulator
 
 pytestmark = pytest.mark.timeout(30)

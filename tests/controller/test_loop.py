@@ -26,13 +26,13 @@ import pytest
 from kubernetes import client
 
 from egress_proxies.health import SweepHealth
-from egress_proxies.http import ControllerHTTPServer
-from egress_proxies.kube import KubeLeases
+from egress_proxies.http_server import ControllerHTTPServer
 from egress_proxies.leader import LeaseElector
 from egress_proxies.loop import Controller, LoopSettings
-from egress_proxies.model import Proxy
-from egress_proxies.reconcile import Reconciler, SweepReport
-from egress_proxies.store import WatchEvent
+from egress_proxies.resources.proxy import Proxy
+from egress_proxies.sources.kube import KubeLeases
+from egress_proxies.sources.store import WatchEvent
+from egress_proxies.sweep.reconcile import Reconciler, SweepReport
 from support.controller_fakes import MemoryStore
 from support.kube_emulator import KubeEmulator
 from support.waiting import wait_for

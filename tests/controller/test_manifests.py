@@ -22,9 +22,9 @@ import pytest
 import yaml
 
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.config import parse_provider_config
-from egress_proxies import model
 from egress_proxies.cli import parse_args
-from egress_proxies.model import ready_condition
+from egress_proxies.resources import proxy as model
+from egress_proxies.resources.proxy import ready_condition
 
 ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = ROOT / "controller" / "manifests"

@@ -19,11 +19,11 @@ import yaml
 from kubernetes import client
 
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.k8s.pods import TERMINATION_GRACE_SECONDS
-from egress_proxies.backoff import Backoff
-from egress_proxies.kube import KubeStore
-from egress_proxies.model import GROUP, PLURAL, VERSION
-from egress_proxies.reconcile import Reconciler
-from egress_proxies.runner import AnsibleRunner
+from egress_proxies.providers.runner import AnsibleRunner
+from egress_proxies.resources.proxy import GROUP, PLURAL, VERSION
+from egress_proxies.sources.kube import KubeStore
+from egress_proxies.sweep.backoff import Backoff
+from egress_proxies.sweep.reconcile import Reconciler
 from support.ansible_modules import collections_path
 from support.compute_emulator import ComputeEmulator
 from support.controller_fakes import RecordingRunner

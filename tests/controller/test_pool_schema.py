@@ -11,10 +11,11 @@ from typing import Any
 
 import pytest
 
-from egress_proxies import pools, schema
-from egress_proxies.model import Proxy
-from egress_proxies.pools import Pool, parse_duration, parse_spec
-from egress_proxies.schema import PATTERN_HINTS, pool_schema, proxy_schema, validation_errors
+from egress_proxies.resources import pool as pools
+from egress_proxies.resources import schema
+from egress_proxies.resources.pool import Pool, parse_duration, parse_spec
+from egress_proxies.resources.proxy import Proxy
+from egress_proxies.resources.schema import PATTERN_HINTS, pool_schema, proxy_schema, validation_errors
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -36,7 +37,7 @@ def test_the_packaged_crds_are_the_manifests() -> None:
     assert schema.CRD_PATH.resolve() == ROOT / "controller" / "manifests" / "crd.yaml"
     assert schema.POOL_CRD_PATH.resolve() == ROOT / "controller" / "manifests" / "crd-proxypool.yaml"
     package_data = tomllib.loads((ROOT / "controller" / "pyproject.toml").read_text())["tool"]["setuptools"][
-        "package-data"]["egress_proxies"]
+        "package-data"]["egress_proxies.resources"]
     assert {schema.CRD_PATH.name, schema.POOL_CRD_PATH.name} <= set(package_data)
 
 

@@ -18,11 +18,8 @@ from typing import Any
 import pytest
 import yaml
 
-from egress_proxies.backoff import Backoff
-from egress_proxies.directory import DirectoryPools, DirectoryStore
-from egress_proxies.model import Proxy
-from egress_proxies.pool_reconcile import PoolReconciler
-from egress_proxies.pools import (
+from egress_proxies.providers.runner import AnsibleRunner
+from egress_proxies.resources.pool import (
     DEGRADED,
     HEALTHY,
     POOL_LABEL,
@@ -42,8 +39,11 @@ from egress_proxies.pools import (
     quarantined,
     split,
 )
-from egress_proxies.reconcile import Reconciler
-from egress_proxies.runner import AnsibleRunner
+from egress_proxies.resources.proxy import Proxy
+from egress_proxies.sources.directory import DirectoryPools, DirectoryStore
+from egress_proxies.sweep.backoff import Backoff
+from egress_proxies.sweep.pools import PoolReconciler
+from egress_proxies.sweep.reconcile import Reconciler
 from support.ansible_modules import collections_path
 
 GOOD_SPEC: dict[str, Any] = {"replicas": 3, "template": {"port": 3128},

@@ -21,15 +21,15 @@ import pytest
 import yaml
 from kubernetes import client
 
-from egress_proxies.backoff import Backoff
 from egress_proxies.health import SweepHealth
-from egress_proxies.http import ControllerHTTPServer, TokenScopes
-from egress_proxies.kube import KubePools, KubeStore
-from egress_proxies.model import GROUP, PLURAL, VERSION
-from egress_proxies.pool_reconcile import PoolReconciler, Quarantine
-from egress_proxies.pools import PLACEMENT_LABEL, POOL_LABEL, POOL_PLURAL, QUARANTINE_ANNOTATION
-from egress_proxies.reconcile import Reconciler
-from egress_proxies.runner import AnsibleRunner
+from egress_proxies.http_server import ControllerHTTPServer, TokenScopes
+from egress_proxies.providers.runner import AnsibleRunner
+from egress_proxies.resources.pool import PLACEMENT_LABEL, POOL_LABEL, POOL_PLURAL, QUARANTINE_ANNOTATION
+from egress_proxies.resources.proxy import GROUP, PLURAL, VERSION
+from egress_proxies.sources.kube import KubePools, KubeStore
+from egress_proxies.sweep.backoff import Backoff
+from egress_proxies.sweep.pools import PoolReconciler, Quarantine
+from egress_proxies.sweep.reconcile import Reconciler
 from support.ansible_modules import collections_path
 from support.kube_emulator import KubeEmulator, proxy_crd
 from support.libvirt_daemon import LibvirtTestDaemon
@@ -472,7 +472,7 @@ def test_a_malformed_pool_fails_alone(kube: KubeEmulator, api: client.ApiClient,
 def test_the_example_pool_is_admitted_and_valid(api: client.ApiClient) -> None:
     """controller/examples/proxypool-*.yaml: accepted by the API server's schema (and defaulted),
     and valid for the controller against the example provider config's providers."""
-    from egress_proxies.pools import parse_spec
+    from egress_proxies.resources.pool import parse_spec
 
     examples = sorted((POOL_CRD_PATH.parents[1] / "examples").glob("proxypool-*.yaml"))
     assert examples

@@ -26,15 +26,15 @@ import pytest
 import yaml
 from kubernetes import client
 
-from egress_proxies.backoff import Backoff
 from egress_proxies.cli import proxy_url
-from egress_proxies.credentials import Credentials, FileSecrets
 from egress_proxies.health import SweepHealth
-from egress_proxies.http import ControllerHTTPServer, TokenScopes
-from egress_proxies.kube import KubeSecrets
-from egress_proxies.probe import ProbeOutcome, ProbeReason, ProbeTarget
-from egress_proxies.reconcile import Reconciler
-from egress_proxies.serving import ServingMonitor
+from egress_proxies.http_server import ControllerHTTPServer, TokenScopes
+from egress_proxies.serving.credentials import Credentials, FileSecrets
+from egress_proxies.serving.monitor import ServingMonitor
+from egress_proxies.serving.probe import ProbeOutcome, ProbeReason, ProbeTarget
+from egress_proxies.sources.kube import KubeSecrets
+from egress_proxies.sweep.backoff import Backoff
+from egress_proxies.sweep.reconcile import Reconciler
 from support.controller_fakes import FakeRunner, MemoryStore
 from support.kube_emulator import KubeEmulator
 

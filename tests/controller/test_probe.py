@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from egress_proxies.probe import (
+from egress_proxies.serving.probe import (
     ProbeConfigError,
     ProbeCredentials,
     ProbeOutcome,

@@ -13,8 +13,7 @@ import pytest
 import yaml
 from prometheus_client import REGISTRY
 
-from egress_proxies.backoff import Backoff
-from egress_proxies.model import (
+from egress_proxies.resources.proxy import (
     FINALIZER,
     OWNER_TAG,
     SPEC_HASH_ANNOTATION,
@@ -23,7 +22,8 @@ from egress_proxies.model import (
     instance_name,
     spec_hash,
 )
-from egress_proxies.reconcile import Reconciler, ReconcileSettings
+from egress_proxies.sweep.backoff import Backoff
+from egress_proxies.sweep.reconcile import Reconciler, ReconcileSettings
 from support.controller_fakes import FakeRunner, MemoryStore
 
 SPEC = {"provider": "home-kvm", "cloudInit": "#cloud-config\n"}
@@ -421,7 +421,7 @@ def test_gc_does_nothing_when_listing_proxies_failed(store: MemoryStore, runner:
     old = orphan(runner, "old")
 
     def broken() -> tuple[list[object], str]:
-        from egress_proxies.store import StoreError
+        from egress_proxies.sources.store import StoreError
 
         raise StoreError("the API server is down")
 

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from egress_proxies.providers import ErrorClass, ProviderClient, ProviderType
-from egress_proxies.runner import (
+from egress_proxies.providers.client import ErrorClass, ProviderClient, ProviderType
+from egress_proxies.providers.runner import (
     RUN_MARKER,
     RUN_MEMORY_BYTES,
     AnsibleRunner,
@@ -293,7 +293,7 @@ def mode(path: Path) -> int:
 _KILLED_CONTROLLER = textwrap.dedent("""
     import sys
     from pathlib import Path
-    from egress_proxies.runner import AnsibleRunner, Operation
+    from egress_proxies.providers.runner import AnsibleRunner, Operation
     runner = AnsibleRunner(Path(sys.argv[1]), timeout_seconds=300, max_concurrent=1, collections_path=sys.argv[3])
     runner.run("killed-test", "create", [Operation("kvm_proxy_info", {
         "provider_config": sys.argv[2], "provider": "lab", "tags": {"secret-user-data": "s3cret"}})])
@@ -369,7 +369,7 @@ def test_a_missing_collection_is_permanent_with_ansibles_own_error(tmp_path: Pat
     empty = tmp_path / "no-collections"
     empty.mkdir()
     runner = AnsibleRunner(tmp_path / "work", timeout_seconds=120, max_concurrent=1, collections_path=str(empty))
-    with caplog.at_level(logging.INFO, logger="egress_proxies.runner"):
+    with caplog.at_level(logging.INFO, logger="egress_proxies.providers.runner"):
         results = runner.run("lab", "list", [info(config), info(config)])
     for result in results:
         assert result.error_class == "permanent", result.message

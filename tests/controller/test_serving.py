@@ -19,13 +19,13 @@ from typing import Any
 import pytest
 import yaml
 
-from egress_proxies.backoff import Backoff
 from egress_proxies.health import SweepHealth
-from egress_proxies.http import ControllerHTTPServer
-from egress_proxies.model import REPLACEMENTS_ANNOTATION, Proxy
-from egress_proxies.probe import ProbeOutcome, Prober, ProbeReason, ProbeTarget
-from egress_proxies.reconcile import Reconciler, ReconcileSettings
-from egress_proxies.serving import ServingMonitor
+from egress_proxies.http_server import ControllerHTTPServer
+from egress_proxies.resources.proxy import REPLACEMENTS_ANNOTATION, Proxy
+from egress_proxies.serving.monitor import ServingMonitor
+from egress_proxies.serving.probe import ProbeOutcome, Prober, ProbeReason, ProbeTarget
+from egress_proxies.sweep.backoff import Backoff
+from egress_proxies.sweep.reconcile import Reconciler, ReconcileSettings
 from support.controller_fakes import FakeRunner, MemoryStore
 from support.squid import NetworkNamespace, Squid, TargetServer
 
@@ -193,7 +193,7 @@ def test_a_proxy_that_stops_serving_leaves_discovery_then_is_replaced(config: Pa
 def test_each_earlier_replacement_doubles_the_wait(config: Path) -> None:
     """A Proxy replaced once before waits 2 x unhealthyAfter before its next replacement (the
     real-guest test breaks two first-time Proxies, so this is where the doubling is pinned)."""
-    from egress_proxies.model import spec_hash
+    from egress_proxies.resources.proxy import spec_hash
 
     lab = Lab(config)
     lab.store.add("eu-1", SPEC)
@@ -254,7 +254,7 @@ def test_replacements_are_budgeted_and_paused_in_an_outage(config: Path) -> None
 def test_a_proxy_whose_replacements_keep_failing_ends_failed(config: Path) -> None:
     lab = Lab(config)
     proxy = lab.store.add("eu-1", SPEC)
-    from egress_proxies.model import spec_hash
+    from egress_proxies.resources.proxy import spec_hash
 
     lab.store.objects[("crawlers", "eu-1")].annotations[REPLACEMENTS_ANNOTATION] = f"{spec_hash(SPEC)}:5"
     rec = lab.reconciler()

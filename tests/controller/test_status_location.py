@@ -15,11 +15,11 @@ from typing import Any
 import yaml
 from kubernetes import client
 
-from egress_proxies.backoff import Backoff
-from egress_proxies.kube import KubeStore
-from egress_proxies.model import GROUP, PLURAL, VERSION
-from egress_proxies.reconcile import Reconciler
-from egress_proxies.runner import AnsibleRunner
+from egress_proxies.providers.runner import AnsibleRunner
+from egress_proxies.resources.proxy import GROUP, PLURAL, VERSION
+from egress_proxies.sources.kube import KubeStore
+from egress_proxies.sweep.backoff import Backoff
+from egress_proxies.sweep.reconcile import Reconciler
 from support.ansible_modules import REPO, collections_path
 from support.kube_emulator import KubeEmulator
 from support.libvirt_daemon import LibvirtTestDaemon

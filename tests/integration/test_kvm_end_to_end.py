@@ -52,7 +52,7 @@ import pytest
 import yaml
 from kubernetes import client
 
-from egress_proxies.model import GROUP, PLURAL, REPLACEMENTS_ANNOTATION, VERSION
+from egress_proxies.resources.proxy import GROUP, PLURAL, REPLACEMENTS_ANNOTATION, VERSION
 from support.ansible_modules import collections_path, run_module
 from support.figures import show
 from support.guest_agent import agent_answers, guest_exec, read_guest_file

@@ -38,10 +38,10 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.domain_xm
     METADATA_NS,
 )
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.squid_access import boothook, parse_access
-from egress_proxies.directory import DirectoryStore
-from egress_proxies.reconcile import Reconciler
-from egress_proxies.runner import AnsibleRunner
-from egress_proxies.transfers import describe
+from egress_proxies.providers.runner import AnsibleRunner
+from egress_proxies.providers.transfers import describe
+from egress_proxies.sources.directory import DirectoryStore
+from egress_proxies.sweep.reconcile import Reconciler
 from support.ansible_modules import REPO, ModuleRun, collections_path, run_module
 from support.hypervisor_host import HypervisorHost
 from support.provider_config import OWNER_TAGS, BaseImage, kvm_host, make_base_image, write_kvm_config

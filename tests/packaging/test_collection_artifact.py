@@ -110,7 +110,7 @@ def test_the_installed_modules_create_and_list_a_proxy(installed_collection: Ins
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """kvm_proxy and kvm_proxy_info from the install, through the controller's runner, against the
     test-driver libvirtd: module_utils, the seed ISO and the placement all come from the artifact."""
-    from egress_proxies.runner import AnsibleRunner, Operation
+    from egress_proxies.providers.runner import AnsibleRunner, Operation
 
     env = installed_collection.env(tmp_path)
     for name in ("ANSIBLE_COLLECTIONS_SCAN_SYS_PATH", "HOME", "TMPDIR"):

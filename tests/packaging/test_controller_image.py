@@ -32,7 +32,7 @@ import pytest
 import yaml
 from kubernetes import client
 
-from egress_proxies.model import GROUP, PLURAL, VERSION
+from egress_proxies.resources.proxy import GROUP, PLURAL, VERSION
 from support import container_image
 from support.ansible_modules import REPO
 from support.container_image import DEBS_MOUNT, Buildah, Crun, ImageConfig, bind, tmpfs

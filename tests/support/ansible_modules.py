@@ -1,6 +1,6 @@
 """Run one of the collection's modules the way the controller does: through its ansible-runner edge.
 
-Each call is one run of ``egress_proxies.runner.AnsibleRunner`` (so every value is written
+Each call is one run of ``egress_proxies.providers.runner.AnsibleRunner`` (so every value is written
 ``!unsafe`` into the playbook, exactly as for the controller) in a throwaway directory.
 """
 
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from egress_proxies.runner import AnsibleRunner, Operation
+from egress_proxies.providers.runner import AnsibleRunner, Operation
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -18,9 +18,9 @@ from typing import Any
 
 import yaml
 
-from egress_proxies.model import FINALIZER, Proxy
-from egress_proxies.runner import AnsibleRunner, Operation, OperationResult
-from egress_proxies.store import Conflict, Gone, WatchEvent
+from egress_proxies.providers.runner import AnsibleRunner, Operation, OperationResult
+from egress_proxies.resources.proxy import FINALIZER, Proxy
+from egress_proxies.sources.store import Conflict, Gone, WatchEvent
 
 
 class MemoryStore:

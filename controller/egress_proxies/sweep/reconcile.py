@@ -25,23 +25,7 @@ from dataclasses import dataclass, field
 from functools import partial
 
 from egress_proxies import metrics
-from egress_proxies.backoff import Backoff
-from egress_proxies.credentials import AccessPolicy, Credentials
-from egress_proxies.deletion import DeletePath
-from egress_proxies.garbage import GarbageCollector, GarbageSettings, age_seconds
-from egress_proxies.live import SERVING, LivePath, LiveSettings
-from egress_proxies.model import (
-    FINALIZER,
-    PHASE_DELETING,
-    PHASE_FAILED,
-    PHASE_PENDING,
-    PHASE_PROVISIONING,
-    PHASE_READY,
-    Proxy,
-)
-from egress_proxies.pool_reconcile import PoolReconciler, ProviderHealth
-from egress_proxies.probe import ProbeTarget
-from egress_proxies.providers import (
+from egress_proxies.providers.client import (
     ConfigUnreadable,
     ErrorClass,
     Listing,
@@ -50,11 +34,27 @@ from egress_proxies.providers import (
     ProviderSet,
     check_config,
 )
-from egress_proxies.runner import Runner
-from egress_proxies.schema import ValidationMemo
-from egress_proxies.serving import ProbePlan, ServingMonitor
-from egress_proxies.status import ProxyWriter, find_condition, utc_now
-from egress_proxies.store import Gone, ProxyStore, StoreError
+from egress_proxies.providers.runner import Runner
+from egress_proxies.resources.proxy import (
+    FINALIZER,
+    PHASE_DELETING,
+    PHASE_FAILED,
+    PHASE_PENDING,
+    PHASE_PROVISIONING,
+    PHASE_READY,
+    Proxy,
+)
+from egress_proxies.resources.schema import ValidationMemo
+from egress_proxies.serving.credentials import AccessPolicy, Credentials
+from egress_proxies.serving.monitor import ProbePlan, ServingMonitor
+from egress_proxies.serving.probe import ProbeTarget
+from egress_proxies.sources.store import Gone, ProxyStore, StoreError
+from egress_proxies.sweep.backoff import Backoff
+from egress_proxies.sweep.deletion import DeletePath
+from egress_proxies.sweep.garbage import GarbageCollector, GarbageSettings, age_seconds
+from egress_proxies.sweep.live import SERVING, LivePath, LiveSettings
+from egress_proxies.sweep.pools import PoolReconciler, ProviderHealth
+from egress_proxies.sweep.writer import ProxyWriter, find_condition, utc_now
 
 log = logging.getLogger(__name__)
 

@@ -33,7 +33,7 @@ import ansible_runner
 import yaml
 
 from egress_proxies import metrics
-from egress_proxies.transfers import ProgressTail
+from egress_proxies.providers.transfers import ProgressTail
 
 log = logging.getLogger(__name__)
 

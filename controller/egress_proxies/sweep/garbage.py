@@ -16,9 +16,9 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 
 from egress_proxies import metrics
-from egress_proxies.model import Proxy
-from egress_proxies.providers import Instance, Listing, ProviderClient, Target
-from egress_proxies.store import ProxyStore
+from egress_proxies.providers.client import Instance, Listing, ProviderClient, Target
+from egress_proxies.resources.proxy import Proxy
+from egress_proxies.sources.store import ProxyStore
 
 log = logging.getLogger(__name__)
 

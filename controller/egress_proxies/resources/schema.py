@@ -22,7 +22,7 @@ from typing import Any
 import jsonschema
 import yaml
 
-from egress_proxies.model import API_VERSION, KIND, Proxy
+from egress_proxies.resources.proxy import API_VERSION, KIND, Proxy
 
 CRD_PATH = Path(__file__).with_name("crd.yaml")
 POOL_CRD_PATH = Path(__file__).with_name("crd-proxypool.yaml")

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from egress_proxies import metrics
-from egress_proxies.model import Proxy
-from egress_proxies.probe import ProbeCredentials, ProbeOutcome, Prober, ProbeTarget
-from egress_proxies.providers import Instance
+from egress_proxies.providers.client import Instance
+from egress_proxies.resources.proxy import Proxy
+from egress_proxies.serving.probe import ProbeCredentials, ProbeOutcome, Prober, ProbeTarget
 
 log = logging.getLogger(__name__)
 

@@ -12,10 +12,10 @@ from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 
 from egress_proxies import metrics
-from egress_proxies.live import chunked
-from egress_proxies.model import PHASE_DELETING, Proxy
-from egress_proxies.providers import ErrorClass, ProviderClient, ProviderError, Result, Target
-from egress_proxies.status import ProxyWriter
+from egress_proxies.providers.client import ErrorClass, ProviderClient, ProviderError, Result, Target
+from egress_proxies.resources.proxy import PHASE_DELETING, Proxy
+from egress_proxies.sweep.live import chunked
+from egress_proxies.sweep.writer import ProxyWriter
 
 log = logging.getLogger(__name__)
 

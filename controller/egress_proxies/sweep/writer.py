@@ -15,8 +15,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from egress_proxies import metrics
-from egress_proxies.backoff import Backoff
-from egress_proxies.model import (
+from egress_proxies.providers.client import ErrorClass, ProviderError
+from egress_proxies.resources.proxy import (
     FINALIZER,
     PHASE_FAILED,
     PHASE_PENDING,
@@ -25,8 +25,8 @@ from egress_proxies.model import (
     Proxy,
     condition,
 )
-from egress_proxies.providers import ErrorClass, ProviderError
-from egress_proxies.store import Conflict, Gone, ProxyStore, StoreError
+from egress_proxies.sources.store import Conflict, Gone, ProxyStore, StoreError
+from egress_proxies.sweep.backoff import Backoff
 
 log = logging.getLogger(__name__)
 

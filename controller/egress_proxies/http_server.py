@@ -48,10 +48,10 @@ import yaml
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
 
 from egress_proxies.health import SweepHealth
-from egress_proxies.model import Proxy
-from egress_proxies.pool_reconcile import QuarantineError
-from egress_proxies.pools import pool_of, quarantined
-from egress_proxies.store import StoreError
+from egress_proxies.resources.pool import pool_of, quarantined
+from egress_proxies.resources.proxy import Proxy
+from egress_proxies.sources.store import StoreError
+from egress_proxies.sweep.pools import QuarantineError
 
 log = logging.getLogger(__name__)
 

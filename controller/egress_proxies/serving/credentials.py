@@ -30,9 +30,9 @@ from urllib.parse import quote
 import bcrypt
 import yaml
 
-from egress_proxies.model import Proxy
-from egress_proxies.probe import ProbeCredentials
-from egress_proxies.providers import AccessRequest
+from egress_proxies.providers.client import AccessRequest
+from egress_proxies.resources.proxy import Proxy
+from egress_proxies.serving.probe import ProbeCredentials
 
 log = logging.getLogger(__name__)
 

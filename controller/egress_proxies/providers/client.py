@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from egress_proxies.model import (
+from egress_proxies.providers.runner import Operation, OperationResult, Runner
+from egress_proxies.resources.proxy import (
     DEFAULT_PORT,
     OWNER_TAG,
     PROXY_TAG,
@@ -29,7 +30,6 @@ from egress_proxies.model import (
     Proxy,
     instance_tags,
 )
-from egress_proxies.runner import Operation, OperationResult, Runner
 
 
 class ProviderType(enum.StrEnum):

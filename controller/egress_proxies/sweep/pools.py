@@ -21,8 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from egress_proxies import metrics
-from egress_proxies.model import Proxy
-from egress_proxies.pools import (
+from egress_proxies.resources.pool import (
     POOL_FINALIZER,
     QUARANTINE_ANNOTATION,
     RETIRING_ANNOTATION,
@@ -39,8 +38,9 @@ from egress_proxies.pools import (
     parse_spec,
     pool_status,
 )
-from egress_proxies.schema import validation_errors
-from egress_proxies.store import Conflict, Gone, ProxyStore, StoreError
+from egress_proxies.resources.proxy import Proxy
+from egress_proxies.resources.schema import validation_errors
+from egress_proxies.sources.store import Conflict, Gone, ProxyStore, StoreError
 
 log = logging.getLogger(__name__)
 

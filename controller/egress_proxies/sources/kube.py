@@ -25,9 +25,9 @@ from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 
-from egress_proxies.model import API_VERSION, GROUP, KIND, PLURAL, VERSION, Proxy
-from egress_proxies.pools import POOL_KIND, POOL_PLURAL, Pool
-from egress_proxies.store import Conflict, Gone, StoreError, WatchEvent, WatchExpired
+from egress_proxies.resources.pool import POOL_KIND, POOL_PLURAL, Pool
+from egress_proxies.resources.proxy import API_VERSION, GROUP, KIND, PLURAL, VERSION, Proxy
+from egress_proxies.sources.store import Conflict, Gone, StoreError, WatchEvent, WatchExpired
 
 log = logging.getLogger(__name__)
 

@@ -80,9 +80,9 @@ from typing import Any
 
 import yaml
 
-from egress_proxies.model import API_VERSION, KIND, Proxy
-from egress_proxies.pools import POOL_KIND, POOL_LABEL, Pool
-from egress_proxies.store import Conflict, Gone, StoreError, WatchEvent
+from egress_proxies.resources.pool import POOL_KIND, POOL_LABEL, Pool
+from egress_proxies.resources.proxy import API_VERSION, KIND, Proxy
+from egress_proxies.sources.store import Conflict, Gone, StoreError, WatchEvent
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
-from egress_proxies.model import Proxy
+from egress_proxies.resources.proxy import Proxy
 
 
 class StoreError(Exception):

@@ -19,26 +19,7 @@ from functools import partial
 from typing import Any, TypeVar
 
 from egress_proxies import metrics
-from egress_proxies.credentials import AccessPolicy
-from egress_proxies.model import (
-    PHASE_PROVISIONING,
-    PHASE_READY,
-    REPLACEMENTS_ANNOTATION,
-    SPEC_HASH_ANNOTATION,
-    Proxy,
-    instance_name,
-    replacement_count,
-    spec_hash,
-)
-from egress_proxies.pools import (
-    QUARANTINE_REPLACEMENTS,
-    QUARANTINED,
-    pool_of,
-    quarantine_replacements,
-    quarantined,
-)
-from egress_proxies.probe import ProbeTarget
-from egress_proxies.providers import (
+from egress_proxies.providers.client import (
     AccessRequest,
     CreateRequest,
     ErrorClass,
@@ -48,8 +29,27 @@ from egress_proxies.providers import (
     Result,
     Target,
 )
-from egress_proxies.serving import ProbePlan, ServingMonitor
-from egress_proxies.status import ProxyWriter, find_condition
+from egress_proxies.resources.pool import (
+    QUARANTINE_REPLACEMENTS,
+    QUARANTINED,
+    pool_of,
+    quarantine_replacements,
+    quarantined,
+)
+from egress_proxies.resources.proxy import (
+    PHASE_PROVISIONING,
+    PHASE_READY,
+    REPLACEMENTS_ANNOTATION,
+    SPEC_HASH_ANNOTATION,
+    Proxy,
+    instance_name,
+    replacement_count,
+    spec_hash,
+)
+from egress_proxies.serving.credentials import AccessPolicy
+from egress_proxies.serving.monitor import ProbePlan, ServingMonitor
+from egress_proxies.serving.probe import ProbeTarget
+from egress_proxies.sweep.writer import ProxyWriter, find_condition
 
 log = logging.getLogger(__name__)
 

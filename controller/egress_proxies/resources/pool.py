@@ -37,7 +37,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, Self
 
-from egress_proxies.model import (
+from egress_proxies.resources.proxy import (
     API_VERSION,
     GROUP,
     KIND,
@@ -47,7 +47,7 @@ from egress_proxies.model import (
     condition,
     spec_hash,
 )
-from egress_proxies.schema import DURATION_PATTERN, pool_spec_errors
+from egress_proxies.resources.schema import DURATION_PATTERN, pool_spec_errors
 
 POOL_KIND = "ProxyPool"
 POOL_PLURAL = "proxypools"
