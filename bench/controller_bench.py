@@ -250,7 +250,7 @@ def emulator_process(launcher: str, *args: str) -> Iterator[str]:
 class KubeletStandIn:
     """What the kubelet would report once a Pod's container runs and its readiness probe
     passes: phase Running, Ready, a podIP. The emulator has none, so the bench plays it
-    between sweeps, as tests/controller/test_mixed_providers.py does."""
+    between sweeps, as tests/controller/scenarios/test_mixed_providers.py does."""
 
     def __init__(self, core: client.CoreV1Api, namespace: str) -> None:
         self.core = core
@@ -364,7 +364,7 @@ class PerObjectStrategy:
     """What the Operator SDK's Ansible operator does in steady state: one runner call per
     Proxy per reconcile (``<kind>_proxy_info`` by providerID), then that Proxy's status.
 
-    The status comes from the controller's own ``Reconciler._observe``, so both modes do the
+    The status comes from the controller's own ``LivePath.observe``, so both modes do the
     same work per Proxy apart from how they ask the provider.
     """
 
@@ -374,14 +374,15 @@ class PerObjectStrategy:
         self.config_path = config_path
         providers = reconciler.providers or check_config(runner, config_path)
         self.clients = providers.clients(runner)
-        self.live = LivePath(reconciler.writer, LiveSettings(), providers.owner, contain=_run_step,
-                             count=lambda _counter, _amount: None, seconds_since=lambda _stamp: 0.0)
+        self.live = {name: LivePath(reconciler.writer, LiveSettings(), providers.owner, contain=_run_step,
+                                    count=lambda _counter, _amount: None, seconds_since=lambda _stamp: 0.0,
+                                    plan=providers.probes[name]) for name in self.clients}
 
     def reconcile(self, proxy: Proxy) -> None:
         (result,) = self.clients[proxy.provider].get([Target(proxy.uid, proxy.status["providerID"])])
         if result.error is not None or result.instance is None:
             raise BenchError(f"{proxy.key}: get failed: {result.error}")
-        self.live.observe(proxy, result.instance, spec_hash(proxy.spec))
+        self.live[proxy.provider].observe(proxy, result.instance, spec_hash(proxy.spec))
 
     def measure(self, proxies: Sequence[Proxy]) -> Phase:
         mark = len(self.runner.calls)

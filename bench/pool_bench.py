@@ -54,7 +54,8 @@ from egress_proxies.resources.pool import POOL_LABEL, POOL_PLURAL, QUARANTINE_AN
 from egress_proxies.resources.proxy import GROUP, PLURAL, VERSION
 from egress_proxies.sources.kube import KubePools, KubeStore
 from egress_proxies.sweep.backoff import Backoff
-from egress_proxies.sweep.pools import PoolReconciler, Quarantine
+from egress_proxies.sweep.pools import PoolReconciler
+from egress_proxies.sweep.quarantine import Quarantine
 from egress_proxies.sweep.reconcile import Reconciler, ReconcileSettings
 from support.ansible_modules import collections_path
 from support.compute_emulator import ComputeEmulator

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every check the project has, in order, stopping at the first failure:
-# ruff, mypy, ansible-test sanity, ansible-lint, pytest, then ansible-test sanity and the module
-# tests again on the current ansible-core line (.venv-current: 2.21 on Python 3.13).
+# ruff, mypy, import-linter (the controller's layers), ansible-test sanity, ansible-lint, pytest,
+# then ansible-test sanity and the module tests again on the current ansible-core line
+# (.venv-current: 2.21 on Python 3.13).
 # Needs scripts/setup.sh first.
 # Extra arguments go to pytest, e.g. `bash scripts/test.sh -k cloudinit` (all checks still run).
 set -euo pipefail
@@ -81,6 +82,8 @@ trap 'rm -f "$junit" "$junit_current"' EXIT
 
 step ruff ruff check --output-format=concise .
 step mypy mypy
+# The controller's layers: imports run downward only, one module per edge (pyproject.toml).
+step imports lint-imports --no-cache --no-logo
 step sanity bash scripts/sanity.sh
 step ansible-lint ansible-lint --nocolor
 # The slowest tests, printed on every run: the suite has a 45-minute budget on a fresh clone.

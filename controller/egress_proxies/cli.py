@@ -28,15 +28,16 @@ from egress_proxies.http_server import (
 from egress_proxies.loop import ChangeFeed, Controller, Elector, LoopSettings
 from egress_proxies.providers import client as providers_module
 from egress_proxies.providers.runner import AnsibleRunner
-from egress_proxies.resources.pool import PoolStore
 from egress_proxies.resources.proxy import PHASE_READY, Proxy
 from egress_proxies.serving.credentials import Credentials, FileSecrets, SecretBackend
 from egress_proxies.serving.monitor import ServingMonitor
 from egress_proxies.serving.probe import ProbeConfigError, Prober
-from egress_proxies.sources.directory import DirectoryPools, DirectoryStore
-from egress_proxies.sources.store import ProxyStore, StoreError
+from egress_proxies.sources.directory import DirectoryStore
+from egress_proxies.sources.directory_pools import DirectoryPools
+from egress_proxies.sources.store import PoolStore, ProxyStore, StoreError
 from egress_proxies.sweep.backoff import Backoff
-from egress_proxies.sweep.pools import PoolReconciler, Quarantine
+from egress_proxies.sweep.pools import PoolReconciler
+from egress_proxies.sweep.quarantine import Quarantine
 from egress_proxies.sweep.reconcile import Reconciler, ReconcileSettings
 
 log = logging.getLogger("egress_proxies")
@@ -104,19 +105,44 @@ def version() -> str:
         return "unknown (not installed)"
 
 
+_Add = Callable[..., argparse.Action]
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="egress-proxies", description="Keep every Proxy resource backed by a running egress proxy.")
-    add = parser.add_argument
-    add("--version", action="version", version=f"%(prog)s {version()}")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
+    _source_options(parser.add_argument_group("where Proxies come from").add_argument)
+    _config_options(parser.add_argument_group("provider config and run modes").add_argument)
+    _sweep_options(parser.add_argument_group("sweeps and ansible-runner").add_argument)
+    _leader_options(parser.add_argument_group("leader election (--source kubernetes)").add_argument)
+    _serving_options(parser.add_argument_group("health, metrics, discovery and probes").add_argument)
+    _logging_options(parser.add_argument_group("logging").add_argument)
+    return parser
+
+
+def _source_options(add: _Add) -> None:
     add("--source", choices=["kubernetes", "directory"], default=Settings.source,
         help="where Proxies come from (default: %(default)s)")
     add("--proxy-dir", type=Path, default=Settings.proxy_dir,
         help="with --source directory: the folder of Proxy YAML files; status is written beside them")
+    add("--kubeconfig", default=os.environ.get("KUBECONFIG"), help="kubeconfig (default: in-cluster config)")
+    add("--namespace", default=None, help="watch Proxies in this namespace only (default: all)")
+
+
+def _config_options(add: _Add) -> None:
     add("--provider-config", type=Path, default=Settings.provider_config, help="the provider config file")
     add("--check-config", action="store_true",
         help="validate the provider config with the collection's validator, print every error, and exit "
              "(non-zero when it is invalid)")
+    add("--once", action="store_true",
+        help="run one sweep and exit: 0 only when nothing failed (config, providers, Proxies)")
+    add("--until-ready", type=_positive(float, 0, "a number of seconds"), default=None,
+        dest="until_ready_seconds", metavar="SECONDS",
+        help="sweep until every Proxy is Ready (or SECONDS pass), print them, and exit")
+
+
+def _sweep_options(add: _Add) -> None:
     add("--work-dir", type=Path, default=Settings.work_dir,
         help="runner artifacts and image cache (an emptyDir in a cluster)")
     add("--interval", type=_positive(float, 0.1, "a number of seconds"), default=Settings.interval_seconds,
@@ -134,18 +160,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="concurrent runner processes (default: as many as fit in memory, at most 8)")
     add("--keep-artifacts", type=_positive(int, 0, "a whole number"), default=Settings.keep_artifacts,
         help="runner artifact directories kept")
-    add("--listen", type=_listen, default=Settings.listen,
-        help="HOST:PORT for /healthz, /readyz, /metrics and discovery (default: 0.0.0.0:8080)")
-    add("--kubeconfig", default=os.environ.get("KUBECONFIG"), help="kubeconfig (default: in-cluster config)")
-    add("--namespace", default=None, help="watch Proxies in this namespace only (default: all)")
+
+
+def _leader_options(add: _Add) -> None:
     add("--lease-namespace", default=Settings.lease_namespace, help="namespace of the leader-election Lease")
     add("--lease-name", default=Settings.lease_name, help="name of the leader-election Lease")
     add("--identity", default=os.environ.get("POD_NAME") or socket.gethostname(), help="leader-election identity")
-    add("--once", action="store_true",
-        help="run one sweep and exit: 0 only when nothing failed (config, providers, Proxies)")
-    add("--until-ready", type=_positive(float, 0, "a number of seconds"), default=None,
-        dest="until_ready_seconds", metavar="SECONDS",
-        help="sweep until every Proxy is Ready (or SECONDS pass), print them, and exit")
+
+
+def _serving_options(add: _Add) -> None:
+    add("--listen", type=_listen, default=Settings.listen,
+        help="HOST:PORT for /healthz, /readyz, /metrics and discovery (default: 0.0.0.0:8080)")
     add("--probe-interval", type=_positive(float, 1, "a number of seconds"), default=Settings.probe_interval_seconds,
         dest="probe_interval_seconds", help="seconds between probes through every proxy (default: %(default)s)")
     add("--probe-allow", action="append", default=None, metavar="CIDR", dest="probe_allow",
@@ -159,12 +184,14 @@ def build_parser() -> argparse.ArgumentParser:
         dest="quarantine_per_minute", metavar="PER_MINUTE",
         help="quarantines one discovery token may ask for per minute (POST /v1/proxies/NS/NAME/quarantine); "
              "beyond it the answer is 429 with Retry-After (default: %(default)s)")
+
+
+def _logging_options(add: _Add) -> None:
     add("--log-level", type=str.upper, choices=["DEBUG", "INFO", "WARNING", "ERROR"], default="INFO",
         help="DEBUG, INFO, WARNING or ERROR (default: %(default)s)")
     add("--log-format", choices=["text", "json"], default="text",
         help="text, or json: one object per line with time, level, logger, message and, where a line is "
              "about one, proxy and provider (default: %(default)s)")
-    return parser
 
 
 def parse_args(argv: list[str] | None = None) -> Settings:
@@ -257,27 +284,34 @@ def check_config(runner: AnsibleRunner, path: Path) -> int:
     return 0 if providers.valid else 1
 
 
-def main(argv: list[str] | None = None) -> int:
-    settings = parse_args(argv)
-    runner = AnsibleRunner(settings.work_dir, timeout_seconds=settings.runner_timeout_seconds,
-                           max_concurrent=settings.max_runners, keep_artifacts=settings.keep_artifacts)
-    if settings.check_config:
-        return check_config(runner, settings.provider_config)
-    if not settings.provider_config.is_file():
-        log.warning("provider config %s does not exist (yet): every sweep fails until it does",
-                    settings.provider_config)
+@dataclass(frozen=True)
+class Pieces:
+    """What ``main`` builds from the settings, for the mode it runs."""
+
+    runner: AnsibleRunner
+    store: ProxyStore
+    monitor: ServingMonitor
+    credentials: Credentials
+    health: SweepHealth
+    controller: Controller
+
+
+def build_pieces(settings: Settings, runner: AnsibleRunner) -> Pieces | None:
+    """The store, prober, monitor, reconciler and controller; None (the reason logged) when the
+    controller cannot start: another controller holds the directory, no cluster to talk to, or
+    an invalid --probe-allow."""
     try:
         store, elector, secrets = build_store(settings)
     except StoreError as error:  # another controller holds the directory; no cluster to talk to
         log.error("%s", error)
-        return 2
+        return None
     log.info("runner: at most %d concurrent ansible-runner processes, %d s timeout", runner.max_concurrent,
              settings.runner_timeout_seconds)
     try:
         prober = Prober(allowed_networks=settings.probe_allow)
     except ProbeConfigError as error:
         log.error("--probe-allow: %s", error)
-        return 2
+        return None
     monitor = ServingMonitor(prober, settings.probe_interval_seconds)
     credentials = Credentials(secrets)
     pool_store = build_pools(settings, store)
@@ -296,25 +330,29 @@ def main(argv: list[str] | None = None) -> int:
                             elector=elector,
                             # A scaled or new pool wakes the sweep at once (files have no change feed).
                             pool_feed=None if isinstance(pool_store, DirectoryPools) else cast(ChangeFeed, pool_store))
-    if settings.once:
-        report = controller.sweep_once()
-        if monitor.probe_now():  # record what the first probe of new instances found
-            report = controller.sweep_once()
-        for key, why in sorted(report.proxies_failed.items()):
-            log.error("Proxy %s: %s", key, why)
-        return 0 if report.clean else 1
-    if settings.until_ready_seconds is not None:
-        try:
-            return run_until_ready(controller, store, settings.until_ready_seconds)
-        except StoreError as error:
-            log.error("%s", error)
-            return 1
+    return Pieces(runner, store, monitor, credentials, health, controller)
 
+
+def run_once(pieces: Pieces) -> int:
+    """``--once``: one sweep (and one more to record what the first probe of new instances found);
+    0 only when nothing failed."""
+    report = pieces.controller.sweep_once()
+    if pieces.monitor.probe_now():
+        report = pieces.controller.sweep_once()
+    for key, why in sorted(report.proxies_failed.items()):
+        log.error("Proxy %s: %s", key, why)
+    return 0 if report.clean else 1
+
+
+def serve(settings: Settings, pieces: Pieces) -> int:
+    """The controller's normal life: health, metrics and discovery over HTTP, and sweeps until a
+    SIGTERM or SIGINT."""
+    controller = pieces.controller
     token = token_from_env()
     warn_if_no_token(token, log)
-    server = ControllerHTTPServer(health, controller.ready_proxies, token,
+    server = ControllerHTTPServer(pieces.health, controller.ready_proxies, token,
                                   token_scopes=TokenScopes(settings.discovery_tokens),
-                                  proxy_url=proxy_url(credentials), quarantine=Quarantine(store),
+                                  proxy_url=proxy_url(pieces.credentials), quarantine=Quarantine(pieces.store),
                                   quarantine_per_minute=settings.quarantine_per_minute)
     host, port = settings.listen
     server.start(host, port)
@@ -322,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def stop(signum: int, _frame: FrameType | None) -> None:
         log.info("signal %d: stopping", signum)
-        runner.cancel()
+        pieces.runner.cancel()
         controller.stop()
 
     signal.signal(signal.SIGTERM, stop)
@@ -332,6 +370,29 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         server.stop()
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    settings = parse_args(argv)
+    runner = AnsibleRunner(settings.work_dir, timeout_seconds=settings.runner_timeout_seconds,
+                           max_concurrent=settings.max_runners, keep_artifacts=settings.keep_artifacts)
+    if settings.check_config:
+        return check_config(runner, settings.provider_config)
+    if not settings.provider_config.is_file():
+        log.warning("provider config %s does not exist (yet): every sweep fails until it does",
+                    settings.provider_config)
+    pieces = build_pieces(settings, runner)
+    if pieces is None:
+        return 2
+    if settings.once:
+        return run_once(pieces)
+    if settings.until_ready_seconds is not None:
+        try:
+            return run_until_ready(pieces.controller, pieces.store, settings.until_ready_seconds)
+        except StoreError as error:
+            log.error("%s", error)
+            return 1
+    return serve(settings, pieces)
 
 
 if __name__ == "__main__":

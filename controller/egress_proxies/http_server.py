@@ -48,10 +48,11 @@ import yaml
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
 
 from egress_proxies.health import SweepHealth
+from egress_proxies.resources.conditions import SERVING, find_condition
 from egress_proxies.resources.pool import pool_of, quarantined
 from egress_proxies.resources.proxy import Proxy
 from egress_proxies.sources.store import StoreError
-from egress_proxies.sweep.pools import QuarantineError
+from egress_proxies.sweep.quarantine import QuarantineError
 
 log = logging.getLogger(__name__)
 
@@ -99,8 +100,7 @@ def warn_if_no_token(token: str | None, logger: logging.Logger) -> None:
 def proxy_entry(proxy: Proxy) -> dict[str, Any]:
     """One Ready (serving, where probed) proxy as crawlers see it."""
     probe = proxy.status.get("probe") or {}
-    serving: dict[str, Any] = next(
-        (c for c in proxy.status.get("conditions") or [] if c.get("type") == "Serving"), {})
+    serving = find_condition(proxy.status, SERVING)
     return {
         "name": proxy.name,
         "namespace": proxy.namespace,

@@ -21,6 +21,7 @@ import logging
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from egress_proxies.resources import times
 from egress_proxies.sources.store import Conflict, StoreError
 
 log = logging.getLogger(__name__)
@@ -47,10 +48,6 @@ class LeaseApi(Protocol):
         """Replace it; Conflict when ``body``'s resourceVersion is stale."""
 
 
-def utc_now() -> datetime.datetime:
-    return datetime.datetime.now(datetime.UTC)
-
-
 def format_micro_time(moment: datetime.datetime) -> str:
     return moment.astimezone(datetime.UTC).strftime(MICRO_TIME)
 
@@ -65,7 +62,7 @@ def parse_micro_time(text: str) -> datetime.datetime:
 
 class LeaseElector:
     def __init__(self, lease_api: LeaseApi, namespace: str, name: str, identity: str, lease_seconds: int = 15,
-                 renew_seconds: float = 5, clock: Callable[[], datetime.datetime] = utc_now) -> None:
+                 renew_seconds: float = 5, clock: Callable[[], datetime.datetime] = times.now) -> None:
         if not 0 < renew_seconds < lease_seconds:
             raise ValueError(f"renew_seconds ({renew_seconds}) must be positive and shorter than "
                              f"lease_seconds ({lease_seconds}), or the lease lapses between renewals")

@@ -76,8 +76,7 @@ class Controller:
         self._view_lock = threading.Lock()
         self._stored_ready: list[Proxy] = []
         # uids of Proxies the watch saw deleted or deleting: out of discovery at once, not after
-        # the sweep in flight (whose deletion of the instance would otherwise be handed to
-        # crawlers for seconds: seen in the real-guest test).
+        # the sweep in flight (which may be deleting their instances while discovery hands them out).
         # uid -> when it was seen (monotonic); dropped once a sweep or a stored read that began
         # later has published a view, which leaves deleting Proxies out by itself.
         self._withdrawn: dict[str, float] = {}
@@ -162,7 +161,7 @@ class Controller:
             elector_thread.join(timeout=max(0.0, deadline - time.monotonic()))
             self._release(deadline)
         # The watch thread is not waited for: it only wakes the sweep loop, and it may sit in
-        # a watch request for minutes (that wait used to hold the Lease for 30 s).
+        # a watch request for minutes, which would hold the Lease that long.
         sweeper.join(timeout=max(0.0, deadline - time.monotonic()))
         if sweeper.is_alive():
             log.warning("stopping with a sweep in flight after %.0f s of grace (its runs are cancelled; "

@@ -3,9 +3,10 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """What a KVM instance's NoCloud seed carries: user-data, meta-data, vendor-data.
 
-The user's document is never edited (reference/predecessor.md, sections 4 and 5):
-it reaches the seed byte for byte, in whatever format it is (cloud-config, Jinja,
-MIME, gzip, a script). The guest agent bootstrap travels separately, as
+The user's document is never edited: merging anything into it (the guest agent's package,
+say) means parsing it as cloud-config, which breaks every other format (Jinja, MIME, gzip,
+a script), and re-serialising YAML changes the type of unquoted scalars. It reaches the
+seed byte for byte, whatever its format. The guest agent bootstrap travels separately, as
 vendor-data, which cloud-init runs through its own handler chain.
 
 Importable without Ansible: only the standard library, the collection's errors

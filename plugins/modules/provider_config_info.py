@@ -126,10 +126,10 @@ from ansible.module_utils.basic import AnsibleModule, missing_required_lib  # no
 
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.config import (  # noqa: E402
     HAS_YAML,
-    ConfigError,
     read_provider_config_document,
     validate_provider_config,
 )
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.config_reader import ConfigError  # noqa: E402
 
 
 def main() -> None:

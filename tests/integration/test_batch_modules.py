@@ -21,7 +21,8 @@ from typing import Any
 import pytest
 import yaml
 
-from egress_proxies.providers.client import CreateRequest, ErrorClass, ProviderClient, ProviderType, Target
+from egress_proxies.providers.client import CreateRequest, ProviderClient, ProviderType, Target
+from egress_proxies.providers.errors import ErrorClass
 from egress_proxies.providers.runner import AnsibleRunner
 from support.ansible_modules import ModuleRun, collections_path, run_module
 from support.compute_emulator import ComputeEmulator

@@ -31,9 +31,9 @@ import libvirt
 import pytest
 import yaml
 
-from ansible_collections.crawl.egress_proxies.plugins.module_utils.config import KvmHost, SshSettings
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.errors import Permanent, ProxyError
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.connection import KvmConnections
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.settings import KvmHost, SshSettings
 from support.ansible_modules import run_module
 from support.provider_config import OWNER, OWNER_TAGS, make_base_image
 

@@ -29,7 +29,6 @@ from pathlib import Path
 import bcrypt
 import pytest
 
-from ansible_collections.crawl.egress_proxies.plugins.module_utils.config import KubernetesSettings
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.instance import InstanceRequest
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.k8s.pods import (
     CONF_DIR,
@@ -38,6 +37,7 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.k8s.pods impo
     SQUID_CONF_ANNOTATION,
     build_pod,
 )
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.k8s.settings import KubernetesSettings
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.squid_access import (
     DROPIN_PATH,
     PASSWORD_FILE,

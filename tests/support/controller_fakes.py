@@ -18,9 +18,21 @@ from typing import Any
 
 import yaml
 
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.config import ProbeSettings
+from egress_proxies.providers.errors import ErrorClass
 from egress_proxies.providers.runner import AnsibleRunner, Operation, OperationResult
 from egress_proxies.resources.proxy import FINALIZER, Proxy
 from egress_proxies.sources.store import Conflict, Gone, WatchEvent
+
+
+class ManualClock:
+    """A monotonic clock a test moves by hand (``clock.now += 30``)."""
+
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
 
 
 class MemoryStore:
@@ -178,18 +190,19 @@ class FakeRunner:
         target = args.get("provider_id") or args.get("name") or ""
         scripted = self.fail.get((op.module, target))
         if scripted:
-            return OperationResult.failure(scripted[0], scripted[1], {"error_class": scripted[0]})
+            return OperationResult.failure(ErrorClass.of(scripted[0]), scripted[1], {"error_class": scripted[0]})
         if op.module.endswith("_info"):
             if "tags" in args:
                 if self.list_failure:
-                    return OperationResult.failure(*self.list_failure, result={
+                    error_class, message = self.list_failure
+                    return OperationResult.failure(ErrorClass.of(error_class), message, result={
                         "instances": list(self.instances.values())})
                 wanted = args["tags"] if self.filter_by_tags else {}
                 return OperationResult(ok=True, result={"instances": [
                     i for i in self.instances.values() if all(i["tags"].get(k) == v for k, v in wanted.items())]})
             if target in self.instances:
                 return OperationResult(ok=True, result={"instances": [self.instances[target]]})
-            return OperationResult.failure("not_found", f"{target} does not exist")
+            return OperationResult.failure(ErrorClass.NOT_FOUND, f"{target} does not exist")
         if args.get("state") == "absent":
             existed = self.instances.pop(target, None) is not None
             return OperationResult(ok=True, result={"changed": existed, "provider_id": target})
@@ -207,8 +220,10 @@ class FakeRunner:
         """The collection's validator, faked from the file's names and types (the real one runs
         in the end-to-end tests and in tests/integration/test_provider_config_info.py)."""
         document = yaml.safe_load(Path(op.args["provider_config"]).read_text())
+        # Not probed unless a test says otherwise: the fake's instances have made-up addresses.
+        probe = ProbeSettings(enabled=False).as_dict()
         providers = [{"name": p["name"], "type": p["type"], "valid": p["name"] not in self.invalid_providers,
-                      "errors": self.invalid_providers.get(p["name"], []),
+                      "errors": self.invalid_providers.get(p["name"], []), "probe": dict(probe),
                       "allowed_sources": p.get("allowedSources") or ["10.0.0.0/8"]} for p in document["providers"]]
         errors = [e for p in providers for e in p["errors"]]
         return OperationResult(ok=True, result={"valid": not errors, "owner": document["owner"],

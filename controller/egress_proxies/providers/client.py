@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from egress_proxies.providers.errors import ErrorClass, ProviderError
 from egress_proxies.providers.runner import Operation, OperationResult, Runner
 from egress_proxies.resources.proxy import (
     DEFAULT_PORT,
@@ -47,31 +48,6 @@ class ProviderType(enum.StrEnum):
 
 _MODULE_PREFIX = {ProviderType.KVM: "kvm", ProviderType.GCP: "gcp", ProviderType.KUBERNETES: "k8s"}
 CONFIG_MODULE = "provider_config_info"
-
-
-class ErrorClass(enum.StrEnum):
-    """How a provider operation failed (docs/contract.md, "Error classes")."""
-
-    NOT_FOUND = "not_found"
-    PERMANENT = "permanent"
-    TRANSIENT = "transient"
-
-    @classmethod
-    def of(cls, value: str | None) -> ErrorClass:
-        """Anything unclassified is transient (the contract's default)."""
-        try:
-            return cls(value or "transient")
-        except ValueError:
-            return cls.TRANSIENT
-
-
-@dataclass(frozen=True)
-class ProviderError:
-    error_class: ErrorClass
-    message: str
-
-    def __str__(self) -> str:
-        return f"{self.error_class}: {self.message}"
 
 
 @dataclass(frozen=True)
@@ -303,6 +279,32 @@ class ProviderClient:
         return Result.from_batch(outcome, len(items))
 
 
+@dataclass(frozen=True)
+class ProbeSettings:
+    """A provider's ``probe`` as ``provider_config_info`` returns it: validated by the collection,
+    every default filled in there (docs/contract.md, "provider_config_info"), so this only types
+    the wire form and adds no default of its own."""
+
+    enabled: bool
+    http_url: str
+    expect_status: int
+    connect: str | None
+    egress_echo_url: str | None
+    timeout_seconds: float
+    unhealthy_after_seconds: float
+    startup_seconds: float
+
+    @classmethod
+    def from_result(cls, data: Mapping[str, Any]) -> ProbeSettings:
+        """Raises KeyError (a missing field) or ValueError/TypeError (a wrong type): a module that
+        does not speak this contract."""
+        return cls(enabled=bool(data["enabled"]), http_url=str(data["httpUrl"]),
+                   expect_status=int(data["expectStatus"]), connect=data["connect"] or None,
+                   egress_echo_url=data["egressEchoUrl"] or None, timeout_seconds=float(data["timeoutSeconds"]),
+                   unhealthy_after_seconds=float(data["unhealthyAfterSeconds"]),
+                   startup_seconds=float(data["startupSeconds"]))
+
+
 class ConfigUnreadable(Exception):
     """The provider config cannot be used at all: unreadable, not YAML, or invalid at its root."""
 
@@ -318,7 +320,7 @@ class ProviderSet:
     invalid: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # name -> its errors
     errors: tuple[str, ...] = ()  # every error, root and per provider
     digest: str = ""
-    probes: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # name -> its probe settings
+    probes: Mapping[str, ProbeSettings] = field(default_factory=dict)  # name -> its probe settings
     sources: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # name -> default allowed sources
 
     def clients(self, runner: Runner) -> dict[str, ProviderClient]:
@@ -354,11 +356,10 @@ def check_config(runner: Runner, path: str, previous: ProviderSet | None = None)
     errors = tuple(str(e) for e in data.get("errors") or [])
     types: dict[str, ProviderType] = {}
     invalid: dict[str, tuple[str, ...]] = {}
-    probes: dict[str, Mapping[str, Any]] = {}
+    probes: dict[str, ProbeSettings] = {}
     sources: dict[str, tuple[str, ...]] = {}
     for provider in data.get("providers") or []:
         name = str(provider.get("name"))
-        probes[name] = provider.get("probe") or {}
         sources[name] = tuple(str(s) for s in provider.get("allowed_sources") or ())
         try:
             types[name] = ProviderType(str(provider.get("type")))
@@ -367,6 +368,13 @@ def check_config(runner: Runner, path: str, previous: ProviderSet | None = None)
             continue
         if not provider.get("valid", False):
             invalid[name] = tuple(str(e) for e in provider.get("errors") or []) or ("invalid",)
+            continue
+        try:
+            probes[name] = ProbeSettings.from_result(provider.get("probe") or {})
+        except (KeyError, TypeError, ValueError) as error:
+            why = (f"{CONFIG_MODULE} returned no usable probe settings ({error!r}): the collection and the "
+                   "controller do not speak the same contract; install matching versions")
+            invalid[name] = (why,)
     owner = data.get("owner")
     if not owner:  # a root error (the owner tags every instance): no provider is usable
         raise ConfigUnreadable(f"provider config {absolute}: " + "; ".join(errors or ("owner: missing",)))

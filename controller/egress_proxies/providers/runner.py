@@ -33,12 +33,12 @@ import ansible_runner
 import yaml
 
 from egress_proxies import metrics
+from egress_proxies.providers.errors import ErrorClass
 from egress_proxies.providers.transfers import ProgressTail
 
 log = logging.getLogger(__name__)
 
 COLLECTION = "crawl.egress_proxies"
-ERROR_CLASSES = ("not_found", "permanent", "transient")
 # Memory one ansible-playbook run takes here (measured ~100 MiB), with headroom.
 RUN_MEMORY_BYTES = 160 * 1024 * 1024
 _TASK_NAME = re.compile(r"^op (\d+)$")
@@ -65,10 +65,10 @@ _RUN_ERROR_LINE = re.compile(r"^(\[ERROR\]:|ERROR!|The command was not found)")
 # A run-level error line is logged and stored in a status condition: cut it there.
 _MAX_ERROR_LINE = 400
 # ansible-runner's event callback replaces a task result longer than MAX_EVENT_RES characters
-# (700,000 by default) with {} -- silently: a listing of ~1,500 instances came back as a
-# successful run with no instances, and a 10,000-Proxy fleet was created a second time (bench,
-# 2026-12-03). The controller raises the limit (a listing of 10,000 KVM instances is ~5 MB) and
-# takes an emptied result for what it is (``DROPPED_RESULT``), never for an empty answer.
+# (700,000 by default, ~1,500 listed instances) with {}, silently: read as "no instances", every
+# instance would be created again. The controller raises the limit (a listing of 10,000 KVM
+# instances is ~5 MB) and takes an emptied result for what it is (``DROPPED_RESULT``), never for
+# an empty answer.
 MAX_RESULT_CHARS = 256 * 1024 * 1024
 DROPPED_RESULT = ("no result: ansible-runner dropped the module's result, longer than its MAX_EVENT_RES "
                   "limit of {limit} characters; the run's effects (if any) show in the next listing")
@@ -94,11 +94,11 @@ class Operation:
 class OperationResult:
     ok: bool
     result: dict[str, Any] = field(default_factory=dict)
-    error_class: str | None = None
+    error_class: ErrorClass | None = None
     message: str = ""
 
     @classmethod
-    def failure(cls, error_class: str, message: str, result: dict[str, Any] | None = None) -> OperationResult:
+    def failure(cls, error_class: ErrorClass, message: str, result: dict[str, Any] | None = None) -> OperationResult:
         return cls(ok=False, result=result or {}, error_class=error_class, message=message)
 
 
@@ -107,10 +107,9 @@ class Runner(Protocol):
         """Run the batch; one result per operation, in order. Never raises for module failures."""
 
 
-def classify_failure(result: dict[str, Any]) -> str:
+def classify_failure(result: dict[str, Any]) -> ErrorClass:
     """The module's own ``error_class``; anything unclassified is transient (docs/contract.md)."""
-    error_class = result.get("error_class")
-    return error_class if error_class in ERROR_CLASSES else "transient"
+    return ErrorClass.of(result.get("error_class"))
 
 
 class _Unsafe(str):
@@ -169,12 +168,12 @@ def run_failure(status: str, error_line: str | None) -> OperationResult:
     """What an operation without a result of its own gets: why the run gave none, and whether
     retrying can help (a timeout or a cancelled run: yes; a missing collection: never)."""
     if status == "timeout":
-        return OperationResult.failure("transient", "no result: the run timed out and was killed")
+        return OperationResult.failure(ErrorClass.TRANSIENT, "no result: the run timed out and was killed")
     if status == "canceled":
-        return OperationResult.failure("transient", "no result: the run was cancelled (shutdown)")
+        return OperationResult.failure(ErrorClass.TRANSIENT, "no result: the run was cancelled (shutdown)")
     if error_line is None:
-        return OperationResult.failure("transient", f"no result: the run ended ({status}) first")
-    error_class = "permanent" if _PERMANENT_RUN_ERRORS.search(error_line) else "transient"
+        return OperationResult.failure(ErrorClass.TRANSIENT, f"no result: the run ended ({status}) first")
+    error_class = ErrorClass.PERMANENT if _PERMANENT_RUN_ERRORS.search(error_line) else ErrorClass.TRANSIENT
     return OperationResult.failure(error_class, f"no result: the run failed ({status}): {error_line}")
 
 
@@ -196,7 +195,7 @@ def results_from_events(events: Sequence[dict[str, Any]], count: int, status: st
         res = dict(data.get("res") or {})
         if not res:
             results[int(match.group(1))] = OperationResult.failure(
-                "transient", DROPPED_RESULT.format(limit=max_result_chars))
+                ErrorClass.TRANSIENT, DROPPED_RESULT.format(limit=max_result_chars))
         elif event_name == "runner_on_ok":
             results[int(match.group(1))] = OperationResult(ok=True, result=res)
         else:
@@ -336,86 +335,106 @@ class AnsibleRunner:
         if self._cancelled.is_set():
             # Stopping: a sweep still in flight must start nothing new (its successor may
             # already be leading), not even a run that ansible-runner would cancel a moment later.
-            return [OperationResult.failure("transient", "no result: the controller is stopping")] * len(operations)
+            stopping = OperationResult.failure(ErrorClass.TRANSIENT, "no result: the controller is stopping")
+            return [stopping] * len(operations)
         ident = f"{time.strftime('%Y%m%dT%H%M%S')}-{provider}-{verb}-{uuid.uuid4().hex[:8]}"
         private = self.runs_dir / ident
         with self._rotate_lock:
             self._in_flight.add(ident)
         with self._slots, metrics.ACTIVE_RUNNERS.track_inprogress():
             started = time.monotonic()
-            _private_dir(private)
-            _private_dir(private / "project")
-            # Every temporary file of the run goes here, removed with the run: a run killed at its
-            # timeout cannot clean up after itself, and Ansible's local temp dir and the modules'
-            # unpacked payloads (~200 KB a run) would pile up in /tmp, an emptyDir with a size
-            # limit in the Deployment, until the kubelet evicts the controller. Short and in the
-            # system temp dir, not under the work dir: ansible-core 2.21 binds a unix socket in
-            # it (multiprocessing's pymp-*/listener-*), and a socket path has 107 bytes at most.
-            temp = Path(tempfile.mkdtemp(prefix=RUN_TEMP_PREFIX))
-            (private / _TEMP_FILE).write_text(str(temp))
-            (private / _OWNER_FILE).write_text(f"{os.getpid()} {_process_start(os.getpid())}")
-            # O_EXCL and 0600 from the first byte: the playbook holds user-data, never readable
-            # by anyone else, not even between a create and a chmod.
-            # Progress files live in the private dir: fresh per run, removed with it, and the
-            # module (local connection) writes them on this machine.
-            progress = [private / f"progress-{index}.jsonl" if op.progress_option else None
-                        for index, op in enumerate(operations)]
-            operations = [
-                op if path is None else dataclasses.replace(op, args={**op.args, op.progress_option: str(path)})
-                for op, path in zip(operations, progress, strict=True)]
-            playbook = os.open(private / "project" / "batch.yml", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(playbook, "w") as handle:
-                handle.write(build_playbook(operations))
-            stdout = ""
+            temp, operations, progress = self._prepare(private, operations)
             try:
-                # cancel_callback: without one, ansible-runner takes over SIGINT/SIGTERM for good
-                # when called from the main thread (--once, --until-ready); with it, stopping
-                # the controller cancels runs in flight.
-                with ProgressTail([path for path in progress if path is not None], provider):
-                    outcome = ansible_runner.run(
-                        private_data_dir=str(private), playbook="batch.yml", ident=ident,
-                        artifact_dir=str(self.artifact_dir),
-                        inventory={"all": {"hosts": {"localhost": {
-                            "ansible_connection": "local", "ansible_python_interpreter": sys.executable}}}},
-                        envvars={"ANSIBLE_COLLECTIONS_PATH": self.collections_path, "ANSIBLE_NOCOLOR": "1",
-                                 "ANSIBLE_RETRY_FILES_ENABLED": "0", RUN_MARKER: ident,
-                                 "MAX_EVENT_RES": str(self.max_result_chars), "TMPDIR": str(temp),
-                                 "ANSIBLE_LOCAL_TEMP": str(temp), "ANSIBLE_REMOTE_TEMP": str(temp)},
-                        timeout=self.timeout_seconds, quiet=True, cancel_callback=self._cancelled.is_set,
-                    )
-                events = list(outcome.events)
-                status = str(outcome.status)
-                if not events and status not in ("successful", "timeout", "canceled"):
-                    stdout = _read_stdout(self.artifact_dir / ident)
+                events, status, stdout = self._execute(ident, private, temp, progress, provider)
             except Exception as error:  # the runner itself failing is transient by contract
                 log.exception("runner %s %s failed to run", provider, verb)
-                events, status = [], f"error: {error}"
+                events, status, stdout = [], f"error: {error}", ""
             finally:
-                # The playbook holds user-data: it never outlives the run, and neither does
-                # any process of it (a timed-out run's workers sit in their own sessions).
-                shutil.rmtree(private, ignore_errors=True)
-                shutil.rmtree(temp, ignore_errors=True)
-                leftovers = kill_run_processes(ident)
-                if leftovers:
-                    log.warning("runner %s %s: killed %d leftover process(es) of the run", provider, verb,
-                                len(leftovers))
+                self._remove_run(ident, private, temp, f"{provider} {verb}")
             elapsed = time.monotonic() - started
         results = results_from_events(events, len(operations), status, stdout, self.max_result_chars)
         self._index(ident, operations)
         with self._rotate_lock:
             self._in_flight.discard(ident)
         self._rotate()
+        error_line = run_error(events, stdout) if status != "successful" else None
+        self._record(provider, verb, results, elapsed, status, error_line)
+        return results
+
+    def _prepare(self, private: Path, operations: Sequence[Operation]) -> tuple[Path, list[Operation], list[Path]]:
+        """The run's private data dir with its playbook, and its temp dir; returns the temp dir,
+        the operations as run (progress files filled in) and the progress files to follow."""
+        _private_dir(private)
+        _private_dir(private / "project")
+        # Every temporary file of the run goes here, removed with the run: a run killed at its
+        # timeout cannot clean up after itself, and Ansible's local temp dir and the modules'
+        # unpacked payloads (~200 KB a run) would pile up in /tmp, an emptyDir with a size
+        # limit in the Deployment, until the kubelet evicts the controller. Short and in the
+        # system temp dir, not under the work dir: ansible-core 2.21 binds a unix socket in
+        # it (multiprocessing's pymp-*/listener-*), and a socket path has 107 bytes at most.
+        temp = Path(tempfile.mkdtemp(prefix=RUN_TEMP_PREFIX))
+        (private / _TEMP_FILE).write_text(str(temp))
+        (private / _OWNER_FILE).write_text(f"{os.getpid()} {_process_start(os.getpid())}")
+        # Progress files live in the private dir: fresh per run, removed with it, and the
+        # module (local connection) writes them on this machine.
+        progress = [private / f"progress-{index}.jsonl" if op.progress_option else None
+                    for index, op in enumerate(operations)]
+        prepared = [op if path is None else dataclasses.replace(op, args={**op.args, op.progress_option: str(path)})
+                    for op, path in zip(operations, progress, strict=True)]
+        # O_EXCL and 0600 from the first byte: the playbook holds user-data, never readable
+        # by anyone else, not even between a create and a chmod.
+        playbook = os.open(private / "project" / "batch.yml", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(playbook, "w") as handle:
+            handle.write(build_playbook(prepared))
+        return temp, prepared, [path for path in progress if path is not None]
+
+    def _execute(self, ident: str, private: Path, temp: Path, progress: Sequence[Path],
+                 provider: str) -> tuple[list[dict[str, Any]], str, str]:
+        """(events, status, stdout) of one ansible-runner run of the prepared playbook."""
+        # cancel_callback: without one, ansible-runner takes over SIGINT/SIGTERM for good when
+        # called from the main thread (--once, --until-ready); with it, stopping the controller
+        # cancels runs in flight.
+        with ProgressTail(progress, provider):
+            outcome = ansible_runner.run(
+                private_data_dir=str(private), playbook="batch.yml", ident=ident, artifact_dir=str(self.artifact_dir),
+                inventory={"all": {"hosts": {"localhost": {
+                    "ansible_connection": "local", "ansible_python_interpreter": sys.executable}}}},
+                envvars={"ANSIBLE_COLLECTIONS_PATH": self.collections_path, "ANSIBLE_NOCOLOR": "1",
+                         "ANSIBLE_RETRY_FILES_ENABLED": "0", RUN_MARKER: ident,
+                         "MAX_EVENT_RES": str(self.max_result_chars), "TMPDIR": str(temp),
+                         "ANSIBLE_LOCAL_TEMP": str(temp), "ANSIBLE_REMOTE_TEMP": str(temp)},
+                timeout=self.timeout_seconds, quiet=True, cancel_callback=self._cancelled.is_set,
+            )
+        events = list(outcome.events)
+        status = str(outcome.status)
+        stdout = ""
+        if not events and status not in ("successful", "timeout", "canceled"):
+            stdout = _read_stdout(self.artifact_dir / ident)
+        return events, status, stdout
+
+    @staticmethod
+    def _remove_run(ident: str, private: Path, temp: Path, what: str) -> None:
+        """The playbook holds user-data: it never outlives the run, and neither does any process
+        of it (a timed-out run's workers sit in their own sessions)."""
+        shutil.rmtree(private, ignore_errors=True)
+        shutil.rmtree(temp, ignore_errors=True)
+        leftovers = kill_run_processes(ident)
+        if leftovers:
+            log.warning("runner %s: killed %d leftover process(es) of the run", what, len(leftovers))
+
+    @staticmethod
+    def _record(provider: str, verb: str, results: Sequence[OperationResult], elapsed: float, status: str,
+                error_line: str | None) -> None:
+        """The run's metrics and log lines."""
         metrics.RUNNER_CALLS.labels(provider=provider, verb=verb).inc()
         metrics.RUNNER_SECONDS.labels(provider=provider, verb=verb).observe(elapsed)
-        failed = sum(1 for result in results if not result.ok)
-        error_line = run_error(events, stdout) if status != "successful" else None
         if error_line is not None:
             # The cause of a run that never reached its tasks (a missing collection, ...) is
             # otherwise only in the artifacts: say it where the operator looks.
             log.error("runner %s %s: the run failed: %s", provider, verb, error_line)
-        log.info("runner %s %s: %d operation(s), %d failed, %.1f s (%s)", provider, verb, len(operations),
+        failed = sum(1 for result in results if not result.ok)
+        log.info("runner %s %s: %d operation(s), %d failed, %.1f s (%s)", provider, verb, len(results),
                  failed, elapsed, status)
-        return results
 
     def remove_leftovers(self) -> list[Path]:
         """Remove the private data dirs (batch playbooks, which hold user-data) of runs whose

@@ -1,7 +1,7 @@
 """ProxyPool: the resource, its validation and every decision about its members. Pure: no I/O
 but reading the ProxyPool CRD's schema once (``schema.pool_spec_errors``).
 
-A pool manages ordinary Proxy objects, Deployment-style: ``pool_reconcile.PoolReconciler`` reads
+A pool manages ordinary Proxy objects, Deployment-style: ``sweep.pools.PoolReconciler`` reads
 the pools and their members, asks ``decide`` what to do, and writes it through a ``PoolStore``.
 Each member is then reconciled by the existing Proxy path (instances, Serving, privacy,
 deletion through the finalizer), so a pool adds no instance machinery of its own.
@@ -29,14 +29,15 @@ The decisions (docs/architecture.md, "Pools"):
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import hashlib
 import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, Self
+from typing import Any, Self
 
+from egress_proxies.resources import times
+from egress_proxies.resources.conditions import merge_conditions
 from egress_proxies.resources.proxy import (
     API_VERSION,
     GROUP,
@@ -44,7 +45,6 @@ from egress_proxies.resources.proxy import (
     PHASE_READY,
     CustomObject,
     Proxy,
-    condition,
     spec_hash,
 )
 from egress_proxies.resources.schema import DURATION_PATTERN, pool_spec_errors
@@ -61,7 +61,6 @@ RETIRING_ANNOTATION = f"{GROUP}/pool-retiring"
 # On any Proxy: the providerID a crawler reported as unusable (banned); set by the quarantine
 # endpoint. Only the instance it names is quarantined: a replacement is not.
 QUARANTINE_ANNOTATION = f"{GROUP}/quarantine"
-POOL_FINALIZER = f"{GROUP}/cleanup"
 # On a bare Proxy: "<spec hash>:<n>", how many of its recorded replacements were for quarantine;
 # they do not count toward ReplacementsExhausted (a banned IP says nothing about the spec).
 QUARANTINE_REPLACEMENTS = f"{GROUP}/quarantine-replacements"
@@ -91,22 +90,6 @@ def parse_duration(text: Any) -> float | None:
     if not isinstance(text, str) or not _DURATION.match(text):
         return None
     return sum(float(number) * _UNITS[unit] for number, unit in _DURATION_PART.findall(text))
-
-
-def utc_stamp(moment: float) -> str:
-    return datetime.datetime.fromtimestamp(moment, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def parse_stamp(stamp: Any) -> float | None:
-    if not isinstance(stamp, str) or not stamp:
-        return None
-    try:
-        parsed = datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=datetime.UTC)
-    return parsed.timestamp()
 
 
 @dataclass
@@ -338,12 +321,12 @@ class Member:
                                         and proxy.spec.get("location") == spec.placements[index].location)
         is_quarantined = quarantined(proxy)
         ready = proxy.status.get("phase") == PHASE_READY and not is_quarantined and not proxy.deleting
-        since = parse_stamp(proxy.status.get("readySince"))
+        since = times.epoch_seconds(proxy.status.get("readySince"))
         outdated = placed and index is not None and spec_hash(proxy.spec) != spec_hash(spec.member_spec(index))
         return cls(name=proxy.name, placement=index if placed else None, ready=ready,
                    ready_age=None if since is None or not ready else max(0.0, now - since),
                    quarantined=is_quarantined, retiring=proxy.annotations.get(RETIRING_ANNOTATION) or None,
-                   outdated=outdated, created=parse_stamp(proxy.creation_timestamp) or 0.0,
+                   outdated=outdated, created=times.epoch_seconds(proxy.creation_timestamp) or 0.0,
                    egress_ip=str(proxy.status.get("egressIP") or proxy.status.get("ip") or "") or None)
 
 
@@ -371,13 +354,13 @@ def _placement_state(previous: Mapping[str, Any] | None, placement: Placement, b
     if row.get("provider") != placement.provider or row.get("location") != placement.location:
         row = {}
     ready = sum(1 for m in members if m.ready)
-    unready_since = parse_stamp(row.get("unreadySince"))
+    unready_since = times.epoch_seconds(row.get("unreadySince"))
     unready_since = (unready_since if unready_since is not None else now) if members and ready == 0 else None
     bad_reason = broken
     if bad_reason is None and unready_since is not None and now - unready_since >= failover_after:
         bad_reason = f"no member Ready for {now - unready_since:.0f} s (failoverAfter {failover_after:.0f} s)"
     state = str(row.get("state") or HEALTHY)
-    since = parse_stamp(row.get("since")) or now
+    since = times.epoch_seconds(row.get("since")) or now
     if bad_reason is not None:
         if state != DEGRADED:
             state, since = DEGRADED, now
@@ -389,14 +372,211 @@ def _placement_state(previous: Mapping[str, Any] | None, placement: Placement, b
             state, since = RECOVERING, now
         elif now - since >= HYSTERESIS_FACTOR * failover_after:
             state, since = HEALTHY, now
-    out: dict[str, Any] = {"provider": placement.provider, "state": state, "since": utc_stamp(since)}
+    out: dict[str, Any] = {"provider": placement.provider, "state": state, "since": times.stamp(since)}
     if placement.location:
         out["location"] = placement.location
     if unready_since is not None:
-        out["unreadySince"] = utc_stamp(unready_since)
+        out["unreadySince"] = times.stamp(unready_since)
     if bad_reason is not None:
         out["reason"] = bad_reason
     return out
+
+
+@dataclass(frozen=True)
+class _Shares:
+    """How many members each placement should have this sweep (lists by placement index)."""
+
+    desired: list[int]  # its share of ``replicas``
+    target: list[int]  # that, plus the failover extras it takes now
+    keep: list[int]  # what it may keep: extras still held for a placement that is recovering
+    unhealthy: frozenset[int]  # degraded or recovering: it takes no members, and loses none to a scale-down
+
+
+def _vouched(members: Sequence[Member], broken: Mapping[int, str]) -> list[Member]:
+    """A member whose provider cannot be used or listed is not counted ready, whatever its last
+    status says: nothing vouches for it now (the failover must not wait a sweep for its Proxy)."""
+    return [dataclasses.replace(m, ready=False, ready_age=None) if m.placement in broken else m for m in members]
+
+
+def _grouped(members: Sequence[Member], count: int) -> tuple[list[list[Member]], list[Member]]:
+    """The members of each placement, and the strays (placed by no placement of the spec now)."""
+    by_placement: list[list[Member]] = [[] for _ in range(count)]
+    strays: list[Member] = []
+    for member in members:
+        (by_placement[member.placement] if member.placement is not None else strays).append(member)
+    return by_placement, strays
+
+
+def _staying(member: Member, retiring: Mapping[str, str]) -> bool:
+    """Serving on, or to serve: neither quarantined nor retiring (marked, or now)."""
+    return not member.quarantined and not member.retiring and member.name not in retiring
+
+
+def _active(members: Sequence[Member], retiring: Mapping[str, str]) -> list[Member]:
+    return [m for m in members if _staying(m, retiring)]
+
+
+def _previous_row(previous: Sequence[Mapping[str, Any]], index: int) -> Mapping[str, Any] | None:
+    return previous[index] if index < len(previous) else None
+
+
+def _placement_rows(spec: PoolSpec, grouped: Sequence[Sequence[Member]], broken: Mapping[int, str],
+                    previous: Sequence[Mapping[str, Any]], now: float) -> list[dict[str, Any]]:
+    """Each placement's health row this sweep."""
+    return [_placement_state(_previous_row(previous, i), placement, broken.get(i), grouped[i],
+                             spec.failover_after_seconds, now) for i, placement in enumerate(spec.placements)]
+
+
+def _health_changes(rows: Sequence[Mapping[str, Any]], previous: Sequence[Mapping[str, Any]]
+                    ) -> tuple[dict[int, str], list[int], list[int]]:
+    """The degraded placements with why, those degraded since the last status, and those healthy
+    again since it."""
+    degraded: dict[int, str] = {}
+    newly_degraded: list[int] = []
+    recovered: list[int] = []
+    for i, row in enumerate(rows):
+        before = _previous_row(previous, i) or {}
+        if row["state"] == DEGRADED:
+            degraded[i] = str(row.get("reason") or "degraded")
+            if before.get("state") != DEGRADED:
+                newly_degraded.append(i)
+        elif row["state"] == HEALTHY and before.get("state") in (DEGRADED, RECOVERING):
+            recovered.append(i)
+    return degraded, newly_degraded, recovered
+
+
+def _shares(spec: PoolSpec, grouped: Sequence[Sequence[Member]], rows: Sequence[Mapping[str, Any]]) -> _Shares:
+    """Spread and failover: each placement's share of ``replicas``, and the unhealthy placements'
+    shortfall made up on the healthy ones, within maxSurge."""
+    weights = [p.weight for p in spec.placements]
+    caps = [p.max for p in spec.placements]
+    desired = split(spec.replicas, weights, caps)
+    # A recovering placement still counts as degraded for the spread: members move back only
+    # after the hysteresis, never on the first good sweep.
+    unhealthy = {i for i, row in enumerate(rows) if row["state"] != HEALTHY}
+    degraded = {i for i, row in enumerate(rows) if row["state"] == DEGRADED}
+    shortfall = sum(max(0, desired[i] - sum(1 for m in _active(grouped[i], {}) if m.ready)) for i in degraded)
+    healthy_weights = [w if i not in unhealthy else 0 for i, w in enumerate(weights)]
+    room_caps = [None if c is None else max(0, c - desired[i]) for i, c in enumerate(caps)]
+    extras = split(min(shortfall, spec.max_surge), healthy_weights, room_caps)
+    # A recovering placement's share stays held elsewhere until the hysteresis has passed: the
+    # extra members are neither deleted nor re-created on its first good sweeps.
+    held = shortfall + sum(desired[i] for i in unhealthy - degraded)
+    kept = split(min(held, spec.max_surge), healthy_weights, room_caps)
+    return _Shares(desired=desired, target=[d + extra for d, extra in zip(desired, extras, strict=True)],
+                   keep=[d + extra for d, extra in zip(desired, kept, strict=True)], unhealthy=frozenset(unhealthy))
+
+
+def _surge_room(spec: PoolSpec, members: Sequence[Member], shares: _Shares) -> int:
+    """How many more members the surge allows: what it bounds is the members that serve or may
+    serve where placements are healthy. Those of an unhealthy placement are kept but not counted,
+    or members a rotation had just started there when its provider died (never ready, never to
+    be) would block the refill for good."""
+    counted = [m for m in members if not m.quarantined and (m.placement is None or m.placement not in shares.unhealthy)]
+    return sum(shares.desired) + spec.max_surge - len(counted)
+
+
+def _due(spec: PoolSpec, grouped: Sequence[Sequence[Member]]) -> list[tuple[Member, str]]:
+    """The members due for replacement, with why, first due first: an older template first, then
+    the longest Ready past its maxAge."""
+    due: list[tuple[float, Member, str]] = []
+    for here in grouped:
+        for member in _active(here, {}):
+            if member.outdated:
+                due.append((-math.inf, member, "template"))
+            elif (spec.max_age_seconds is not None and member.ready and member.ready_age is not None
+                  and member.ready_age >= spec.max_age_seconds * jitter_factor(member.name, spec.jitter)):
+                due.append((-member.ready_age, member, "rotation"))
+    due.sort(key=lambda item: (item[0], item[1].name))
+    return [(member, why) for _, member, why in due]
+
+
+def _retire(spec: PoolSpec, members: Sequence[Member], grouped: Sequence[Sequence[Member]], shares: _Shares,
+            room: int) -> dict[str, str]:
+    """Rotation (and a template change): which members to mark retiring, with why; only from a
+    pool at full strength, within the surge left."""
+    ready_total = sum(1 for m in members if m.ready)
+    if ready_total < spec.replicas or shares.unhealthy:
+        return {}
+    need = sum(max(0, shares.target[i] - len(_active(here, {}))) for i, here in enumerate(grouped))
+    room -= need
+    # With surge room, make before break; without (maxSurge 0), maxUnavailable lets one go first.
+    slots = room if room > 0 else min(spec.max_unavailable, ready_total - spec.available_minimum)
+    slots = min(slots, spec.max_surge + spec.max_unavailable - sum(1 for m in members if m.retiring))
+    return {member.name: why for member, why in _due(spec, grouped)[:max(0, slots)]}
+
+
+def _creates(grouped: Sequence[Sequence[Member]], shares: _Shares, retiring: Mapping[str, str],
+             room: int) -> list[int]:
+    """The placement of each new member: what each healthy placement lacks, within the pool's total."""
+    creates: list[int] = []
+    for i, here in enumerate(grouped):
+        if i in shares.unhealthy:
+            continue
+        lacking = max(0, shares.target[i] - len(_active(here, retiring)))
+        take = min(lacking, max(0, room))
+        creates.extend([i] * take)
+        room -= take
+    return creates
+
+
+def _delete_leaving(spec: PoolSpec, leaving: Sequence[Member], replaced: bool, retiring: Mapping[str, str],
+                    ready_left: int) -> tuple[list[str], int]:
+    """Which quarantined and retiring members go now, never below what must stay ready; and the
+    ready members left after them."""
+    floor_ready = max(0, spec.replicas - spec.max_unavailable)
+    gone: list[str] = []
+    for member in sorted(leaving, key=lambda m: (m.ready, m.created, m.name)):
+        after = ready_left - (1 if member.ready else 0)
+        early = (spec.max_unavailable > 0 and (member.retiring or member.name in retiring)
+                 and after >= spec.available_minimum)
+        if (replaced or early) and after >= floor_ready:
+            gone.append(member.name)
+            ready_left = after
+    return gone, ready_left
+
+
+def _scale_down(candidates: Sequence[Member], excess: int, replicas: int, ready_left: int) -> tuple[list[str], int]:
+    """Which ``excess`` members go: not-ready members first, then the newest, a ready one only
+    while ``replicas`` stay ready; and the ready members left after them."""
+    gone: list[str] = []
+    for member in sorted(candidates, key=lambda m: (m.ready, -m.created, m.name))[:excess]:
+        after = ready_left - (1 if member.ready else 0)
+        if not member.ready or after >= replicas:
+            gone.append(member.name)
+            ready_left = after
+    return gone, ready_left
+
+
+def _deletes(spec: PoolSpec, grouped: Sequence[Sequence[Member]], strays: Sequence[Member], shares: _Shares,
+             retiring: Mapping[str, str], ready_total: int) -> list[str]:
+    """The members to delete, placement by placement (the replaced ones, then a scale-down or
+    failback), then the strays; never below what must stay ready."""
+    deletes: list[str] = []
+    ready_left = ready_total
+    for i, here in enumerate(grouped):
+        current = _active(here, retiring)
+        ready_here = sum(1 for m in current if m.ready)
+        leaving = [m for m in here if not _staying(m, retiring)]
+        replaced = ready_here >= shares.target[i] or i in shares.unhealthy
+        gone, ready_left = _delete_leaving(spec, leaving, replaced, retiring, ready_left)
+        deletes += gone
+        excess = len(current) - max(shares.target[i], shares.keep[i])
+        if excess > 0 and i not in shares.unhealthy:
+            gone, ready_left = _scale_down(current, excess, spec.replicas, ready_left)
+            deletes += gone
+    gone, _ = _scale_down(strays, len(strays), spec.replicas, ready_left)
+    return deletes + gone
+
+
+def _final_rows(rows: list[dict[str, Any]], grouped: Sequence[Sequence[Member]], shares: _Shares
+                ) -> list[dict[str, Any]]:
+    """The placement rows of the status: health, plus what each should have, has, and has ready."""
+    for i, row in enumerate(rows):
+        here = grouped[i]
+        row.update(desired=max(shares.target[i], min(shares.keep[i], len(here))), members=len(here),
+                   ready=sum(1 for m in here if m.ready))
+    return rows
 
 
 def decide(spec: PoolSpec, members: Sequence[Member], broken: Mapping[int, str],
@@ -405,132 +585,25 @@ def decide(spec: PoolSpec, members: Sequence[Member], broken: Mapping[int, str],
 
     ``broken``: placements whose provider cannot be used now, with why. ``previous``: the
     placement rows of the last status (the failover clocks)."""
-    decision = Decision()
-    count = len(spec.placements)
-    # A member whose provider cannot be used or listed is not counted ready, whatever its last
-    # status says: nothing vouches for it now (the failover must not wait a sweep for its Proxy).
-    members = [dataclasses.replace(m, ready=False, ready_age=None) if m.placement in broken else m
-               for m in members]
-    weights = [p.weight for p in spec.placements]
-    caps = [p.max for p in spec.placements]
-    desired = split(spec.replicas, weights, caps)
-    decision.desired = desired
-    decision.shortfall = spec.replicas - sum(desired)
-    by_placement: list[list[Member]] = [[] for _ in range(count)]
-    strays: list[Member] = []
-    for member in members:
-        (by_placement[member.placement] if member.placement is not None else strays).append(member)
-
-    rows = []
-    for i, placement in enumerate(spec.placements):
-        before = previous[i] if i < len(previous) else None
-        row = _placement_state(before, placement, broken.get(i), by_placement[i], spec.failover_after_seconds, now)
-        if row["state"] == DEGRADED:
-            decision.degraded[i] = str(row.get("reason") or "degraded")
-            if (before or {}).get("state") != DEGRADED:
-                decision.newly_degraded.append(i)
-        elif row["state"] == HEALTHY and (before or {}).get("state") in (DEGRADED, RECOVERING):
-            decision.recovered.append(i)
-        rows.append(row)
-    # A recovering placement still counts as degraded for the spread: members move back only
-    # after the hysteresis, never on the first good sweep.
-    unhealthy = {i for i, row in enumerate(rows) if row["state"] != HEALTHY}
-
-    ready_total = sum(1 for m in members if m.ready)
-    decision.ready = ready_total
-    decision.members = len(members)
-
-    def active(i: int, retiring: Mapping[str, str]) -> list[Member]:
-        return [m for m in by_placement[i] if not m.quarantined and not m.retiring and m.name not in retiring]
-
-    # Failover: the unhealthy placements' shortfall, on the healthy ones, within maxSurge.
-    degraded = {i for i, row in enumerate(rows) if row["state"] == DEGRADED}
-    shortfall = sum(max(0, desired[i] - sum(1 for m in active(i, {}) if m.ready)) for i in degraded)
-    healthy_weights = [w if i not in unhealthy else 0 for i, w in enumerate(weights)]
-    room_caps = [None if c is None else max(0, c - desired[i]) for i, c in enumerate(caps)]
-    extras = split(min(shortfall, spec.max_surge), healthy_weights, room_caps)
-    target = [desired[i] + extras[i] for i in range(count)]
-    # A recovering placement's share stays held elsewhere until the hysteresis has passed: the
-    # extra members are neither deleted nor re-created on its first good sweeps.
-    held = shortfall + sum(desired[i] for i in unhealthy - degraded)
-    keep = [desired[i] + extra for i, extra in enumerate(split(min(held, spec.max_surge), healthy_weights,
-                                                               room_caps))]
-
-    # Rotation (and a template change): only from a pool at full strength, within the surge left.
-    cap_total = sum(desired) + spec.max_surge
-    # What the surge bounds: members that serve or may serve where placements are healthy. Those
-    # of an unhealthy placement are kept but not counted, or members a rotation had just started
-    # there when its provider died (never ready, never to be) would block the refill for good.
-    counted = [m for m in members if not m.quarantined and (m.placement is None or m.placement not in unhealthy)]
-    need = sum(max(0, target[i] - len(active(i, {}))) for i in range(count) if i not in unhealthy)
-    room = cap_total - len(counted) - need
-    if ready_total >= spec.replicas and not unhealthy:
-        due: list[tuple[float, Member, str]] = []
-        for i in range(count):
-            for member in active(i, {}):
-                if member.outdated:
-                    due.append((-math.inf, member, "template"))
-                elif (spec.max_age_seconds is not None and member.ready and member.ready_age is not None
-                      and member.ready_age >= spec.max_age_seconds * jitter_factor(member.name, spec.jitter)):
-                    due.append((-member.ready_age, member, "rotation"))
-        due.sort(key=lambda item: (item[0], item[1].name))
-        # With surge room, make before break; without (maxSurge 0), maxUnavailable lets one go first.
-        slots = room if room > 0 else min(spec.max_unavailable, ready_total - spec.available_minimum)
-        slots = min(slots, spec.max_surge + spec.max_unavailable - sum(1 for m in members if m.retiring))
-        for _, member, why in due[:max(0, slots)]:
-            decision.retire[member.name] = why
-    retiring = dict(decision.retire)
-
-    # Creates: what each healthy placement lacks, within the pool's total.
-    room = cap_total - len(counted)
-    for i in range(count):
-        if i in unhealthy:
-            continue
-        lacking = max(0, target[i] - len(active(i, retiring)))
-        take = min(lacking, max(0, room))
-        decision.creates.extend([i] * take)
-        room -= take
-
-    # Deletes, never below what must stay ready.
-    floor_ready = max(0, spec.replicas - spec.max_unavailable)
-    ready_left = ready_total
-    for i in range(count):
-        current = active(i, retiring)
-        ready_here = sum(1 for m in current if m.ready)
-        leaving = [m for m in by_placement[i] if m.quarantined or m.retiring or m.name in retiring]
-        for member in sorted(leaving, key=lambda m: (m.ready, m.created, m.name)):
-            after = ready_left - (1 if member.ready else 0)
-            replaced = ready_here >= target[i] or i in unhealthy
-            early = (spec.max_unavailable > 0 and (member.retiring or member.name in retiring)
-                     and after >= spec.available_minimum)
-            if (replaced or early) and after >= floor_ready:
-                decision.deletes.append(member.name)
-                ready_left = after
-        # Scale down (and failback): not-ready members first, then the newest.
-        excess = len(current) - max(target[i], keep[i])
-        if excess > 0 and i not in unhealthy:
-            for member in sorted(current, key=lambda m: (m.ready, -m.created, m.name))[:excess]:
-                after = ready_left - (1 if member.ready else 0)
-                if not member.ready or after >= spec.replicas:
-                    decision.deletes.append(member.name)
-                    ready_left = after
-    for member in sorted(strays, key=lambda m: (m.ready, -m.created, m.name)):
-        after = ready_left - (1 if member.ready else 0)
-        if not member.ready or after >= spec.replicas:
-            decision.deletes.append(member.name)
-            ready_left = after
-
-    for i, row in enumerate(rows):
-        row.update(desired=max(target[i], min(keep[i], len(by_placement[i]))), members=len(by_placement[i]),
-                   ready=sum(1 for m in by_placement[i] if m.ready))
-    decision.placements = rows
-    return decision
+    members = _vouched(members, broken)
+    grouped, strays = _grouped(members, len(spec.placements))
+    rows = _placement_rows(spec, grouped, broken, previous, now)
+    degraded, newly_degraded, recovered = _health_changes(rows, previous)
+    shares = _shares(spec, grouped, rows)
+    room = _surge_room(spec, members, shares)
+    retire = _retire(spec, members, grouped, shares, room)
+    ready = sum(1 for m in members if m.ready)
+    return Decision(creates=_creates(grouped, shares, retire, room),
+                    deletes=_deletes(spec, grouped, strays, shares, retire, ready), retire=retire,
+                    placements=_final_rows(rows, grouped, shares), desired=shares.desired, ready=ready,
+                    members=len(members), degraded=degraded, recovered=recovered, newly_degraded=newly_degraded,
+                    shortfall=spec.replicas - sum(shares.desired))
 
 
 def pool_status(pool: Pool, spec: PoolSpec, decision: Decision, members: Sequence[Member],
                 previous: Mapping[str, Any], now: float) -> dict[str, Any]:
     """The pool's next status; condition transition times move only when a status does."""
-    stamp = utc_stamp(now)
+    stamp = times.stamp(now)
     ready = decision.ready
     available = ready >= spec.available_minimum
     busy = bool(decision.creates or decision.deletes or decision.retire) or any(
@@ -571,37 +644,4 @@ def failed_status(pool: Pool, errors: Sequence[str], members: int, now: float) -
     return {**{k: v for k, v in previous.items() if k in ("replicas", "readyReplicas", "placements", "egressIPs")},
             "phase": "Failed", "replicas": members, "selector": pool.selector,
             "observedGeneration": pool.generation,
-            "conditions": merge_conditions(previous.get("conditions"), conditions, utc_stamp(now), pool.generation)}
-
-
-def merge_conditions(previous: Any, wanted: Mapping[str, tuple[str, str, str]], stamp: str,
-                     generation: int) -> list[dict[str, Any]]:
-    old = {c.get("type"): c for c in previous or [] if isinstance(c, dict)}
-    result = []
-    for kind, (status, reason, message) in wanted.items():
-        before = old.get(kind) or {}
-        transition = before.get("lastTransitionTime") if before.get("status") == status else None
-        result.append(condition(kind, status, reason, message, str(transition or stamp), generation))
-    return result
-
-
-class PoolStore(Protocol):
-    """What a source must offer for pools, beside ``store.ProxyStore`` (both sources implement it)."""
-
-    def list_pools(self) -> list[Pool]:
-        """Every ProxyPool (a deleted one that still has members is presented as deleting)."""
-
-    def create_proxy(self, namespace: str, body: dict[str, Any]) -> None:
-        """Create a member Proxy; raises store.Conflict when one of that name exists."""
-
-    def delete_proxy(self, namespace: str, name: str) -> None:
-        """Delete a member Proxy (through its finalizer); one already gone is success."""
-
-    def replace_pool_status(self, pool: Pool) -> Pool:
-        """Write the pool's status (optimistic: raises Conflict on a stale resourceVersion)."""
-
-    def replace_pool_metadata(self, pool: Pool) -> Pool:
-        """Write the pool's annotations and finalizers (optimistic, as above)."""
-
-    def record_pool_event(self, pool: Pool, event_type: str, reason: str, message: str) -> None:
-        """Emit an Event about the pool (best effort: never raises)."""
+            "conditions": merge_conditions(previous.get("conditions"), conditions, times.stamp(now), pool.generation)}

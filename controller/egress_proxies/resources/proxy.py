@@ -208,21 +208,3 @@ def instance_name(proxy: Proxy, hash_of_spec: str, replacement: int = 0) -> str:
 
 def instance_tags(owner: str, proxy: Proxy, hash_of_spec: str) -> dict[str, str]:
     return {OWNER_TAG: owner, PROXY_TAG: proxy.key, UID_TAG: proxy.uid, SPEC_HASH_TAG: hash_of_spec}
-
-
-# metav1.Condition caps message at 32768 characters; the API server rejects longer ones.
-MAX_CONDITION_MESSAGE = 32768
-
-
-def condition(condition_type: str, status: str, reason: str, message: str, transition: str,
-              generation: int) -> dict[str, Any]:
-    """One condition in metav1.Condition's shape."""
-    if len(message) > MAX_CONDITION_MESSAGE:
-        message = message[: MAX_CONDITION_MESSAGE - 12] + " [truncated]"
-    return {"type": condition_type, "status": status, "reason": reason, "message": message,
-            "lastTransitionTime": transition, "observedGeneration": generation}
-
-
-def ready_condition(status: str, reason: str, message: str, transition: str, generation: int) -> dict[str, Any]:
-    """The Proxy's Ready condition."""
-    return condition("Ready", status, reason, message, transition, generation)

@@ -28,7 +28,7 @@ CRD_PATH = Path(__file__).with_name("crd.yaml")
 POOL_CRD_PATH = Path(__file__).with_name("crd-proxypool.yaml")
 
 # What a value must look like, for each pattern the CRDs use: the regular expression itself is
-# no fix a user can read. tests/controller/test_pool_schema.py checks every pattern has one.
+# no fix a user can read. tests/controller/resources/test_schema.py checks every pattern has one.
 DURATION_PATTERN = r"^([0-9]+(\.[0-9]+)?(h|m|s|ms))+$"
 PATTERN_HINTS = {
     DURATION_PATTERN: 'must be a duration such as "90s", "5m", "6h" or "1h30m" (units h, m, s, ms)',

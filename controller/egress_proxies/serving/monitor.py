@@ -14,51 +14,27 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any
 
 from egress_proxies import metrics
-from egress_proxies.providers.client import Instance
+from egress_proxies.providers.client import Instance, ProbeSettings
 from egress_proxies.resources.proxy import Proxy
 from egress_proxies.serving.probe import ProbeCredentials, ProbeOutcome, Prober, ProbeTarget
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class ProbePlan:
-    """A provider's probe settings (``provider_config_info``'s ``probe``), typed."""
-
-    enabled: bool = False
-    http_url: str = ""
-    expect_status: int = 204
-    connect: str | None = None
-    egress_echo_url: str | None = None
-    timeout_seconds: float = 5.0
-    unhealthy_after_seconds: float = 300.0
-    startup_seconds: float = 900.0
-
-    @classmethod
-    def from_result(cls, data: Mapping[str, Any] | None) -> ProbePlan:
-        if not data or not data.get("enabled"):
-            return cls(enabled=False, unhealthy_after_seconds=float((data or {}).get("unhealthyAfterSeconds") or 300))
-        return cls(enabled=True, http_url=str(data["httpUrl"]), expect_status=int(data.get("expectStatus") or 204),
-                   connect=data.get("connect") or None, egress_echo_url=data.get("egressEchoUrl") or None,
-                   timeout_seconds=float(data.get("timeoutSeconds") or 5),
-                   unhealthy_after_seconds=float(data.get("unhealthyAfterSeconds") or 300),
-                   startup_seconds=float(data.get("startupSeconds") or 900))
-
-    def target(self, proxy: Proxy, instance: Instance, credentials: ProbeCredentials | None = None) -> ProbeTarget:
-        """What to check for this instance: the provider's checks, overridden by ``spec.probe``;
-        with credentials, also that a request without them is refused (the proxy is private)."""
-        override = proxy.spec.get("probe") or {}
-        return ProbeTarget(
-            credentials=credentials, expect_private=credentials is not None,
-            key=target_key(instance, proxy.port), host=str(instance.ip), port=proxy.port,
-            http_url=str(override.get("httpUrl") or self.http_url),
-            expected_status=int(override.get("expectStatus") or self.expect_status),
-            connect_target=override.get("connect", self.connect) or None,
-            egress_echo_url=override.get("egressEchoUrl") or self.egress_echo_url)
+def probe_target(settings: ProbeSettings, proxy: Proxy, instance: Instance,
+                 credentials: ProbeCredentials | None = None) -> ProbeTarget:
+    """What to check for this instance: the provider's checks, overridden by ``spec.probe``; with
+    credentials, also that a request without them is refused (the proxy is private)."""
+    override = proxy.spec.get("probe") or {}
+    return ProbeTarget(
+        credentials=credentials, expect_private=credentials is not None,
+        key=target_key(instance, proxy.port), host=str(instance.ip), port=proxy.port,
+        http_url=str(override.get("httpUrl") or settings.http_url),
+        expected_status=int(override.get("expectStatus") or settings.expect_status),
+        connect_target=override.get("connect", settings.connect) or None,
+        egress_echo_url=override.get("egressEchoUrl") or settings.egress_echo_url)
 
 
 def target_key(instance: Instance, port: int) -> str:

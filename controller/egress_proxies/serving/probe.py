@@ -61,8 +61,10 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from urllib.parse import urlsplit
+
+from egress_proxies.resources import times
 
 log = logging.getLogger(__name__)
 
@@ -220,7 +222,7 @@ class Prober:
         deadline: float = 30.0,
         allowed_networks: Sequence[str | Network] | None = None,
         clock: Callable[[], float] = time.monotonic,
-        now: Callable[[], datetime] = lambda: datetime.now(UTC),
+        now: Callable[[], datetime] = times.now,
     ) -> None:
         if concurrency < 1:
             raise ProbeConfigError(f"probe concurrency must be at least 1, got {concurrency}")

@@ -43,19 +43,8 @@ Safe to operate:
   the Proxy file (group and others get read access only where the Proxy file grants it) and
   never writable by anyone but their owner. Older status files are rewritten on first sight.
 
-The operator's way out, per fault (each defect message says it too):
-
-- *A Proxy file that cannot be read or parsed*: fix the file. Until then the Proxy keeps its
-  uid, finalizer, instance and last good spec, and nothing is done for it.
-- *A corrupt status file*: the controller leaves it exactly as it is (it is the only record of
-  the Proxy's uid and finalizer) and writes nothing for that Proxy. Repair it: the Proxy's uid
-  is the ``crawl.example.com/uid`` tag on its instance (the log names the providerID). Or
-  delete it to start the Proxy over: a new uid and a new instance; the old instance, no longer
-  owned by any Proxy, is garbage-collected after ``--gc-grace``.
-- *Two files defining one Proxy*: delete one, or give it another ``metadata.name``. A file
-  that had no status file of its own gets none while the conflict lasts.
-- *"another controller holds the directory"*: stop the other controller (the message names
-  its pid), or give this one its own ``--proxy-dir``.
+What an operator does about each of these faults is in docs/operations.md ("What happens when
+..."); each defect message says it too.
 """
 
 from __future__ import annotations
@@ -80,7 +69,7 @@ from typing import Any
 
 import yaml
 
-from egress_proxies.resources.pool import POOL_KIND, POOL_LABEL, Pool
+from egress_proxies.resources import times
 from egress_proxies.resources.proxy import API_VERSION, KIND, Proxy
 from egress_proxies.sources.store import Conflict, Gone, StoreError, WatchEvent
 
@@ -102,11 +91,11 @@ _LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _DUMPER: Any = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
 
-def _load_yaml(text: str) -> Any:
+def load_yaml(text: str) -> Any:
     return yaml.load(text, Loader=_LOADER)  # a safe loader (C or Python): never arbitrary objects
 
 
-def _dump_yaml(data: Any) -> str:
+def dump_yaml(data: Any) -> str:
     return yaml.dump(data, Dumper=_DUMPER, sort_keys=False, allow_unicode=True)
 
 
@@ -126,7 +115,7 @@ class _Vanished(Exception):
 
 
 @dataclass
-class _Spec:
+class _ProxyFile:
     """A Proxy file as read: the document, or why there is none."""
 
     path: Path
@@ -136,7 +125,7 @@ class _Spec:
 
 
 @dataclass
-class _State:
+class _StatusFile:
     """A status file as read. ``data`` is set only when it is sound; ``stored`` is a best-effort
     reading either way (its uid and name still protect and name a defective Proxy)."""
 
@@ -154,20 +143,20 @@ class _State:
 
 
 @dataclass
-class _Entry:
+class _FoundProxy:
     stem: str
     proxy: Proxy
     writable: bool
     key_known: bool
     files: list[str]
-    state: _State | None
+    state: _StatusFile | None
 
 
-def _one_line(error: BaseException) -> str:
+def one_line(error: BaseException) -> str:
     return " ".join(str(error).split())
 
 
-def _digest(spec: Any) -> str:
+def spec_digest(spec: Any) -> str:
     try:
         text = json.dumps(spec, sort_keys=True)
     except (TypeError, ValueError):
@@ -181,7 +170,16 @@ def _allowed_mode(source_mode: int) -> int:
     return 0o600 | (source_mode & 0o044)
 
 
-def _write_file(path: Path, text: str, mode: int) -> None:
+def _orphaned_records(specs: dict[str, _ProxyFile], states: dict[str, _StatusFile]) -> dict[tuple[str, str], list[str]]:
+    """Sound records whose Proxy file is gone, by the Proxy they hold: a renamed file's record."""
+    orphans: dict[tuple[str, str], list[str]] = {}
+    for stem, state in states.items():
+        if stem not in specs and state.data is not None and state.key is not None:
+            orphans.setdefault(state.key, []).append(stem)
+    return orphans
+
+
+def write_file(path: Path, text: str, mode: int) -> None:
     """Replace ``path`` atomically. mkstemp creates the temporary file 0600 (whatever the
     umask), so its content is never readable by anyone else, not even for a moment; fsync
     before the rename, so a power cut leaves the old file or the new one, never an empty one."""
@@ -202,7 +200,7 @@ class DirectoryStore:
     def __init__(self, directory: Path, namespace: str = "default") -> None:
         self.directory = directory
         self.namespace = namespace
-        self._lock = threading.RLock()
+        self.lock = threading.RLock()
         self._lock_fd: int | None = None
         # Where each Proxy's record lives, by uid (two files may name one Proxy, so not by key).
         self._stems: dict[str, str] = {}
@@ -273,7 +271,7 @@ class DirectoryStore:
 
     # -- reading files -------------------------------------------------------------------------
 
-    def _spec_files(self) -> dict[str, Path]:
+    def spec_files(self) -> dict[str, Path]:
         files = {}
         for path in sorted(self.directory.glob("*.yaml")):
             if path.name.endswith(STATUS_SUFFIX) or path.name.startswith("."):
@@ -281,43 +279,43 @@ class DirectoryStore:
             files[path.name[: -len(".yaml")]] = path
         return files
 
-    def _status_path(self, stem: str) -> Path:
+    def status_path(self, stem: str) -> Path:
         return self.directory / f"{stem}{STATUS_SUFFIX}"
 
     @staticmethod
-    def _read_spec(path: Path) -> _Spec:
+    def _read_spec(path: Path) -> _ProxyFile:
         try:
             text = path.read_text()
         except FileNotFoundError as error:
             raise _Vanished(str(path)) from error
         except (OSError, UnicodeDecodeError) as error:
-            return _Spec(path, None, f"cannot be read ({getattr(error, 'strerror', None) or _one_line(error)})")
+            return _ProxyFile(path, None, f"cannot be read ({getattr(error, 'strerror', None) or one_line(error)})")
         try:
-            document = _load_yaml(text)
+            document = load_yaml(text)
         except yaml.YAMLError as error:
-            return _Spec(path, None, f"is not valid YAML ({_one_line(error)})")
+            return _ProxyFile(path, None, f"is not valid YAML ({one_line(error)})")
         if not isinstance(document, dict):
-            return _Spec(path, None, not_a_proxy=f"holds a {type(document).__name__}, not a {KIND}")
+            return _ProxyFile(path, None, not_a_proxy=f"holds a {type(document).__name__}, not a {KIND}")
         if document.get("kind") != KIND:
-            return _Spec(path, None, not_a_proxy=f"has kind {document.get('kind')!r}, not {KIND}")
-        return _Spec(path, document)
+            return _ProxyFile(path, None, not_a_proxy=f"has kind {document.get('kind')!r}, not {KIND}")
+        return _ProxyFile(path, document)
 
-    def _read_state(self, stem: str) -> _State | None:
-        path = self._status_path(stem)
+    def _read_state(self, stem: str) -> _StatusFile | None:
+        path = self.status_path(stem)
         try:
             text = path.read_text()
         except FileNotFoundError:
             return None
         except (OSError, UnicodeDecodeError) as error:
-            problem = getattr(error, "strerror", None) or _one_line(error)
-            return _State(path, None, None, f"cannot be read ({problem})", None)
+            problem = getattr(error, "strerror", None) or one_line(error)
+            return _StatusFile(path, None, None, f"cannot be read ({problem})", None)
         salvaged = match.group(1) if (match := _UID_LINE.search(text)) else None
         try:
-            data = _load_yaml(text)
+            data = load_yaml(text)
         except yaml.YAMLError as error:
-            return _State(path, None, None, f"is not valid YAML ({_one_line(error)})", salvaged)
+            return _StatusFile(path, None, None, f"is not valid YAML ({one_line(error)})", salvaged)
         if not isinstance(data, dict):
-            return _State(path, None, None, f"is not a mapping (it holds {type(data).__name__})", salvaged)
+            return _StatusFile(path, None, None, f"is not a mapping (it holds {type(data).__name__})", salvaged)
         stored = Proxy.from_object(data)
         problems = [stored.defect] if stored.defect else []
         found = data.get("metadata")
@@ -332,12 +330,12 @@ class DirectoryStore:
             problems.append("metadata.specDigest: must be a string")
         uid = stored.uid if isinstance(metadata.get("uid"), str) and metadata.get("uid") else salvaged
         if problems:
-            return _State(path, None, stored, "; ".join(problems), uid)
-        return _State(path, data, stored, None, uid)
+            return _StatusFile(path, None, stored, "; ".join(problems), uid)
+        return _StatusFile(path, data, stored, None, uid)
 
     # -- building Proxies ----------------------------------------------------------------------
 
-    def _key_of(self, stem: str, document: dict[str, Any] | None, state: _State | None) -> tuple[str, str]:
+    def _key_of(self, stem: str, document: dict[str, Any] | None, state: _StatusFile | None) -> tuple[str, str]:
         metadata = document.get("metadata") if document is not None else None
         metadata = metadata if isinstance(metadata, dict) else {}
         stored = state.stored if state is not None else None
@@ -352,7 +350,7 @@ class DirectoryStore:
 
         return pick("namespace", self.namespace), pick("name", stem)
 
-    def _entry(self, stem: str, spec: _Spec | None, state: _State | None) -> _Entry | None:
+    def _entry(self, stem: str, spec: _ProxyFile | None, state: _StatusFile | None) -> _FoundProxy | None:
         """One Proxy from its file (``spec``, None when the file is gone) and its status file."""
         defects: list[str] = []
         sound = state is not None and state.data is not None
@@ -389,11 +387,10 @@ class DirectoryStore:
             spec_dict = dict(stored.spec) if stored is not None else {}
             deletion = None
             if spec is None:  # the Proxy's file is gone: it is being deleted
-                deletion = (stored.deletion_timestamp if stored is not None else None) or time.strftime(
-                    "%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+                deletion = (stored.deletion_timestamp if stored is not None else None) or times.stamp()
         generation = stored.generation if stored is not None else 1
         stored_digest = (state.data or {}).get("metadata", {}).get("specDigest") if sound and state else None
-        if document is not None and stored_digest and stored_digest != _digest(document.get("spec") or {}):
+        if document is not None and stored_digest and stored_digest != spec_digest(document.get("spec") or {}):
             generation += 1
         uid = (state.uid if state is not None else None) or (
             str(uuid.uuid4()) if writable else str(uuid.uuid5(uuid.NAMESPACE_URL, f"file://{self.directory}/{stem}")))
@@ -409,9 +406,9 @@ class DirectoryStore:
         )
         files = [spec.path.name] if spec is not None else [f"{state.path.name} (its Proxy file is gone)"
                                                           if state is not None else stem]
-        return _Entry(stem, proxy, writable, key_known, files, state)
+        return _FoundProxy(stem, proxy, writable, key_known, files, state)
 
-    def _scan(self) -> list[_Entry]:
+    def _scan(self) -> list[_FoundProxy]:
         for _ in range(_SCAN_ATTEMPTS):
             try:
                 return self._scan_once()
@@ -419,19 +416,35 @@ class DirectoryStore:
                 continue  # a file was renamed under us: look again rather than see it deleted
         raise StoreError(f"{self.directory}: Proxy files kept disappearing while being read; trying again next sweep")
 
-    def _scan_once(self) -> list[_Entry]:
+    def _scan_once(self) -> list[_FoundProxy]:
         if not self.directory.is_dir():
             raise StoreError(f"Proxy directory {self.directory} does not exist")
         self._acquire()
         self._noted = set()
-        spec_paths = self._spec_files()
-        specs = {stem: self._read_spec(path) for stem, path in spec_paths.items()}
+        specs, states = self._read_files()
+        self._set_aside_records(specs, states)
+        entries, adopted = self._entries_with_file(specs, states, _orphaned_records(specs, states))
+        entries += self._entries_without_file(specs, states, adopted)
+        self._mark_duplicates(entries)
+        for entry in entries:
+            if entry.writable and entry.state is not None and entry.state.data is not None:
+                self._scrub(entry.stem, entry.state)
+        self._remember(entries)
+        return entries
+
+    def _read_files(self) -> tuple[dict[str, _ProxyFile], dict[str, _StatusFile]]:
+        """Every Proxy file and every status file, by stem."""
+        specs = {stem: self._read_spec(path) for stem, path in self.spec_files().items()}
         status_stems = sorted(p.name[: -len(STATUS_SUFFIX)] for p in self.directory.glob(f"*{STATUS_SUFFIX}")
                               if not p.name.startswith("."))
         states = {stem: state for stem in status_stems if (state := self._read_state(stem)) is not None}
-        # A record belongs to the Proxy it names. When its file now defines another one (its
-        # metadata.name was changed), the Proxy it names no longer has a file: move the record
-        # aside, under a stem no file has, so that Proxy is deleted (or found again, below).
+        return specs, states
+
+    def _set_aside_records(self, specs: dict[str, _ProxyFile], states: dict[str, _StatusFile]) -> None:
+        """A record belongs to the Proxy it names. When its file now defines another one (its
+        metadata.name was changed), the Proxy it names no longer has a file: move the record
+        aside, under a stem no file has, so that Proxy is deleted (or found again, by a renamed
+        file adopting it)."""
         for stem, spec in specs.items():
             state = states.get(stem)
             if (state is not None and state.data is not None and state.key is not None
@@ -442,13 +455,11 @@ class DirectoryStore:
                 log.info("%s now defines %s/%s, no longer %s/%s: that Proxy's record moves to %s",
                          spec.path.name, *self._key_of(stem, spec.document, None), *state.key,
                          states[aside].path.name)
-        # Sound records whose Proxy file is gone, by the Proxy they hold: a renamed file's record.
-        orphans: dict[tuple[str, str], list[str]] = {}
-        for stem, state in states.items():
-            if stem not in specs and state.data is not None and state.key is not None:
-                orphans.setdefault(state.key, []).append(stem)
 
-        entries: list[_Entry] = []
+    def _entries_with_file(self, specs: dict[str, _ProxyFile], states: dict[str, _StatusFile],
+                           orphans: dict[tuple[str, str], list[str]]) -> tuple[list[_FoundProxy], set[str]]:
+        """The Proxies that have a file, and the stems of the records renamed files adopted."""
+        entries: list[_FoundProxy] = []
         adopted: set[str] = set()
         for stem, spec in specs.items():
             state = states.get(stem)
@@ -457,18 +468,34 @@ class DirectoryStore:
                     self._note(f"{spec.path}: {spec.not_a_proxy}; ignored", logging.INFO)
                     continue
                 # It was a Proxy (it has a record): keep it, as for any unreadable file.
-                spec = _Spec(spec.path, None, f"is no longer a Proxy: it {spec.not_a_proxy}")
+                spec = _ProxyFile(spec.path, None, f"is no longer a Proxy: it {spec.not_a_proxy}")
             if state is None and spec.document is not None:
-                candidates = orphans.get(self._key_of(stem, spec.document, None), [])
-                if len(candidates) == 1 and candidates[0] not in adopted:
-                    old = candidates[0]
-                    state = self._move(states[old], stem)
-                    adopted.add(old)
-                    log.info("%s now defines Proxy %s/%s, whose file was %s.yaml: a rename; it keeps uid %s",
-                             spec.path.name, *(state.key or ("?", "?")), old, state.uid)
+                state = self._adopt(stem, spec, states, orphans.get(self._key_of(stem, spec.document, None), []),
+                                    adopted)
             entry = self._entry(stem, spec, state)
             if entry is not None:
                 entries.append(entry)
+        return entries, adopted
+
+    def _adopt(self, stem: str, spec: _ProxyFile, states: dict[str, _StatusFile], candidates: list[str],
+               adopted: set[str]) -> _StatusFile | None:
+        """A file with no record of its own takes over the record of the Proxy it defines, when
+        exactly one record whose file is gone holds it and no other file took it (a rename):
+        the record is moved beside it and its stem added to ``adopted``."""
+        if len(candidates) != 1 or candidates[0] in adopted:
+            return None
+        old = candidates[0]
+        state = self._move(states[old], stem)
+        adopted.add(old)
+        log.info("%s now defines Proxy %s/%s, whose file was %s.yaml: a rename; it keeps uid %s",
+                 spec.path.name, *(state.key or ("?", "?")), old, state.uid)
+        return state
+
+    def _entries_without_file(self, specs: dict[str, _ProxyFile], states: dict[str, _StatusFile],
+                              adopted: set[str]) -> list[_FoundProxy]:
+        """The Proxies whose file is gone that a finalizer still holds; the records of the others
+        are removed."""
+        entries: list[_FoundProxy] = []
         for stem, state in states.items():
             if stem in specs or stem in adopted:
                 continue
@@ -479,11 +506,11 @@ class DirectoryStore:
                 # server deletes an object once its last finalizer is released.
                 state.path.unlink(missing_ok=True)
                 log.info("%s: removed; its Proxy file is gone and no finalizer holds it", state.path.name)
+        return entries
 
-        self._mark_duplicates(entries)
-        for entry in entries:
-            if entry.writable and entry.state is not None and entry.state.data is not None:
-                self._scrub(entry.stem, entry.state)
+    def _remember(self, entries: list[_FoundProxy]) -> None:
+        """Where each Proxy's record lives and which may be written, for the writes until the next
+        scan; and each defect logged once while it lasts."""
         self._stems = {e.proxy.uid: e.stem for e in entries}
         self._by_key = {e.proxy.key: e.stem for e in reversed(entries)}
         self._readonly = {e.proxy.uid for e in entries if not e.writable}
@@ -491,7 +518,6 @@ class DirectoryStore:
             if entry.proxy.defect:
                 self._note(entry.proxy.defect, logging.WARNING)
         self._reported = self._noted
-        return entries
 
     def _note(self, message: str, level: int) -> None:
         """Log a problem once while it lasts, not once per sweep."""
@@ -499,27 +525,27 @@ class DirectoryStore:
             log.log(level, "%s", message)
         self._noted.add(message)
 
-    def _move(self, state: _State, stem: str) -> _State:
-        target = self._status_path(stem)
+    def _move(self, state: _StatusFile, stem: str) -> _StatusFile:
+        target = self.status_path(stem)
         try:
             os.replace(state.path, target)
         except OSError as error:
             raise StoreError(f"{state.path}: cannot move it to {target.name} ({error.strerror})") from error
-        return _State(target, state.data, state.stored, state.problem, state.uid)
+        return _StatusFile(target, state.data, state.stored, state.problem, state.uid)
 
     def _free_stem(self, stem: str, uid: str | None, taken: set[str]) -> str:
         """A stem no Proxy file has, for a record whose Proxy no longer has a file."""
         base = f"{stem}~{(uid or 'record')[:8]}"
         candidate, number = base, 1
-        while candidate in taken or self._status_path(candidate).exists() or (
+        while candidate in taken or self.status_path(candidate).exists() or (
                 self.directory / f"{candidate}.yaml").exists():
             number += 1
             candidate = f"{base}-{number}"
         return candidate
 
     @staticmethod
-    def _mark_duplicates(entries: list[_Entry]) -> None:
-        by_key: dict[tuple[str, str], list[_Entry]] = {}
+    def _mark_duplicates(entries: list[_FoundProxy]) -> None:
+        by_key: dict[tuple[str, str], list[_FoundProxy]] = {}
         for entry in entries:
             if entry.key_known:
                 by_key.setdefault((entry.proxy.namespace, entry.proxy.name), []).append(entry)
@@ -537,14 +563,14 @@ class DirectoryStore:
                     entry.writable = False
 
     def _mode_for(self, stem: str) -> int:
-        for source in (self.directory / f"{stem}.yaml", self._status_path(stem)):
+        for source in (self.directory / f"{stem}.yaml", self.status_path(stem)):
             try:
                 return _allowed_mode(source.stat().st_mode)
             except FileNotFoundError:
                 continue
         return 0o600
 
-    def _scrub(self, stem: str, state: _State) -> None:
+    def _scrub(self, stem: str, state: _StatusFile) -> None:
         """Bring a record written by an older controller to today's rules: no cloudInit in it,
         no wider access than its Proxy file."""
         mode = self._mode_for(stem)
@@ -553,7 +579,7 @@ class DirectoryStore:
         try:
             if isinstance(spec, dict) and NOT_STORED & spec.keys():
                 scrubbed = {**data, "spec": {k: v for k, v in spec.items() if k not in NOT_STORED}}
-                _write_file(state.path, _dump_yaml(scrubbed), mode)
+                write_file(state.path, dump_yaml(scrubbed), mode)
                 log.info("%s: removed the user-data an older controller stored there", state.path)
             elif stat.S_IMODE(state.path.stat().st_mode) & ~mode:
                 os.chmod(state.path, mode)
@@ -565,7 +591,7 @@ class DirectoryStore:
 
     def _save(self, proxy: Proxy, expected_version: str) -> Proxy:
         """Write everything the API server would keep; optimistic on resourceVersion."""
-        with self._lock:
+        with self.lock:
             if proxy.uid in self._readonly:
                 # Its record is corrupt (evidence to keep) or it has none it may create: the
                 # defect is logged and reported by the reconciler; the files stay as they are.
@@ -578,23 +604,23 @@ class DirectoryStore:
             data = current.data if current is not None and current.data is not None else {}
             metadata = data.get("metadata") or {}
             if metadata and metadata.get("uid") != proxy.uid:
-                raise Conflict(f"{proxy.key}: {self._status_path(stem)} now holds another Proxy")
+                raise Conflict(f"{proxy.key}: {self.status_path(stem)} now holds another Proxy")
             current_version = str(metadata.get("resourceVersion") or "0")
             if data and current_version != expected_version:
                 raise Conflict(f"{proxy.key}: resourceVersion {expected_version} is stale ({current_version})")
             if proxy.deleting and not proxy.finalizers:
-                self._status_path(stem).unlink(missing_ok=True)
+                self.status_path(stem).unlink(missing_ok=True)
                 return proxy
             version = str(int(current_version) + 1)
             # A defective Proxy's spec is not a spec to delete an instance with: keep the last good one.
             previous = data.get("spec")
             spec = previous if proxy.defect and isinstance(previous, dict) else proxy.spec
             if isinstance(proxy.raw, dict):
-                digest = _digest(proxy.raw.get("spec") or {})
+                digest = spec_digest(proxy.raw.get("spec") or {})
                 from_file = proxy.raw.get("metadata")
                 file_annotations = from_file.get("annotations") if isinstance(from_file, dict) else None
             else:  # no readable file: what was last read from it still stands
-                digest = metadata.get("specDigest") or _digest(proxy.spec)
+                digest = metadata.get("specDigest") or spec_digest(proxy.spec)
                 file_annotations = None
             file_annotations = file_annotations if isinstance(file_annotations, dict) else {}
             state = {
@@ -605,16 +631,16 @@ class DirectoryStore:
                     # Only what the Proxy file does not say: the file's own stay the file's to change.
                     "annotations": {k: v for k, v in proxy.annotations.items() if file_annotations.get(k) != v},
                     "creationTimestamp": proxy.creation_timestamp
-                    or time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                    or times.stamp(),
                     "deletionTimestamp": proxy.deletion_timestamp,
                 },
                 # Kept so a Proxy whose file is gone can still be deleted from its instance.
                 "spec": {k: v for k, v in spec.items() if k not in NOT_STORED},
                 "status": proxy.status,
             }
-            path = self._status_path(stem)
+            path = self.status_path(stem)
             try:
-                _write_file(path, _dump_yaml(state), self._mode_for(stem))
+                write_file(path, dump_yaml(state), self._mode_for(stem))
             except OSError as error:
                 raise StoreError(f"{proxy.key}: cannot write {path} ({error.strerror})") from error
             proxy.resource_version = version
@@ -623,7 +649,7 @@ class DirectoryStore:
     # -- ProxyStore ----------------------------------------------------------------------------
 
     def list_proxies(self) -> tuple[list[Proxy], str]:
-        with self._lock:
+        with self.lock:
             entries = self._scan()
             for entry in entries:
                 if entry.writable and entry.proxy.resource_version == "0":  # first sight: its identity, now
@@ -631,7 +657,7 @@ class DirectoryStore:
         return [entry.proxy for entry in entries], ""
 
     def get_proxy(self, namespace: str, name: str) -> Proxy:
-        with self._lock:
+        with self.lock:
             for entry in self._scan():
                 if entry.proxy.namespace == namespace and entry.proxy.name == name:
                     return entry.proxy
@@ -650,172 +676,4 @@ class DirectoryStore:
 
     def record_event(self, proxy: Proxy, event_type: str, reason: str, message: str) -> None:
         log.log(logging.WARNING if event_type == "Warning" else logging.INFO, "event %s %s: %s: %s", proxy.key,
-                event_type, reason, message)
-
-
-
-POOL_STATE_PREFIX = "."
-POOL_STATE_SUFFIX = ".pool.yaml"
-MEMBER_HEADER = ("# Managed by the egress-proxies controller as a member of ProxyPool {namespace}/{pool} ({file}).\n"
-                 "# Do not edit: change the pool instead. Deleting this file deletes the member (the pool makes\n"
-                 "# a new one if it still needs it).\n")
-
-
-class DirectoryPools:
-    """``pools.PoolStore`` for the directory source.
-
-    A pool is a ``kind: ProxyPool`` file beside the Proxy files (the Proxy store ignores it). Its
-    record (uid, resourceVersion, generation, annotations, finalizers, status) is the hidden file
-    ``.<file>.pool.yaml``, which no Proxy scan reads. Its members are ordinary Proxy files the
-    controller writes, ``<member>.yaml`` with a header saying the pool manages them, so they are
-    reconciled (and deleted, by removing the file) exactly like hand-written ones. Removing the
-    pool file deletes the pool: while its record holds the finalizer it is presented as
-    deleting, its member files are removed, and the record goes once none is left.
-    """
-
-    def __init__(self, store: DirectoryStore) -> None:
-        self.store = store
-        self.directory = store.directory
-        self._stems: dict[str, str] = {}  # pool uid -> file stem
-
-    def _state_path(self, stem: str) -> Path:
-        return self.directory / f"{POOL_STATE_PREFIX}{stem}{POOL_STATE_SUFFIX}"
-
-    def list_pools(self) -> list[Pool]:
-        with self.store._lock:
-            if not self.directory.is_dir():
-                raise StoreError(f"Proxy directory {self.directory} does not exist")
-            pools: list[Pool] = []
-            stems: set[str] = set()
-            for stem, path in self.store._spec_files().items():
-                try:
-                    document = _load_yaml(path.read_text())
-                except (OSError, UnicodeDecodeError, yaml.YAMLError) as error:
-                    document, problem = None, f"{path} cannot be read or parsed ({_one_line(error)})"
-                else:
-                    problem = f"{path} no longer holds a {POOL_KIND}"
-                if not isinstance(document, dict) or document.get("kind") != POOL_KIND:
-                    state = self._read_state(stem) if self._state_path(stem).exists() else None
-                    if state is not None:
-                        # A pool whose file cannot be read now is not a deleted pool: it stays,
-                        # Failed with the reason, and its members are neither touched nor orphaned.
-                        stems.add(stem)
-                        pool = self._pool(stem, None, state)
-                        pool.deletion_timestamp = None
-                        pool.defect = f"{problem}; fix the file (or delete it to delete the pool)"
-                        pools.append(pool)
-                    continue  # not a pool (the Proxy scan reports files it cannot read)
-                stems.add(stem)
-                pools.append(self._pool(stem, document, self._read_state(stem)))
-            for state_path in self.directory.glob(f"{POOL_STATE_PREFIX}*{POOL_STATE_SUFFIX}"):
-                stem = state_path.name[len(POOL_STATE_PREFIX):-len(POOL_STATE_SUFFIX)]
-                if stem in stems:
-                    continue
-                state = self._read_state(stem)
-                if state is None or not state.get("metadata", {}).get("finalizers"):
-                    state_path.unlink(missing_ok=True)  # file gone, nothing holds it: deleted
-                    continue
-                pool = self._pool(stem, None, state)
-                pools.append(pool)
-            return pools
-
-    def _read_state(self, stem: str) -> dict[str, Any] | None:
-        try:
-            data = _load_yaml(self._state_path(stem).read_text())
-        except FileNotFoundError:
-            return None
-        except (OSError, UnicodeDecodeError, yaml.YAMLError) as error:
-            raise StoreError(f"{self._state_path(stem)}: unreadable ({_one_line(error)}); fix or delete it "
-                             "(deleting it gives the pool a new identity: its members are then strays)") from error
-        return data if isinstance(data, dict) else None
-
-    def _pool(self, stem: str, document: dict[str, Any] | None, state: dict[str, Any] | None) -> Pool:
-        stored = Pool.from_object(state) if state is not None else None
-        metadata = (document or {}).get("metadata")
-        metadata = metadata if isinstance(metadata, dict) else {}
-        name = str(metadata.get("name") or (stored.name if stored else "") or stem)
-        namespace = str(metadata.get("namespace") or (stored.namespace if stored else "") or self.store.namespace)
-        spec = document.get("spec") if document is not None else (stored.spec if stored else None)
-        generation = stored.generation if stored is not None else 1
-        digest = _digest(spec) if document is not None else None
-        if stored is not None and digest and (state or {}).get("metadata", {}).get("specDigest") not in (None, digest):
-            generation += 1
-        found = metadata.get("annotations")
-        file_annotations: dict[str, Any] = found if isinstance(found, dict) else {}
-        pool = Pool(namespace=namespace, name=name, uid=stored.uid if stored and stored.uid else str(uuid.uuid4()),
-                    spec=spec, status=dict(stored.status) if stored else {}, generation=generation,
-                    resource_version=stored.resource_version if stored else "0",
-                    annotations={**(stored.annotations if stored else {}),
-                                 **{str(k): str(v) for k, v in file_annotations.items()}},
-                    finalizers=list(stored.finalizers) if stored else [],
-                    deletion_timestamp=None if document is not None else time.strftime("%Y-%m-%dT%H:%M:%SZ",
-                                                                                       time.gmtime()),
-                    raw={"metadata": {"name": name, "namespace": namespace, "specDigest": digest}})
-        self._stems[pool.uid] = stem
-        if stored is None:
-            self._save(pool, "0")  # first sight: its identity, now
-        return pool
-
-    def _save(self, pool: Pool, expected: str) -> Pool:
-        with self.store._lock:
-            stem = self._stems.get(pool.uid, pool.name)
-            path = self._state_path(stem)
-            current = self._read_state(stem) if path.exists() else None
-            metadata = (current or {}).get("metadata") or {}
-            version = str(metadata.get("resourceVersion") or "0")
-            if current is not None and (metadata.get("uid") != pool.uid or version != expected):
-                raise Conflict(f"pool {pool.key}: {path.name} changed since it was read")
-            if pool.deleting and not pool.finalizers:
-                path.unlink(missing_ok=True)
-                return pool
-            raw_metadata = (pool.raw or {}).get("metadata") or {}
-            data = {"apiVersion": API_VERSION, "kind": f"{POOL_KIND}State",
-                    "metadata": {"name": pool.name, "namespace": pool.namespace, "uid": pool.uid,
-                                 "resourceVersion": str(int(version) + 1), "generation": pool.generation,
-                                 "specDigest": raw_metadata.get("specDigest") or metadata.get("specDigest"),
-                                 "annotations": pool.annotations, "finalizers": pool.finalizers},
-                    "spec": pool.spec, "status": pool.status}
-            try:
-                _write_file(path, _dump_yaml(data), 0o600)
-            except OSError as error:
-                raise StoreError(f"pool {pool.key}: cannot write {path} ({error.strerror})") from error
-            pool.resource_version = str(int(version) + 1)
-            return pool
-
-    def replace_pool_status(self, pool: Pool) -> Pool:
-        return self._save(pool, pool.resource_version)
-
-    def replace_pool_metadata(self, pool: Pool) -> Pool:
-        return self._save(pool, pool.resource_version)
-
-    def create_proxy(self, namespace: str, body: dict[str, Any]) -> None:
-        name = str(body["metadata"]["name"])
-        path = self.directory / f"{name}.yaml"
-        pool = (body["metadata"].get("labels") or {}).get(POOL_LABEL, "?")
-        with self.store._lock:
-            if path.exists() or self.store._status_path(name).exists():
-                raise Conflict(f"{path.name} exists already")
-            header = MEMBER_HEADER.format(namespace=namespace, pool=pool, file=path.name)
-            try:
-                _write_file(path, header + _dump_yaml(body), 0o600)
-            except OSError as error:
-                raise StoreError(f"cannot write {path} ({error.strerror})") from error
-
-    def delete_proxy(self, namespace: str, name: str) -> None:
-        # Only a file the controller wrote for a pool: a hand-written Proxy is never removed here.
-        path = self.directory / f"{name}.yaml"
-        with self.store._lock:
-            try:
-                text = path.read_text()
-            except FileNotFoundError:
-                return
-            except OSError as error:
-                raise StoreError(f"cannot read {path} ({error.strerror})") from error
-            if not text.startswith("# Managed by the egress-proxies controller as a member of ProxyPool "
-                                   f"{namespace}/"):
-                raise StoreError(f"{path} is not a pool member file the controller wrote; not deleting it")
-            path.unlink(missing_ok=True)
-
-    def record_pool_event(self, pool: Pool, event_type: str, reason: str, message: str) -> None:
-        log.log(logging.WARNING if event_type == "Warning" else logging.INFO, "event pool %s %s: %s: %s", pool.key,
                 event_type, reason, message)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import copy
-import datetime
 import json
 import logging
 import os
@@ -25,6 +24,7 @@ from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 
+from egress_proxies.resources import times
 from egress_proxies.resources.pool import POOL_KIND, POOL_PLURAL, Pool
 from egress_proxies.resources.proxy import API_VERSION, GROUP, KIND, PLURAL, VERSION, Proxy
 from egress_proxies.sources.store import Conflict, Gone, StoreError, WatchEvent, WatchExpired
@@ -162,12 +162,20 @@ def watch_objects(plural: str, call: Callable[..., object], args: tuple[str, ...
             cast(Any, events).close()
 
 
+def _list_call(objects: client.CustomObjectsApi, namespace: str | None,
+               plural: str) -> tuple[Callable[..., object], tuple[str, ...]]:
+    """The list call (and its arguments) for one kind of ours: cluster-wide, or in ``namespace``."""
+    if namespace is None:
+        return objects.list_cluster_custom_object, (GROUP, VERSION, plural)
+    return objects.list_namespaced_custom_object, (GROUP, VERSION, namespace, plural)
+
+
 def _proxy(obj: Obj) -> Proxy:
     # The Proxy gets its own spec and status: a caller changing them in place (nested values
     # included) must not change the object a later PUT sends back. ``from_object`` copies their
     # top level only, and makes the metadata it keeps into new strings, lists and dicts, so only
-    # these two are copied deeply, not the whole object (managedFields is most of a real one;
-    # the whole copy was a fifth of a 10,000-Proxy sweep, docs/performance.md).
+    # these two are copied deeply, not the whole object (managedFields is most of a real one,
+    # and a sweep reads every Proxy: docs/performance.md).
     own = {**obj, "spec": copy.deepcopy(obj.get("spec")), "status": copy.deepcopy(obj.get("status"))}
     proxy = Proxy.from_object(own)
     proxy.raw = obj
@@ -191,9 +199,7 @@ class KubeStore:
         self._core = client.CoreV1Api(api_client)
 
     def _list_call(self) -> tuple[Callable[..., object], tuple[str, ...]]:
-        if self.namespace is None:
-            return self._objects.list_cluster_custom_object, (GROUP, VERSION, PLURAL)
-        return self._objects.list_namespaced_custom_object, (GROUP, VERSION, self.namespace, PLURAL)
+        return _list_call(self._objects, self.namespace, PLURAL)
 
     def list_proxies(self) -> tuple[list[Proxy], str]:
         call, args = self._list_call()
@@ -249,7 +255,7 @@ class KubeStore:
         return _proxy(cast(Obj, obj))
 
     def record_event(self, proxy: Proxy | Pool, event_type: str, reason: str, message: str) -> None:
-        now = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
+        now = times.now().replace(microsecond=0)
         # client-go's naming: the object's name and the time in hex nanoseconds.
         suffix = f".{time.time_ns():x}"
         event = client.CoreV1Event(
@@ -300,9 +306,7 @@ class KubePools:
         return [Pool.from_object(copy.deepcopy(item)) for item in listing.get("items") or []]
 
     def _list_call(self) -> tuple[Callable[..., object], tuple[str, ...]]:
-        if self.namespace is None:
-            return self._objects.list_cluster_custom_object, (GROUP, VERSION, POOL_PLURAL)
-        return self._objects.list_namespaced_custom_object, (GROUP, VERSION, self.namespace, POOL_PLURAL)
+        return _list_call(self._objects, self.namespace, POOL_PLURAL)
 
     def list_version(self) -> str:
         """The pool list's resourceVersion, to watch from."""

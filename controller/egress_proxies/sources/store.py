@@ -1,16 +1,25 @@
-"""Where Proxies come from and where their status goes: the interface both sources implement.
+"""Where Proxies and ProxyPools come from and where their status goes: the interfaces both
+sources implement, the errors they raise, and the one way to write through them optimistically.
 
-``kube.KubeStore`` talks to the Kubernetes API; ``directory.DirectoryStore`` reads YAML
-files and writes status beside them. The reconcile logic only knows this interface.
+``kube.KubeStore``/``kube.KubePools`` talk to the Kubernetes API; ``directory.DirectoryStore``
+and ``directory_pools.DirectoryPools`` read YAML files and write status beside them. The sweep
+only knows these interfaces.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol, TypeVar
 
+from egress_proxies.resources.pool import Pool
 from egress_proxies.resources.proxy import Proxy
+
+# Attempts of one optimistic write before the object is left to the next sweep.
+CONFLICT_RETRIES = 5
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 class StoreError(Exception):
@@ -54,3 +63,38 @@ class ProxyStore(Protocol):
     def record_event(self, proxy: Proxy, event_type: str, reason: str, message: str) -> None:
         """Emit an Event about the Proxy (best effort: never raises)."""
 
+
+
+class PoolStore(Protocol):
+    """What a source must offer for pools, beside ``ProxyStore`` (both sources implement it)."""
+
+    def list_pools(self) -> list[Pool]:
+        """Every ProxyPool (a deleted one that still has members is presented as deleting)."""
+
+    def create_proxy(self, namespace: str, body: dict[str, Any]) -> None:
+        """Create a member Proxy; raises Conflict when one of that name exists."""
+
+    def delete_proxy(self, namespace: str, name: str) -> None:
+        """Delete a member Proxy (through its finalizer); one already gone is success."""
+
+    def replace_pool_status(self, pool: Pool) -> Pool:
+        """Write the pool's status (optimistic: raises Conflict on a stale resourceVersion)."""
+
+    def replace_pool_metadata(self, pool: Pool) -> Pool:
+        """Write the pool's annotations and finalizers (optimistic, as above)."""
+
+    def record_pool_event(self, pool: Pool, event_type: str, reason: str, message: str) -> None:
+        """Emit an Event about the pool (best effort: never raises)."""
+
+
+def retry_on_conflict(obj: T, write: Callable[[T], R], reread: Callable[[T], T], what: str) -> R:
+    """``write(obj)``; on a 409 (``Conflict``) read the object again with ``reread`` and write the
+    change onto that, never a blind overwrite. ``write`` applies its change to the object it is
+    given, so a retry re-applies it to what is stored now. After ``CONFLICT_RETRIES`` attempts a
+    ``StoreError`` leaves the object to the next sweep."""
+    for _ in range(CONFLICT_RETRIES):
+        try:
+            return write(obj)
+        except Conflict:
+            obj = reread(obj)
+    raise StoreError(f"{what} kept conflicting ({CONFLICT_RETRIES} times); retried next sweep")

@@ -12,9 +12,10 @@ from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 
 from egress_proxies import metrics
-from egress_proxies.providers.client import ErrorClass, ProviderClient, ProviderError, Result, Target
+from egress_proxies.providers.client import ProviderClient, Result, Target
+from egress_proxies.providers.errors import ErrorClass, ProviderError
 from egress_proxies.resources.proxy import PHASE_DELETING, Proxy
-from egress_proxies.sweep.live import chunked
+from egress_proxies.sweep.batches import chunked
 from egress_proxies.sweep.writer import ProxyWriter
 
 log = logging.getLogger(__name__)

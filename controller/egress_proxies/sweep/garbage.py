@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from egress_proxies import metrics
 from egress_proxies.providers.client import Instance, Listing, ProviderClient, Target
+from egress_proxies.resources import times
 from egress_proxies.resources.proxy import Proxy
 from egress_proxies.sources.store import ProxyStore
 
@@ -27,16 +28,6 @@ log = logging.getLogger(__name__)
 class GarbageSettings:
     grace_seconds: float = 600.0
     dry_run: bool = False
-
-
-def age_seconds(created: str | None, now: datetime.datetime) -> float | None:
-    if not created:
-        return None
-    try:
-        stamp = datetime.datetime.strptime(created, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.UTC)
-    except ValueError:
-        return None
-    return (now - stamp).total_seconds()
 
 
 class GarbageCollector:
@@ -55,7 +46,7 @@ class GarbageCollector:
         deleted and made again under its name has a new uid, and the old instance is garbage."""
         uids = {p.uid for p in proxies} | {p.uid for p in unreconciled}
         keys = {p.key for p in unreconciled}
-        now = datetime.datetime.now(datetime.UTC)
+        now = times.now()
         for name, listing in listings.items():
             if not listing.complete:
                 log.info("garbage collection skipped on provider %s: it could not be listed completely", name)
@@ -67,7 +58,7 @@ class GarbageCollector:
     def _orphaned(self, instance: Instance, uids: set[str], keys: set[str], now: datetime.datetime) -> bool:
         if instance.owner != self.owner or instance.uid in uids or instance.proxy_key in keys:
             return False
-        age = age_seconds(instance.created, now)
+        age = times.seconds_since(instance.created, now)
         return age is not None and age >= self.settings.grace_seconds
 
     def _delete(self, client: ProviderClient, orphans: list[Instance]) -> None:
@@ -85,13 +76,13 @@ class GarbageCollector:
         for instance, result in zip(orphans, results, strict=True):
             if result.error is None:
                 metrics.GC_DELETIONS.labels(provider=client.name, dry_run=dry).inc()
-                self.store.record_event(_ghost(instance), "Normal", "GarbageCollected",
+                self.store.record_event(_former_owner(instance), "Normal", "GarbageCollected",
                                         f"orphaned instance {instance.provider_id} deleted")
             else:
                 log.warning("garbage collection of %s failed (%s)", instance.provider_id, result.error)
 
 
-def _ghost(instance: Instance) -> Proxy:
+def _former_owner(instance: Instance) -> Proxy:
     """A stand-in for the deleted Proxy an orphan belonged to, to hang its Event on."""
     namespace, _, name = (instance.proxy_key or "/").partition("/")
     return Proxy(namespace=namespace or "default", name=name or instance.name, uid=instance.uid or "", spec={})

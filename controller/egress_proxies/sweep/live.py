@@ -16,19 +16,20 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, TypeVar
 
 from egress_proxies import metrics
 from egress_proxies.providers.client import (
     AccessRequest,
     CreateRequest,
-    ErrorClass,
     Instance,
     Listing,
+    ProbeSettings,
     ProviderClient,
     Result,
     Target,
 )
+from egress_proxies.providers.errors import ErrorClass
+from egress_proxies.resources.conditions import PROVIDER_LISTED, READY, SERVING, find_condition
 from egress_proxies.resources.pool import (
     QUARANTINE_REPLACEMENTS,
     QUARANTINED,
@@ -37,7 +38,6 @@ from egress_proxies.resources.pool import (
     quarantined,
 )
 from egress_proxies.resources.proxy import (
-    PHASE_PROVISIONING,
     PHASE_READY,
     REPLACEMENTS_ANNOTATION,
     SPEC_HASH_ANNOTATION,
@@ -47,21 +47,23 @@ from egress_proxies.resources.proxy import (
     spec_hash,
 )
 from egress_proxies.serving.credentials import AccessPolicy
-from egress_proxies.serving.monitor import ProbePlan, ServingMonitor
+from egress_proxies.serving.monitor import ServingMonitor, probe_target
 from egress_proxies.serving.probe import ProbeTarget
-from egress_proxies.sweep.writer import ProxyWriter, find_condition
+from egress_proxies.sweep.batches import chunked
+from egress_proxies.sweep.verdict import (
+    AWAITING,
+    INSTANCE_FIELDS,
+    LOST_REASONS,
+    UNVERIFIED,
+    Observation,
+    Verdict,
+    judge,
+    with_known_address,
+)
+from egress_proxies.sweep.writer import ProxyWriter
 
 log = logging.getLogger(__name__)
 
-LISTED = "ProviderListed"
-# Status fields that describe one instance, dropped when another takes its place.
-INSTANCE_FIELDS = ("ip", "endpoint", "egressIP", "probe", "credentialGeneration")
-PRIVATE = "Private"
-SERVING = "Serving"
-AWAITING = "AwaitingProbe"
-UNVERIFIED = "Unverified"
-# The Serving reasons of an instance that is not there to serve at all (lost, not "slow").
-LOST_REASONS = ("InstanceStopped", "InstanceError")
 # Fewer probed instances than this never count as a provider-wide outage.
 OUTAGE_MINIMUM = 3
 
@@ -103,7 +105,7 @@ class LiveSettings:
 class LivePath:
     def __init__(self, writer: ProxyWriter, settings: LiveSettings, owner: str,
                  contain: Callable[[Proxy, Callable[[], object]], None], count: Callable[[str, int], None],
-                 seconds_since: Callable[[str], float], plan: ProbePlan | None = None,
+                 seconds_since: Callable[[str], float], plan: ProbeSettings,
                  monitor: ServingMonitor | None = None,
                  targets: dict[str, tuple[str, ProbeTarget]] | None = None,
                  access: AccessPolicy | None = None) -> None:
@@ -115,8 +117,7 @@ class LivePath:
         self.seconds_since = seconds_since
         # Without a monitor nothing is probed (tests of the decisions, the libvirt test driver):
         # running with an address is Ready, reported unverified.
-        self.plan = plan if plan is not None and monitor is not None else ProbePlan(
-            enabled=False, unhealthy_after_seconds=plan.unhealthy_after_seconds if plan else 300.0)
+        self.plan = plan if monitor is not None else dataclasses.replace(plan, enabled=False)
         self.monitor = monitor
         self.targets = targets if targets is not None else {}
         # None: instances are built without an ``access`` option (open as their user-data makes them).
@@ -162,8 +163,8 @@ class LivePath:
     def _batch_outcome(self, provider: str, results: Sequence[Result]) -> float | None:
         """The provider's share of a create batch. Any item created clears its backoff. Two or
         more items failing transient in one batch is the provider's failure (the host or API
-        unreachable, a connection dropped mid-run, the run killed; measured in the chaos run,
-        each item's message names the item, so they do not read alike): backed off once for the
+        unreachable, a connection dropped mid-run, the run killed; each item's message names the
+        item, so they are counted rather than compared): backed off once for the
         batch, and the delay is returned so those items' own backoffs stay as they were. One
         item failing alone is that Proxy's (None)."""
         errors = [r.error for r in results if r.error is not None]
@@ -210,7 +211,7 @@ class LivePath:
         if self._ready(proxy):
             retire.extend((proxy, old) for old in mine if old is not current)
             return
-        serving = find_condition(proxy, SERVING)
+        serving = find_condition(proxy.status, SERVING)
         if serving.get("status") != "False" or serving.get("reason") in (AWAITING, UNVERIFIED):
             return
         # Unhealthy continuously since the Serving condition turned False; each replacement
@@ -238,8 +239,6 @@ class LivePath:
         sources = ", ".join(request.allowed_sources) or "none"
         if request.open:
             message = f"spec.auth is none: anyone from {sources} who reaches it can use this proxy"
-            if find_condition(proxy, PRIVATE).get("reason") != "AuthDisabled":
-                self.writer.store.record_event(proxy, "Warning", "AuthDisabled", message)
             return ("False", "AuthDisabled", message)
         return ("True", "CredentialsRequired", f"requests need the {proxy.namespace} credentials, from {sources}")
 
@@ -252,10 +251,10 @@ class LivePath:
         """Never churn: a replacement budget per provider and sweep, and no replacements for not
         serving while every probed instance of the provider fails (an outage of the provider or
         of the probe target, which new instances would not fix)."""
-        probed = [p for p in proxies if find_condition(p, SERVING).get("status") in ("True", "False")
-                  and find_condition(p, SERVING).get("reason") not in (AWAITING, UNVERIFIED)]
+        probed = [p for p in proxies if find_condition(p.status, SERVING).get("status") in ("True", "False")
+                  and find_condition(p.status, SERVING).get("reason") not in (AWAITING, UNVERIFIED)]
         outage = len(probed) >= OUTAGE_MINIMUM and all(
-            find_condition(p, SERVING).get("status") == "False" for p in probed)
+            find_condition(p.status, SERVING).get("status") == "False" for p in probed)
         chosen = []
         for item in unhealthy:
             if outage and item.reason not in (*LOST_REASONS, QUARANTINED):
@@ -296,20 +295,20 @@ class LivePath:
     def _unlisted(self, proxy: Proxy, listing: Listing) -> None:
         """The provider could not be listed where this Proxy's instance may live."""
         assert listing.error is not None
-        since = self.seconds_since(find_condition(proxy, LISTED).get("lastTransitionTime") or "")
+        since = self.seconds_since(find_condition(proxy.status, PROVIDER_LISTED).get("lastTransitionTime") or "")
         if proxy.status.get("phase") == PHASE_READY and since < self.settings.stale_listing_seconds:
             # Nothing says the instance stopped: a listing failure (libvirtd restarting, an API
             # blip) must not take a serving proxy out of discovery. Say so, for a bounded time.
             message = (f"the provider could not be listed ({listing.error}); last known state kept for at most "
                        f"{self.settings.stale_listing_seconds:.0f} s")
-            ready = find_condition(proxy, "Ready")
+            ready = find_condition(proxy.status, READY)
             self.writer.write_status(proxy, self.writer.status(
                 proxy, PHASE_READY, "True", str(ready.get("reason") or "InstanceRunning"),
-                str(ready.get("message") or ""), conditions={LISTED: ("False", "ListFailed", message)}))
+                str(ready.get("message") or ""), conditions={PROVIDER_LISTED: ("False", "ListFailed", message)}))
             return
-        # The provider's failure, not this Proxy's: it is listed again every sweep, and growing
-        # each Proxy's backoff per failed listing left half the chaos run's Proxies waiting
-        # minutes after their host answered again (measured: 50 of 100, "ListFailed").
+        # The provider's failure, not this Proxy's: it is listed again every sweep. Growing each
+        # Proxy's backoff per failed listing would leave Proxies waiting minutes after their host
+        # answers again.
         self.writer.failed(proxy, listing.error, "ListFailed", delay=0.0)
 
     def _created(self, create: _Create, result: Result, listing: Listing,
@@ -335,96 +334,30 @@ class LivePath:
 
     def observe(self, proxy: Proxy, instance: Instance, desired: str) -> Proxy:
         """Status from what the provider reports about the instance built from ``desired`` and,
-        when it runs, from the latest probe through it: Ready means running *and* serving."""
-        ip = instance.ip
-        if (instance.state == "running" and not ip and proxy.status.get("ip") and proxy.status.get("providerID") ==
-                instance.provider_id and proxy.status.get("phase") == PHASE_READY):
-            # Running, but its address could not be read this time (a hypervisor's daemon just
-            # restarted, a lease file rotated): the address of a running instance does not change.
-            ip = str(proxy.status["ip"])
-            instance = dataclasses.replace(instance, ip=ip)
-        where = f"instance {instance.provider_id}"
-        fields: dict[str, Any] = {"providerID": instance.provider_id}
-        if instance.location:
-            # Where the provider placed it (spec.location, or the host/zone/namespace it chose):
-            # the CRD's `-o wide` Location column reads status.location.
-            fields["location"] = instance.location
-        if proxy.status.get("providerID") != instance.provider_id:
-            # Another instance now: nothing recorded of its predecessor (address, probe) stays.
-            proxy.status = {k: v for k, v in proxy.status.items() if k not in INSTANCE_FIELDS}
-        if instance.state in ("stopped", "error"):
-            serving = ("False", LOST_REASONS[0] if instance.state == "stopped" else LOST_REASONS[1],
-                       f"{where} is {instance.state}")
-            return self.writer.write_status(proxy, self.writer.status(
-                proxy, PHASE_PROVISIONING, "False", serving[1], serving[2],
-                conditions={SERVING: serving, LISTED: None}, **fields))
-        if not (instance.state == "running" and ip):
-            return self.writer.write_status(proxy, self.writer.status(
-                proxy, PHASE_PROVISIONING, "False", "Provisioning",
-                f"{where} is {instance.state}, waiting for it to run with an IP",
-                conditions={SERVING: ("Unknown", AWAITING, "not running yet"), LISTED: None}, **fields))
-        endpoint = f"{ip}:{proxy.port}"
-        fields.update(ip=ip, endpoint=endpoint)
-        private = self._private(proxy)
-        if self.access is not None and proxy.spec.get("auth") != "none":
-            fields["credentialGeneration"] = self._generation(proxy)
-        if not self.plan.enabled:
-            phase, ready, reason = PHASE_READY, "True", "InstanceRunning"
-            message = f"{where} is running at {endpoint}"
-            serving = ("Unknown", UNVERIFIED, "the provider config says probe: none: nothing checks it serves")
-        else:
+        when it runs, from the latest probe through it (``verdict.judge`` decides, this writes)."""
+        instance = with_known_address(proxy.status, instance)
+        outcome = None
+        if self.plan.enabled and instance.running:
             credentials = (self.access.probe_credentials(proxy, self._generation(proxy))
                            if self.access is not None else None)
-            target = self.plan.target(proxy, instance, credentials)
+            target = probe_target(self.plan, proxy, instance, credentials)
             self.targets[target.key] = (proxy.provider, target)
             outcome = self.monitor.outcome(target.key) if self.monitor is not None else None
-            previous_serving = find_condition(proxy, SERVING)
-            if (outcome is None and proxy.status.get("phase") == PHASE_READY
-                    and proxy.status.get("readyProviderID") == instance.provider_id
-                    and previous_serving.get("status") == "True"):
-                # Served when last probed, and not probed by this process yet (a restarted
-                # controller, a provider listed again): the last verdict stands until the first
-                # probe, one probe interval, rather than pulling a serving proxy out of discovery.
-                phase, ready, reason = PHASE_READY, "True", "Serving"
-                message = str(find_condition(proxy, "Ready").get("message") or f"{where} at {endpoint} serves")
-                serving = ("True", "Serving", str(previous_serving.get("message") or "served when last probed"))
-            elif outcome is None:
-                phase, ready, reason = PHASE_PROVISIONING, "False", AWAITING
-                message = f"{where} is running at {endpoint}; waiting for the first probe through it"
-                serving = ("Unknown", AWAITING, "not probed yet")
-            elif outcome.serving and outcome.private is False:
-                # It serves anyone: an open relay is never handed to crawlers.
-                phase, ready, reason = PHASE_PROVISIONING, "False", "NotPrivate"
-                message = f"{where} at {endpoint} serves requests WITHOUT credentials: {outcome.privacy_message}"
-                serving = ("True", "Serving", f"serves ({outcome.message})")
-                private = ("False", "NotPrivate", message)
-                if find_condition(proxy, PRIVATE).get("reason") != "NotPrivate":
-                    self.writer.store.record_event(proxy, "Warning", "NotPrivate", message)
-            elif outcome.serving:
-                phase, ready, reason = PHASE_READY, "True", "Serving"
-                latency = outcome.latency_seconds or 0.0
-                message = f"{where} at {endpoint} serves requests through it ({latency * 1000:.0f} ms)"
-                serving = ("True", "Serving", message)
-                fields["egressIP"] = outcome.egress_ip
-                fields["probe"] = {"latencySeconds": round(latency, 4),
-                                   "lastProbeTime": outcome.probed_at.strftime("%Y-%m-%dT%H:%M:%SZ"),
-                                   "servedProviderID": instance.provider_id}
-            else:
-                phase, ready, reason = PHASE_PROVISIONING, "False", "NotServing"
-                message = f"{where} at {endpoint} runs but does not serve: {outcome.reason}: {outcome.message}"
-                serving = ("False", outcome.reason.value, outcome.message)
-                previous = proxy.status.get("probe") or {}
-                fields["probe"] = {"lastProbeTime": outcome.probed_at.strftime("%Y-%m-%dT%H:%M:%SZ"),
-                                   **({"servedProviderID": previous["servedProviderID"]}
-                                      if previous.get("servedProviderID") == instance.provider_id else {})}
-        status = self.writer.status(proxy, phase, ready, reason, message,
-                                    conditions={SERVING: serving, LISTED: None, PRIVATE: private}, **fields)
-        if phase == PHASE_READY:
-            if proxy.status.get("readyProviderID") != instance.provider_id or not status.get("readySince"):
-                # When this instance first served: a pool rotates its members by this age.
-                status["readySince"] = self.writer.now()
-            status["readyProviderID"] = instance.provider_id
-        if phase == PHASE_READY and proxy.annotations.get(SPEC_HASH_ANNOTATION) != desired:
+        generation = (self._generation(proxy) if self.access is not None and proxy.spec.get("auth") != "none"
+                      else None)
+        seen = Observation(instance, proxy.port, probed=self.plan.enabled, outcome=outcome,
+                           built_private=self._private(proxy), credential_generation=generation)
+        return self._apply(proxy, judge(proxy.status, seen, self.writer.now()), desired)
+
+    def _apply(self, proxy: Proxy, verdict: Verdict, desired: str) -> Proxy:
+        if verdict.new_instance:
+            # Another instance now: nothing recorded of its predecessor (address, probe) stays.
+            proxy.status = {k: v for k, v in proxy.status.items() if k not in INSTANCE_FIELDS}
+        for event_type, reason, message in verdict.events:
+            self.writer.store.record_event(proxy, event_type, reason, message)
+        status = self.writer.status(proxy, verdict.phase, *verdict.ready, conditions=verdict.conditions,
+                                    **verdict.fields)
+        if verdict.phase == PHASE_READY and proxy.annotations.get(SPEC_HASH_ANNOTATION) != desired:
             proxy = self.writer.update_metadata(
                 proxy, lambda p: p.annotations.__setitem__(SPEC_HASH_ANNOTATION, desired))
         return self.writer.write_status(proxy, status)
@@ -445,10 +378,3 @@ class LivePath:
                     log.warning("%s: deleting replaced instance %s failed (%s)", proxy.key, old.provider_id,
                                 result.error)
 
-
-T = TypeVar("T")
-
-
-def chunked(items: Sequence[T], size: int) -> list[list[T]]:
-    items = list(items)
-    return [items[i:i + size] for i in range(0, len(items), max(1, size))]

@@ -14,27 +14,20 @@ unusable config file or an unreadable Proxy source fails the whole sweep.
 
 from __future__ import annotations
 
-import datetime
 import logging
 import threading
 import time
-import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
 
 from egress_proxies import metrics
-from egress_proxies.providers.client import (
-    ConfigUnreadable,
-    ErrorClass,
-    Listing,
-    ProviderClient,
-    ProviderError,
-    ProviderSet,
-    check_config,
-)
+from egress_proxies.providers.client import ConfigUnreadable, Listing, ProviderClient, ProviderSet, check_config
+from egress_proxies.providers.errors import ErrorClass, ProviderError
 from egress_proxies.providers.runner import Runner
+from egress_proxies.resources import times
+from egress_proxies.resources.conditions import SERVING, find_condition
 from egress_proxies.resources.proxy import (
     FINALIZER,
     PHASE_DELETING,
@@ -46,17 +39,21 @@ from egress_proxies.resources.proxy import (
 )
 from egress_proxies.resources.schema import ValidationMemo
 from egress_proxies.serving.credentials import AccessPolicy, Credentials
-from egress_proxies.serving.monitor import ProbePlan, ServingMonitor
+from egress_proxies.serving.monitor import ServingMonitor
 from egress_proxies.serving.probe import ProbeTarget
-from egress_proxies.sources.store import Gone, ProxyStore, StoreError
+from egress_proxies.sources.store import ProxyStore, StoreError
 from egress_proxies.sweep.backoff import Backoff
+from egress_proxies.sweep.containment import Containment
 from egress_proxies.sweep.deletion import DeletePath
-from egress_proxies.sweep.garbage import GarbageCollector, GarbageSettings, age_seconds
-from egress_proxies.sweep.live import SERVING, LivePath, LiveSettings
+from egress_proxies.sweep.garbage import GarbageCollector, GarbageSettings
+from egress_proxies.sweep.live import LivePath, LiveSettings
 from egress_proxies.sweep.pools import PoolReconciler, ProviderHealth
-from egress_proxies.sweep.writer import ProxyWriter, find_condition, utc_now
+from egress_proxies.sweep.writer import ProxyWriter
 
 log = logging.getLogger(__name__)
+
+# Runs one Proxy's step so that whatever goes wrong stays with that Proxy (``_contain``).
+Contain = Callable[[Proxy, Callable[[], object]], None]
 
 
 @dataclass(frozen=True)
@@ -116,7 +113,7 @@ class SweepReport:
 
 class Reconciler:
     def __init__(self, store: ProxyStore, runner: Runner, config_path: str, settings: ReconcileSettings | None = None,
-                 backoff: Backoff | None = None, now: Callable[[], str] = utc_now,
+                 backoff: Backoff | None = None, now: Callable[[], str] = times.stamp,
                  purge: Callable[[set[str]], int] | None = None, monitor: ServingMonitor | None = None,
                  credentials: Credentials | None = None, pools: PoolReconciler | None = None) -> None:
         self.store = store
@@ -138,9 +135,7 @@ class Reconciler:
         self.validation = ValidationMemo()
         self.last_ready: list[Proxy] = []
         self.providers: ProviderSet | None = None
-        # Traceback already logged per Proxy uid: an error that repeats every sweep is logged
-        # with its traceback once, then in one line.
-        self._crashes: dict[str, str] = {}
+        self.containment = Containment("Proxy")
 
     # -- the sweep -----------------------------------------------------------------------------
 
@@ -165,29 +160,55 @@ class Reconciler:
         return self.providers
 
     def _sweep(self, report: SweepReport) -> None:
+        config = self._checked_config(report)
+        proxies, _ = self.store.list_proxies()
+        clients = config.clients(self.runner)
+        # Listed before the pools run, so a pool sees this sweep's listing failures.
+        listings = self._list_all(clients, report)
+        proxies = self._after_pools(config, proxies, self._failing_for(listings))
+        self._start_pass(proxies)
+        contain: Contain = partial(self._contain, report=report)
+        usable, unreconciled = self._admit_all(proxies, contain)
+        unusable = {name: f"provider {name!r} cannot be used: its section of the provider config is invalid: "
+                          + "; ".join(errors) for name, errors in config.invalid.items()}
+        targets = self._reconcile_live(config, clients, listings, [p for p in usable if not p.deleting], unusable,
+                                       report, contain)
+        deleting = [p for p in usable if p.deleting and FINALIZER in p.finalizers]
+        DeletePath(self.writer, self.settings.batch_size, contain, report.add).reconcile(deleting, clients, unusable)
+        GarbageCollector(self.store, GarbageSettings(self.settings.gc_grace_seconds, self.settings.gc_dry_run),
+                         config.owner, report.add, report.add_gc).collect(usable, unreconciled, clients, listings)
+        self._finish(report, config, listings, unusable, targets)
+
+    def _checked_config(self, report: SweepReport) -> ProviderSet:
         config = self.provider_set()
         if config.errors:
             report.config_errors.extend(config.errors)
             log.warning("provider config %s has %d error(s): %s", config.path, len(config.errors),
                         "; ".join(config.errors))
-        proxies, _ = self.store.list_proxies()
-        clients = config.clients(self.runner)
-        # Listed before the pools run, so a pool sees this sweep's listing failures.
-        listings = self._list_all(clients, report)
-        failing = self._failing_for(listings)
+        return config
+
+    def _after_pools(self, config: ProviderSet, proxies: list[Proxy],
+                     failing: Mapping[str, tuple[str, float]]) -> list[Proxy]:
+        """The pools' turn; every Proxy, read again when they made or removed members (those they
+        created get instances in this same sweep). ``failing``: the providers whose listing fails,
+        and for how long."""
         if self.pools is not None:
             health = ProviderHealth(list(config.types), {name: "; ".join(errors) for name, errors in
                                                          config.invalid.items()}, failing)
             if self.pools.reconcile(proxies, health):
-                proxies, _ = self.store.list_proxies()  # the members it created get instances now
+                proxies, _ = self.store.list_proxies()
+        return proxies
+
+    def _start_pass(self, proxies: Sequence[Proxy]) -> None:
+        """Forget what belongs to Proxies that are gone; start the sweep's record of every Proxy."""
         self.backoff.forget({p.uid for p in proxies})
         self.validation.retain(p.uid for p in proxies)
         self.writer.latest = {p.uid: p for p in proxies}
         self.writer.failures = {}
 
-        def contain(proxy: Proxy, action: Callable[[], object]) -> None:
-            self._contain(proxy, action, report)
-
+    def _admit_all(self, proxies: Sequence[Proxy], contain: Contain) -> tuple[list[Proxy], list[Proxy]]:
+        """(usable, unreconciled): a valid Proxy gets our finalizer and is usable; an invalid or
+        defective one goes Failed and is only protected (its instance stays)."""
         usable: list[Proxy] = []
         unreconciled: list[Proxy] = []
         for proxy in proxies:
@@ -195,21 +216,20 @@ class Reconciler:
             if problems and not (proxy.deleting and not proxy.defect):
                 unreconciled.append(proxy)
                 reason = "SourceDefect" if proxy.defect else "InvalidSpec"
-                message = "; ".join(problems)
-                contain(proxy, partial(self.writer.invalid, proxy, reason, message))
+                contain(proxy, partial(self.writer.invalid, proxy, reason, "; ".join(problems)))
                 continue
             # An invalid spec does not hold up a deletion: it needs only the providerID and the
             # provider's name, and a Proxy that cannot be deleted would wedge its finalizer.
             contain(proxy, partial(self._admit, proxy, usable))
+        return usable, unreconciled
 
-        unusable = {name: f"provider {name!r} cannot be used: its section of the provider config is invalid: "
-                          + "; ".join(errors) for name, errors in config.invalid.items()}
-        live = [p for p in usable if not p.deleting]
-        deleting = [p for p in usable if p.deleting and FINALIZER in p.finalizers]
+    def _reconcile_live(self, config: ProviderSet, clients: Mapping[str, ProviderClient],
+                        listings: Mapping[str, Listing], live: Sequence[Proxy], unusable: Mapping[str, str],
+                        report: SweepReport, contain: Contain) -> dict[str, tuple[str, ProbeTarget]]:
+        """Every live Proxy's instance, providers side by side; returns the endpoints to probe."""
         by_provider: dict[str, list[Proxy]] = {}
         for proxy in live:
             by_provider.setdefault(proxy.provider, []).append(proxy)
-
         live_settings = LiveSettings(self.settings.batch_size, self.settings.parallel_batches,
                                      self.settings.stale_listing_seconds)
         targets: dict[str, tuple[str, ProbeTarget]] = {}
@@ -220,7 +240,7 @@ class Reconciler:
 
         def reconcile_provider(name: str) -> None:
             live_path = LivePath(self.writer, live_settings, config.owner, contain, report.add, self._seconds_since,
-                                 ProbePlan.from_result(config.probes.get(name)), self.monitor, targets, access)
+                                 config.probes[name], self.monitor, targets, access)
             try:
                 live_path.reconcile(clients[name], by_provider.get(name, []), listings[name])
             except Exception as error:  # a bug must not take the other providers' sweep with it
@@ -230,18 +250,21 @@ class Reconciler:
         with ThreadPoolExecutor(max_workers=max(1, len(clients))) as pool:
             list(pool.map(reconcile_provider, [name for name in clients if by_provider.get(name)]))
         for name, group in by_provider.items():
-            if name in clients:
-                continue
-            for proxy in group:
-                if name in unusable:
-                    error = ProviderError(ErrorClass.PERMANENT, unusable[name])
-                    contain(proxy, partial(self.writer.failed, proxy, error, "ProviderConfigInvalid"))
-                else:
-                    contain(proxy, partial(self._provider_missing, proxy, config))
-        DeletePath(self.writer, self.settings.batch_size, contain, report.add).reconcile(deleting, clients, unusable)
-        GarbageCollector(self.store, GarbageSettings(self.settings.gc_grace_seconds, self.settings.gc_dry_run),
-                         config.owner, report.add, report.add_gc).collect(usable, unreconciled, clients, listings)
+            if name not in clients:
+                for proxy in group:
+                    contain(proxy, partial(self._provider_unusable, proxy, config, unusable.get(name)))
+        return targets
 
+    def _provider_unusable(self, proxy: Proxy, config: ProviderSet, why: str | None) -> None:
+        """A live Proxy whose provider has an invalid section (``why``) or is not configured."""
+        if why is not None:
+            self.writer.failed(proxy, ProviderError(ErrorClass.PERMANENT, why), "ProviderConfigInvalid")
+        else:
+            self._provider_missing(proxy, config)
+
+    def _finish(self, report: SweepReport, config: ProviderSet, listings: Mapping[str, Listing],
+                unusable: Mapping[str, str], targets: Mapping[str, tuple[str, ProbeTarget]]) -> None:
+        """The sweep's report, the endpoints to probe from now on, and the view discovery serves."""
         for name, listing in listings.items():
             if listing.error is not None:
                 report.providers_failed.setdefault(name, str(listing.error))
@@ -266,38 +289,28 @@ class Reconciler:
             metrics.PROXIES.labels(phase=phase).set(phases.get(phase, 0))
         serving: dict[str, int] = {"True": 0, "False": 0, "Unknown": 0}
         for proxy in final:
-            state = str(find_condition(proxy, SERVING).get("status") or "Unknown")
+            state = str(find_condition(proxy.status, SERVING).get("status") or "Unknown")
             serving[state] = serving.get(state, 0) + 1
         for state, count in serving.items():
             metrics.SERVING.labels(serving=state).set(count)
         # A deleting Proxy is never handed out, whatever its last phase: its instance is going.
         self.last_ready = [p for p in final if p.status.get("phase") == PHASE_READY and not p.deleting]
 
-    def _contain(self, proxy: Proxy, action: Callable[[], object], report: SweepReport) -> None:
+    def _contain(self, proxy: Proxy, action: Callable[[], object], *, report: SweepReport) -> None:
         """Run one Proxy's step; whatever goes wrong stays with that Proxy."""
-        try:
-            action()
-        except Gone:
-            self.writer.forget(proxy)  # deleted meanwhile: nothing left to do for it
-        except StoreError as error:  # kept conflicting, or the source refused: next sweep
-            log.warning("%s: %s", proxy.key, error)
-            report.proxies_failed[proxy.key] = str(error)
-        except Exception as error:  # noqa: BLE001 - containment is the point: logged with its traceback
-            signature = f"{type(error).__name__}: {error}"
-            if self._crashes.get(proxy.uid) != signature:
-                self._crashes[proxy.uid] = signature
-                log.error("%s: unexpected error (contained to this Proxy):\n%s", proxy.key, traceback.format_exc())
-            else:
-                log.error("%s: unexpected error again (contained to this Proxy): %s", proxy.key, signature)
-            report.proxies_failed[proxy.key] = signature
-            try:
-                self.writer.invalid(proxy, "InternalError",
-                                    f"the controller failed on this Proxy ({signature}); see its log")
-            except Exception:  # the status write itself may be what fails; the log has it
-                log.debug("%s: could not record the internal error", proxy.key, exc_info=True)
+        def failed(why: str) -> None:
+            report.proxies_failed[proxy.key] = why
 
-    def _seconds_since(self, stamp: str) -> float:
-        age = age_seconds(stamp, datetime.datetime.now(datetime.UTC))
+        def record_crash(signature: str) -> None:
+            self.writer.invalid(proxy, "InternalError",
+                                f"the controller failed on this Proxy ({signature}); see its log")
+
+        self.containment.run(proxy.key, proxy.uid, action, failed=failed, record_crash=record_crash,
+                             gone=lambda: self.writer.forget(proxy))
+
+    @staticmethod
+    def _seconds_since(stamp: str) -> float:
+        age = times.seconds_since(stamp)
         return 0.0 if age is None else age
 
     # -- listing -------------------------------------------------------------------------------

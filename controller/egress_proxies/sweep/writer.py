@@ -9,13 +9,14 @@ sweep's end state, without listing them all again.
 
 from __future__ import annotations
 
-import datetime
 import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from egress_proxies import metrics
-from egress_proxies.providers.client import ErrorClass, ProviderError
+from egress_proxies.providers.errors import ErrorClass, ProviderError
+from egress_proxies.resources import times
+from egress_proxies.resources.conditions import READY, Wanted, find_condition, merge_conditions
 from egress_proxies.resources.proxy import (
     FINALIZER,
     PHASE_FAILED,
@@ -23,36 +24,22 @@ from egress_proxies.resources.proxy import (
     PHASE_PROVISIONING,
     PHASE_READY,
     Proxy,
-    condition,
 )
-from egress_proxies.sources.store import Conflict, Gone, ProxyStore, StoreError
+from egress_proxies.sources.store import Gone, ProxyStore, retry_on_conflict
 from egress_proxies.sweep.backoff import Backoff
 
 log = logging.getLogger(__name__)
 
-CONFLICT_RETRIES = 5
-READY = "Ready"
-
-
-def utc_now() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def find_condition(proxy: Proxy, condition_type: str) -> dict[str, Any]:
-    return next((c for c in proxy.status.get("conditions") or []
-                 if isinstance(c, dict) and c.get("type") == condition_type), {})
-
 
 class ProxyWriter:
-    def __init__(self, store: ProxyStore, backoff: Backoff, now: Callable[[], str] = utc_now,
+    def __init__(self, store: ProxyStore, backoff: Backoff, now: Callable[[], str] = times.stamp,
                  purge: Callable[[set[str]], int] | None = None) -> None:
         self.store = store
         self.backoff = backoff
         # Keyed by provider name: creates that failed as a whole batch (the host or API was
-        # unreachable, the run died) say nothing about the Proxies in it. Counting them against
-        # each Proxy grew every Proxy's backoff to minutes during a flapping outage (the chaos
-        # run: 75 of 100 Proxies waited > 120 s after the last fault); one short, capped backoff
-        # per provider retries the whole batch soon after the provider answers again.
+        # unreachable, the run died) say nothing about the Proxies in it. Counted against each
+        # Proxy, a flapping outage would grow every Proxy's backoff to minutes; one short, capped
+        # backoff per provider retries the whole batch soon after the provider answers again.
         self.provider_backoff = Backoff(base_seconds=2.0, cap_seconds=30.0, jitter=backoff.jitter, clock=backoff.clock,
                                         rng=backoff.rng)
         self.now = now
@@ -64,7 +51,7 @@ class ProxyWriter:
     # -- status --------------------------------------------------------------------------------
 
     def status(self, proxy: Proxy, phase: str, ready: str, reason: str, message: str,
-               conditions: Mapping[str, tuple[str, str, str] | None] | None = None,
+               conditions: Mapping[str, Wanted | None] | None = None,
                **fields: Any) -> dict[str, Any]:
         """The Proxy's next status: ``phase``, the Ready condition, and other conditions by type
         (``None`` removes one); conditions not named keep theirs, with their transition times."""
@@ -77,45 +64,34 @@ class ProxyWriter:
             status.pop("endpoint", None)
         status["phase"] = phase
         status["observedGeneration"] = proxy.generation
-        wanted: dict[str, tuple[str, str, str] | None] = {READY: (ready, reason, message), **(conditions or {})}
-        result = []
-        for condition_type, value in wanted.items():
-            if value is None:
-                continue
-            previous = find_condition(proxy, condition_type)
-            transition = (previous["lastTransitionTime"] if previous.get("status") == value[0]
-                          and previous.get("lastTransitionTime") else self.now())
-            result.append(condition(condition_type, value[0], value[1], value[2], transition, proxy.generation))
-        result.extend(c for c in proxy.status.get("conditions") or []
-                      if isinstance(c, dict) and c.get("type") not in wanted)
-        status["conditions"] = result
+        wanted: dict[str, Wanted | None] = {READY: (ready, reason, message), **(conditions or {})}
+        status["conditions"] = merge_conditions(proxy.status.get("conditions"), wanted, self.now(), proxy.generation)
         return status
 
     def write_status(self, proxy: Proxy, status: dict[str, Any]) -> Proxy:
-        for _ in range(CONFLICT_RETRIES):
-            if proxy.status == status:
-                return proxy
-            proxy.status = status
+        """Write ``status`` (unless it is what the Proxy has already); a Proxy deleted meanwhile is
+        forgotten, not an error."""
+        def write(current: Proxy) -> Proxy:
+            wanted = {**status, "observedGeneration": current.generation}
+            if current.status == wanted:
+                return current
+            current.status = wanted
             try:
-                return self.remember(self.store.replace_status(proxy))
-            except Conflict:
-                proxy = self.store.get_proxy(proxy.namespace, proxy.name)
-                status = {**status, "observedGeneration": proxy.generation}
+                return self.remember(self.store.replace_status(current))
             except Gone:
-                self.latest.pop(proxy.uid, None)
-                return proxy
-        raise StoreError(f"{proxy.key}: status update kept conflicting ({CONFLICT_RETRIES} times); retried next sweep")
+                self.forget(current)
+                return current
+        return retry_on_conflict(proxy, write, self._reread, f"{proxy.key}: status update")
 
     def update_metadata(self, proxy: Proxy, change: Callable[[Proxy], None]) -> Proxy:
         """Apply ``change`` and write it; on a 409, read again and re-apply (never blind-overwrite)."""
-        for _ in range(CONFLICT_RETRIES):
-            change(proxy)
-            try:
-                return self.remember(self.store.replace_metadata(proxy))
-            except Conflict:
-                proxy = self.store.get_proxy(proxy.namespace, proxy.name)
-        raise StoreError(f"{proxy.key}: metadata update kept conflicting ({CONFLICT_RETRIES} times); "
-                         "retried next sweep")
+        def write(current: Proxy) -> Proxy:
+            change(current)
+            return self.remember(self.store.replace_metadata(current))
+        return retry_on_conflict(proxy, write, self._reread, f"{proxy.key}: metadata update")
+
+    def _reread(self, proxy: Proxy) -> Proxy:
+        return self.store.get_proxy(proxy.namespace, proxy.name)
 
     def remember(self, proxy: Proxy) -> Proxy:
         self.latest[proxy.uid] = proxy
@@ -156,7 +132,7 @@ class ProxyWriter:
         message = f"{error} ({f'next attempt in {delay:.0f} s' if delay else 'tried again next sweep'})"
         self.failures[proxy.key] = f"{reason}: {error}"
         log.warning("%s: %s: %s", proxy.key, reason, message, extra={"proxy": proxy.key, "provider": proxy.provider})
-        previous = find_condition(proxy, READY)
+        previous = find_condition(proxy.status, READY)
         if previous.get("reason") != reason or not str(previous.get("message", "")).startswith(str(error)):
             # One Event when a failure starts or changes, not one per sweep while it lasts.
             self.store.record_event(proxy, "Warning", reason, message)
@@ -169,7 +145,7 @@ class ProxyWriter:
         """The Proxy itself is wrong (schema, source): Failed, one Warning Event, nothing else."""
         metrics.ERRORS.labels(provider=proxy.provider, error_class=ErrorClass.PERMANENT.value).inc()
         self.failures[proxy.key] = f"{reason}: {message}"
-        previous = find_condition(proxy, READY)
+        previous = find_condition(proxy.status, READY)
         if previous.get("reason") != reason or previous.get("message") != message:
             log.warning("%s: %s: %s", proxy.key, reason, message,
                         extra={"proxy": proxy.key, "provider": proxy.provider})

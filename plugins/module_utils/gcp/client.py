@@ -47,13 +47,13 @@ except ImportError:  # pragma: no cover - the modules report it via missing_requ
 else:
     HAS_GOOGLE = True
 
-from ansible_collections.crawl.egress_proxies.plugins.module_utils.config import GcpSettings
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.errors import (
     NotFound,
     Permanent,
     ProxyError,
     Transient,
 )
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.gcp.settings import GcpSettings
 
 SCOPES = ("https://www.googleapis.com/auth/compute",)
 # One HTTP request (get, insert, delete, one list page).

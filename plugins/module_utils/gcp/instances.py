@@ -19,7 +19,6 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from ansible_collections.crawl.egress_proxies.plugins.module_utils.config import GcpSettings
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.errors import (
     Permanent,
     Transient,
@@ -42,6 +41,7 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.gcp.labels im
     is_ours,
     list_filter,
 )
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.gcp.settings import GcpSettings
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.instance import (
     OWNER_TAG,
     Instance,

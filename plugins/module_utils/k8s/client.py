@@ -50,13 +50,13 @@ try:
 except ImportError:  # pragma: no cover - config.py needs it first and reports it
     yaml = None  # type: ignore[assignment]
 
-from ansible_collections.crawl.egress_proxies.plugins.module_utils.config import KubernetesSettings
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.errors import (
     NotFound,
     Permanent,
     ProxyError,
     Transient,
 )
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.k8s.settings import KubernetesSettings
 
 # (connect, read) seconds for every request: a wedged API server fails the module as
 # transient long before the controller's runner timeout kills the whole run.

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Tuple
 
-from ansible_collections.crawl.egress_proxies.plugins.module_utils.config import KubernetesSettings
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.errors import (
     NotFound,
     Permanent,
@@ -44,6 +43,7 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.k8s.pods impo
     pod_instance,
     pod_tags,
 )
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.k8s.settings import KubernetesSettings
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.provider_id import (
     format_provider_id,
     parse_provider_id,

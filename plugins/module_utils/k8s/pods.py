@@ -33,13 +33,14 @@ import json
 import re
 from typing import Any, Dict, List, Mapping, Optional
 
-from ansible_collections.crawl.egress_proxies.plugins.module_utils.config import KubernetesSettings
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.config import DEFAULT_ALLOWED_SOURCES
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.errors import Permanent
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.instance import (
     OWNER_TAG,
     Instance,
     InstanceRequest,
 )
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.k8s.settings import KubernetesSettings
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.provider_id import format_provider_id
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.squid_access import (
     Access,
@@ -70,13 +71,13 @@ HOSTNAME_TOPOLOGY_KEY = "kubernetes.io/hostname"
 TERMINATION_GRACE_SECONDS = 10
 
 # What squid serves when the provider config has no squidConfig: a forward proxy for
-# private-address clients only (an open proxy on a node IP would be abused within hours),
-# CONNECT only to 443, no disk cache, no access log. Squid opens its logs after dropping to
-# its cache_effective_user, which may not open the container's /dev/stdout (squid 5.7 then
-# exits: "FATAL: Cannot open '/dev/stdout' for writing", measured), and a log file in the
-# container would grow unrotated; cache.log falls back to stderr by itself.
-DEFAULT_SQUID_CONFIG = """\
-acl localnet src 10.0.0.0/8 172.16.0.0/12 192.168.0.0/16 100.64.0.0/10 fc00::/7 fe80::/10
+# clients from the provider config's default allowed sources only (an open proxy on a node
+# IP would be abused within hours), CONNECT only to 443, no disk cache, no access log. Squid
+# opens its logs after dropping to its cache_effective_user, which may not open the
+# container's /dev/stdout (squid 5.7 then exits: "FATAL: Cannot open '/dev/stdout' for
+# writing", measured), and a log file in the container would grow unrotated; cache.log falls
+# back to stderr by itself.
+DEFAULT_SQUID_CONFIG = ("acl localnet src %s\n" % " ".join(DEFAULT_ALLOWED_SOURCES)) + """\
 acl SSL_ports port 443
 acl Safe_ports port 80 443
 acl CONNECT method CONNECT

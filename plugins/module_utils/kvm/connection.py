@@ -14,7 +14,7 @@ SSH transports always verify the host key against the configured known_hosts:
 Local URIs (``qemu:///system``, ``qemu+unix://...?socket=``, ``test+unix://...``) need
 no SSH material at all. Every other transport, and every URI parameter that could switch
 verification off or run a command, is refused before libvirt sees the URI
-(``config.libvirt_uri_problem``, checked again in ``KvmConnections.open``). Transports are
+(``settings.libvirt_uri_problem``, checked again in ``KvmConnections.open``). Transports are
 compared case-insensitively, as libvirt compares them.
 
 The SSH key and known_hosts are read lazily, at the first connection that needs them:
@@ -48,18 +48,18 @@ except ImportError:  # pragma: no cover - cryptography ships with ansible-core
     serialization = None  # type: ignore[assignment]
     UnsupportedAlgorithm = ValueError  # type: ignore[assignment,misc]
 
-from ansible_collections.crawl.egress_proxies.plugins.module_utils.config import (
-    KvmHost,
-    SshSettings,
-    libvirt_transport,
-    libvirt_uri_problem,
-    uri_query_parameters,
-)
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.errors import (
     NotFound,
     Permanent,
     ProxyError,
     Transient,
+)
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.settings import (
+    KvmHost,
+    SshSettings,
+    libvirt_transport,
+    libvirt_uri_problem,
+    uri_query_parameters,
 )
 
 SSH_TRANSPORTS = ("ssh", "libssh", "libssh2")

@@ -43,9 +43,9 @@ except ImportError:  # pragma: no cover - the modules report it via missing_requ
 
 from ansible.module_utils.urls import open_url
 
-from ansible_collections.crawl.egress_proxies.plugins.module_utils.config import KvmImage
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.errors import Permanent, Transient
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.connection import classify
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.settings import KvmImage
 
 MIB = 1024 * 1024
 CHUNK = MIB
@@ -54,7 +54,7 @@ DOWNLOAD_TIMEOUT_SECONDS = 60
 # movement every 10 s, a fast one writes at most one line per 64 MiB (32 for a 2 GiB image).
 PROGRESS_EVERY_BYTES = 64 * MIB
 PROGRESS_EVERY_SECONDS = 10.0
-# The event vocabulary the controller reads (controller/egress_proxies/transfers.py defines the
+# The event vocabulary the controller reads (controller/egress_proxies/providers/transfers.py defines the
 # same; tests/contract/test_module_contract.py holds the two to each other).
 KINDS = ("start", "progress", "done", "failed", "waiting")
 DIRECTIONS = ("download", "upload")

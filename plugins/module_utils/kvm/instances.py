@@ -31,7 +31,6 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.cloudinit imp
     build_vendor_data,
     new_instance_id,
 )
-from ansible_collections.crawl.egress_proxies.plugins.module_utils.config import KvmHost, KvmSettings
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.errors import (
     NotFound,
     Permanent,
@@ -64,6 +63,7 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.images im
     lookup_volume,
     volume_xml,
 )
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.settings import KvmHost, KvmSettings
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.provider_id import (
     format_provider_id,
     parse_provider_id,

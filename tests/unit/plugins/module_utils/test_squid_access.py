@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.cloudinit import build_vendor_data
-from ansible_collections.crawl.egress_proxies.plugins.module_utils.config import KubernetesSettings
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.errors import Permanent
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.guest_agent_script import GUEST_AGENT_SCRIPT
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.instance import InstanceRequest
@@ -27,6 +26,7 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.k8s.pods impo
     build_pod,
     squid_conf,
 )
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.k8s.settings import KubernetesSettings
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.squid_access import (
     DROPIN_PATH,
     GATE_PATH,

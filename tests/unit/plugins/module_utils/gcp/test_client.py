@@ -16,13 +16,13 @@ from google.auth import exceptions as auth_exceptions
 from google.auth.credentials import AnonymousCredentials
 from google.oauth2 import service_account
 
-from ansible_collections.crawl.egress_proxies.plugins.module_utils.config import GcpSettings
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.errors import NotFound, Permanent, Transient
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.gcp.client import (
     classify,
     classify_exception,
     load_credentials,
 )
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.gcp.settings import GcpSettings
 
 
 class ResumableRefreshError(auth_exceptions.RefreshError):

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from ansible_collections.crawl.egress_proxies.plugins.module_utils.config import GcpSettings, parse_provider_config
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.config import parse_provider_config
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.errors import NotFound, Permanent, Transient
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.gcp import client as client_module
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.gcp.client import ComputeClient
@@ -22,6 +22,7 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.gcp.instances
     utc_created,
 )
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.gcp.labels import TAGS_METADATA_KEY, encode_tags
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.gcp.settings import GcpSettings
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.instance import InstanceRequest
 from support.compute_emulator import ComputeEmulator
 

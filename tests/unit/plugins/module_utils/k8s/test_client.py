@@ -14,7 +14,6 @@ import urllib3
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 
-from ansible_collections.crawl.egress_proxies.plugins.module_utils.config import KubernetesSettings
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.errors import (
     NOT_FOUND,
     PERMANENT,
@@ -29,6 +28,7 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.k8s.client im
     KubeClient,
     classify,
 )
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.k8s.settings import KubernetesSettings
 from support.kube_emulator import KubeEmulator
 from support.provider_config import write_kubeconfig
 

@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 
-from ansible_collections.crawl.egress_proxies.plugins.module_utils.config import KubernetesSettings
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.errors import (
     NOT_FOUND,
     PERMANENT,
@@ -32,6 +31,7 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.k8s.pods impo
     TERMINATION_GRACE_SECONDS,
     build_pod,
 )
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.k8s.settings import KubernetesSettings
 from support.kube_emulator import KubeEmulator
 from support.provider_config import write_kubeconfig
 

@@ -9,7 +9,6 @@ from typing import Any
 import kubernetes_validate  # type: ignore[import-untyped]
 import pytest
 
-from ansible_collections.crawl.egress_proxies.plugins.module_utils.config import KubernetesSettings
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.errors import Permanent
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.instance import InstanceRequest
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.k8s.pods import (
@@ -29,6 +28,7 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.k8s.pods impo
     squid_conf,
     tag_labels,
 )
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.k8s.settings import KubernetesSettings
 
 SETTINGS = KubernetesSettings(namespace="egress", image="ubuntu/squid:6.6-24.04_beta")
 TAGS = {

@@ -14,7 +14,6 @@ from urllib.parse import parse_qs, urlsplit
 import libvirt
 import pytest
 
-from ansible_collections.crawl.egress_proxies.plugins.module_utils.config import SshSettings
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.errors import (
     NotFound,
     Permanent,
@@ -28,6 +27,7 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.connectio
     connection_uri,
     transport_of,
 )
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.settings import SshSettings
 
 SSH = SshSettings(key_file="/etc/egress-proxies/kvm-ssh/id_ed25519",
                   known_hosts_file="/etc/egress-proxies/kvm-ssh/known_hosts")

@@ -18,7 +18,6 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.crawl.egress_proxies.plugins.module_utils.config import KvmImage
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.errors import Permanent, Transient
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm import images
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.images import (
@@ -27,6 +26,7 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.images im
     fetch_image,
     redact_url,
 )
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.settings import KvmImage
 
 CONTENT = os.urandom(256 * 1024)
 SHA = hashlib.sha256(CONTENT).hexdigest()

@@ -102,7 +102,7 @@ class ProbedRunner(FakeRunner):
         if verb == "check":
             for result in results:
                 for entry in result.result["providers"]:
-                    entry["probe"] = {"enabled": True, "httpUrl": "http://target.test/generate_204",
+                    entry["probe"] |= {"enabled": True, "httpUrl": "http://target.test/generate_204",
                                       "expectStatus": 204, "connect": None,
                                       "unhealthyAfterSeconds": self.unhealthy_after}
         return results
@@ -323,7 +323,7 @@ def test_through_real_squid_discovery_lists_only_a_serving_proxy(
         results = original(provider, verb, operations)
         if verb == "check":
             for entry in results[0].result["providers"]:
-                entry["probe"] = {"enabled": True, "httpUrl": targets.url("/generate_204"), "expectStatus": 204,
+                entry["probe"] |= {"enabled": True, "httpUrl": targets.url("/generate_204"), "expectStatus": 204,
                                   "connect": targets.connect_target, "egressEchoUrl": targets.url("/echo")}
         return results
 

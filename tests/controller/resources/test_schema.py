@@ -17,7 +17,7 @@ from egress_proxies.resources.pool import Pool, parse_duration, parse_spec
 from egress_proxies.resources.proxy import Proxy
 from egress_proxies.resources.schema import PATTERN_HINTS, pool_schema, proxy_schema, validation_errors
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def rules(rule: Any, path: str = "") -> Iterator[tuple[str, dict[str, Any]]]:

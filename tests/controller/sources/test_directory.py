@@ -2,7 +2,7 @@
 
 Real files, real flock(2) (a second store in this process and a second process), real
 permissions; the reconciler-level tests drive the real Reconciler with the runner fake of
-test_reconcile.py (tests/support/controller_fakes.py).
+sweep/test_reconcile.py (tests/support/controller_fakes.py).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """controller/manifests/monitoring: the alerting rules, checked and unit-tested by Prometheus's own
 promtool (Debian's `prometheus` package, installed by scripts/setup.sh), and the component's shape.
 That every metric the rules and the dashboard use is one the controller exports is checked
-against a running controller in tests/controller/test_operator_ux.py."""
+against a running controller in tests/controller/scenarios/test_operator_ux.py."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 MONITORING = REPO / "controller" / "manifests" / "monitoring"
 PROMTOOL = "/usr/bin/promtool"
 

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from egress_proxies.providers.client import ErrorClass, ProviderClient, ProviderType
+from egress_proxies.providers.client import ProviderClient, ProviderType
+from egress_proxies.providers.errors import ErrorClass
 from egress_proxies.providers.runner import (
     RUN_MARKER,
     RUN_MEMORY_BYTES,
@@ -304,7 +305,7 @@ def test_a_killed_runs_playbook_is_private_and_removed_when_the_next_runner_star
         tmp_path: Path, silent_ssh_port: int, image: BaseImage) -> None:
     config = hung_host_config(tmp_path, silent_ssh_port, image)
     work = tmp_path / "work"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2] / "controller"),
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[3] / "controller"),
                                                         os.environ.get("PYTHONPATH", "")])}
     # A controller in the middle of a batch whose module hangs, then SIGKILLed as an OOM kill
     # or `kill -9` would: no finally block runs.

@@ -25,16 +25,9 @@ from egress_proxies.resources.proxy import (
 from egress_proxies.sweep.backoff import Backoff
 from egress_proxies.sweep.reconcile import Reconciler, ReconcileSettings
 from support.controller_fakes import FakeRunner, MemoryStore
+from support.controller_fakes import ManualClock as Clock
 
 SPEC = {"provider": "home-kvm", "cloudInit": "#cloud-config\n"}
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture

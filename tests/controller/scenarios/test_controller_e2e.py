@@ -1,7 +1,7 @@
 """The controller end to end: the Kubernetes API emulator, the real ansible-runner, the real
 KVM modules, and libvirt's test driver served by a libvirtd.
 
-Every path here goes through the real edges; test_reconcile.py pins the same decisions
+Every path here goes through the real edges; sweep/test_reconcile.py pins the same decisions
 with fakes, including the failure combinations no real backend produces on demand.
 """
 

@@ -3,9 +3,10 @@
 The reconciler's decisions with the fakes of tests/support/controller_fakes.py, then the same rows
 through the real command, ansible-runner, the modules and libvirt's test driver (directory source)
 and through the Kubernetes API emulator with a CR stored before its schema tightened. Rows owned by
-other layers are proven beside them: the directory store (test_directory*.py), the runner, the
-HTTP server, the Lease and the API timeout (test_runner.py, test_http.py, test_loop.py,
-test_kube_store.py), provider config sections and URIs (tests/unit/.../test_config.py,
+other layers are proven beside them: the directory store (sources/test_directory.py,
+test_directory_e2e.py), the command line (test_cli.py), the runner, the HTTP server, the Lease and
+the API timeout (providers/test_runner.py, test_http_server.py, test_loop.py, sources/test_kube.py),
+provider config sections and URIs (tests/unit/.../test_config.py and .../<type>/test_settings.py,
 tests/integration/test_kvm_transport_refused.py, test_provider_config_info.py).
 """
 
@@ -22,7 +23,6 @@ import pytest
 import yaml
 from kubernetes import client
 
-from egress_proxies.cli import parse_args
 from egress_proxies.providers.runner import AnsibleRunner
 from egress_proxies.resources.proxy import FINALIZER, GROUP, PLURAL, VERSION, Proxy
 from egress_proxies.sources.kube import KubeStore
@@ -246,43 +246,6 @@ def test_a_running_instance_whose_address_cannot_be_read_keeps_its_address(confi
     rec.sweep()
     saved = store.get("eu-1")
     assert saved.status["phase"] == "Ready" and saved.status["ip"] == "192.0.2.10"
-
-
-# -- the command line --------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(("argv", "fragment"), [
-    (["--log-level", "foo"], "--log-level: invalid choice"),
-    (["--interval", "-5"], "--interval: '-5' must be at least 0.1"),
-    (["--interval", "abc"], "--interval: 'abc' is not a number of seconds"),
-    (["--listen", "[::1]:x"], "--listen: '[::1]:x' is not HOST:PORT"),
-    (["--listen", "::1:8080"], "write an IPv6 host in brackets"),
-    (["--keep-artifacts", "-1"], "--keep-artifacts: '-1' must be at least 0"),
-    (["--batch-size", "0"], "--batch-size: '0' must be at least 1"),
-])
-def test_bad_command_line_values_are_argparse_errors(argv: list[str], fragment: str) -> None:
-    result = subprocess.run([EGRESS_PROXIES, *argv], capture_output=True, text=True, timeout=60, check=False)
-    assert result.returncode == 2
-    assert fragment in result.stderr and "Traceback" not in result.stderr, result.stderr
-
-
-def test_version_and_absolute_paths(tmp_path: Path) -> None:
-    result = subprocess.run([EGRESS_PROXIES, "--version"], capture_output=True, text=True, timeout=60, check=False)
-    assert result.returncode == 0 and result.stdout.startswith("egress-proxies 0.")
-    os.chdir(tmp_path)
-    settings = parse_args(["--provider-config", "providers.yaml", "--listen", "[::1]:9090"])
-    assert settings.provider_config == tmp_path / "providers.yaml"
-    assert settings.listen == ("::1", 9090)
-
-
-def test_kubernetes_source_without_a_cluster_says_so_in_one_line(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", "KUBERNETES_SERVICE_HOST")}
-    env["HOME"] = str(tmp_path)
-    result = subprocess.run([EGRESS_PROXIES, "--once", "--work-dir", str(tmp_path / "work"), "--provider-config",
-                             str(tmp_path / "p.yaml")], capture_output=True, text=True, timeout=120, check=False,
-                            env=env)
-    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
-    assert "no kubeconfig" in result.stderr
 
 
 # -- the real path: the command, ansible-runner, the modules, libvirt's test driver ----------------

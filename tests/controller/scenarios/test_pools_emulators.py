@@ -28,7 +28,8 @@ from egress_proxies.resources.pool import PLACEMENT_LABEL, POOL_LABEL, POOL_PLUR
 from egress_proxies.resources.proxy import GROUP, PLURAL, VERSION
 from egress_proxies.sources.kube import KubePools, KubeStore
 from egress_proxies.sweep.backoff import Backoff
-from egress_proxies.sweep.pools import PoolReconciler, Quarantine
+from egress_proxies.sweep.pools import PoolReconciler
+from egress_proxies.sweep.quarantine import Quarantine
 from egress_proxies.sweep.reconcile import Reconciler
 from support.ansible_modules import collections_path
 from support.kube_emulator import KubeEmulator, proxy_crd
@@ -36,7 +37,7 @@ from support.libvirt_daemon import LibvirtTestDaemon
 from support.provider_config import OWNER, BaseImage, kvm_host
 
 NAMESPACE = "crawlers"
-POOL_CRD_PATH = Path(__file__).resolve().parents[2] / "controller" / "manifests" / "crd-proxypool.yaml"
+POOL_CRD_PATH = Path(__file__).resolve().parents[3] / "controller" / "manifests" / "crd-proxypool.yaml"
 TOKEN = "operator-token-for-pool-tests"
 CRAWLER_TOKEN = "crawler-token-for-pool-tests"
 OTHER_TOKEN = "other-team-token-for-pool-tests"

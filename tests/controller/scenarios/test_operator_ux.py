@@ -35,7 +35,7 @@ from support.provider_config import kvm_host, make_base_image, write_kvm_config
 pytestmark = pytest.mark.timeout(300)
 
 EGRESS_PROXIES = str(Path(sys.executable).parent / "egress-proxies")
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 MONITORING = REPO / "controller" / "manifests" / "monitoring"
 TEST_DRIVER_POOL = "default-pool"
 

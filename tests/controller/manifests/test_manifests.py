@@ -24,9 +24,9 @@ import yaml
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.config import parse_provider_config
 from egress_proxies.cli import parse_args
 from egress_proxies.resources import proxy as model
-from egress_proxies.resources.proxy import ready_condition
+from egress_proxies.resources.conditions import READY, condition
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 MANIFESTS = ROOT / "controller" / "manifests"
 EXAMPLES = ROOT / "controller" / "examples"
 # The oldest and the newest Kubernetes minor the manifests are checked against (kubernetes-validate
@@ -46,7 +46,7 @@ def manifest_files() -> list[Path]:
 
 
 def example_files() -> list[Path]:
-    # ProxyPool examples are checked by tests/controller/test_pools_emulators.py.
+    # ProxyPool examples are checked by tests/controller/scenarios/test_pools_emulators.py.
     return sorted(p for p in EXAMPLES.glob("*.yaml") if not p.name.startswith("proxypool-"))
 
 
@@ -194,7 +194,7 @@ def test_a_status_as_the_controller_writes_it_is_valid() -> None:
     proxy["status"] = {
         "phase": model.PHASE_READY, "providerID": "kvm://hosts/beelink/domains/p-crawlers-p-abcdef",
         "ip": "192.0.2.10", "endpoint": "192.0.2.10:3128", "observedGeneration": 3,
-        "conditions": [ready_condition("True", "InstanceRunning", "instance is running", "2026-01-02T03:04:05Z", 3)],
+        "conditions": [condition(READY, "True", "InstanceRunning", "instance is running", "2026-01-02T03:04:05Z", 3)],
     }
     assert schema_errors(proxy) == []
     proxy["status"]["phase"] = "Running"

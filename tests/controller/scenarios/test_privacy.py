@@ -142,7 +142,8 @@ def test_a_proxy_that_serves_without_credentials_is_never_handed_out(tmp_path: P
     def with_probe(op: Any) -> Any:
         result = original(op)
         for entry in result.result["providers"]:
-            entry["probe"] = {"enabled": True, "httpUrl": "http://target.test/generate_204", "expectStatus": 204}
+            entry["probe"] |= {"enabled": True, "httpUrl": "http://target.test/generate_204", "expectStatus": 204,
+                               "connect": None}
         return result
 
     runner._check_config = with_probe  # type: ignore[method-assign]

@@ -1,0 +1,154 @@
+"""Is a Proxy's instance Ready? The pure decision that ``live.LivePath.observe`` applies.
+
+Ready means running *and* serving (docs/contract.md, "Serving"): from what the provider reports
+about the instance and the latest probe through it, ``judge`` returns the phase, the Ready,
+Serving and Private conditions, the status fields and the Events to emit. It reads nothing but its
+arguments and writes nothing; the table in tests/controller/sweep/test_verdict.py pins it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from egress_proxies.providers.client import Instance
+from egress_proxies.resources import times
+from egress_proxies.resources.conditions import PRIVATE, PROVIDER_LISTED, READY, SERVING, Wanted, find_condition
+from egress_proxies.resources.proxy import PHASE_PROVISIONING, PHASE_READY
+from egress_proxies.serving.probe import ProbeOutcome
+
+# Status fields that describe one instance, dropped when another takes its place.
+INSTANCE_FIELDS = ("ip", "endpoint", "egressIP", "probe", "credentialGeneration")
+# Serving reasons of an instance that may still serve: not probed yet, or not probed at all.
+AWAITING = "AwaitingProbe"
+UNVERIFIED = "Unverified"
+# The Serving reasons of an instance that is not there to serve at all (lost, not "slow").
+LOST_REASONS = ("InstanceStopped", "InstanceError")
+
+# Private reasons that warn (an Event) when they start: anyone may use the proxy.
+WARNED_PRIVACY = ("AuthDisabled", "NotPrivate")
+# (type, reason, message) of an Event about the Proxy.
+Event = tuple[str, str, str]
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What is known of the Proxy's instance now.
+
+    ``probed``: the provider's instances are probed (``probe: none`` and the decision tests say
+    no). ``outcome``: the latest probe of this instance at this address; None when it has not been
+    probed yet. ``built_private``: the Private condition as the instance was built (None: no
+    access policy). ``credential_generation``: the credential it was built with, for status."""
+
+    instance: Instance
+    port: int
+    probed: bool = False
+    outcome: ProbeOutcome | None = None
+    built_private: Wanted | None = None
+    credential_generation: str | None = None
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """``ready`` is the Ready condition; ``conditions`` the others (None removes one); ``fields``
+    the status fields to set; ``new_instance``: the status described another instance, whose
+    fields (``INSTANCE_FIELDS``) must go first."""
+
+    phase: str
+    ready: Wanted
+    conditions: dict[str, Wanted | None]
+    fields: dict[str, Any]
+    new_instance: bool = False
+    events: tuple[Event, ...] = field(default=())
+
+
+def with_known_address(status: Mapping[str, Any], instance: Instance) -> Instance:
+    """The instance, with the address its status recorded when the provider could not read it this
+    time (a hypervisor's daemon just restarted, a lease file rotated): the address of a running
+    instance that was Ready does not change."""
+    if (instance.state == "running" and not instance.ip and status.get("ip")
+            and status.get("providerID") == instance.provider_id and status.get("phase") == PHASE_READY):
+        return dataclasses.replace(instance, ip=str(status["ip"]))
+    return instance
+
+
+def judge(status: Mapping[str, Any], seen: Observation, now: str) -> Verdict:
+    """The Proxy's next phase and conditions, from its current ``status`` and what was ``seen``;
+    ``now`` stamps when an instance first served (``status.readySince``)."""
+    instance = seen.instance
+    new_instance = status.get("providerID") != instance.provider_id
+    if new_instance:
+        status = {k: v for k, v in status.items() if k not in INSTANCE_FIELDS}
+    where = f"instance {instance.provider_id}"
+    fields: dict[str, Any] = {"providerID": instance.provider_id}
+    if instance.location:
+        # Where the provider placed it (spec.location, or the host/zone/namespace it chose):
+        # the CRD's `-o wide` Location column reads status.location.
+        fields["location"] = instance.location
+    if instance.state in ("stopped", "error"):
+        reason = LOST_REASONS[0] if instance.state == "stopped" else LOST_REASONS[1]
+        lost = ("False", reason, f"{where} is {instance.state}")
+        return Verdict(PHASE_PROVISIONING, lost, {SERVING: lost, PROVIDER_LISTED: None}, fields, new_instance)
+    if not instance.running:
+        waiting = ("False", "Provisioning", f"{where} is {instance.state}, waiting for it to run with an IP")
+        return Verdict(PHASE_PROVISIONING, waiting,
+                       {SERVING: ("Unknown", AWAITING, "not running yet"), PROVIDER_LISTED: None}, fields, new_instance)
+    endpoint = f"{instance.ip}:{seen.port}"
+    fields.update(ip=instance.ip, endpoint=endpoint)
+    if seen.credential_generation is not None:
+        fields["credentialGeneration"] = seen.credential_generation
+    phase, ready, serving, private = _serving(status, seen, where, endpoint, fields)
+    if phase == PHASE_READY:
+        if status.get("readyProviderID") != instance.provider_id or not status.get("readySince"):
+            # When this instance first served: a pool rotates its members by this age.
+            fields["readySince"] = now
+        fields["readyProviderID"] = instance.provider_id
+    events: tuple[Event, ...] = ()
+    if (private is not None and private[1] in WARNED_PRIVACY
+            and find_condition(status, PRIVATE).get("reason") != private[1]):
+        events = (("Warning", private[1], private[2]),)  # once, when it starts
+    return Verdict(phase, ready, {SERVING: serving, PROVIDER_LISTED: None, PRIVATE: private}, fields,
+                   new_instance, events)
+
+
+def _serving(status: Mapping[str, Any], seen: Observation, where: str, endpoint: str,
+             fields: dict[str, Any]) -> tuple[str, Wanted, Wanted, Wanted | None]:
+    """(phase, Ready, Serving, Private) of a running instance with an address, from its probe;
+    adds the probe's own fields to ``fields``."""
+    instance, outcome, private = seen.instance, seen.outcome, seen.built_private
+    if not seen.probed:
+        unverified = ("Unknown", UNVERIFIED, "the provider config says probe: none: nothing checks it serves")
+        return PHASE_READY, ("True", "InstanceRunning", f"{where} is running at {endpoint}"), unverified, private
+    previous_serving = find_condition(status, SERVING)
+    if outcome is None:
+        if (status.get("phase") == PHASE_READY and status.get("readyProviderID") == instance.provider_id
+                and previous_serving.get("status") == "True"):
+            # Served when last probed, and not probed by this process yet (a restarted controller,
+            # a provider listed again): the last verdict stands until the first probe, one probe
+            # interval, rather than pulling a serving proxy out of discovery.
+            message = str(find_condition(status, READY).get("message") or f"{where} at {endpoint} serves")
+            kept = ("True", "Serving", str(previous_serving.get("message") or "served when last probed"))
+            return PHASE_READY, ("True", "Serving", message), kept, private
+        awaiting = ("False", AWAITING, f"{where} is running at {endpoint}; waiting for the first probe through it")
+        return PHASE_PROVISIONING, awaiting, ("Unknown", AWAITING, "not probed yet"), private
+    probed_at = times.stamp(outcome.probed_at)
+    if outcome.serving and outcome.private is False:
+        # It serves anyone: an open relay is never handed to crawlers.
+        message = f"{where} at {endpoint} serves requests WITHOUT credentials: {outcome.privacy_message}"
+        return (PHASE_PROVISIONING, ("False", "NotPrivate", message),
+                ("True", "Serving", f"serves ({outcome.message})"), ("False", "NotPrivate", message))
+    if outcome.serving:
+        latency = outcome.latency_seconds or 0.0
+        message = f"{where} at {endpoint} serves requests through it ({latency * 1000:.0f} ms)"
+        fields["egressIP"] = outcome.egress_ip
+        fields["probe"] = {"latencySeconds": round(latency, 4), "lastProbeTime": probed_at,
+                           "servedProviderID": instance.provider_id}
+        return PHASE_READY, ("True", "Serving", message), ("True", "Serving", message), private
+    message = f"{where} at {endpoint} runs but does not serve: {outcome.reason}: {outcome.message}"
+    served = (status.get("probe") or {}).get("servedProviderID")
+    fields["probe"] = {"lastProbeTime": probed_at,
+                       **({"servedProviderID": served} if served == instance.provider_id else {})}
+    return (PHASE_PROVISIONING, ("False", "NotServing", message), ("False", outcome.reason.value, outcome.message),
+            private)

@@ -1,0 +1,86 @@
+# -*- coding: utf-8 -*-
+# Copyright: (c) 2026, egress-proxies developers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The ``kubernetes`` section of a provider entry: its settings and how it is read.
+
+Importable without the kubernetes client: only the standard library and the config reader.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import List, Optional, Tuple
+
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.config_reader import Errors, Reader
+
+
+@dataclass(frozen=True)
+class KubernetesSettings:
+    namespace: str
+    """Where a Proxy without ``location`` gets its Pod."""
+    image: str
+    """The squid container image; it must have ``squid`` on its PATH."""
+    kubeconfig: Optional[str] = None
+    """Path of a kubeconfig file; None = in-cluster config (KUBERNETES_SERVICE_HOST)."""
+    squid_config: Optional[str] = None
+    """A squid.conf without ``http_port`` (the module adds one per Proxy); None = the built-in default."""
+    host_network: bool = False
+    spread_nodes: bool = True
+    cpu_request: str = "100m"
+    memory_request: str = "128Mi"
+    namespaces: Tuple[str, ...] = ()
+    """Further namespaces a Proxy may name as its ``location`` (listing covers them all)."""
+
+    @property
+    def locations(self) -> Tuple[str, ...]:
+        """Every namespace this provider creates Pods in and lists, the default first."""
+        return (self.namespace, *(n for n in self.namespaces if n != self.namespace))
+
+
+# A namespace name is an RFC 1123 label (providerIDs rely on it: k8s://namespaces/<ns>/pods/<name>).
+NAMESPACE_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+NAMESPACE_RULE = "is not a valid Kubernetes namespace name (RFC 1123 label: lowercase letters, digits, '-')"
+# A Kubernetes resource quantity as requests take it ("100m", "0.5", "128Mi", "1G").
+QUANTITY_RE = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
+QUANTITY_RULE = "is not a Kubernetes quantity such as 100m, 0.5, 128Mi or 1Gi"
+# squid.conf travels in a Pod annotation (all annotations together are capped at 256 KiB).
+SQUID_CONFIG_MAX_BYTES = 64 * 1024
+_HTTP_PORT_LINE = re.compile(r"^[ \t]*http_port\b", re.MULTILINE)
+
+
+def parse_kubernetes_section(reader: Reader, errors: Errors) -> Optional[KubernetesSettings]:
+    start = len(errors)
+    reader.only(errors, "namespace", "namespaces", "image", "kubeconfig", "squidConfig", "hostNetwork",
+                "spreadNodes", "cpuRequest", "memoryRequest")
+    namespace = errors.read(reader.string, "namespace", pattern=NAMESPACE_RE, rule=NAMESPACE_RULE)
+    namespaces: List[str] = []
+    if reader.data.get("namespaces") is not None:
+        for index, item in enumerate(errors.read(reader.non_empty_list, "namespaces") or []):
+            if not isinstance(item, str) or not NAMESPACE_RE.fullmatch(item):
+                errors.add("%s[%d]: %r %s" % (reader.at("namespaces"), index, item, NAMESPACE_RULE))
+            else:
+                namespaces.append(item)
+    image = errors.read(reader.string, "image")
+    if image is not None and any(char.isspace() for char in image):
+        errors.add("%s: %r is not a container image reference (it contains whitespace)" % (reader.at("image"), image))
+    kubeconfig = errors.read(reader.absolute_path, "kubeconfig", False)
+    squid_config = errors.read(reader.optional_string, "squidConfig")
+    if squid_config is not None:
+        if len(squid_config.encode("utf-8")) > SQUID_CONFIG_MAX_BYTES:
+            errors.add("%s: is longer than %d bytes; it travels in a Pod annotation" % (
+                reader.at("squidConfig"), SQUID_CONFIG_MAX_BYTES))
+        elif _HTTP_PORT_LINE.search(squid_config):
+            errors.add("%s: must not contain http_port: the module adds 'http_port <port>' from each "
+                       "Proxy's port; remove the line" % reader.at("squidConfig"))
+    host_network = errors.read(reader.boolean, "hostNetwork", False)
+    spread_nodes = errors.read(reader.boolean, "spreadNodes", True)
+    cpu_request = errors.read(reader.string, "cpuRequest", "100m", pattern=QUANTITY_RE, rule=QUANTITY_RULE)
+    memory_request = errors.read(reader.string, "memoryRequest", "128Mi", pattern=QUANTITY_RE, rule=QUANTITY_RULE)
+    if len(errors) > start or namespace is None or image is None or host_network is None or spread_nodes is None \
+            or cpu_request is None or memory_request is None:
+        return None
+    return KubernetesSettings(
+        namespace=namespace, image=image, kubeconfig=kubeconfig, squid_config=squid_config,
+        host_network=host_network, spread_nodes=spread_nodes, cpu_request=cpu_request,
+        memory_request=memory_request, namespaces=tuple(namespaces))

@@ -1,0 +1,243 @@
+"""sweep/live.py: LivePath for one provider in one sweep -- creates, status from what the provider
+reports, make-before-break retirement, listing failures, provider-wide backoff and replacements
+of lost instances -- with the fakes of tests/support/controller_fakes.py behind a real
+ProviderClient and ProxyWriter. Nothing is probed here (no monitor): running with an address is
+Ready, reported unverified; probing is tested in tests/controller/scenarios/test_serving.py."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.config import (
+    ProbeSettings as CollectionProbeSettings,
+)
+from egress_proxies.providers.client import Listing, ProbeSettings, ProviderClient, ProviderType
+from egress_proxies.providers.errors import ErrorClass, ProviderError
+from egress_proxies.resources.proxy import (
+    REPLACEMENTS_ANNOTATION,
+    SPEC_HASH_ANNOTATION,
+    Proxy,
+    instance_name,
+    spec_hash,
+)
+from egress_proxies.serving.credentials import AccessPolicy, Credentials, FileSecrets
+from egress_proxies.sweep.backoff import Backoff
+from egress_proxies.sweep.live import LivePath, LiveSettings
+from egress_proxies.sweep.writer import ProxyWriter
+from support.controller_fakes import FakeRunner, MemoryStore
+
+SPEC = {"provider": "home-kvm", "cloudInit": "#cloud-config\n"}
+OWNER = "test-owner"
+# The provider config says probe: none (the fake's addresses are made up).
+NOT_PROBED = ProbeSettings.from_result(CollectionProbeSettings(enabled=False).as_dict())
+
+
+class Live:
+    def __init__(self, access: AccessPolicy | None = None, **settings: Any) -> None:
+        self.store = MemoryStore()
+        self.runner = FakeRunner()
+        self.writer = ProxyWriter(self.store, Backoff(clock=lambda: 0.0, rng=lambda: 0.5))
+        self.client = ProviderClient(self.runner, "providers.yaml", "home-kvm", ProviderType.KVM)
+        self.counts: Counter[str] = Counter()
+        self.seconds = 0.0  # what seconds_since answers for every stamp
+        self.path = LivePath(self.writer, LiveSettings(**settings), OWNER, self.contain, self.count,
+                             lambda _stamp: self.seconds, NOT_PROBED, access=access)
+
+    @staticmethod
+    def contain(_proxy: Proxy, action: Callable[[], object]) -> None:
+        action()
+
+    def count(self, counter: str, amount: int) -> None:
+        self.counts[counter] += amount
+
+    def sweep(self, *names: str, listing: Listing | None = None) -> None:
+        proxies = [self.store.get(n) for n in names]
+        self.path.reconcile(self.client, proxies, listing or self.client.list_instances(OWNER))
+
+    def condition(self, name: str, condition_type: str) -> dict[str, Any]:
+        return next(c for c in self.store.get(name).status["conditions"] if c["type"] == condition_type)
+
+    def created_names(self) -> list[str]:
+        return [op.args["name"] for call in self.runner.calls if call.verb == "create" for op in call.operations]
+
+
+@pytest.fixture
+def live() -> Live:
+    return Live()
+
+
+def test_a_proxy_without_an_instance_gets_one_and_is_ready_unverified(live: Live) -> None:
+    live.store.add("eu-1", SPEC)
+    live.sweep("eu-1")
+    proxy = live.store.get("eu-1")
+    [instance] = live.runner.instances.values()
+    assert proxy.status["providerID"] == instance["provider_id"] and proxy.status["phase"] == "Ready"
+    assert proxy.status["endpoint"] == "192.0.2.10:3128" and proxy.status["location"] == "h1"
+    assert proxy.status["readyProviderID"] == instance["provider_id"] and proxy.status["readySince"]
+    assert live.condition("eu-1", "Serving")["reason"] == "Unverified"
+    assert proxy.annotations[SPEC_HASH_ANNOTATION] == spec_hash(SPEC)
+    assert live.store.reasons() == ["Created"] and live.counts["created"] == 1
+
+
+def test_an_instance_already_there_is_adopted_not_created_again(live: Live) -> None:
+    live.store.add("eu-1", SPEC)
+    live.sweep("eu-1")
+    live.runner.calls.clear()
+    live.sweep("eu-1")
+    assert live.runner.verbs() == ["list"]
+    assert len(live.runner.instances) == 1
+
+
+def test_creates_are_batched(live: Live) -> None:
+    live = Live(batch_size=2)
+    for n in range(5):
+        live.store.add(f"eu-{n}", SPEC)
+    live.sweep(*(f"eu-{n}" for n in range(5)))
+    assert sorted(len(c.operations) for c in live.runner.calls if c.verb == "create") == [1, 2, 2]
+    assert live.counts["runner_calls"] == 3
+
+
+def test_a_spec_change_makes_the_new_instance_before_it_breaks_the_old(live: Live) -> None:
+    live.store.add("eu-1", SPEC)
+    live.sweep("eu-1")
+    [old] = list(live.runner.instances)
+    live.store.update_spec("eu-1", port=8080)
+    live.runner.ip = None  # the new instance runs without an address yet: not Ready
+    live.sweep("eu-1")
+    assert old in live.runner.instances and len(live.runner.instances) == 2
+    assert live.store.get("eu-1").status["phase"] == "Provisioning"
+    for instance in live.runner.instances.values():
+        instance["ip"] = "192.0.2.11"
+    live.sweep("eu-1")
+    assert old not in live.runner.instances and len(live.runner.instances) == 1
+    assert live.store.reasons()[-1] == "Replaced"
+    assert live.store.get("eu-1").status["endpoint"] == "192.0.2.11:8080"
+
+
+def test_a_running_instance_without_an_address_this_time_keeps_its_address(live: Live) -> None:
+    live.store.add("eu-1", SPEC)
+    live.sweep("eu-1")
+    for instance in live.runner.instances.values():
+        instance["ip"] = None
+    live.sweep("eu-1")
+    assert live.store.get("eu-1").status["phase"] == "Ready"
+    assert live.store.get("eu-1").status["ip"] == "192.0.2.10"
+
+
+def test_a_failed_listing_keeps_a_ready_proxy_ready_for_a_bounded_time(live: Live) -> None:
+    live.store.add("eu-1", SPEC)
+    live.sweep("eu-1")
+    down = Listing(error=ProviderError(ErrorClass.TRANSIENT, "libvirtd restarting"))
+    live.sweep("eu-1", listing=down)
+    assert live.store.get("eu-1").status["phase"] == "Ready"
+    assert live.condition("eu-1", "ProviderListed")["status"] == "False"
+    live.seconds = LiveSettings.stale_listing_seconds
+    live.sweep("eu-1", listing=down)
+    assert live.store.get("eu-1").status["phase"] == "Provisioning"
+    assert live.condition("eu-1", "Ready")["reason"] == "ListFailed"
+    assert live.writer.backoff.due(live.store.get("eu-1").uid)  # a listing is tried every sweep
+    live.sweep("eu-1")
+    assert live.store.get("eu-1").status["phase"] == "Ready"
+    assert "ProviderListed" not in {c["type"] for c in live.store.get("eu-1").status["conditions"]}
+
+
+def fail_creates(live: Live, *names: str) -> None:
+    for name in names:
+        proxy = live.store.get(name)
+        live.runner.fail[("kvm_proxy", instance_name(proxy, spec_hash(SPEC)))] = ("transient", f"{name}: no route")
+
+
+def test_a_batch_failing_transient_backs_off_the_provider_not_each_proxy(live: Live) -> None:
+    for name in ("eu-1", "eu-2"):
+        live.store.add(name, SPEC)
+    fail_creates(live, "eu-1", "eu-2")
+    live.sweep("eu-1", "eu-2")
+    assert not live.writer.provider_backoff.due("home-kvm")
+    assert all(live.writer.backoff.due(live.store.get(n).uid) for n in ("eu-1", "eu-2"))
+    assert live.condition("eu-1", "Ready")["reason"] == "CreateFailed"
+    live.runner.fail.clear()
+    live.runner.calls.clear()
+    live.sweep("eu-1", "eu-2")
+    assert live.runner.verbs() == ["list"]  # the provider is not due yet: no create
+
+
+def test_one_item_failing_alone_backs_off_its_own_proxy(live: Live) -> None:
+    live.store.add("eu-1", SPEC)
+    live.store.add("eu-2", SPEC)
+    fail_creates(live, "eu-1")
+    live.sweep("eu-1", "eu-2")
+    assert not live.writer.backoff.due(live.store.get("eu-1").uid)
+    assert live.writer.provider_backoff.due("home-kvm")
+    assert live.store.get("eu-2").status["phase"] == "Ready"
+
+
+def test_a_stopped_instance_that_never_was_ready_is_created_again_by_name(live: Live) -> None:
+    live.store.add("eu-1", SPEC)
+    live.runner.ip = None
+    live.sweep("eu-1")
+    for instance in live.runner.instances.values():
+        instance["state"] = "stopped"
+    live.sweep("eu-1")
+    first, second = live.created_names()
+    assert first == second and len(live.runner.instances) == 1
+
+
+def test_a_lost_instance_is_replaced_under_a_new_name_once_unhealthy_long_enough(live: Live) -> None:
+    live.store.add("eu-1", SPEC)
+    live.sweep("eu-1")
+    for instance in live.runner.instances.values():
+        instance["state"] = "stopped"
+    live.sweep("eu-1")
+    assert live.condition("eu-1", "Serving")["reason"] == "InstanceStopped"
+    assert len(live.created_names()) == 1
+    live.seconds = 300.0
+    live.sweep("eu-1")
+    assert live.store.get("eu-1").annotations[REPLACEMENTS_ANNOTATION] == f"{spec_hash(SPEC)}:1"
+    first, second = live.created_names()
+    assert first != second and "InstanceLost" in live.store.reasons()
+
+
+def test_replacements_are_budgeted_per_provider_and_sweep() -> None:
+    live = Live(replacement_budget=0.2)
+    names = [f"eu-{n}" for n in range(10)]
+    for name in names:
+        live.store.add(name, SPEC)
+    live.sweep(*names)
+    for instance in live.runner.instances.values():
+        instance["state"] = "stopped"
+    live.seconds = 10_000.0
+    live.sweep(*names)
+    replaced = [n for n in names if REPLACEMENTS_ANNOTATION in live.store.get(n).annotations]
+    assert len(replaced) == 2
+
+
+def test_replacements_end_in_failed_once_exhausted() -> None:
+    live = Live(max_replacements=1)
+    live.store.add("eu-1", SPEC)
+    live.seconds = 10_000.0
+    for _ in range(3):
+        live.sweep("eu-1")  # created Ready, then (stopped) replaced once, then given up
+        for instance in live.runner.instances.values():
+            instance["state"] = "stopped"
+    assert live.store.get("eu-1").status["phase"] == "Failed"
+    assert live.condition("eu-1", "Ready")["reason"] == "ReplacementsExhausted"
+    assert len(live.created_names()) == 2
+
+
+def test_with_access_an_instance_gets_the_hash_never_the_password(tmp_path: Path) -> None:
+    credentials = Credentials(FileSecrets(tmp_path / "credentials"))
+    live = Live(access=AccessPolicy(credentials, {"home-kvm": ("10.0.0.0/8",)}))
+    live.store.add("eu-1", SPEC)
+    live.sweep("eu-1")
+    credential = credentials.current("crawlers")
+    [create] = [op for call in live.runner.calls if call.verb == "create" for op in call.operations]
+    assert create.args["access"] == {"users": [{"name": credential.user, "password_hash": credential.password_hash}],
+                                     "allowed_sources": ["10.0.0.0/8"], "open": False}
+    assert credential.password not in repr(live.runner.calls)
+    assert live.store.get("eu-1").status["credentialGeneration"] == credential.generation
+    assert live.condition("eu-1", "Private")["status"] == "True"

@@ -1,0 +1,132 @@
+"""sweep/verdict.py: the pure Ready/Serving/Private decision, as a table of cases (what the status
+says, what the provider reports, what the probe found) and what each must give."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from egress_proxies.providers.client import Instance
+from egress_proxies.resources.conditions import PRIVATE, PROVIDER_LISTED, SERVING
+from egress_proxies.serving.probe import ProbeOutcome, ProbeReason
+from egress_proxies.sweep.verdict import Observation, judge, with_known_address
+
+NOW = "2026-12-06T10:00:00Z"
+PROBED_AT = datetime(2026, 12, 6, 9, 59, 50, tzinfo=UTC)
+ID = "kvm://hosts/h1/domains/p-a"
+RUNNING = Instance(provider_id=ID, name="p-a", location="h1", state="running", ip="192.0.2.10")
+BUILT_PRIVATE = ("True", "CredentialsRequired", "requests need the crawlers credentials, from 10.0.0.0/8")
+OPEN = ("False", "AuthDisabled", "spec.auth is none: anyone from 10.0.0.0/8 who reaches it can use this proxy")
+
+
+def outcome(serving: bool, reason: ProbeReason = ProbeReason.SERVING, private: bool | None = True,
+            egress: str | None = "203.0.113.5") -> ProbeOutcome:
+    return ProbeOutcome(serving=serving, reason=reason, message=f"{reason} details", latency_seconds=0.012,
+                        egress_ip=egress if serving else None, private=private,
+                        privacy_message="requests without credentials refused", probed_at=PROBED_AT)
+
+
+def ready_status(**extra: Any) -> dict[str, Any]:
+    return {"phase": "Ready", "providerID": ID, "ip": "192.0.2.10", "readyProviderID": ID,
+            "readySince": "2026-12-06T09:00:00Z",
+            "conditions": [{"type": "Ready", "status": "True", "reason": "Serving", "message": "it serves"},
+                           {"type": SERVING, "status": "True", "reason": "Serving", "message": "served"},
+                           {"type": PRIVATE, "status": "True", "reason": "CredentialsRequired", "message": "m"}],
+            **extra}
+
+
+CASES = [
+    # (id, status, observation, phase, Ready reason, Serving (status, reason), Private reason or None)
+    ("stopped", {}, Observation(Instance(ID, state="stopped"), 3128),
+     "Provisioning", "InstanceStopped", ("False", "InstanceStopped"), None),
+    ("error", {}, Observation(Instance(ID, state="error"), 3128),
+     "Provisioning", "InstanceError", ("False", "InstanceError"), None),
+    ("pending", {}, Observation(Instance(ID, state="pending"), 3128),
+     "Provisioning", "Provisioning", ("Unknown", "AwaitingProbe"), None),
+    ("running without an address", {}, Observation(Instance(ID, state="running"), 3128),
+     "Provisioning", "Provisioning", ("Unknown", "AwaitingProbe"), None),
+    ("probe: none", {}, Observation(RUNNING, 3128, built_private=BUILT_PRIVATE),
+     "Ready", "InstanceRunning", ("Unknown", "Unverified"), "CredentialsRequired"),
+    ("not probed yet", {}, Observation(RUNNING, 3128, probed=True, built_private=BUILT_PRIVATE),
+     "Provisioning", "AwaitingProbe", ("Unknown", "AwaitingProbe"), "CredentialsRequired"),
+    ("not probed yet, served before", ready_status(), Observation(RUNNING, 3128, probed=True),
+     "Ready", "Serving", ("True", "Serving"), None),
+    ("serving", {}, Observation(RUNNING, 3128, probed=True, outcome=outcome(True), built_private=BUILT_PRIVATE),
+     "Ready", "Serving", ("True", "Serving"), "CredentialsRequired"),
+    ("serving anyone", {}, Observation(RUNNING, 3128, probed=True, outcome=outcome(True, private=False),
+                                       built_private=BUILT_PRIVATE),
+     "Provisioning", "NotPrivate", ("True", "Serving"), "NotPrivate"),
+    ("not serving", {}, Observation(RUNNING, 3128, probed=True,
+                                    outcome=outcome(False, ProbeReason.CONNECTION_REFUSED)),
+     "Provisioning", "NotServing", ("False", "ConnectionRefused"), None),
+    ("auth none, serving", {}, Observation(RUNNING, 3128, probed=True, outcome=outcome(True, private=None),
+                                           built_private=OPEN),
+     "Ready", "Serving", ("True", "Serving"), "AuthDisabled"),
+]
+
+
+@pytest.mark.parametrize(("status", "seen", "phase", "ready", "serving", "private"),
+                         [case[1:] for case in CASES], ids=[case[0] for case in CASES])
+def test_the_verdict_table(status: dict[str, Any], seen: Observation, phase: str, ready: str,
+                           serving: tuple[str, str], private: str | None) -> None:
+    verdict = judge(status, seen, NOW)
+    assert (verdict.phase, verdict.ready[1]) == (phase, ready)
+    found_serving = verdict.conditions[SERVING]
+    assert found_serving is not None
+    assert found_serving[:2] == serving
+    assert PROVIDER_LISTED in verdict.conditions and verdict.conditions[PROVIDER_LISTED] is None
+    found = verdict.conditions.get(PRIVATE)
+    assert (found[1] if found is not None else None) == private
+    assert verdict.fields["providerID"] == ID
+
+
+def test_a_serving_instance_reports_its_probe_and_first_serving_time() -> None:
+    verdict = judge({}, Observation(RUNNING, 3128, probed=True, outcome=outcome(True)), NOW)
+    assert verdict.fields["endpoint"] == "192.0.2.10:3128"
+    assert verdict.fields["egressIP"] == "203.0.113.5"
+    assert verdict.fields["probe"] == {"latencySeconds": 0.012, "lastProbeTime": "2026-12-06T09:59:50Z",
+                                       "servedProviderID": ID}
+    assert (verdict.fields["readySince"], verdict.fields["readyProviderID"]) == (NOW, ID)
+    # Still serving later: when it first served stays as recorded.
+    again = judge(ready_status(), Observation(RUNNING, 3128, probed=True, outcome=outcome(True)), NOW)
+    assert "readySince" not in again.fields
+
+
+def test_an_instance_that_stops_serving_keeps_the_record_that_it_served() -> None:
+    status = ready_status(probe={"servedProviderID": ID, "lastProbeTime": "2026-12-06T09:59:00Z"})
+    verdict = judge(status, Observation(RUNNING, 3128, probed=True, outcome=outcome(False, ProbeReason.TIMEOUT)),
+                    NOW)
+    assert verdict.fields["probe"] == {"lastProbeTime": "2026-12-06T09:59:50Z", "servedProviderID": ID}
+    assert "readySince" not in verdict.fields
+
+
+def test_another_instance_starts_from_a_clean_status() -> None:
+    other = Instance("kvm://hosts/h1/domains/p-b", state="running", ip="192.0.2.11")
+    verdict = judge(ready_status(probe={"servedProviderID": ID}), Observation(other, 3128, probed=True), NOW)
+    assert verdict.new_instance
+    # Not probed yet, and its predecessor's Ready verdict does not carry over.
+    assert (verdict.phase, verdict.ready[1]) == ("Provisioning", "AwaitingProbe")
+
+
+@pytest.mark.parametrize(("previous", "built", "probe", "events"), [
+    (None, OPEN, outcome(True, private=None), [("Warning", "AuthDisabled")]),
+    ("AuthDisabled", OPEN, outcome(True, private=None), []),
+    (None, BUILT_PRIVATE, outcome(True, private=False), [("Warning", "NotPrivate")]),
+    ("NotPrivate", BUILT_PRIVATE, outcome(True, private=False), []),
+    (None, BUILT_PRIVATE, outcome(True), []),
+])
+def test_warnings_about_privacy_are_emitted_once_when_they_start(
+        previous: str | None, built: tuple[str, str, str], probe: ProbeOutcome, events: list[tuple[str, str]]) -> None:
+    status = {"conditions": [{"type": PRIVATE, "status": "False", "reason": previous}]} if previous else {}
+    verdict = judge(status, Observation(RUNNING, 3128, probed=True, outcome=probe, built_private=built), NOW)
+    assert [event[:2] for event in verdict.events] == events
+
+
+def test_a_ready_instance_keeps_its_address_when_the_provider_cannot_read_it() -> None:
+    unknown = Instance(ID, state="running", ip=None)
+    assert with_known_address(ready_status(), unknown).ip == "192.0.2.10"
+    # Not for another instance, nor for one that was never Ready.
+    assert with_known_address(ready_status(providerID="other"), unknown).ip is None
+    assert with_known_address({**ready_status(), "phase": "Provisioning"}, unknown).ip is None

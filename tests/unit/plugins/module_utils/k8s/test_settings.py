@@ -1,0 +1,72 @@
+"""The kubernetes section: its settings, their defaults, and every bad field."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.config import config_errors, parse_provider_config
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.k8s.settings import KubernetesSettings
+from support.config_documents import DELETE, K8S, assert_bad_field, changed, paths, valid_document
+
+
+def test_kubernetes_settings_and_their_defaults() -> None:
+    minimal = parse_provider_config(valid_document()).providers[2].kubernetes
+    assert minimal is not None
+    assert minimal == KubernetesSettings(namespace="egress", image="ubuntu/squid:latest", kubeconfig=None,
+                                         squid_config=None, host_network=False, spread_nodes=True,
+                                         cpu_request="100m", memory_request="128Mi", namespaces=())
+    assert minimal.locations == ("egress",)
+    document = changed(((*K8S, "namespaces"), ["crawl-a", "egress"]), ((*K8S, "kubeconfig"), "/etc/kube/config"),
+                       ((*K8S, "squidConfig"), "# https_port is fine\nhttp_access allow all\n"),
+                       ((*K8S, "hostNetwork"), True), ((*K8S, "spreadNodes"), False),
+                       ((*K8S, "cpuRequest"), "0.5"), ((*K8S, "memoryRequest"), "1Gi"))
+    full = parse_provider_config(document).providers[2].kubernetes
+    assert full is not None
+    assert full.locations == ("egress", "crawl-a")  # the default first, never twice
+    assert (full.kubeconfig, full.host_network, full.spread_nodes, full.cpu_request, full.memory_request) == (
+        "/etc/kube/config", True, False, "0.5", "1Gi")
+    assert full.squid_config == "# https_port is fine\nhttp_access allow all\n"
+
+
+BAD_FIELDS = [
+    pytest.param(changed(((*K8S, "namespace"), "Egress")), "providers[2].kubernetes.namespace: 'Egress'",
+                 id="kubernetes-namespace-invalid"),
+    pytest.param(changed(((*K8S, "namespaces"), ["crawl-a", "Crawl_B"])),
+                 "providers[2].kubernetes.namespaces[1]: 'Crawl_B' is not a valid Kubernetes namespace name",
+                 id="kubernetes-namespaces-entry-invalid"),
+    pytest.param(changed(((*K8S, "namespaces"), [])), "providers[2].kubernetes.namespaces: must be a non-empty list",
+                 id="kubernetes-namespaces-empty"),
+    pytest.param(changed(((*K8S, "image"), "ubuntu/squid latest")),
+                 "providers[2].kubernetes.image: 'ubuntu/squid latest' is not a container image reference",
+                 id="kubernetes-image-with-space"),
+    pytest.param(changed(((*K8S, "squidConfig"), "acl a src all\n  http_port 8080\n")),
+                 "providers[2].kubernetes.squidConfig: must not contain http_port: the module adds",
+                 id="kubernetes-squid-config-with-http-port"),
+    pytest.param(changed(((*K8S, "squidConfig"), "#" * (64 * 1024 + 1))),
+                 "providers[2].kubernetes.squidConfig: is longer than 65536 bytes", id="kubernetes-squid-config-huge"),
+    pytest.param(changed(((*K8S, "cpuRequest"), "half")),
+                 "providers[2].kubernetes.cpuRequest: 'half' is not a Kubernetes quantity",
+                 id="kubernetes-cpu-request"),
+    pytest.param(changed(((*K8S, "memoryRequest"), "128MB")),
+                 "providers[2].kubernetes.memoryRequest: '128MB' is not a Kubernetes quantity",
+                 id="kubernetes-memory-request"),
+    pytest.param(changed(((*K8S, "hostNetwork"), "yes")),
+                 "providers[2].kubernetes.hostNetwork: must be true or false", id="kubernetes-host-network-not-bool"),
+    pytest.param(changed(((*K8S, "hostnetwork"), True)), "providers[2].kubernetes.hostnetwork: unknown field",
+                 id="kubernetes-typo"),
+]
+
+
+@pytest.mark.parametrize(("document", "expected"), BAD_FIELDS)
+def test_a_bad_field_is_reported_with_its_path(document: dict[str, Any], expected: str) -> None:
+    assert_bad_field(document, expected)
+
+
+def test_every_unknown_key_and_every_bad_field_of_one_section_is_reported() -> None:
+    document = changed(((*K8S, "hostnetwork"), True), ((*K8S, "cpu"), "1"), ((*K8S, "memoryRequest"), "lots"),
+                       ((*K8S, "namespace"), DELETE))
+    assert paths(config_errors(document)) == [
+        "providers[2].kubernetes.hostnetwork", "providers[2].kubernetes.cpu", "providers[2].kubernetes.namespace",
+        "providers[2].kubernetes.memoryRequest"]
