@@ -22,6 +22,7 @@ from egress_proxies.http_server import (
     QUARANTINE_PER_MINUTE,
     ControllerHTTPServer,
     TokenScopes,
+    TokensFileError,
     token_from_env,
     warn_if_no_token,
 )
@@ -29,7 +30,7 @@ from egress_proxies.loop import ChangeFeed, Controller, Elector, LoopSettings
 from egress_proxies.providers import client as providers_module
 from egress_proxies.providers.runner import AnsibleRunner
 from egress_proxies.resources.proxy import PHASE_READY, Proxy
-from egress_proxies.serving.credentials import Credentials, FileSecrets, SecretBackend
+from egress_proxies.serving.credentials import GRACE_SECONDS, Credentials, FileSecrets, SecretBackend
 from egress_proxies.serving.monitor import ServingMonitor
 from egress_proxies.serving.probe import ProbeConfigError, Prober
 from egress_proxies.sources.directory import DirectoryStore
@@ -69,6 +70,7 @@ class Settings:
     probe_interval_seconds: float = 10.0
     probe_allow: list[str] | None = None
     discovery_tokens: Path | None = None
+    credential_grace_seconds: float = GRACE_SECONDS
     until_ready_seconds: float | None = None
     quarantine_per_minute: float = QUARANTINE_PER_MINUTE
 
@@ -133,8 +135,8 @@ def _source_options(add: _Add) -> None:
 def _config_options(add: _Add) -> None:
     add("--provider-config", type=Path, default=Settings.provider_config, help="the provider config file")
     add("--check-config", action="store_true",
-        help="validate the provider config with the collection's validator, print every error, and exit "
-             "(non-zero when it is invalid)")
+        help="validate the provider config with the collection's validator (and the --discovery-tokens file), "
+             "print every error, and exit (non-zero when it is invalid)")
     add("--once", action="store_true",
         help="run one sweep and exit: 0 only when nothing failed (config, providers, Proxies)")
     add("--until-ready", type=_positive(float, 0, "a number of seconds"), default=None,
@@ -177,9 +179,15 @@ def _serving_options(add: _Add) -> None:
         help="only probe proxy endpoints inside this network (repeatable; default: anywhere). Addresses a "
              "provider reports outside them are reported NotAllowed and never contacted")
     add("--discovery-tokens", type=Path, default=None, metavar="FILE",
-        help="crawler tokens scoped to namespaces (YAML: [{name, sha256, namespaces}]); a scoped token sees only "
-             "its namespaces' proxies, with their credentials. DISCOVERY_TOKEN stays the operator's all-namespaces "
-             "token, without credentials")
+        help="crawler tokens scoped to namespaces (YAML: [{name, sha256, namespaces: [NAMESPACE, ...]}]); a "
+             "scoped token sees only its namespaces' proxies, with their credentials. Checked at start: any bad "
+             "entry stops the controller. DISCOVERY_TOKEN stays the operator's all-namespaces token, without "
+             "credentials")
+    add("--credential-grace", type=_positive(float, 0, "a number of seconds"), default=GRACE_SECONDS,
+        dest="credential_grace_seconds", metavar="SECONDS",
+        help="how long a namespace's proxy credential outlives the namespace's last Proxy before it is removed "
+             "(a namespace made again later, or under another identity, always gets a new one; default: "
+             "%(default)s)")
     add("--quarantine-rate", type=_positive(float, 0.1, "a number per minute"), default=QUARANTINE_PER_MINUTE,
         dest="quarantine_per_minute", metavar="PER_MINUTE",
         help="quarantines one discovery token may ask for per minute (POST /v1/proxies/NS/NAME/quarantine); "
@@ -284,6 +292,19 @@ def check_config(runner: AnsibleRunner, path: Path) -> int:
     return 0 if providers.valid else 1
 
 
+def check_tokens(path: Path | None) -> int:
+    """``--check-config --discovery-tokens FILE``: the tokens file's problems, as at start-up."""
+    if path is None:
+        return 0
+    try:
+        TokenScopes(path).check()
+    except TokensFileError as error:
+        sys.stdout.write(f"INVALID: {error}\n")
+        return 1
+    sys.stdout.write(f"{path}: valid\n")
+    return 0
+
+
 @dataclass(frozen=True)
 class Pieces:
     """What ``main`` builds from the settings, for the mode it runs."""
@@ -313,7 +334,8 @@ def build_pieces(settings: Settings, runner: AnsibleRunner) -> Pieces | None:
         log.error("--probe-allow: %s", error)
         return None
     monitor = ServingMonitor(prober, settings.probe_interval_seconds)
-    credentials = Credentials(secrets)
+    credentials = Credentials(secrets, settings.credential_grace_seconds,
+                              scope=settings.namespace if settings.source == "kubernetes" else None)
     pool_store = build_pools(settings, store)
     reconciler = Reconciler(
         store, runner, str(settings.provider_config),
@@ -344,14 +366,13 @@ def run_once(pieces: Pieces) -> int:
     return 0 if report.clean else 1
 
 
-def serve(settings: Settings, pieces: Pieces) -> int:
+def serve(settings: Settings, pieces: Pieces, scopes: TokenScopes) -> int:
     """The controller's normal life: health, metrics and discovery over HTTP, and sweeps until a
     SIGTERM or SIGINT."""
     controller = pieces.controller
     token = token_from_env()
     warn_if_no_token(token, log)
-    server = ControllerHTTPServer(pieces.health, controller.ready_proxies, token,
-                                  token_scopes=TokenScopes(settings.discovery_tokens),
+    server = ControllerHTTPServer(pieces.health, controller.ready_proxies, token, token_scopes=scopes,
                                   proxy_url=proxy_url(pieces.credentials), quarantine=Quarantine(pieces.store),
                                   quarantine_per_minute=settings.quarantine_per_minute)
     host, port = settings.listen
@@ -377,10 +398,17 @@ def main(argv: list[str] | None = None) -> int:
     runner = AnsibleRunner(settings.work_dir, timeout_seconds=settings.runner_timeout_seconds,
                            max_concurrent=settings.max_runners, keep_artifacts=settings.keep_artifacts)
     if settings.check_config:
-        return check_config(runner, settings.provider_config)
+        return max(check_config(runner, settings.provider_config), check_tokens(settings.discovery_tokens))
     if not settings.provider_config.is_file():
         log.warning("provider config %s does not exist (yet): every sweep fails until it does",
                     settings.provider_config)
+    scopes = TokenScopes(settings.discovery_tokens)
+    try:
+        scopes.check()
+    except TokensFileError as error:
+        log.error("%s. The controller does not start with it: fix the file (docs/operations.md, \"Discovery "
+                  "tokens\")", error)
+        return 2
     pieces = build_pieces(settings, runner)
     if pieces is None:
         return 2
@@ -392,7 +420,7 @@ def main(argv: list[str] | None = None) -> int:
         except StoreError as error:
             log.error("%s", error)
             return 1
-    return serve(settings, pieces)
+    return serve(settings, pieces, scopes)
 
 
 if __name__ == "__main__":

@@ -35,10 +35,12 @@ import json
 import logging
 import math
 import os
+import re
 import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from http import HTTPStatus
 from pathlib import Path
 from typing import Any
@@ -50,7 +52,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, 
 from egress_proxies.health import SweepHealth
 from egress_proxies.resources.conditions import SERVING, find_condition
 from egress_proxies.resources.pool import pool_of, quarantined
-from egress_proxies.resources.proxy import Proxy
+from egress_proxies.resources.proxy import NAMESPACE_RULE, Proxy, is_namespace_name
 from egress_proxies.sources.store import StoreError
 from egress_proxies.sweep.quarantine import QuarantineError
 
@@ -121,60 +123,154 @@ def proxy_entry(proxy: Proxy) -> dict[str, Any]:
 ALL_NAMESPACES = None  # the operator's token (DISCOVERY_TOKEN): every namespace, no credentials
 
 
+# sha256 of the empty string: what hashing an unset shell variable gives. An entry holding it
+# would make an empty bearer token a valid one.
+EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
+_HEX64 = re.compile(r"[0-9a-fA-F]{64}")
+TOKEN_FIELDS = ("name", "sha256", "namespaces")
+TOKENS_FORMAT = "a YAML list of entries {name, sha256, namespaces}"
+
+
+class TokensFileError(Exception):
+    """The discovery tokens file cannot be used as a whole; the message names every problem."""
+
+
+@dataclass(frozen=True)
+class TokenEntry:
+    """One crawler token: who it is (for Events and logs) and the namespaces it sees."""
+
+    name: str
+    namespaces: frozenset[str]
+
+
+def _entry_errors(entry: Any) -> list[str]:
+    """What is wrong with one entry, field by field, each with the fix."""
+    if not isinstance(entry, dict):
+        return [f"must be a mapping {{{', '.join(TOKEN_FIELDS)}}}, not {type(entry).__name__}"]
+    errors = [f"{key}: unknown field; allowed: {', '.join(TOKEN_FIELDS)}" for key in entry if key not in TOKEN_FIELDS]
+    name, digest, namespaces = (entry.get(key) for key in TOKEN_FIELDS)
+    if not isinstance(name, str) or not name.strip():
+        errors.append("name: must be a non-empty string naming the token's holder (shown in Events)")
+    if not isinstance(digest, str) or not _HEX64.fullmatch(digest):
+        errors.append("sha256: must be the 64 hex digits of the token's sha256 (printf %s \"$TOKEN\" | sha256sum)")
+    elif digest.lower() == EMPTY_SHA256:
+        errors.append("sha256: is the hash of an empty token (an unset variable was hashed): make a token "
+                      "(openssl rand -hex 32) and hash that")
+    if isinstance(namespaces, str):
+        errors.append(f"namespaces: must be a list of namespace names, not the string {namespaces!r} "
+                      f"(write [{namespaces}])")
+    elif not isinstance(namespaces, list) or not namespaces:
+        errors.append("namespaces: must be a non-empty list of namespace names, e.g. [crawlers]")
+    else:
+        errors += [f"namespaces[{i}]: {NAMESPACE_RULE} (got {n!r})" for i, n in enumerate(namespaces)
+                   if not isinstance(n, str) or not is_namespace_name(n)]
+    return errors
+
+
+def parse_tokens(document: Any) -> tuple[dict[str, TokenEntry], list[str]]:
+    """The usable entries of a tokens file, by sha256 (lower-case hex), and a problem per bad entry
+    (``entry[i] (name): field: what it must be``). A bad entry is left out, never read leniently;
+    so is every entry sharing its hash with another (which scope would it have?). A document that
+    is not a list is one problem and no entries."""
+    if not isinstance(document, list):
+        return {}, [f"must be {TOKENS_FORMAT}, not {type(document).__name__}"]
+    entries: dict[str, TokenEntry] = {}
+    owners: dict[str, list[str]] = {}
+    problems: list[str] = []
+    for index, entry in enumerate(document):
+        name = entry.get("name") if isinstance(entry, dict) else None
+        label = f"entry[{index}]" + (f" ({name})" if isinstance(name, str) and name.strip() else "")
+        errors = _entry_errors(entry)
+        if errors:
+            problems += [f"{label}: {error}" for error in errors]
+            continue
+        digest = str(entry["sha256"]).lower()
+        owners.setdefault(digest, []).append(label)
+        entries[digest] = TokenEntry(str(entry["name"]), frozenset(entry["namespaces"]))
+    for digest, labels in owners.items():
+        if len(labels) > 1:
+            problems.append(f"{', '.join(labels)}: sha256: the same token in {len(labels)} entries; give each its "
+                            "own token (none of them is accepted meanwhile)")
+            del entries[digest]
+    return entries, problems
+
+
 class TokenScopes:
     """Crawler tokens scoped to namespaces, from a YAML file (a mounted Secret in a cluster):
     ``[{name: team-a, sha256: <hex of the token>, namespaces: [crawlers-a]}]``. Only hashes are
-    stored; the file is read again when it changes (a rotated Secret needs no restart)."""
+    stored. ``check`` at start-up refuses a file with any problem (the controller does not start).
+    The file is read again when it changes (a rotated Secret needs no restart); a change with
+    problems is logged at ERROR, naming each, and fails closed: a bad entry is refused (never read
+    leniently), the good ones stay in force, and a file that cannot be read or is not a list
+    refuses every scoped token until it is fixed. No empty token is ever accepted."""
 
     def __init__(self, path: Path | None) -> None:
         self.path = path
         self._stamp: float | None = None
-        self._scopes: dict[bytes, frozenset[str]] = {}
-        self._names: dict[bytes, str] = {}
+        self._entries: dict[bytes, TokenEntry] = {}
         self._lock = threading.Lock()
+
+    def check(self) -> None:
+        """Read the file now; raise ``TokensFileError`` naming every problem (start-up)."""
+        if self.path is None:
+            return
+        entries, problems = self._read()
+        if problems:
+            raise TokensFileError(f"discovery tokens {self.path}: " + "; ".join(problems))
+        with self._lock:
+            self._entries, self._stamp = entries, self._mtime()
+        log.info("discovery tokens %s: %d scoped token(s)", self.path, len(entries))
 
     def scope(self, token: bytes) -> frozenset[str] | None:
         found = self._find(token)
-        return found[0] if found is not None else None
+        return found.namespaces if found is not None else None
 
     def name(self, token: bytes) -> str | None:
         """The token's entry name (who it is, for Events and logs; never the token)."""
         found = self._find(token)
-        return found[1] if found is not None else None
+        return f"token {found.name}" if found is not None else None
 
-    def _find(self, token: bytes) -> tuple[frozenset[str], str] | None:
-        if self.path is None:
+    def _find(self, token: bytes) -> TokenEntry | None:
+        if self.path is None or not token:
             return None
         self._reload()
         digest = hashlib.sha256(token).hexdigest().encode()
         with self._lock:
-            for known, namespaces in self._scopes.items():
+            for known, entry in self._entries.items():
                 if hmac.compare_digest(known, digest):
-                    return namespaces, self._names.get(known, "a crawler token")
+                    return entry
         return None
 
-    def _reload(self) -> None:
+    def _mtime(self) -> float | None:
         assert self.path is not None
         try:
-            stamp = self.path.stat().st_mtime
+            return self.path.stat().st_mtime
         except OSError:
-            stamp = None
+            return None
+
+    def _read(self) -> tuple[dict[bytes, TokenEntry], list[str]]:
+        assert self.path is not None
+        try:
+            document = yaml.safe_load(self.path.read_text())
+        except (OSError, UnicodeDecodeError) as error:
+            return {}, [f"cannot be read ({getattr(error, 'strerror', None) or type(error).__name__})"]
+        except yaml.YAMLError as error:
+            # Never the YAML error's text: it quotes the file, which holds only hashes, but a
+            # token pasted by mistake would be logged.
+            return {}, [f"is not valid YAML ({type(error).__name__}); it must be {TOKENS_FORMAT}"]
+        entries, problems = parse_tokens(document)
+        return {digest.encode(): entry for digest, entry in entries.items()}, problems
+
+    def _reload(self) -> None:
+        stamp = self._mtime()
         if stamp == self._stamp:
             return
-        scopes: dict[bytes, frozenset[str]] = {}
-        names: dict[bytes, str] = {}
-        try:
-            entries = yaml.safe_load(self.path.read_text()) if stamp is not None else []
-            for entry in entries or []:
-                digest = str(entry["sha256"]).lower().encode()
-                scopes[digest] = frozenset(str(n) for n in entry["namespaces"])
-                names[digest] = f"token {entry.get('name') or 'unnamed'}"
-        except (OSError, yaml.YAMLError, KeyError, TypeError) as error:
-            log.error("discovery tokens %s unusable (%s): scoped tokens refused until it is fixed", self.path,
-                      type(error).__name__)
-            scopes, names = {}, {}
+        entries, problems = self._read()
+        if problems:
+            log.error("discovery tokens %s changed and has problems (bad entries are refused, %d good one(s) in "
+                      "force): %s", self.path, len(entries), "; ".join(problems))
         with self._lock:
-            self._scopes, self._names, self._stamp = scopes, names, stamp
+            self._entries, self._stamp = entries, stamp
 
 
 class ControllerHTTPServer:
@@ -351,9 +447,9 @@ class ControllerHTTPServer:
         else:
             response = await loop.run_in_executor(None, self._respond, urlsplit(target).path,
                                                   headers.get("Authorization"), peer)
-        # The request line holds no credentials (the token only travels in a header), so debug
-        # level may show it.
-        log.debug('%s "%s" %d', peer, request_line.decode("latin-1"), response[0])
+        # The path only, never the query string: a client may put anything there (a token pasted
+        # into a URL by mistake), and only the Authorization header is ever read for one.
+        log.debug('%s "%s %s" %d', peer, method, urlsplit(target).path, response[0])
         await self._write(writer, response)
 
     @staticmethod
@@ -508,8 +604,9 @@ def _bearer(header: str | None) -> bytes | None:
     scheme, _, credentials = header.strip().partition(" ")
     if scheme.lower() != "bearer":
         return None
-    # Headers are decoded as latin-1; surrogateescape keeps any byte comparable.
-    return credentials.strip().encode("utf-8", "surrogateescape")
+    # Headers are decoded as latin-1; surrogateescape keeps any byte comparable. No token at all
+    # (``Bearer `` alone) is no token, whatever any configured hash says.
+    return credentials.strip().encode("utf-8", "surrogateescape") or None
 
 
 def _probe(ok: bool, reason: str) -> Response:

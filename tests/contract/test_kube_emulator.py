@@ -678,6 +678,67 @@ def test_namespaces_are_cluster_scoped(core: client.CoreV1Api) -> None:
 
 
 
+def wait_until(condition: Any, seconds: float = 5.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def namespace_gone(core: client.CoreV1Api, name: str) -> bool:
+    return name not in [n.metadata.name for n in core.list_namespace().items if n.metadata]
+
+
+def test_a_namespace_has_its_own_uid_and_the_namespace_controllers_finalizer(core: client.CoreV1Api) -> None:
+    # pkg/registry/core/namespace/strategy.go PrepareForCreate: spec.finalizers [kubernetes],
+    # status.phase Active; the uid is the object's identity (a new one for every create).
+    created = core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name="team-a")))
+    read = core.read_namespace("team-a")
+    assert created.metadata is not None and read.metadata is not None and read.spec is not None
+    assert read.metadata.uid and read.metadata.uid == created.metadata.uid
+    assert read.spec.finalizers == ["kubernetes"] and read.status is not None and read.status.phase == "Active"
+    other = core.read_namespace(NS)
+    assert other.metadata is not None and other.metadata.uid != read.metadata.uid
+
+
+def test_a_deleted_namespace_terminates_until_its_content_is_gone_then_returns_with_a_new_uid(
+        core: client.CoreV1Api, proxies: Proxies) -> None:
+    # pkg/registry/core/namespace/storage/storage.go Delete (Terminating, answered with the
+    # namespace; 409 on a second DELETE while its finalizer stands), the namespace controller
+    # (pkg/controller/namespace/deletion: every object deleted, the finalizer removed once none
+    # is left) and NamespaceLifecycle admission (no new content while terminating).
+    before = core.read_namespace(NS)
+    proxies.create("held", finalizers=[FINALIZER])
+    proxies.create("free")
+    answered = json.loads(cast(Any, core.delete_namespace(NS, _preload_content=False)).data)
+    assert (answered["kind"], answered["status"]["phase"]) == ("Namespace", "Terminating")
+    terminating = core.read_namespace(NS)
+    assert terminating.metadata is not None and terminating.metadata.deletion_timestamp is not None
+    assert terminating.status is not None and terminating.status.phase == "Terminating"
+    wait_until(lambda: [p["metadata"]["name"] for p in proxies.list_objects()["items"]] == ["held"])
+    assert proxies.get("held")["metadata"]["deletionTimestamp"]  # its finalizer holds it, and the namespace
+    with pytest.raises(ApiException) as caught:
+        proxies.create("late")
+    answer = status_of(caught.value)
+    assert caught.value.status == 403 and answer["reason"] == "Forbidden"
+    assert answer["message"] == (f'proxies.crawl.example.com "late" is forbidden: unable to create new content in '
+                                 f"namespace {NS} because it is being terminated")
+    assert answer["details"]["causes"][0]["reason"] == "NamespaceTerminating"
+    with pytest.raises(ApiException) as again:
+        core.delete_namespace(NS)
+    assert again.value.status == 409
+    time.sleep(0.3)
+    assert not namespace_gone(core, NS)  # held by the Proxy's finalizer
+    held = proxies.get("held")
+    held["metadata"]["finalizers"] = []  # the controller releases it: updates still pass
+    proxies.replace(held)
+    wait_until(lambda: namespace_gone(core, NS))
+    again_created = core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=NS)))
+    assert again_created.metadata is not None and before.metadata is not None
+    assert again_created.metadata.uid != before.metadata.uid
+    assert proxies.list_objects()["items"] == []
+
+
 # --- what deploy_controller.yml installs (kubernetes.core.k8s) ---------------------------------
 
 

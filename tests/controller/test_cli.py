@@ -45,6 +45,7 @@ EGRESS_PROXIES = str(Path(sys.executable).parent / "egress-proxies")
     (["--listen", ":8080"], "write an IPv6 host in brackets"),
     (["--interval", "nan"], "--interval: 'nan' must be at least 0.1"),
     (["--max-runners", "2.5"], "--max-runners: '2.5' is not a whole number"),
+    (["--credential-grace", "-1"], "--credential-grace: '-1' must be at least 0"),
 ])
 def test_bad_command_line_values_are_argparse_errors(argv: list[str], fragment: str) -> None:
     result = subprocess.run([EGRESS_PROXIES, *argv], capture_output=True, text=True, timeout=60, check=False)
@@ -105,8 +106,14 @@ def test_the_directory_source_keeps_credentials_under_the_work_dir(tmp_path: Pat
         store.close()
 
 
+def test_the_credential_grace_is_ten_minutes_unless_set() -> None:
+    assert parse_args([]).credential_grace_seconds == 600.0
+    assert parse_args(["--credential-grace", "0"]).credential_grace_seconds == 0.0
+
+
 def test_discovery_urls_carry_the_credentials_the_instance_was_built_with(tmp_path: Path) -> None:
     credentials = Credentials(FileSecrets(tmp_path))
+    credentials.refresh({"crawlers": "uid-of-crawlers"})
     url = proxy_url(credentials)
     credential = credentials.current("crawlers")
 

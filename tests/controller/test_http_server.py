@@ -3,8 +3,10 @@ loop's health, the metrics page, and the discovery endpoint's bearer-token guard
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import os
 import socket
 import threading
 import time
@@ -12,12 +14,24 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from email.message import Message
+from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 
 from egress_proxies import metrics
 from egress_proxies.health import SweepHealth
-from egress_proxies.http_server import ControllerHTTPServer, token_from_env, warn_if_no_token
+from egress_proxies.http_server import (
+    EMPTY_SHA256,
+    ControllerHTTPServer,
+    TokenEntry,
+    TokenScopes,
+    TokensFileError,
+    parse_tokens,
+    token_from_env,
+    warn_if_no_token,
+)
 from egress_proxies.resources.proxy import Proxy
 
 TOKEN = "s3cret-discovery-token-0123456789"
@@ -306,6 +320,123 @@ def test_the_token_never_reaches_the_log(serve: ServerFactory, caplog: pytest.Lo
     # ... and none of them carries the token.
     assert not [message for message in messages if TOKEN in message]
     assert TOKEN not in caplog.text
+
+
+def test_a_query_string_is_never_logged(serve: ServerFactory, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.DEBUG):
+        server, _, _ = serve()
+        assert get(server, f"/v1/proxies.txt?token={TOKEN}")[0] == 401  # no token is read from a query
+        assert get(server, f"/healthz?{TOKEN}")[0] == 200
+    assert TOKEN not in caplog.text
+    assert '"GET /v1/proxies.txt" 401' in caplog.text and '"GET /healthz" 200' in caplog.text
+
+
+# -- scoped tokens: the file, checked at start and on every change (issue 26, rows 8 and 12) -------
+
+TEAM = "team-token-0123456789"
+TEAM_ENTRY: dict[str, Any] = {"name": "crawlers", "sha256": hashlib.sha256(TEAM.encode()).hexdigest(),
+                              "namespaces": ["crawlers"]}
+
+
+@pytest.mark.parametrize(("entry", "problem"), [
+    ({**TEAM_ENTRY, "sha256": EMPTY_SHA256}, "entry[0] (crawlers): sha256: is the hash of an empty token"),
+    ({**TEAM_ENTRY, "sha256": EMPTY_SHA256.upper()}, "entry[0] (crawlers): sha256: is the hash of an empty token"),
+    ({**TEAM_ENTRY, "namespaces": "crawlers"},
+     ("entry[0] (crawlers): namespaces: must be a list of namespace names, not the string 'crawlers' "
+     "(write [crawlers])")),
+    ({**TEAM_ENTRY, "namespaces": []}, "entry[0] (crawlers): namespaces: must be a non-empty list"),
+    ({**TEAM_ENTRY, "namespaces": ["ok", "../x", 7]}, "entry[0] (crawlers): namespaces[1]: must be a DNS-1123 label"),
+    ({**TEAM_ENTRY, "sha256": "abc"}, "entry[0] (crawlers): sha256: must be the 64 hex digits"),
+    ({**TEAM_ENTRY, "sha256": 12}, "entry[0] (crawlers): sha256: must be the 64 hex digits"),
+    ({"sha256": TEAM_ENTRY["sha256"], "namespaces": ["crawlers"]}, "entry[0]: name: must be a non-empty string"),
+    ({**TEAM_ENTRY, "namespace": ["crawlers"]}, ("entry[0] (crawlers): namespace: unknown field; allowed: name, "
+                                                "sha256, namespaces")),
+    ("crawlers", "entry[0]: must be a mapping {name, sha256, namespaces}, not str"),
+])
+def test_a_bad_entry_is_named_with_its_field_and_left_out(entry: Any, problem: str) -> None:
+    entries, problems = parse_tokens([entry, TEAM_ENTRY | {"name": "other", "sha256": "a" * 64}])
+    assert problems[0].startswith(problem), problems
+    assert list(entries) == ["a" * 64]  # only the good one
+
+
+def test_good_entries_are_read_by_their_lower_case_hash() -> None:
+    entries, problems = parse_tokens([{**TEAM_ENTRY, "sha256": TEAM_ENTRY["sha256"].upper(),
+                                       "namespaces": ["crawlers", "team-b"]}])
+    assert problems == []
+    assert entries == {TEAM_ENTRY["sha256"]: TokenEntry("crawlers", frozenset({"crawlers", "team-b"}))}
+
+
+def test_one_token_in_two_entries_is_refused_in_both() -> None:
+    entries, problems = parse_tokens([TEAM_ENTRY, {**TEAM_ENTRY, "name": "wider", "namespaces": ["team-b"]}])
+    assert entries == {}
+    assert problems == [("entry[0] (crawlers), entry[1] (wider): sha256: the same token in 2 entries; give each its "
+                         "own token (none of them is accepted meanwhile)")]
+
+
+@pytest.mark.parametrize("document", [None, {"crawlers": "x"}, "text"])
+def test_a_document_that_is_not_a_list_has_no_entries(document: Any) -> None:
+    entries, problems = parse_tokens(document)
+    assert entries == {} and problems[0].startswith("must be a YAML list of entries {name, sha256, namespaces}")
+
+
+def tokens_file(path: Path, entries: Any, stamp: float | None = None) -> Path:
+    path.write_text(yaml.safe_dump(entries) if not isinstance(entries, str) else entries)
+    if stamp is not None:
+        os.utime(path, (stamp, stamp))
+    return path
+
+
+@pytest.mark.parametrize("content", [[{**TEAM_ENTRY, "sha256": EMPTY_SHA256}], [{**TEAM_ENTRY, "namespaces": "x"}],
+                                     "[unclosed", {"a": 1}])
+def test_check_refuses_a_file_with_any_problem(tmp_path: Path, content: Any) -> None:
+    path = tokens_file(tmp_path / "tokens.yaml", [TEAM_ENTRY, *content] if isinstance(content, list) else content)
+    with pytest.raises(TokensFileError, match=str(path)):
+        TokenScopes(path).check()
+    with pytest.raises(TokensFileError, match="cannot be read"):
+        TokenScopes(tmp_path / "missing.yaml").check()
+    TokenScopes(None).check()  # no file, no scoped tokens: nothing to refuse
+
+
+def test_an_empty_token_is_never_a_scoped_one(tmp_path: Path) -> None:
+    scopes = TokenScopes(tokens_file(tmp_path / "tokens.yaml", [TEAM_ENTRY]))
+    scopes.check()
+    assert scopes.scope(TEAM.encode()) == frozenset({"crawlers"}) and scopes.name(TEAM.encode()) == "token crawlers"
+    assert scopes.scope(b"") is None
+
+
+def test_a_changed_file_with_a_bad_entry_refuses_that_one_and_keeps_the_others(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    path = tokens_file(tmp_path / "tokens.yaml", [TEAM_ENTRY], stamp=1000)
+    scopes = TokenScopes(path)
+    scopes.check()
+    other = {"name": "letters", "sha256": hashlib.sha256(b"other").hexdigest(), "namespaces": "team-b"}
+    tokens_file(path, [TEAM_ENTRY, other, {**TEAM_ENTRY, "name": "empty", "sha256": EMPTY_SHA256}], stamp=2000)
+    with caplog.at_level(logging.ERROR):
+        assert scopes.scope(TEAM.encode()) == frozenset({"crawlers"})
+        assert scopes.scope(b"other") is None  # never the set of the letters of "team-b"
+        assert scopes.scope(b"") is None
+    (error,) = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]  # once per change
+    assert "entry[1] (letters): namespaces: must be a list" in error and "entry[2] (empty): sha256" in error
+    assert "1 good one(s) in force" in error
+    tokens_file(path, "[unclosed", stamp=3000)  # unreadable: every scoped token refused until fixed
+    assert scopes.scope(TEAM.encode()) is None
+    path.unlink()
+    assert scopes.scope(TEAM.encode()) is None
+
+
+def test_an_empty_bearer_token_gets_nothing_from_a_server_with_scoped_tokens(tmp_path: Path) -> None:
+    scopes = TokenScopes(tokens_file(tmp_path / "tokens.yaml", [TEAM_ENTRY]))
+    scopes.check()
+    server = ControllerHTTPServer(SweepHealth(INTERVAL), lambda: list(READY), None, token_scopes=scopes,
+                                  proxy_url=lambda proxy: f"http://user:secret@{proxy.status['endpoint']}")
+    server.start("127.0.0.1", 0)
+    try:
+        assert get(server, "/v1/proxies.txt", token=TEAM)[0] == 200
+        for authorization in ("Bearer ", "Bearer", "Bearer \t ", "bearer"):
+            code, _, body = get(server, "/v1/proxies.txt", authorization=authorization)
+            assert (code, "secret" in body) == (401, False), authorization
+    finally:
+        server.stop()
 
 
 # -- slow and many clients -------------------------------------------------------------------------

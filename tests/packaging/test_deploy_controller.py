@@ -184,13 +184,16 @@ def manifest(name: str) -> Obj:
 
 
 def without_server_fields(obj: Obj) -> Obj:
-    """An object as the playbook meant it: no server-set metadata and no last-applied annotation."""
+    """An object as the playbook meant it: no server-set metadata or spec and no last-applied annotation."""
     meta = {key: value for key, value in obj["metadata"].items()
             if key not in ("uid", "resourceVersion", "generation", "creationTimestamp")}
     annotations = {key: value for key, value in (meta.pop("annotations", None) or {}).items() if key != LAST_APPLIED}
     if annotations:
         meta["annotations"] = annotations
-    return {**{key: value for key, value in obj.items() if key != "status"}, "metadata": meta}
+    kept = {**{key: value for key, value in obj.items() if key != "status"}, "metadata": meta}
+    if obj.get("kind") == "Namespace" and obj.get("spec") == {"finalizers": ["kubernetes"]}:
+        del kept["spec"]  # the namespace controller's finalizer, which the API server adds
+    return kept
 
 
 def secret_data(kube: KubeEmulator, name: str) -> dict[str, str]:

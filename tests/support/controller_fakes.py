@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 import itertools
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,6 +40,8 @@ class MemoryStore:
         self.objects: dict[tuple[str, str], Proxy] = {}
         self.events: list[tuple[str, str, str, str]] = []
         self.conflicts_to_inject = 0
+        self.namespace_uids: dict[str, str] = {}
+        self.missing_namespaces: set[str] = set()
         self._versions = itertools.count(1)
 
     def add(self, name: str, spec: dict[str, Any], namespace: str = "crawlers",
@@ -74,6 +76,13 @@ class MemoryStore:
 
     def list_proxies(self) -> tuple[list[Proxy], str]:
         return [copy.deepcopy(p) for p in self.objects.values()], str(next(self._versions))
+
+    def namespace_identities(self, namespaces: Collection[str]) -> dict[str, str]:
+        """Every namespace exists, with the uid in ``namespace_uids`` (made on first sight); a test
+        re-creates one by giving it another uid, or deletes one by ``missing_namespaces``."""
+        for namespace in namespaces:
+            self.namespace_uids.setdefault(namespace, str(uuid.uuid4()))
+        return {n: self.namespace_uids[n] for n in namespaces if n not in self.missing_namespaces}
 
     def get_proxy(self, namespace: str, name: str) -> Proxy:
         if (namespace, name) not in self.objects:

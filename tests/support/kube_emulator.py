@@ -45,18 +45,25 @@ rules and cites their sources):
 - labels and annotations of every object, and Pods (containers, names, images, ports), are
   validated; a namespaced object in a namespace that does not exist is 404 ``namespaces "x" not
   found`` (the emulator starts with the real server's ``default`` and ``kube-*`` namespaces);
+- Namespaces live as on a real server: each has its own uid (a namespace deleted and created
+  again under its name has a new one), ``spec.finalizers: [kubernetes]`` and ``status.phase``;
+  a DELETE makes it ``Terminating`` (``deletionTimestamp`` set, 409 on a second DELETE while
+  content remains), the namespace controller's stand-in deletes everything in it (finalizers
+  hold their objects, as they hold the namespace) and removes the namespace once it is empty;
+  creating anything in a terminating namespace is 403 ``NamespaceTerminating``;
 - a scheduled Pod (``spec.nodeName`` set, e.g. by ``kubelet_run``) is deleted gracefully:
   ``deletionTimestamp`` and ``deletionGracePeriodSeconds``, still readable and listed, then gone
   (a DELETED event) once the grace period has passed on the emulator's clock (``advance``);
   an unscheduled or finished Pod, or ``gracePeriodSeconds=0``, goes at once, as on a real server;
-- ``kubelet_run`` and ``kubelet_evict`` stand in for the scheduler and kubelet.
+- ``kubelet_run`` and ``kubelet_evict`` stand in for the scheduler and kubelet; a thread stands
+  in for the kubelet's end of graceful deletion and for the namespace controller.
 
-Deliberately left out (nothing tested depends on them): admission beyond namespace existence,
+Deliberately left out (nothing tested depends on them): admission beyond namespace lifecycle,
 built-in defaulting (a real server fills in e.g. a Pod's ``terminationGracePeriodSeconds: 30``,
 a Deployment's ``strategy`` or a Service's ``clusterIP``; graceful deletion uses 30 when the Pod
 has none), Pod spec immutability on update, workload controllers (a Deployment's status changes
 only when a test writes it), a Secret's ``stringData`` folding into ``data``, owner-reference
-garbage collection, namespace deletion cascading and the ``Terminating`` phase, CRD conversion
+garbage collection, CRD conversion
 and per-version schemas beyond the one each version declares, defaulting and pruning on read,
 pagination (``limit`` is ignored: every list returns everything), ``dryRun``, server-side apply
 (415), BOOKMARK events, and a status write to a Pod changing its labels (the real Pod status
@@ -174,6 +181,7 @@ class ResourceType:
 
 CRD_KEY = "customresourcedefinitions.apiextensions.k8s.io"
 NAMESPACES_KEY = "namespaces"
+NAMESPACE_FINALIZER = "kubernetes"
 PODS_KEY = "pods"
 LEASES_KEY = "leases.coordination.k8s.io"
 
@@ -583,6 +591,7 @@ class KubeEmulator:
         # Terminating Pods the kubelet stand-in removes once their grace period has passed.
         self._grace_deadlines: dict[tuple[str, str, str], tuple[str, float]] = {}  # key: (uid, when)
         self._kubelet: threading.Thread | None = None
+        self._terminating: set[str] = set()  # namespaces deleted, waiting for their content to go
         for namespace in (*SYSTEM_NAMESPACES, *namespaces):
             self.create_namespace(namespace)
         for crd in crds:
@@ -808,8 +817,10 @@ class KubeEmulator:
             return copy.deepcopy(new)
 
     def _kubelet_loop(self) -> None:
+        """The kubelet's and the namespace controller's stand-ins."""
         while not self._stopping.wait(_GRACE_POLL_SECONDS):
             self._expire_graceful()
+            self._finalize_namespaces()
 
     def _expire_graceful(self) -> None:
         """The kubelet's last word on a terminating Pod: once its grace period has passed, the
@@ -1006,7 +1017,8 @@ class KubeEmulator:
             meta.pop("namespace", None)
         with self._lock:
             if rtype.namespaced:
-                self._require_namespace(route.namespace or "")
+                self._require_active_namespace(rtype, str(meta.get("name") or meta.get("generateName") or ""),
+                                               route.namespace or "")
             if not meta.get("name"):
                 if not meta.get("generateName"):
                     raise _invalid(rtype, "", [FieldError("FieldValueRequired", "metadata.name",
@@ -1031,6 +1043,10 @@ class KubeEmulator:
                 if rtype.initial_status is not None:
                     body["status"] = copy.deepcopy(dict(rtype.initial_status))
             body = self._admit(rtype, name, body, creating=True)
+            if rtype.key == NAMESPACES_KEY:
+                # pkg/registry/core/namespace/strategy.go PrepareForCreate: the namespace
+                # controller's finalizer, which holds a deleted namespace until its content is gone.
+                body["spec"] = {"finalizers": [NAMESPACE_FINALIZER]}
             meta = body["metadata"]
             # Storage answers last: an invalid object is 422 even when its name is taken.
             if self._key(rtype, meta) in self._objects:
@@ -1047,6 +1063,18 @@ class KubeEmulator:
     def _require_namespace(self, namespace: str) -> None:
         if (NAMESPACES_KEY, "", namespace) not in self._objects:
             raise _namespace_not_found(namespace)
+
+    def _require_active_namespace(self, rtype: ResourceType, name: str, namespace: str) -> None:
+        """NamespaceLifecycle admission (plugin/pkg/admission/namespace/lifecycle/admission.go):
+        nothing new is created in a namespace that is being deleted: 403 Forbidden with the cause
+        ``NamespaceTerminating`` on ``metadata.namespace``. Updates and deletes still pass (a
+        controller must be able to release its finalizers there)."""
+        self._require_namespace(namespace)
+        if self._objects[(NAMESPACES_KEY, "", namespace)]["metadata"].get("deletionTimestamp"):
+            message = f"unable to create new content in namespace {namespace} because it is being terminated"
+            raise ApiError(403, f'{rtype.key} "{name}" is forbidden: {message}', details={
+                "name": name, "group": rtype.group, "kind": rtype.plural,
+                "causes": [{"reason": "NamespaceTerminating", "message": message, "field": "metadata.namespace"}]})
 
     def _admit(self, rtype: ResourceType, name: str, obj: Obj, creating: bool, old: Obj | None = None) -> Obj:
         """Decode, default and validate a write as the real server does before storing it;
@@ -1349,6 +1377,8 @@ class KubeEmulator:
                 if wanted and wanted != old["metadata"].get(field_name):
                     raise _conflict(rtype, name)
             meta = old["metadata"]
+            if rtype.key == NAMESPACES_KEY:
+                return self._terminate_namespace(rtype, old), False
             if rtype.key == PODS_KEY:
                 grace = self._pod_grace_period(old, options)
                 if grace > 0:
@@ -1379,6 +1409,55 @@ class KubeEmulator:
             if rtype.key == CRD_KEY:
                 self._unserve_crd(old)
             return copy.deepcopy(new), True
+
+    def _terminate_namespace(self, rtype: ResourceType, old: Obj) -> Obj:
+        """pkg/registry/core/namespace/storage/storage.go ``Delete``: the first DELETE sets
+        ``deletionTimestamp`` and ``status.phase: Terminating`` and answers with the namespace; it
+        stays, with its uid, until the namespace controller (``_finalize_namespaces``) has deleted
+        everything in it and removed its finalizer. A DELETE while it still has that finalizer
+        is 409. Only then may a namespace of that name be created again, with a new uid."""
+        name = old["metadata"]["name"]
+        if old["metadata"].get("deletionTimestamp"):
+            if (old.get("spec") or {}).get("finalizers"):
+                raise ApiError(409, f'Operation cannot be fulfilled on namespaces "{name}": The system is ensuring '
+                                    "all content is removed from this namespace.  Upon completion, this namespace "
+                                    "will automatically be purged by the system.", details=_details(rtype, name))
+            return copy.deepcopy(old)
+        new = copy.deepcopy(old)
+        new["metadata"].update(deletionTimestamp=self._timestamp(), resourceVersion=self._next_rv())
+        new["status"] = {**(new.get("status") or {}), "phase": "Terminating"}
+        self._objects[self._key(rtype, old["metadata"])] = new
+        self._terminating.add(name)
+        self._emit(rtype, "MODIFIED", new, old)
+        return copy.deepcopy(new)
+
+    def _finalize_namespaces(self) -> None:
+        """The namespace controller (pkg/controller/namespace/deletion): in a terminating namespace,
+        delete every object (each as a DELETE would: finalizers hold theirs, Pods go gracefully);
+        once none is left, remove its finalizer and with it the namespace."""
+        with self._lock:
+            terminating = set(self._terminating)
+            if not terminating:
+                return
+            content = [(key, obj["metadata"].get("deletionTimestamp")) for key, obj in self._objects.items()
+                       if key[1] in terminating and self._type_by_key(key[0]).namespaced]
+        for (type_key, namespace, name), deleting in content:
+            if not deleting:
+                try:
+                    self._delete(_Route(self._type_by_key(type_key), namespace, name, None), {})
+                except ApiError:
+                    pass  # deleted meanwhile
+        with self._lock:
+            occupied = {key[1] for key in self._objects if key[1] in terminating}
+            rtype = self._type_by_key(NAMESPACES_KEY)
+            for namespace in terminating - occupied:
+                old = self._objects[(NAMESPACES_KEY, "", namespace)]
+                new = copy.deepcopy(old)
+                new["spec"] = {**(new.get("spec") or {}), "finalizers": []}
+                new["metadata"]["resourceVersion"] = self._next_rv()
+                del self._objects[(NAMESPACES_KEY, "", namespace)]
+                self._terminating.discard(namespace)
+                self._emit(rtype, "DELETED", new, old)
 
     @staticmethod
     def _pod_grace_period(pod: Obj, options: Obj) -> int:

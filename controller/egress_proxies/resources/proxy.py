@@ -43,6 +43,29 @@ SPEC_FIELDS = ("provider", "location", "machineType", "image", "port", "cloudIni
                "allowedSources")
 
 
+# What Kubernetes allows as a namespace (a DNS-1123 label) and as an object's name (a DNS-1123
+# subdomain): k8s.io/apimachinery/pkg/util/validation IsDNS1123Label / IsDNS1123Subdomain, which
+# ValidateNamespaceName and a custom resource's NameIsDNSSubdomain apply. Checked for every
+# source: a directory has no API server, and these names become file names and Secret names.
+_DNS1123_LABEL = "[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+_LABEL = re.compile(_DNS1123_LABEL)
+_SUBDOMAIN = re.compile(rf"{_DNS1123_LABEL}(\.{_DNS1123_LABEL})*")
+LABEL_MAX = 63
+SUBDOMAIN_MAX = 253
+NAMESPACE_RULE = (f"must be a DNS-1123 label, as Kubernetes requires of a namespace: at most {LABEL_MAX} lowercase "
+                  "letters, digits and '-', starting and ending with a letter or digit")
+NAME_RULE = (f"must be a DNS-1123 subdomain, as Kubernetes requires of a name: at most {SUBDOMAIN_MAX} lowercase "
+             "letters, digits, '-' and '.', each part between dots starting and ending with a letter or digit")
+
+
+def is_namespace_name(text: str) -> bool:
+    return len(text) <= LABEL_MAX and _LABEL.fullmatch(text) is not None
+
+
+def is_object_name(text: str) -> bool:
+    return len(text) <= SUBDOMAIN_MAX and _SUBDOMAIN.fullmatch(text) is not None
+
+
 def replacement_count(annotations: dict[str, str], hash_of_spec: str) -> int:
     """Replacements recorded for the instance of this spec (0 after a spec change)."""
     recorded, _, count = annotations.get(REPLACEMENTS_ANNOTATION, "").partition(":")

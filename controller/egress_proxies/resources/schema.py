@@ -3,8 +3,8 @@ links to ``controller/manifests/``): one source of truth for the API server's ad
 the controller, which must validate too, because the directory source has no admission and a
 Kubernetes object stored before its schema tightened never passed the current one.
 
-``validation_errors``: every Proxy of a sweep (``reconcile``, through ``ValidationMemo``); an
-invalid one fails alone.
+``validation_errors``: every Proxy of a sweep (``reconcile``, through ``ValidationMemo``), its
+namespace and name included (``identity_errors``); an invalid one fails alone.
 ``pool_spec_errors``: every ProxyPool's spec (``pools.parse_spec``, which adds the checks across
 fields that a schema cannot express).
 """
@@ -22,7 +22,15 @@ from typing import Any
 import jsonschema
 import yaml
 
-from egress_proxies.resources.proxy import API_VERSION, KIND, Proxy
+from egress_proxies.resources.proxy import (
+    API_VERSION,
+    KIND,
+    NAME_RULE,
+    NAMESPACE_RULE,
+    Proxy,
+    is_namespace_name,
+    is_object_name,
+)
 
 CRD_PATH = Path(__file__).with_name("crd.yaml")
 POOL_CRD_PATH = Path(__file__).with_name("crd-proxypool.yaml")
@@ -148,10 +156,24 @@ def _message(error: jsonschema.ValidationError) -> str:
     return f"{_path(error)}: {_hint(rule, str(error.validator))} (got {_shown(error.instance)})"
 
 
-def validation_errors(proxy: Proxy) -> list[str]:
-    """Every schema violation of the Proxy, each as ``<field path>: <what it must be> (got ...)``."""
+def identity_errors(namespace: str, name: str) -> list[str]:
+    """``metadata.namespace`` and ``metadata.name`` as Kubernetes validates them (the CRD's schema
+    cannot say it: ``metadata`` is the API server's), each as ``<field>: <the rule> (got ...)``."""
+    errors = [] if is_namespace_name(namespace) else [f"metadata.namespace: {NAMESPACE_RULE} (got {_shown(namespace)})"]
+    if not is_object_name(name):
+        errors.append(f"metadata.name: {NAME_RULE} (got {_shown(name)})")
+    return errors
+
+
+def spec_errors(proxy: Proxy) -> list[str]:
+    """Every violation of the Proxy CRD's schema, each as ``<field path>: <what it must be> (got ...)``."""
     errors = sorted(_validator(CRD_PATH).iter_errors(_as_object(proxy)), key=lambda e: list(map(str, e.absolute_path)))
     return list(dict.fromkeys(_message(error) for error in errors))
+
+
+def validation_errors(proxy: Proxy) -> list[str]:
+    """Every problem of the Proxy: its namespace and name, then its schema violations."""
+    return identity_errors(proxy.namespace, proxy.name) + spec_errors(proxy)
 
 
 class ValidationMemo:

@@ -62,7 +62,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -673,6 +673,15 @@ class DirectoryStore:
 
     def replace_status(self, proxy: Proxy) -> Proxy:
         return self._save(proxy, proxy.resource_version)
+
+    def namespace_identities(self, namespaces: Collection[str]) -> dict[str, str]:
+        """A namespace here is only a name in this directory, with no object of its own to be
+        deleted and made again: its identity is the directory (resolved), so a work directory's
+        credentials never pass to another Proxy directory's namespace of the same name. Within
+        one directory a namespace ends when its last Proxy file has been gone for the credential
+        grace period (``credentials.Credentials``)."""
+        identity = f"directory:{self.directory.resolve()}"
+        return dict.fromkeys(namespaces, identity)
 
     def record_event(self, proxy: Proxy, event_type: str, reason: str, message: str) -> None:
         log.log(logging.WARNING if event_type == "Warning" else logging.INFO, "event %s %s: %s: %s", proxy.key,

@@ -20,7 +20,7 @@ import yaml
 
 from egress_proxies.resources import times
 from egress_proxies.resources.pool import POOL_KIND, POOL_LABEL, Pool
-from egress_proxies.resources.proxy import API_VERSION
+from egress_proxies.resources.proxy import API_VERSION, NAME_RULE, is_object_name
 from egress_proxies.sources.directory import DirectoryStore, dump_yaml, load_yaml, one_line, spec_digest, write_file
 from egress_proxies.sources.store import Conflict, StoreError
 
@@ -151,9 +151,16 @@ class DirectoryPools:
     def replace_pool_metadata(self, pool: Pool) -> Pool:
         return self._save(pool, pool.resource_version)
 
+    def _member_path(self, name: str) -> Path:
+        """``<name>.yaml`` in the directory; a name that is no Kubernetes name (``../x``) never names
+        a file (the sweep refuses such a pool before it gets here)."""
+        if not is_object_name(name):
+            raise StoreError(f"member name {name!r} {NAME_RULE}; no file is written for it")
+        return self.directory / f"{name}.yaml"
+
     def create_proxy(self, namespace: str, body: dict[str, Any]) -> None:
         name = str(body["metadata"]["name"])
-        path = self.directory / f"{name}.yaml"
+        path = self._member_path(name)
         pool = (body["metadata"].get("labels") or {}).get(POOL_LABEL, "?")
         with self.store.lock:
             if path.exists() or self.store.status_path(name).exists():
@@ -166,7 +173,7 @@ class DirectoryPools:
 
     def delete_proxy(self, namespace: str, name: str) -> None:
         # Only a file the controller wrote for a pool: a hand-written Proxy is never removed here.
-        path = self.directory / f"{name}.yaml"
+        path = self._member_path(name)
         with self.store.lock:
             try:
                 text = path.read_text()

@@ -16,7 +16,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import Any, cast
 
 import urllib3
@@ -254,6 +254,24 @@ class KubeStore:
                            PLURAL, proxy.name, body, field_manager=self.field_manager)
         return _proxy(cast(Obj, obj))
 
+    def namespace_identities(self, namespaces: Collection[str]) -> dict[str, str]:
+        """Each existing namespace's uid: one Namespace read when this store watches one namespace,
+        else one list of them all (the ClusterRole grants get and list on namespaces)."""
+        wanted = set(namespaces) if self.namespace is None else set(namespaces) & {self.namespace}
+        if not wanted:
+            return {}
+        if self.namespace is not None:
+            try:
+                found = [bounded_call(f"reading namespace {self.namespace}", self.request_timeout,
+                                      self._core.read_namespace, self.namespace)]
+            except Gone:
+                return {}
+        else:
+            listing = bounded_call("listing namespaces", self.request_timeout, self._core.list_namespace)
+            found = list(cast(client.V1NamespaceList, listing).items)
+        return {str(item.metadata.name): str(item.metadata.uid) for item in cast(list[client.V1Namespace], found)
+                if item.metadata is not None and item.metadata.name in wanted and item.metadata.uid}
+
     def record_event(self, proxy: Proxy | Pool, event_type: str, reason: str, message: str) -> None:
         now = times.now().replace(microsecond=0)
         # client-go's naming: the object's name and the time in hex nanoseconds.
@@ -406,10 +424,13 @@ class KubeLeases:
 
 class KubeSecrets:
     """``credentials.SecretBackend``: one Secret per Proxy namespace in the controller's own
-    namespace (RBAC on Secrets is granted only there). The annotation ``crawl.example.com/rotate``
-    on a Secret asks for a new credential; deleting the Secret does too."""
+    namespace (RBAC on Secrets is granted only there), labelled with that namespace. The annotation
+    ``crawl.example.com/rotate`` on a Secret asks for a new credential; deleting the Secret does
+    too. Secret names come from Proxy namespaces the sweep has validated; the API server checks
+    them once more."""
 
     ROTATE_ANNOTATION = f"{GROUP}/rotate"
+    PROXY_NAMESPACE = f"{GROUP}/proxy-namespace"  # the label naming the Proxy namespace a Secret is for
 
     def __init__(self, api_client: client.ApiClient, namespace: str, field_manager: str = COMPONENT,
                  request_timeout: float = DEFAULT_REQUEST_TIMEOUT) -> None:
@@ -431,18 +452,40 @@ class KubeSecrets:
 
     def load(self, namespace: str) -> tuple[dict[str, str], bool] | None:
         secret = self._read(self.secret_name(namespace))
-        if secret is None:
-            return None
+        return None if secret is None else self._fields(secret)
+
+    def _fields(self, secret: client.V1Secret) -> tuple[dict[str, str], bool]:
         data = {key: base64.b64decode(value).decode() for key, value in (secret.data or {}).items()}
         rotate = self.ROTATE_ANNOTATION in ((secret.metadata.annotations or {}) if secret.metadata else {})
         return data, rotate
+
+    def load_all(self) -> dict[str, tuple[dict[str, str], bool]]:
+        """Every credential Secret (one list, by the label every one carries), by Proxy namespace."""
+        listing = bounded_call(f"listing secrets in {self.namespace}", self.request_timeout,
+                               self._core.list_namespaced_secret, self.namespace, label_selector=self.PROXY_NAMESPACE)
+        found: dict[str, tuple[dict[str, str], bool]] = {}
+        for secret in cast(client.V1SecretList, listing).items:
+            labels = (secret.metadata.labels or {}) if secret.metadata is not None else {}
+            namespace = labels.get(self.PROXY_NAMESPACE, "")
+            # Only what this controller named so: a Secret merely carrying the label is not one.
+            if secret.metadata is not None and secret.metadata.name == self.secret_name(namespace):
+                found[namespace] = self._fields(secret)
+        return found
+
+    def delete(self, namespace: str) -> None:
+        name = self.secret_name(namespace)
+        try:
+            bounded_call(f"deleting secret {self.namespace}/{name}", self.request_timeout,
+                         self._core.delete_namespaced_secret, name, self.namespace)
+        except Gone:
+            pass  # gone already: what was asked
 
     def save(self, namespace: str, data: Mapping[str, str]) -> None:
         name = self.secret_name(namespace)
         body: Obj = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
                 "metadata": {"name": name, "namespace": self.namespace,
                              "labels": {"app.kubernetes.io/managed-by": COMPONENT,
-                                        f"{GROUP}/proxy-namespace": namespace}},
+                                        self.PROXY_NAMESPACE: namespace}},
                 "data": {key: base64.b64encode(value.encode()).decode() for key, value in data.items()}}
         existing = self._read(name)
         if existing is None:

@@ -8,7 +8,7 @@ only knows these interfaces.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
@@ -63,6 +63,9 @@ class ProxyStore(Protocol):
     def record_event(self, proxy: Proxy, event_type: str, reason: str, message: str) -> None:
         """Emit an Event about the Proxy (best effort: never raises)."""
 
+    def namespace_identities(self, namespaces: Collection[str]) -> dict[str, str]:
+        """The identity of each of ``namespaces`` that exists, which a namespace deleted and made
+        again under the same name does not keep (its uid on Kubernetes); raises StoreError."""
 
 
 class PoolStore(Protocol):

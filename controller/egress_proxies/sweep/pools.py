@@ -35,7 +35,7 @@ from egress_proxies.resources.pool import (
     pool_status,
 )
 from egress_proxies.resources.proxy import FINALIZER, Proxy
-from egress_proxies.resources.schema import validation_errors
+from egress_proxies.resources.schema import identity_errors, spec_errors
 from egress_proxies.sources.store import Conflict, Gone, PoolStore, ProxyStore, StoreError, retry_on_conflict
 from egress_proxies.sweep.containment import Containment
 
@@ -71,15 +71,18 @@ class ProviderHealth:
 
 
 def _valid_spec(pool: Pool, health: ProviderHealth) -> tuple[PoolSpec | None, list[str]]:
-    """The pool's typed spec, or every problem with it (its defect, its fields, its template)."""
+    """The pool's typed spec, or every problem with it (its defect, its namespace and name, its
+    fields, its template). A bad name fails the pool before anything is written: members are
+    named after it (files, for the directory source)."""
     spec, errors = (None, [pool.defect]) if pool.defect else parse_spec(pool.spec, list(health.configured))
+    identity = identity_errors(pool.namespace, pool.name)
     if spec is not None:
         # The template is a Proxy spec: checked against the Proxy CRD's own schema, as every
         # member will be, so a bad template fails the pool once instead of every member.
         sample = Proxy(namespace=pool.namespace, name=pool.name, uid="", spec=spec.member_spec(0))
-        errors = [e.replace("spec.", "spec.template.", 1) for e in validation_errors(sample)]
-        spec = spec if not errors else None
-    return spec, errors
+        errors = [e.replace("spec.", "spec.template.", 1) for e in spec_errors(sample)]
+    errors = identity + errors
+    return (spec if not errors else None), errors
 
 
 def _broken(spec: PoolSpec, health: ProviderHealth) -> dict[int, str]:

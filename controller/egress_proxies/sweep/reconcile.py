@@ -171,8 +171,9 @@ class Reconciler:
         usable, unreconciled = self._admit_all(proxies, contain)
         unusable = {name: f"provider {name!r} cannot be used: its section of the provider config is invalid: "
                           + "; ".join(errors) for name, errors in config.invalid.items()}
-        targets = self._reconcile_live(config, clients, listings, [p for p in usable if not p.deleting], unusable,
-                                       report, contain)
+        access = self._access(config, proxies)
+        targets = self._reconcile_live(config, clients, listings, self._live(usable, access), unusable, report,
+                                       contain, access)
         deleting = [p for p in usable if p.deleting and FINALIZER in p.finalizers]
         DeletePath(self.writer, self.settings.batch_size, contain, report.add).reconcile(deleting, clients, unusable)
         GarbageCollector(self.store, GarbageSettings(self.settings.gc_grace_seconds, self.settings.gc_dry_run),
@@ -223,9 +224,31 @@ class Reconciler:
             contain(proxy, partial(self._admit, proxy, usable))
         return usable, unreconciled
 
+    def _access(self, config: ProviderSet, proxies: Sequence[Proxy]) -> AccessPolicy | None:
+        """Who may use each instance, with the credentials refreshed for this sweep: bound to the
+        identity of each namespace that has a Proxy now (read from the source; a failure fails the
+        sweep, as listing the Proxies does), and retired where none is left."""
+        if self.credentials is None:
+            return None
+        self.credentials.refresh(self.store.namespace_identities({p.namespace for p in proxies}))
+        return AccessPolicy(self.credentials, config.sources)
+
+    @staticmethod
+    def _live(usable: Sequence[Proxy], access: AccessPolicy | None) -> list[Proxy]:
+        """The usable Proxies not being deleted whose namespace is known: one that was not listed
+        (deleted between the two reads, so its Proxies are going too) gets nothing this sweep."""
+        live = [p for p in usable if not p.deleting]
+        if access is None:
+            return live
+        waiting = sorted({p.namespace for p in live if not access.credentials.knows(p.namespace)})
+        if waiting:
+            log.info("namespace(s) %s not found: their Proxies wait for the next sweep", ", ".join(waiting))
+        return [p for p in live if p.namespace not in waiting]
+
     def _reconcile_live(self, config: ProviderSet, clients: Mapping[str, ProviderClient],
                         listings: Mapping[str, Listing], live: Sequence[Proxy], unusable: Mapping[str, str],
-                        report: SweepReport, contain: Contain) -> dict[str, tuple[str, ProbeTarget]]:
+                        report: SweepReport, contain: Contain,
+                        access: AccessPolicy | None) -> dict[str, tuple[str, ProbeTarget]]:
         """Every live Proxy's instance, providers side by side; returns the endpoints to probe."""
         by_provider: dict[str, list[Proxy]] = {}
         for proxy in live:
@@ -233,10 +256,6 @@ class Reconciler:
         live_settings = LiveSettings(self.settings.batch_size, self.settings.parallel_batches,
                                      self.settings.stale_listing_seconds)
         targets: dict[str, tuple[str, ProbeTarget]] = {}
-        access = None
-        if self.credentials is not None:
-            self.credentials.refresh()
-            access = AccessPolicy(self.credentials, config.sources)
 
         def reconcile_provider(name: str) -> None:
             live_path = LivePath(self.writer, live_settings, config.owner, contain, report.add, self._seconds_since,

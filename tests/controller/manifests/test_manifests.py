@@ -254,11 +254,12 @@ def test_rbac_is_least_privilege() -> None:
         ("crawl.example.com", "proxypools", ("get", "list", "watch", "update", "patch")),
         ("crawl.example.com", "proxypools/status", ("get", "update", "patch")),
         ("", "events", ("create", "patch")),
+        ("", "namespaces", ("get", "list")),  # their uids: credentials are bound to a namespace's identity
     }
     assert one("Role", OWN_ROLE)["metadata"]["namespace"] == NAMESPACE
     # In the controller's own namespace: the Lease, and the proxies' credentials (Secrets only there).
     assert rules("Role", OWN_ROLE) == {("coordination.k8s.io", "leases", ("get", "create", "update")),
-                                       ("", "secrets", ("get", "create", "update"))}
+                                       ("", "secrets", ("get", "list", "create", "update", "delete"))}
     # The Kubernetes provider's Pods, in its namespace only: no update/patch/watch, no exec or logs.
     assert one("Role", PODS_ROLE)["metadata"]["namespace"] == PODS_NAMESPACE
     assert rules("Role", PODS_ROLE) == {("", "pods", ("get", "list", "create", "delete"))}

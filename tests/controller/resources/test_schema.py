@@ -94,6 +94,35 @@ def test_a_missing_required_field_says_what_it_must_be() -> None:
         "spec.provider: is required; it must be a non-empty string"]
 
 
+@pytest.mark.parametrize(("namespace", "name", "fields"), [
+    ("crawlers", "eu-1", []),
+    ("a" * 63, "eu.west-1." + "b" * 200, []),  # the longest label; a subdomain with dots
+    ("../../x", "eu-1", ["metadata.namespace"]),
+    ("crawlers", "../evil", ["metadata.name"]),
+    ("a" * 64, "eu-1", ["metadata.namespace"]),
+    ("Crawlers", "eu-1", ["metadata.namespace"]),
+    ("crawl.ers", "eu-1", ["metadata.namespace"]),  # a label has no dots
+    ("crawlers-", "eu-1", ["metadata.namespace"]),
+    ("crawlers", "x" * 254, ["metadata.name"]),
+    ("crawlers", "eu_1", ["metadata.name"]),
+    ("crawlers", "eu..1", ["metadata.name"]),
+    ("crawlers", "eu-1\n", ["metadata.name"]),
+    ("", "", ["metadata.namespace", "metadata.name"]),
+])
+def test_namespace_and_name_are_validated_as_kubernetes_does(namespace: str, name: str, fields: list[str]) -> None:
+    errors = validation_errors(Proxy(namespace, name, "uid", {"provider": "a"}))
+    assert [error.split(":")[0] for error in errors] == fields
+
+
+def test_a_bad_namespace_or_name_says_what_kubernetes_allows() -> None:
+    assert validation_errors(Proxy("../../x", "../evil", "uid", {"provider": "a"})) == [
+        ("metadata.namespace: must be a DNS-1123 label, as Kubernetes requires of a namespace: at most 63 lowercase "
+        "letters, digits and '-', starting and ending with a letter or digit (got '../../x')"),
+        ("metadata.name: must be a DNS-1123 subdomain, as Kubernetes requires of a name: at most 253 lowercase "
+        "letters, digits, '-' and '.', each part between dots starting and ending with a letter or digit "
+        "(got '../evil')")]
+
+
 # -- the shared metadata parsing -------------------------------------------------------------------
 
 OBJECT: dict[str, Any] = {

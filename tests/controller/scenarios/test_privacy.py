@@ -81,7 +81,9 @@ def test_a_namespace_credential_is_made_once_kept_private_and_delivered_as_a_has
         store.events)
     assert crawlers.password not in everything
     # A second controller process reads the same credential back.
-    assert Credentials(FileSecrets(tmp_path / "credentials")).current("crawlers") == crawlers
+    second = Credentials(FileSecrets(tmp_path / "credentials"))
+    second.refresh(store.namespace_identities({"crawlers"}))
+    assert second.current("crawlers") == crawlers
 
 
 def test_rotation_replaces_instances_make_before_break(tmp_path: Path, config: Path) -> None:
@@ -165,20 +167,26 @@ def test_a_proxy_that_serves_without_credentials_is_never_handed_out(tmp_path: P
 def test_secrets_rotate_by_annotation_on_the_kubernetes_secret(kube: KubeEmulator, api: client.ApiClient) -> None:
     kube.create_namespace("egress-proxies")
     backend = KubeSecrets(api, "egress-proxies")
-    first = Credentials(backend).current("crawlers")
+
+    def sweeping() -> Credentials:
+        credentials = Credentials(backend)
+        credentials.refresh({"crawlers": "uid-of-crawlers"})
+        return credentials
+
+    first = sweeping().current("crawlers")
     core = client.CoreV1Api(api)
     secret = core.read_namespaced_secret(KubeSecrets.secret_name("crawlers"), "egress-proxies")
     assert secret.type == "Opaque" and "password" in (secret.data or {})
-    assert Credentials(backend).current("crawlers") == first  # read back, not made again
+    assert sweeping().current("crawlers") == first  # read back, not made again
     core.patch_namespaced_secret(KubeSecrets.secret_name("crawlers"), "egress-proxies",
                                  {"metadata": {"annotations": {KubeSecrets.ROTATE_ANNOTATION: "please"}}})
-    rotated = Credentials(backend)
+    rotated = sweeping()
     second = rotated.current("crawlers")
     assert second.generation != first.generation
     assert rotated.by_generation("crawlers", first.generation) == first
     secret = core.read_namespaced_secret(KubeSecrets.secret_name("crawlers"), "egress-proxies")
     assert secret.metadata is not None and KubeSecrets.ROTATE_ANNOTATION not in (secret.metadata.annotations or {})
-    assert Credentials(backend).current("crawlers") == second
+    assert sweeping().current("crawlers") == second
 
 
 def test_discovery_is_scoped_by_token_and_only_scoped_tokens_get_credentials(

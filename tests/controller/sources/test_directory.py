@@ -643,3 +643,14 @@ def test_an_edited_file_is_validated_again_and_an_unchanged_one_is_not(tmp_path:
         reconciler.sweep()
         assert sorted(p.name for p in proxies.list_proxies()[0]) == ["eu-1", "eu-3"]
         assert set(reconciler.validation._known) == {p.uid for p in proxies.list_proxies()[0]}
+
+
+def test_a_namespace_is_a_name_in_this_directory_its_identity_the_directory(tmp_path: Path) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    with DirectoryStore(tmp_path / "a") as first, DirectoryStore(tmp_path / "b") as second:
+        identities = first.namespace_identities({"crawlers", "team-b"})
+        assert identities == {"crawlers": f"directory:{(tmp_path / 'a').resolve()}",
+                              "team-b": f"directory:{(tmp_path / 'a').resolve()}"}
+        # A work directory reused for another Proxy directory: not the same namespaces.
+        assert second.namespace_identities({"crawlers"}) != {"crawlers": identities["crawlers"]}

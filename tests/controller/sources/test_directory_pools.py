@@ -67,6 +67,16 @@ def test_member_files_carry_the_header_and_only_those_are_deleted(pools: Directo
     assert not path.exists()
 
 
+@pytest.mark.parametrize("name", ["../eu-1", "../../x", "a/b", "UPPER", ""])
+def test_a_member_name_that_is_no_kubernetes_name_names_no_file(pools: DirectoryPools, name: str) -> None:
+    before = sorted(p.name for p in pools.directory.parent.rglob("*"))
+    with pytest.raises(StoreError, match="DNS-1123 subdomain"):
+        pools.create_proxy("crawlers", member(name))
+    with pytest.raises(StoreError, match="DNS-1123 subdomain"):
+        pools.delete_proxy("crawlers", name)
+    assert sorted(p.name for p in pools.directory.parent.rglob("*")) == before
+
+
 def test_a_removed_pool_file_is_a_deleting_pool_until_its_finalizer_goes(pools: DirectoryPools) -> None:
     [pool] = pools.list_pools()
     pool.finalizers = ["crawl.example.com/cleanup"]

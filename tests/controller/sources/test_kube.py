@@ -30,7 +30,14 @@ from egress_proxies.resources.proxy import (
     VERSION,
     Proxy,
 )
-from egress_proxies.sources.kube import NO_CLUSTER_MESSAGE, KubeLeases, KubeStore, NoClusterConfig, kube_client
+from egress_proxies.sources.kube import (
+    NO_CLUSTER_MESSAGE,
+    KubeLeases,
+    KubeSecrets,
+    KubeStore,
+    NoClusterConfig,
+    kube_client,
+)
 from egress_proxies.sources.store import Conflict, Gone, StoreError, WatchEvent, WatchExpired
 from support.kube_emulator import KubeEmulator
 
@@ -504,3 +511,53 @@ def test_without_kubeconfig_outside_a_cluster_the_error_is_one_line(tmp_path: Pa
     assert str(raised.value) == NO_CLUSTER_MESSAGE
     assert "\n" not in str(raised.value) and "KUBERNETES_SERVICE_HOST unset" in str(raised.value)
     assert isinstance(raised.value, StoreError)
+
+
+# -- namespaces and the credentials' Secrets (issue 26, row 10) ----------------------------------
+
+
+def test_namespace_identities_are_the_uids_of_those_that_exist(kube: KubeEmulator, api: client.ApiClient,
+                                                               store: KubeStore) -> None:
+    uid = cast(Obj, kube.get_object("namespaces", None, NS))["metadata"]["uid"]
+    other = cast(Obj, kube.get_object("namespaces", None, "other"))["metadata"]["uid"]
+    assert store.namespace_identities({NS, "other", "missing"}) == {NS: uid, "other": other}
+    assert store.namespace_identities(set()) == {}
+    # One namespace watched: that one only, read on its own.
+    assert KubeStore(api, namespace=NS).namespace_identities({NS, "other"}) == {NS: uid}
+    assert KubeStore(api, namespace="missing").namespace_identities({"missing"}) == {}
+
+
+def test_a_namespace_made_again_has_another_identity(kube: KubeEmulator, api: client.ApiClient,
+                                                     store: KubeStore) -> None:
+    before = store.namespace_identities({"other"})
+    client.CoreV1Api(api).delete_namespace("other")
+    deadline = time.monotonic() + 10
+    while store.namespace_identities({"other"}):
+        assert time.monotonic() < deadline, "the namespace was not removed"
+        time.sleep(0.05)
+    kube.create_namespace("other")
+    assert store.namespace_identities({"other"}).keys() == before.keys()
+    assert store.namespace_identities({"other"}) != before
+
+
+def test_listing_namespaces_that_fails_is_a_store_error(kube: KubeEmulator, store: KubeStore) -> None:
+    kube.fail_next("GET", r"^/api/v1/namespaces$", 403, message="namespaces is forbidden")
+    with pytest.raises(StoreError, match="listing namespaces: HTTP 403: namespaces is forbidden"):
+        store.namespace_identities({NS})
+
+
+def test_credential_secrets_are_listed_by_their_label_and_deleted(kube: KubeEmulator, api: client.ApiClient) -> None:
+    kube.create_namespace("egress-proxies")
+    secrets = KubeSecrets(api, "egress-proxies")
+    secrets.save("crawlers", {"user": "crawl-crawlers", "password": "p"})
+    secrets.save("other", {"user": "crawl-other"})
+    # A Secret that carries the label but was not named by the controller is not one of its records.
+    client.CoreV1Api(api).create_namespaced_secret("egress-proxies", client.V1Secret(metadata=client.V1ObjectMeta(
+        name="lookalike", labels={KubeSecrets.PROXY_NAMESPACE: "team-b"}), string_data={"user": "x"}))
+    client.CoreV1Api(api).patch_namespaced_secret(KubeSecrets.secret_name("other"), "egress-proxies", {
+        "metadata": {"annotations": {KubeSecrets.ROTATE_ANNOTATION: "yes"}}})
+    assert secrets.load_all() == {"crawlers": ({"user": "crawl-crawlers", "password": "p"}, False),
+                                  "other": ({"user": "crawl-other"}, True)}
+    secrets.delete("crawlers")
+    secrets.delete("crawlers")  # gone already: what was asked
+    assert set(secrets.load_all()) == {"other"} and secrets.load("crawlers") is None

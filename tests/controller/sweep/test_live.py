@@ -231,6 +231,7 @@ def test_replacements_end_in_failed_once_exhausted() -> None:
 
 def test_with_access_an_instance_gets_the_hash_never_the_password(tmp_path: Path) -> None:
     credentials = Credentials(FileSecrets(tmp_path / "credentials"))
+    credentials.refresh({"crawlers": "uid-of-crawlers"})
     live = Live(access=AccessPolicy(credentials, {"home-kvm": ("10.0.0.0/8",)}))
     live.store.add("eu-1", SPEC)
     live.sweep("eu-1")

@@ -110,6 +110,24 @@ def test_a_template_the_proxy_schema_refuses_fails_the_pool_once_not_each_member
     assert "spec.template.port" in pools.status()["conditions"][0]["message"]
 
 
+@pytest.mark.parametrize(("metadata", "field"), [
+    ({"name": "../../eu"}, "metadata.name: must be a DNS-1123 subdomain"),
+    ({"namespace": "../x"}, "metadata.namespace: must be a DNS-1123 label"),
+])
+def test_a_pool_whose_name_is_no_kubernetes_name_fails_before_a_member_is_written(
+        pools: Pools, metadata: dict[str, str], field: str) -> None:
+    # Members are named after the pool (files, for the directory source): `../../eu` would
+    # write `../../eu-<serial>.yaml` outside the directory.
+    (pools.directory / "eu.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "crawl.example.com/v1alpha1", "kind": "ProxyPool",
+        "metadata": {"name": "eu", "namespace": "crawlers", **metadata}, "spec": SPEC}))
+    assert pools.sweep() is False
+    assert pools.members() == {}
+    assert sorted(p.name for p in pools.directory.parent.rglob("*.yaml")) == [".eu.pool.yaml", "eu.yaml"]
+    [pool] = pools.source.list_pools()
+    assert pool.status["phase"] == "Failed" and field in pool.status["conditions"][0]["message"]
+
+
 def test_a_provider_not_configured_fails_the_pool(pools: Pools) -> None:
     pools.write()
     pools.sweep(ProviderHealth(configured=("a",), invalid={}))

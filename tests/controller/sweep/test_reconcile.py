@@ -7,6 +7,8 @@ including cases the real backends cannot be made to produce on demand.
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Collection
 from pathlib import Path
 
 import pytest
@@ -22,6 +24,7 @@ from egress_proxies.resources.proxy import (
     instance_name,
     spec_hash,
 )
+from egress_proxies.serving.credentials import Credentials, FileSecrets
 from egress_proxies.sweep.backoff import Backoff
 from egress_proxies.sweep.reconcile import Reconciler, ReconcileSettings
 from support.controller_fakes import FakeRunner, MemoryStore
@@ -429,3 +432,76 @@ def test_gc_dry_run_only_reports(store: MemoryStore, runner: FakeRunner, config:
     report = reconciler(store, runner, config, clock, gc_grace_seconds=0, gc_dry_run=True).sweep()
     assert report.gc == [old] and old in runner.instances
     assert "gc" not in runner.verbs()
+
+
+# -- credentials bound to namespaces (issue 26, rows 9 and 10) --------------------------------------
+
+
+def with_credentials(store: MemoryStore, runner: FakeRunner, config: Path, clock: Clock,
+                     directory: Path) -> tuple[Reconciler, Credentials]:
+    credentials = Credentials(FileSecrets(directory))
+    return Reconciler(store, runner, str(config), backoff=Backoff(clock=clock, rng=lambda: 0.5),
+                      credentials=credentials), credentials
+
+
+def test_each_sweep_binds_the_credentials_to_the_namespaces_the_source_reports(
+        store: MemoryStore, runner: FakeRunner, config: Path, clock: Clock, tmp_path: Path) -> None:
+    store.add("eu-1", SPEC)
+    rec, credentials = with_credentials(store, runner, config, clock, tmp_path / "credentials")
+    rec.sweep()
+    first = credentials.current("crawlers")
+    assert first.identity == store.namespace_uids["crawlers"]
+    store.namespace_uids["crawlers"] = "uid-of-a-namespace-made-again"
+    rec.sweep()
+    second = credentials.current("crawlers")
+    assert second.password != first.password and second.identity == "uid-of-a-namespace-made-again"
+    assert store.get("eu-1").status["credentialGeneration"] == second.generation
+    assert credentials.by_generation("crawlers", first.generation) is None
+
+
+def test_proxies_of_a_namespace_the_source_does_not_list_wait_and_get_no_credential(
+        store: MemoryStore, runner: FakeRunner, config: Path, clock: Clock, tmp_path: Path,
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO)
+    store.add("eu-1", SPEC)
+    store.add("eu-2", SPEC, namespace="team-b")
+    store.missing_namespaces.add("crawlers")  # deleted between listing the Proxies and the namespaces
+    rec, _ = with_credentials(store, runner, config, clock, tmp_path / "credentials")
+    report = rec.sweep()
+    assert report.ok and report.created == 1 and not store.get("eu-1").status
+    assert sorted(p.name for p in (tmp_path / "credentials").iterdir()) == ["team-b.yaml"]
+    assert "namespace(s) crawlers not found: their Proxies wait for the next sweep" in caplog.text
+    store.missing_namespaces.clear()
+    assert rec.sweep().created == 1
+
+
+def test_a_proxy_whose_namespace_or_name_is_no_kubernetes_name_fails_alone_and_nothing_is_written_for_it(
+        store: MemoryStore, runner: FakeRunner, config: Path, clock: Clock, tmp_path: Path) -> None:
+    store.add("eu-1", SPEC, namespace="../../x")
+    store.add("../../y", SPEC)
+    store.add("eu-2", SPEC)
+    rec, _ = with_credentials(store, runner, config, clock, tmp_path / "store" / "credentials")
+    report = rec.sweep()
+    assert report.created == 1 and store.get("eu-2").status["phase"] == "Ready"
+    for key, field in ((("eu-1", "../../x"), "metadata.namespace"), (("../../y", "crawlers"), "metadata.name")):
+        status = store.get(*key).status
+        assert (status["phase"], status["conditions"][0]["reason"]) == ("Failed", "InvalidSpec")
+        assert status["conditions"][0]["message"].startswith(f"{field}: must be a DNS-1123")
+        assert FINALIZER not in store.get(*key).finalizers
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*.yaml")) == [
+        "providers.yaml", "store/credentials/crawlers.yaml"]
+
+
+def test_namespaces_that_cannot_be_read_fail_the_sweep(store: MemoryStore, runner: FakeRunner, config: Path,
+                                                      clock: Clock, tmp_path: Path) -> None:
+    def forbidden(_namespaces: Collection[str]) -> dict[str, str]:
+        from egress_proxies.sources.store import StoreError
+
+        raise StoreError("listing namespaces: HTTP 403: namespaces is forbidden")
+
+    store.add("eu-1", SPEC)
+    store.namespace_identities = forbidden  # type: ignore[assignment,method-assign]
+    rec, _ = with_credentials(store, runner, config, clock, tmp_path / "credentials")
+    report = rec.sweep()
+    assert not report.ok and "namespaces is forbidden" in report.summary()
+    assert "create" not in runner.verbs()
