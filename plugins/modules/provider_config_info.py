@@ -23,7 +23,7 @@ description:
   - Never changes anything. The controller runs it at start-up, when the file changes and for
     C(egress-proxies check-config); the deploy playbook runs it before deploying.
   - With O(check_backends), it also asks each valid provider's backend what only the backend can tell
-    (GCP: whether the credentials may use Compute Engine, with their OAuth scopes; whether the firewall
+    (for GCP, whether the credentials may use Compute Engine, with their OAuth scopes, and whether the firewall
     admits the proxy port) and reports it in RV(providers[].backend_errors).
 author:
   - egress-proxies developers (@egress-proxies)
@@ -119,9 +119,9 @@ providers:
       type: dict
     backend_errors:
       description:
-        - With O(check_backends), what the backend showed wrong with a valid provider, each starting with its field
+        - "With O(check_backends), what the backend showed wrong with a valid provider, each starting with its field
           path (C(providers[1].gcp: ... insufficient authentication scopes; grant ...)); empty when all is well, or
-          without O(check_backends).
+          without O(check_backends)."
       type: list
       elements: str
   sample:

@@ -14,15 +14,26 @@ and has a contract test in tests/contract/test_compute_emulator.py:
 - ``/compute/v1/projects/{p}/aggregated/instances``: GET with ``filter`` and paging; ``items``
   keyed ``zones/<zone>``, zones without results on the page carrying ``NO_RESULTS_ON_PAGE``.
   An unreachable zone fails the whole call (503) unless ``returnPartialSuccess=true``, which
-  then lists it in ``unreachables`` with an ``UNREACHABLE`` scope warning.
+  then lists it in ``unreachables`` with an ``UNREACHABLE`` scope warning;
+- ``/compute/v1/projects/{p}/global/firewalls[/{name}]``: POST insert (409 for a name taken),
+  GET, PATCH (the fields given replace the stored ones), DELETE, GET list; each write is a
+  global operation, ``.../global/operations/{op}`` GET and ``/wait`` POST.
 
 The rules: a zone that does not exist is a 400 ``invalid`` ("Unknown zone"); an insert
-referencing a missing image, machine type, network or subnetwork is answered 404
-synchronously; a machine type must be of the instance's zone; a custom-mode network needs a
-subnetwork of the instance's region; at most 64 labels; metadata keys ``[a-zA-Z0-9-_]+`` under
-128 bytes, values at most 256 KiB, all of it under 512 KiB; deleting an instance with an
-operation in flight is a 400 ``resourceNotReady``; a zone out of stock (``stock_out``) accepts
-inserts whose operations fail with ``ZONE_RESOURCE_POOL_EXHAUSTED``.
+referencing a missing image, network or subnetwork is answered 404 synchronously, a machine
+type the zone lacks 400 ``invalid`` ("Machine type with name ... does not exist in zone ...");
+a machine type must be of the instance's zone; a custom-mode network needs a subnetwork of the
+instance's region; at most 64 labels and 64 network tags (RFC 1035); metadata keys
+``[a-zA-Z0-9-_]+`` under 128 bytes, values at most 256 KiB, all of it under 512 KiB; deleting
+an instance with an operation in flight is a 400 ``resourceNotReady``; a zone out of stock
+(``stock_out``) accepts inserts whose operations fail with ``ZONE_RESOURCE_POOL_EXHAUSTED``;
+quotas (``set_quota``): CPUs fail the insert's operation with ``QUOTA_EXCEEDED``, in-use
+addresses the insert itself (403 ``quotaExceeded``); a bearer token listed in
+``token_scopes`` without a Compute scope gets 403 "insufficient authentication scopes";
+``wait_returns_early`` answers waits at once, as an overloaded server may. Images run at boot
+what their family runs (``ImageKind``, ``boot``); VPC firewall rules (compute_firewall.py)
+decide ``reachable``, the path a crawler or the controller's probe takes to an instance's
+external address and port.
 
 Operations finish ``operation_seconds`` after they start (0: at the next request). An
 inserted instance goes PROVISIONING -> RUNNING and gets its NAT IP then; a deleted one goes

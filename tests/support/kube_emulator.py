@@ -49,18 +49,24 @@ rules and cites their sources):
   ``deletionTimestamp`` and ``deletionGracePeriodSeconds``, still readable and listed, then gone
   (a DELETED event) once the grace period has passed on the emulator's clock (``advance``);
   an unscheduled or finished Pod, or ``gracePeriodSeconds=0``, goes at once, as on a real server;
-- ``kubelet_run`` and ``kubelet_evict`` stand in for the scheduler and kubelet.
+- ``kubelet_run`` and ``kubelet_evict`` stand in for the scheduler and kubelet; ``node_lost`` for the
+  node lifecycle and taint eviction controllers when a node stops reporting, ``node_returns`` for
+  its kubelet coming back, ``provision_load_balancer`` for the cloud's service controller;
+- admission after validation (``tests/support/kube_admission.py``): Pod Security from the namespace's
+  ``pod-security.kubernetes.io/enforce`` label, ResourceQuota on Pod counts (both 403 Forbidden as
+  the real plugins word it); a new Service gets its cluster IP and node ports allocated.
 
-Deliberately left out (nothing tested depends on them): admission beyond namespace existence,
-built-in defaulting (a real server fills in e.g. a Pod's ``terminationGracePeriodSeconds: 30``,
-a Deployment's ``strategy`` or a Service's ``clusterIP``; graceful deletion uses 30 when the Pod
-has none), Pod spec immutability on update, workload controllers (a Deployment's status changes
-only when a test writes it), a Secret's ``stringData`` folding into ``data``, owner-reference
-garbage collection, namespace deletion cascading and the ``Terminating`` phase, CRD conversion
-and per-version schemas beyond the one each version declares, defaulting and pruning on read,
-pagination (``limit`` is ignored: every list returns everything), ``dryRun``, server-side apply
-(415), BOOKMARK events, and a status write to a Pod changing its labels (the real Pod status
-strategy allows it; here every status write changes only ``status``, as for custom resources).
+Deliberately left out (nothing tested depends on them): admission beyond namespace existence, Pod
+Security and Pod-count quotas, built-in defaulting beyond a Service's allocations (a real server
+fills in e.g. a Pod's ``terminationGracePeriodSeconds: 30`` or a Deployment's ``strategy``;
+graceful deletion uses 30 when the Pod has none), Pod spec immutability on update, workload
+controllers (a Deployment's status changes only when a test writes it), a Secret's ``stringData``
+folding into ``data``, owner-reference garbage collection, namespace deletion cascading and the
+``Terminating`` phase, CRD conversion and per-version schemas beyond the one each version declares,
+defaulting and pruning on read, pagination (``limit`` is ignored: every list returns everything),
+``dryRun``, server-side apply (415), BOOKMARK events, and a status write to a Pod changing its
+labels (the real Pod status strategy allows it; here every status write changes only ``status``, as
+for custom resources).
 """
 
 from __future__ import annotations
@@ -697,11 +703,13 @@ class KubeEmulator:
         with self._lock:
             self._random_faults = (rate, random.Random(seed))
 
-    def create_namespace(self, name: str) -> Obj:
-        """Create a Namespace, as ``kubectl create namespace`` would (objects may then live in it)."""
+    def create_namespace(self, name: str, labels: Mapping[str, str] | None = None) -> Obj:
+        """Create a Namespace, as ``kubectl create namespace`` would (objects may then live in it);
+        ``labels`` such as ``pod-security.kubernetes.io/enforce: restricted``."""
         rtype = self._type_by_key(NAMESPACES_KEY)
+        metadata: Obj = {"name": name, **({"labels": dict(labels)} if labels else {})}
         return self._create(_Route(rtype, None, None, None),
-                            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+                            {"apiVersion": "v1", "kind": "Namespace", "metadata": metadata})
 
     def install_crd(self, crd: Obj) -> Obj:
         """Create a CustomResourceDefinition (e.g. ``proxy_crd()``): its kind is served from then

@@ -143,7 +143,7 @@ class FirewallKeeper:
         """Make sure the rule admits ``opening`` (adding to it, never taking away)."""
         if not self.managed or not opening.sources:
             return
-        for _ in range(ROUNDS):
+        for _attempt in range(ROUNDS):
             current = self.client.firewall(self.project, self.name)
             have = _opening_of_rule(current) if current is not None else Opening()
             if current is not None and have.covers(opening):
@@ -157,7 +157,7 @@ class FirewallKeeper:
         Nothing changes on a listing that missed a zone (an instance there may need the rule)."""
         if not self.managed:
             return
-        for _ in range(ROUNDS):
+        for _attempt in range(ROUNDS):
             listing = self.client.list_instances(OURS_FILTER, self.settings.zones)
             if listing.failed_zones:
                 return

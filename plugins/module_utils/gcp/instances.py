@@ -419,26 +419,27 @@ class GcpProvider:
                   passed: List[Tuple[str, ProxyError]]) -> ProxyError:
         """Why no zone took the instance: permanent when none offers the machine type (the
         config must change), else transient (capacity and quotas come back)."""
-        if passed and all(isinstance(error, MachineTypeNotInZone) for _, error in passed):
+        tried = [zone for zone, _error in passed]
+        errors = [error for _zone, error in passed]
+        if errors and all(isinstance(error, MachineTypeNotInZone) for error in errors):
             return Permanent("machine_type: %r (machineTypes.%s) does not exist in zone(s) %s: %s; fix "
                              "machineTypes.%s (or gcp.zones) in the provider config: `gcloud compute machine-types "
                              "list --filter=name=%s` lists the zones that offer it" % (
-                                 plan.machine_type, plan.machine_key, ", ".join(zone for zone, _ in passed),
-                                 passed[0][1], plan.machine_key, plan.machine_type.rsplit("/", 1)[-1]))
-        tried = [zone for zone, _ in passed]
+                                 plan.machine_type, plan.machine_key, ", ".join(tried), errors[0], plan.machine_key,
+                                 plan.machine_type.rsplit("/", 1)[-1]))
         if request.location:
             hint = "location pins it to zone %s, so it cannot move to another zone" % request.location
-        elif any(isinstance(error, QuotaExceeded) and error.region is None for _, error in passed):
+        elif any(isinstance(error, QuotaExceeded) and error.region is None for error in errors):
             hint = "a project-wide quota: no other zone can help"
         elif len(tried) < len(zones):
             hint = "zone(s) %s were not tried (their region is out of quota, or time ran out)" % ", ".join(
                 zone for zone in zones if zone not in tried)
         else:
             hint = "every zone it may go to (%s) was tried" % ", ".join(zones)
-        kinds = {type(error) for _, error in passed}
+        kinds = {type(error) for error in errors}
         what = "out of capacity" if kinds == {StockOut} else "quota exceeded" if kinds == {QuotaExceeded} else \
             "no zone could take it"
-        return Transient("%s: %s; %s; will retry" % (what, "; ".join(str(error) for _, error in passed), hint))
+        return Transient("%s: %s; %s; will retry" % (what, "; ".join(str(error) for error in errors), hint))
 
     # -- delete ----------------------------------------------------------------------------
 
