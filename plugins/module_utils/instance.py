@@ -62,9 +62,9 @@ class Instance:
     location: str
     state: str
     ip: Optional[str] = None
+    endpoint: Optional[str] = None
     tags: Dict[str, str] = field(default_factory=dict)
     created: Optional[str] = None
-    endpoint: Optional[str] = None
 
     def to_dict(self) -> Dict[str, Any]:
         return {

@@ -77,9 +77,9 @@ def test_wait_holds_until_done_or_its_deadline_and_get_does_not(emulator: Comput
     # the request to approach the 2 minute deadline ... might be DONE or still in progress."
     # zoneOperations.get answers at once. (Hold scaled to 0.7 s here; WAIT_HOLD_SECONDS is 120.)
     emulator.operation_seconds, emulator.wait_hold_seconds = 1.0, 0.7
+    started = time.monotonic()  # before the insert: the operation's second counts from it
     _, operation = api.insert(ZONES[0])
     path = f"/zones/{ZONES[0]}/operations/{operation['name']}"
-    started = time.monotonic()
     assert api.call("GET", path)[1]["status"] == "RUNNING"
     assert time.monotonic() - started < 0.3
     held = api.call("POST", path + "/wait")[1]

@@ -183,14 +183,22 @@ def manifest(name: str) -> Obj:
     return only
 
 
+# What the API server allocates for a Service (the emulator does too: tests/support/kube_admission.py).
+SERVICE_SERVER_FIELDS = ("clusterIP", "clusterIPs")
+
+
 def without_server_fields(obj: Obj) -> Obj:
-    """An object as the playbook meant it: no server-set metadata and no last-applied annotation."""
+    """An object as the playbook meant it: no server-set metadata and no last-applied annotation,
+    no addresses the server allocated."""
     meta = {key: value for key, value in obj["metadata"].items()
             if key not in ("uid", "resourceVersion", "generation", "creationTimestamp")}
     annotations = {key: value for key, value in (meta.pop("annotations", None) or {}).items() if key != LAST_APPLIED}
     if annotations:
         meta["annotations"] = annotations
-    return {**{key: value for key, value in obj.items() if key != "status"}, "metadata": meta}
+    meant = {**{key: value for key, value in obj.items() if key != "status"}, "metadata": meta}
+    if obj.get("kind") == "Service":
+        meant["spec"] = {key: value for key, value in obj["spec"].items() if key not in SERVICE_SERVER_FIELDS}
+    return meant
 
 
 def secret_data(kube: KubeEmulator, name: str) -> dict[str, str]:

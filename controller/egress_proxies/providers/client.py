@@ -59,11 +59,11 @@ class Instance:
     location: str = ""
     state: str = "pending"  # pending | running | stopped | error
     ip: str | None = None
-    tags: Mapping[str, str] = field(default_factory=dict)
-    created: str | None = None
     endpoint: str | None = None
     """``host:port`` a crawler dials, as the provider reports it (docs/contract.md); ``ip`` is the
     instance's own address, which it need not be (a Pod behind a NodePort or a load balancer)."""
+    tags: Mapping[str, str] = field(default_factory=dict)
+    created: str | None = None
 
     @classmethod
     def from_result(cls, data: Mapping[str, Any]) -> Instance:
