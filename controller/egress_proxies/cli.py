@@ -278,18 +278,24 @@ def run_until_ready(controller: Controller, store: ProxyStore, timeout: float, p
 
 
 def check_config(runner: AnsibleRunner, path: Path) -> int:
-    """``--check-config``: every error of the provider config, through the collection's validator."""
+    """``--check-config``: every error of the provider config, through the collection's validator,
+    and what each valid provider's backend shows wrong (credentials, scopes, firewall)."""
     try:
-        providers = providers_module.check_config(runner, str(path))
+        providers = providers_module.check_config(runner, str(path), check_backends=True)
     except providers_module.ConfigUnreadable as error:
         sys.stdout.write(f"INVALID: {error}\n")
         return 1
-    lines = [f"provider {name} ({provider_type}): {'INVALID' if name in providers.invalid else 'ok'}"
-             for name, provider_type in providers.types.items()]
-    lines += [f"  {error}" for error in providers.errors]
-    lines.append(f"{path}: {'valid' if providers.valid else f'{len(providers.errors)} error(s)'}")
+    backend = [error for errors in providers.backend_errors.values() for error in errors]
+
+    def verdict(name: str) -> str:
+        return "INVALID" if name in providers.invalid else "NOT USABLE" if name in providers.backend_errors else "ok"
+
+    lines = [f"provider {name} ({provider_type}): {verdict(name)}" for name, provider_type in providers.types.items()]
+    lines += [f"  {error}" for error in (*providers.errors, *backend)]
+    problems = len(providers.errors) + len(backend)
+    lines.append(f"{path}: {f'{problems} error(s)' if problems else 'valid'}")
     sys.stdout.write("\n".join(lines) + "\n")
-    return 0 if providers.valid else 1
+    return 1 if problems else 0
 
 
 def check_tokens(path: Path | None) -> int:

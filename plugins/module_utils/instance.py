@@ -4,7 +4,9 @@
 """What every provider takes (an InstanceRequest) and returns (an Instance).
 
 The return shape is the module contract in docs/contract.md:
-``{provider_id, name, location, state, ip, tags, created}``.
+``{provider_id, name, location, state, ip, endpoint, tags, created}``: ``ip`` is the
+instance's own address, ``endpoint`` the ``host:port`` a crawler dials (the same address on
+KVM and GCP; a node's address or a load balancer's for a Pod exposed through one).
 """
 
 from __future__ import annotations
@@ -60,14 +62,22 @@ class Instance:
     location: str
     state: str
     ip: Optional[str] = None
+    endpoint: Optional[str] = None
     tags: Dict[str, str] = field(default_factory=dict)
     created: Optional[str] = None
 
     def to_dict(self) -> Dict[str, Any]:
         return {
             "provider_id": self.provider_id, "name": self.name, "location": self.location, "state": self.state,
-            "ip": self.ip, "tags": dict(self.tags), "created": self.created,
+            "ip": self.ip, "endpoint": self.endpoint, "tags": dict(self.tags), "created": self.created,
         }
+
+
+def endpoint_of(host: Optional[str], port: Optional[int]) -> Optional[str]:
+    """``host:port`` (``[v6]:port`` for an IPv6 address), or None while either is unknown."""
+    if not host or not port:
+        return None
+    return "[%s]:%d" % (host, port) if ":" in host else "%s:%d" % (host, port)
 
 
 def validate_name(name: Any) -> str:

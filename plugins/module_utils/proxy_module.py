@@ -22,6 +22,7 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.config import
     Provider as ProviderSettings,
 )
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.config import (
+    ProviderConfig,
     load_provider_config,
 )
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.errors import (
@@ -150,8 +151,11 @@ class ProxyModule:
 
     def provider(self) -> ProviderSettings:
         """This module's provider section; a missing or wrong provider is Permanent."""
-        config = load_provider_config(self.params["provider_config"])
-        return config.provider(self.params["provider"], self.provider_type)
+        return self.provider_config().provider(self.params["provider"], self.provider_type)
+
+    def provider_config(self) -> ProviderConfig:
+        """The whole provider config (its ``owner`` too); a file that cannot be read is Permanent."""
+        return load_provider_config(self.params["provider_config"])
 
     def instance_request(self, params: Optional[Dict[str, Any]] = None) -> InstanceRequest:
         """The validated request of the single-instance options, or of one ``operations`` item."""
@@ -274,8 +278,9 @@ def _delete(provider: InstanceProvider, scheme: str, params: Dict[str, Any], che
     removed = [candidate for candidate in candidates if provider.delete(candidate, check_mode)]
     found = removed[0] if removed else (candidates[0] if len(candidates) == 1 else None)
     if found is None:
-        instance: Dict[str, Any] = {"provider_id": None, "name": name, "location": params.get("location"),
-                                    "state": "stopped", "ip": None, "tags": {}, "created": None}
+        instance: Dict[str, Any] = dict(Instance(provider_id="", name=name, location=params.get("location") or "",
+                                                 state="stopped").to_dict(), provider_id=None,
+                                        location=params.get("location"))
     else:
         parsed = parse_provider_id(found, scheme)
         instance = Instance(provider_id=found, name=parsed.name, location=parsed.location, state="stopped").to_dict()

@@ -19,6 +19,13 @@ description:
     byte (base64 text plus C(user-data-encoding=base64) with O(user_data_encoding=base64)), the full tags
     as JSON in the metadata item C(egress-proxies-tags), and the labels C(egress_proxies=v1), C(egress_proxies_owner),
     C(egress_proxies_uid) and C(egress_proxies_spec_hash) for server-side filtering."
+  - "Every instance gets the metadata item C(startup-script), which Google's guest agent runs on every boot: the
+    access policy (with O(access)), then, after cloud-init where there is one, squid installed if the image has
+    none. Debian's GCE images run no C(user-data) (no cloud-init), so a stock image serves without one."
+  - "With the provider's C(firewall: managed) (default), one VPC firewall rule per provider admits the proxy ports
+    from the instances' allowed sources to the instances (a network tag each); it is made before the first
+    instance, kept in step, and removed with the last. With C(firewall: external) the instances only carry the
+    config's C(networkTags)."
   - The owner tag C(crawl.example.com/owner) must be a valid GCE label value; it is what the sweep filters on.
   - Without O(location), one listing of this collection's instances finds an existing instance of
     that name in any configured zone, else the instance goes to the zone with the fewest instances of the
@@ -27,11 +34,13 @@ description:
   - A machine type configured as C(zones/<zone>/machineTypes/<type>) only fits that zone; with another
     O(location) the run fails RV(error_class=permanent) before any API call, without one the instance goes
     to that zone.
-  - A zone out of capacity (C(ZONE_RESOURCE_POOL_EXHAUSTED)) moves the insert to the next zone in placement
-    order within the same run, and a warning names the zone that was out. With O(location), or when every
-    zone is out, the run fails RV(error_class=transient).
-  - An image, machine type, network or subnetwork that Compute Engine does not find fails
-    RV(error_class=permanent), the message starting with the option or config field to fix.
+  - A zone out of capacity (C(ZONE_RESOURCE_POOL_EXHAUSTED)) or without the machine type moves the insert to the
+    next zone in placement order within the same run, a regional quota used up to the next zone of another
+    region, and a warning says why. With O(location), or when every zone is out, the run fails
+    RV(error_class=transient) (a quota's message names it); RV(error_class=permanent) naming C(machineTypes)
+    when no zone has the machine type.
+  - An image, network or subnetwork that Compute Engine does not find fails RV(error_class=permanent), the message
+    starting with the option or config field to fix.
   - An instance of that name that does not carry the C(egress_proxies=v1) label is never touched
     (RV(error_class=permanent)), neither adopted nor deleted.
   - Creating and deleting wait for the zone operation with C(zoneOperations.wait) (the server holds each call
@@ -45,7 +54,9 @@ description:
     is not a credentials file RV(error_class=permanent)), else Application Default Credentials (Workload
     Identity, the metadata server, C(GOOGLE_APPLICATION_CREDENTIALS)); none at all is
     RV(error_class=permanent). An C(apiEndpoint) of C(http://) on a loopback address without
-    C(credentialsFile) uses anonymous credentials (a local emulator)."
+    C(credentialsFile) uses anonymous credentials (a local emulator). Credentials whose OAuth scopes do not
+    include Compute Engine (a VM's or GKE node's default access scopes) fail RV(error_class=permanent), saying
+    which scope to grant."
 author:
   - egress-proxies developers (@egress-proxies)
 extends_documentation_fragment:
@@ -123,6 +134,11 @@ instance:
         With C(externalIP) true, the external NAT IP, null until assigned (a running instance without one is
         reported with null and a warning, never with its internal IP); with C(externalIP) false, the
         internal IP.
+      type: str
+    endpoint:
+      description: >-
+        What a crawler dials, C(<ip>:<port>) (the port from the metadata item C(egress-proxies-port)); null until
+        the IP is known.
       type: str
     tags:
       description: The tags, decoded from the metadata item C(egress-proxies-tags).

@@ -83,6 +83,11 @@ instances:
     ip:
       description: The external NAT IP (C(externalIP) true) or the internal IP; null until assigned.
       type: str
+    endpoint:
+      description: >-
+        What a crawler dials, C(<ip>:<port>) (the port from the metadata item C(egress-proxies-port)); null until
+        the IP is known.
+      type: str
     tags:
       description: The tags, decoded from the metadata item C(egress-proxies-tags).
       type: dict

@@ -14,8 +14,12 @@ description:
     idempotent by name, or deletes one by O(provider_id).
   - "A Pod is: one C(squid) container from the provider's C(image) running
     C(squid -N -f /etc/egress-proxy/squid.conf), the port O(port) with a tcpSocket readiness probe on it, the
-    provider's C(cpuRequest)/C(memoryRequest) as requests, optional C(hostNetwork) and a topology spread
-    constraint over C(kubernetes.io/hostname) (C(spreadNodes))."
+    provider's C(cpuRequest)/C(memoryRequest) as requests, run as an unprivileged user (the Pod passes the
+    C(restricted) Pod Security Standard; O(port) must be 1024 or more), and a topology spread constraint over
+    C(kubernetes.io/hostname) (C(spreadNodes))."
+  - "The provider's C(exposure) says how crawlers reach it: the Pod IP (C(none)), a C(hostPort) or C(hostNetwork),
+    or a Service of the Pod's name (C(NodePort), C(LoadBalancer)), made and deleted with the Pod; the instance's
+    RV(instance.endpoint) is what a crawler dials."
   - The squid.conf is C(http_port <port>) followed by the provider's C(squidConfig) (or a built-in default that
     only serves private-address clients); it is stored in the Pod annotation C(crawl.example.com/squid-conf)
     and projected into the container by a downwardAPI volume, so the Pod is the only object created.
@@ -109,7 +113,13 @@ instance:
         image pull error).
       type: str
     ip:
-      description: The Pod IP (the node's IP with C(hostNetwork)); null until assigned.
+      description: The Pod's own IP (the node's with C(exposure) hostNetwork); null until assigned.
+      type: str
+    endpoint:
+      description:
+        - "What a crawler dials, by the provider's C(exposure): C(<podIP>:<port>) (none), C(<node IP>:<port>)
+          (hostPort, hostNetwork), C(<node IP>:<node port>) (NodePort), C(<load balancer address>:<port>)
+          (LoadBalancer); null until known (the instance is C(pending) until then)."
       type: str
     tags:
       description: The tags from the Pod's C(crawl.example.com/tags) annotation.

@@ -74,7 +74,10 @@ instances:
       description: One of C(pending), C(running), C(stopped), C(error) (see M(crawl.egress_proxies.k8s_proxy)).
       type: str
     ip:
-      description: The Pod IP (the node's IP with C(hostNetwork)); null until assigned.
+      description: The Pod's own IP (the node's with C(exposure) hostNetwork); null until assigned.
+      type: str
+    endpoint:
+      description: What a crawler dials, by the provider's C(exposure), as M(crawl.egress_proxies.k8s_proxy) returns it.
       type: str
     tags:
       description: The tags from the Pod's C(crawl.example.com/tags) annotation.

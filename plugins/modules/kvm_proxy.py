@@ -129,6 +129,11 @@ instance:
     ip:
       description: The guest's address (guest agent, then DHCP leases, then ARP); null until known.
       type: str
+    endpoint:
+      description: >-
+        What a crawler dials, C(<ip>:<port>) (the port stored in the domain's metadata); null until the IP is
+        known.
+      type: str
     tags:
       description: The tags stored in the domain's metadata.
       type: dict

@@ -77,6 +77,11 @@ instances:
     ip:
       description: The guest's address, null until known.
       type: str
+    endpoint:
+      description: >-
+        What a crawler dials, C(<ip>:<port>) (the port stored in the domain's metadata); null until the IP is
+        known.
+      type: str
     tags:
       description: The tags stored in the domain's metadata.
       type: dict

@@ -22,6 +22,9 @@ description:
     module fails (with RV(error_class=permanent)) only when the file cannot be read or is not YAML.
   - Never changes anything. The controller runs it at start-up, when the file changes and for
     C(egress-proxies check-config); the deploy playbook runs it before deploying.
+  - With O(check_backends), it also asks each valid provider's backend what only the backend can tell
+    (for GCP, whether the credentials may use Compute Engine, with their OAuth scopes, and whether the firewall
+    admits the proxy port) and reports it in RV(providers[].backend_errors).
 author:
   - egress-proxies developers (@egress-proxies)
 options:
@@ -33,6 +36,15 @@ options:
         modules do not run in the directory the file was written in.
     type: path
     required: true
+  check_backends:
+    description:
+      - Also check each valid provider against its backend (one read-only API call or two per provider).
+      - "GCP: one listing of the provider's instances (credentials, their OAuth access scopes, IAM); the firewall
+        rules of the network (C(firewall: managed): that they can be read; C(firewall: external): that one admits
+        tcp:3128 from the provider's allowedSources)."
+      - Other provider types have nothing to check yet.
+    type: bool
+    default: false
 attributes:
   check_mode:
     support: full
@@ -105,6 +117,13 @@ providers:
         - How the controller checks that this provider's proxies serve (the C(probe) field, defaults filled in).
         - "C(enabled) is false for C(probe: none)."
       type: dict
+    backend_errors:
+      description:
+        - "With O(check_backends), what the backend showed wrong with a valid provider, each starting with its field
+          path (C(providers[1].gcp: ... insufficient authentication scopes; grant ...)); empty when all is well, or
+          without O(check_backends)."
+      type: list
+      elements: str
   sample:
     - {name: home-kvm, type: kvm, valid: true, errors: []}
     - name: cluster
@@ -122,18 +141,36 @@ error_class:
   type: str
 """
 
+from typing import List  # noqa: E402
+
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib  # noqa: E402
 
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.config import (  # noqa: E402
     HAS_YAML,
+    Provider,
     read_provider_config_document,
     validate_provider_config,
 )
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.config_reader import ConfigError  # noqa: E402
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.gcp.checks import (  # noqa: E402
+    check_backend as check_gcp_backend,
+)
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.gcp.firewall import (  # noqa: E402
+    ProviderIdentity,
+)
+
+
+def backend_errors(provider: Provider, index: int, owner: str) -> List[str]:
+    """What the provider's backend shows wrong, each prefixed with the provider's field path."""
+    if provider.gcp is None:
+        return []
+    identity = ProviderIdentity(provider.name, owner, provider.allowed_sources)
+    return ["providers[%d].%s" % (index, problem) for problem in check_gcp_backend(provider.gcp, identity)]
 
 
 def main() -> None:
-    module = AnsibleModule(argument_spec={"provider_config": {"type": "path", "required": True}},
+    module = AnsibleModule(argument_spec={"provider_config": {"type": "path", "required": True},
+                                          "check_backends": {"type": "bool", "default": False}},
                            supports_check_mode=True)
     if not HAS_YAML:
         module.fail_json(msg=missing_required_lib("PyYAML"), error_class="permanent")
@@ -143,11 +180,13 @@ def main() -> None:
         module.fail_json(msg=str(error), error_class=error.error_class)
     report = validate_provider_config(document)
     root_errors = list(report.root_errors)
+    check = module.params["check_backends"] and not root_errors and report.owner
     providers = [
         {"name": provider.name, "type": provider.type, "valid": not root_errors and provider.valid,
          "errors": root_errors + list(provider.errors), "probe": provider.probe.as_dict(),
-         "allowed_sources": list(provider.allowed_sources)}
-        for provider in report.providers
+         "allowed_sources": list(provider.allowed_sources),
+         "backend_errors": backend_errors(provider, index, str(report.owner)) if check and provider.valid else []}
+        for index, provider in enumerate(report.providers)
     ]
     module.exit_json(changed=False, valid=report.valid, owner=report.owner, providers=providers,
                      errors=list(report.errors))

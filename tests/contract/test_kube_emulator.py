@@ -785,8 +785,9 @@ def test_deployment_kinds_parse_into_the_client_models(api: client.ApiClient) ->
     for (_, args, body), obj in zip(creates, created, strict=True):
         assert obj["metadata"]["name"] == body["metadata"]["name"]
         assert obj["metadata"].get("namespace") == (args[0] if args else None)
-        assert {key: obj[key] for key in body if key != "metadata"} == {
-            key: value for key, value in body.items() if key != "metadata"}
+        for key, value in body.items():
+            if key != "metadata":  # what was sent is stored; the server may fill in more (a Service's clusterIP)
+                assert ({k: obj[key][k] for k in value} if isinstance(value, dict) else obj[key]) == value, key
     assert [obj["kind"] for obj in created] == ["ServiceAccount", "Service", "Deployment", "ClusterRole",
                                                 "ClusterRoleBinding", "Role", "RoleBinding",
                                                 "CustomResourceDefinition"]
@@ -1382,3 +1383,130 @@ def test_an_updated_crd_validates_with_its_new_schema_and_keeps_serving(api: cli
         "Invalid value: 10000: spec.port in body should be less than or equal to 9999")
     proxies.patch("eu-1", {"spec": {"port": 9999}})
     assert summary(proxies.watch(1, resource_version=since)) == [("MODIFIED", "eu-1")]
+
+
+# --- admission: Pod Security, ResourceQuota; Service defaulting; a lost node ---------------------
+
+
+def labelled_namespace(core: client.CoreV1Api, name: str, level: str) -> None:
+    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(
+        name=name, labels={"pod-security.kubernetes.io/enforce": level})))
+
+
+RESTRICTED_CONTEXT = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}, "runAsNonRoot": True,
+                      "seccompProfile": {"type": "RuntimeDefault"}}
+
+
+def test_pod_security_admission_enforces_the_namespaces_level(core: client.CoreV1Api) -> None:
+    # k8s.io/pod-security-admission: admission.go refuses with apierrors.NewForbidden
+    # ('pods "<name>" is forbidden: violates PodSecurity "<level>:<version>": ...'); each check's
+    # reason and detail as policy/check_*.go word them, in registry.go's order (baseline IDs
+    # sorted, then restricted IDs sorted). The message is the one the "Enforce Pod Security
+    # Standards with Namespace Labels" tutorial shows for a plain nginx Pod.
+    labelled_namespace(core, "strict", "restricted")
+    labelled_namespace(core, "base", "baseline")
+    with pytest.raises(ApiException) as caught:
+        core.create_namespaced_pod("strict", cast(Any, bad_pod()))
+    assert caught.value.status == 403
+    answer = status_of(caught.value)
+    assert (answer["reason"], answer["details"]["kind"]) == ("Forbidden", "pods")
+    assert answer["message"] == (
+        'pods "squid-1" is forbidden: violates PodSecurity "restricted:latest": allowPrivilegeEscalation != false '
+        '(container "squid" must set securityContext.allowPrivilegeEscalation=false), unrestricted capabilities '
+        '(container "squid" must set securityContext.capabilities.drop=["ALL"]), runAsNonRoot != true (pod or '
+        'container "squid" must set securityContext.runAsNonRoot=true), seccompProfile (pod or container "squid" '
+        'must set securityContext.seccompProfile.type to "RuntimeDefault" or "Localhost")')
+    # baseline: no host namespaces and no hostPort; a restricted-compliant Pod passes both.
+    host = bad_pod(spec__hostNetwork=True, spec__containers__0__ports=[{"containerPort": 3128, "hostPort": 3128}])
+    with pytest.raises(ApiException) as caught:
+        core.create_namespaced_pod("base", cast(Any, host))
+    assert status_of(caught.value)["message"] == (
+        'pods "squid-1" is forbidden: violates PodSecurity "baseline:latest": host namespaces (hostNetwork=true), '
+        'hostPort (container "squid" uses hostPort 3128)')
+    core.create_namespaced_pod(NS, cast(Any, host))  # no label: privileged
+    compliant = bad_pod(spec__containers__0__securityContext=RESTRICTED_CONTEXT)
+    core.create_namespaced_pod("strict", cast(Any, compliant))
+    core.create_namespaced_pod("base", cast(Any, compliant))
+    with pytest.raises(ApiException) as caught:
+        core.create_namespaced_pod("strict", cast(Any, bad_pod(
+            metadata__name="root", spec__containers__0__securityContext={**RESTRICTED_CONTEXT, "runAsUser": 0})))
+    assert status_of(caught.value)["message"].endswith(
+        'violates PodSecurity "restricted:latest": runAsUser=0 (container "squid" must not set runAsUser=0)')
+
+
+def test_a_pod_over_a_resource_quota_is_403_exceeded_quota(kube: KubeEmulator, core: client.CoreV1Api) -> None:
+    # k8s.io/apiserver/pkg/admission/plugin/resourcequota/controller.go: admission.NewForbidden(a,
+    # fmt.Errorf("exceeded quota: %s, requested: %s, used: %s, limited: %s", ...)); Pods in a
+    # terminal phase do not count (the Pod evaluator). The quota frees up when Pods go.
+    core.create_namespaced_resource_quota(NS, client.V1ResourceQuota(
+        metadata=client.V1ObjectMeta(name="proxies"), spec=client.V1ResourceQuotaSpec(hard={"pods": "1"})))
+    core.create_namespaced_pod(NS, pod("squid-1"))
+    with pytest.raises(ApiException) as caught:
+        core.create_namespaced_pod(NS, pod("squid-2"))
+    assert caught.value.status == 403
+    answer = status_of(caught.value)
+    assert (answer["reason"], answer["message"]) == (
+        "Forbidden", ('pods "squid-2" is forbidden: exceeded quota: proxies, requested: pods=1, used: pods=1, '
+                     'limited: pods=1'))
+    kube.kubelet_run(NS, "squid-1")
+    kube.kubelet_evict(NS, "squid-1")  # Failed: no longer counted
+    core.create_namespaced_pod(NS, pod("squid-2"))
+
+
+def service(name: str, kind: str, **spec: Any) -> Obj:
+    return {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name},
+            "spec": {"type": kind, "selector": {"app": name}, "ports": [{"port": 3128, "targetPort": "proxy"}],
+                     **spec}}
+
+
+def test_services_get_a_cluster_ip_and_node_ports_from_the_range(kube: KubeEmulator, core: client.CoreV1Api) -> None:
+    # pkg/registry/core/service/storage: a cluster IP from --service-cluster-ip-range, a nodePort
+    # per port of a NodePort or LoadBalancer Service from --service-node-port-range (30000-32767,
+    # unique: "provided port is already allocated"), externalTrafficPolicy defaulting to Cluster,
+    # a healthCheckNodePort for LoadBalancer + Local. status.loadBalancer stays empty until the
+    # cloud's service controller writes the address.
+    node_port = core.create_namespaced_service(NS, cast(Any, service("np", "NodePort")))
+    assert node_port.spec is not None and node_port.spec.ports is not None
+    assert node_port.spec.cluster_ip and node_port.spec.external_traffic_policy == "Cluster"
+    assert 30000 <= (node_port.spec.ports[0].node_port or 0) <= 32767
+    balanced = core.create_namespaced_service(NS, cast(Any, service("lb", "LoadBalancer",
+                                                                    externalTrafficPolicy="Local")))
+    assert balanced.spec is not None and balanced.spec.health_check_node_port
+    assert balanced.status is not None and balanced.status.load_balancer is not None
+    assert balanced.status.load_balancer.ingress is None
+    taken = node_port.spec.ports[0].node_port
+    with pytest.raises(ApiException) as caught:
+        core.create_namespaced_service(NS, cast(Any, service("np2", "NodePort", ports=[
+            {"port": 3128, "targetPort": "proxy", "nodePort": taken}])))
+    assert caught.value.status == 422
+    assert "provided port is already allocated" in status_of(caught.value)["message"]
+    kube.provision_load_balancer(NS, "lb", ip="198.51.100.20")
+    read = core.read_namespaced_service("lb", NS)
+    assert read.status is not None and read.status.load_balancer is not None
+    assert [i.ip for i in read.status.load_balancer.ingress or []] == ["198.51.100.20"]
+
+
+def test_a_node_that_stops_reporting_leaves_its_pods_running_not_ready_then_terminating(
+        kube: KubeEmulator, core: client.CoreV1Api) -> None:
+    # pkg/controller/nodelifecycle: once the node's Ready condition is Unknown, MarkPodsNotReady
+    # (pkg/controller/util/node) sets only each Pod's Ready condition to False; the phase stays
+    # Running (nothing sets Unknown). The DefaultTolerationSeconds tolerations (300 s) then let
+    # the taint eviction controller delete the Pods; with no kubelet to confirm they stay
+    # terminating until the node is back.
+    kube.freeze_clock()
+    core.create_namespaced_pod(NS, grace_pod("squid-1"))
+    kube.kubelet_run(NS, "squid-1", node="worker-3")
+    kube.node_lost("worker-3")
+    read = core.read_namespaced_pod("squid-1", NS)
+    assert read.status is not None and read.status.phase == "Running"
+    conditions = {c.type: c.status for c in read.status.conditions or []}
+    assert (conditions["Ready"], conditions["ContainersReady"]) == ("False", "True")
+    assert read.metadata is not None and read.metadata.deletion_timestamp is None
+    kube.advance(300)
+    kube.advance(3600)  # far past the grace period: still there, terminating
+    read = core.read_namespaced_pod("squid-1", NS)
+    assert read.metadata is not None and read.metadata.deletion_timestamp is not None
+    assert read.status is not None and read.status.phase == "Running"
+    assert [p.metadata.name for p in core.list_namespaced_pod(NS).items if p.metadata] == ["squid-1"]
+    kube.node_returns("worker-3")
+    assert core.list_namespaced_pod(NS).items == []

@@ -441,6 +441,8 @@ def test_every_verb_parses_into_the_controllers_types(backends: Backends, provid
     assert listing.complete, listing.error
     (listed,) = listing.of(proxy.uid)
     assert listed.provider_id == instance.provider_id and listed.running and listed.spec_hash == desired
+    # Every provider hands out the endpoint a crawler dials (these three: the instance's address and port).
+    assert listed.endpoint == f"{listed.ip}:{proxy.port}", listed
 
     # One batch, three answers: found, not_found (a name nobody made), permanent (another scheme).
     other = next(s for s in PROVIDER_ID_SCHEMES.values() if s != scheme)

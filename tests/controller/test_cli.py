@@ -153,3 +153,15 @@ def test_check_config_prints_every_provider_and_error(tmp_path: Path, capsys: py
     assert capsys.readouterr().out.splitlines()[-1] == f"{path}: valid"
     assert check_config(cast(AnsibleRunner, runner), tmp_path / "missing.yaml") == 1
     assert capsys.readouterr().out.startswith("INVALID: provider config ")
+
+
+def test_check_config_asks_the_backends_and_a_backend_problem_fails_it(tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    # A GCP provider whose credentials lack the Compute scope is valid as written, but unusable.
+    path = tmp_path / "providers.yaml"
+    path.write_text(yaml.safe_dump({"owner": "o", "providers": [{"name": "cloud", "type": "gcp"}]}))
+    problem = "providers[0].gcp: listing zone z: 403 Request had insufficient authentication scopes.; grant ..."
+    runner = FakeRunner(backend_errors={"cloud": [problem]})
+    assert check_config(cast(AnsibleRunner, runner), path) == 1
+    assert capsys.readouterr().out.splitlines() == ["provider cloud (gcp): NOT USABLE", f"  {problem}",
+                                                    f"{path}: 1 error(s)"]

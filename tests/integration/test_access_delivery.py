@@ -2,7 +2,7 @@
 what each provider delivers, and that the user's own document is untouched.
 
 - GCP, on the Compute emulator: the ``startup-script`` metadata item is the generated install
-  script, ``user-data`` is the Proxy's byte for byte.
+  script followed by the squid installer (gcp/startup.py), ``user-data`` is the Proxy's byte for byte.
 - Kubernetes, on the API emulator: the Pod's squid.conf annotation has the operator's rules
   right after ``http_port``, the password file annotation holds the hashes and is projected
   next to squid.conf; a squidConfig with ``http_access allow all`` is refused naming the field.
@@ -27,7 +27,9 @@ import pytest
 import yaml
 from kubernetes import client
 
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.gcp.startup import startup_script
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.squid_access import (
+    DROPIN_PATH,
     install_script,
     parse_access,
     render_rules,
@@ -85,14 +87,17 @@ def test_gcp_startup_script_carries_the_policy_and_user_data_is_untouched(tmp_pa
     assert metadata["user-data"] == USER_DATA
     access = parse_access(ACCESS)
     assert access is not None
-    assert metadata["startup-script"] == install_script(access).decode()
+    # The policy script, whole, ahead of the squid installer (tests/integration/test_gcp_startup_script.py).
+    assert metadata["startup-script"] == startup_script(access, 3128)
+    assert install_script(access).decode().split("\n", 1)[1] in metadata["startup-script"]
     assert BCRYPT_HASH in metadata["startup-script"] and "10.0.0.0/8 fd00::/8" in metadata["startup-script"]
 
 
-def test_gcp_without_access_has_no_startup_script(tmp_path: Path, compute: ComputeEmulator) -> None:
+def test_gcp_without_access_gets_only_the_squid_installer(tmp_path: Path, compute: ComputeEmulator) -> None:
     created = gcp(tmp_path, compute, name=NAME, tags=TAGS, user_data=USER_DATA)
     assert created.status == "successful", created.result
-    assert "startup-script" not in compute.metadata(ZONE, NAME)
+    script = compute.metadata(ZONE, NAME)["startup-script"]
+    assert script == startup_script(None, 3128) and DROPIN_PATH not in script
 
 
 # -- Kubernetes -----------------------------------------------------------------------------------

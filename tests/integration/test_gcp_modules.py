@@ -33,7 +33,7 @@ from cryptography.x509.oid import NameOID
 
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.gcp.labels import TAGS_METADATA_KEY, encode_tags
 from support.ansible_modules import ModuleRun, run_module
-from support.compute_emulator import ComputeEmulator
+from support.compute_emulator import DEFAULT_VM_SCOPES, ComputeEmulator
 from support.provider_config import OWNER, OWNER_TAGS
 
 PROJECT = "test-project"
@@ -105,6 +105,9 @@ def test_create_get_list_delete_round_trip(config: Path, emulator: ComputeEmulat
     assert instance["ip"].startswith("203.0.113.")  # the NAT IP, not the internal one
     assert instance["created"].endswith("Z")
     live = emulator.instances[(ZONES[0], NAME)]
+    # The port is open to the provider's allowedSources (the private ranges by default), and only to them.
+    assert emulator.reachable("10.1.2.3", ZONES[0], NAME, 3128)
+    assert not emulator.reachable("198.51.100.7", ZONES[0], NAME, 3128)
     assert live["labels"] == {"egress_proxies": "v1", "egress_proxies_owner": OWNER,
                               "egress_proxies_uid": TAGS["crawl.example.com/uid"],
                               "egress_proxies_spec_hash": TAGS["crawl.example.com/spec-hash"]}
@@ -141,6 +144,8 @@ def test_create_get_list_delete_round_trip(config: Path, emulator: ComputeEmulat
     assert (ZONES[0], NAME) not in emulator.instances
     deleted_again = proxy(config, state="absent", provider_id=instance["provider_id"])
     assert deleted_again.status == "successful" and deleted_again.result["changed"] is False
+    # Its firewall rule went with the provider's last instance.
+    assert [name for _, name in emulator.firewalls if name.startswith("egress-proxies-")] == []
 
 
 def test_binary_user_data_goes_base64_with_its_encoding(config: Path, emulator: ComputeEmulator) -> None:
@@ -276,8 +281,9 @@ class FakeMetadataServer:
     token. Like the real server it refuses requests without ``Metadata-Flavor: Google``
     and says ``Metadata-Flavor: Google`` in every answer (google-auth checks both)."""
 
-    def __init__(self) -> None:
+    def __init__(self, scopes: tuple[str, ...] = ("https://www.googleapis.com/auth/cloud-platform",)) -> None:
         self.paths: list[str] = []
+        self.scopes = scopes
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -313,7 +319,7 @@ class FakeMetadataServer:
             return 200, PROJECT
         if route == "/computeMetadata/v1/instance/service-accounts/default/":
             return 200, json.dumps({"email": f"proxies@{PROJECT}.iam.gserviceaccount.com", "aliases": ["default"],
-                                    "scopes": ["https://www.googleapis.com/auth/cloud-platform"]})
+                                    "scopes": list(self.scopes)})
         if route == "/computeMetadata/v1/instance/service-accounts/default/token":
             return 200, json.dumps({"access_token": ADC_TOKEN, "expires_in": 3599, "token_type": "Bearer"})
         return 404, "not found"
@@ -390,3 +396,27 @@ def test_no_credentials_at_all_fail_permanent_with_the_fix(tmp_path: Path, tls_e
     assert result.failed and result.result["error_class"] == "permanent", result.result
     assert "set gcp.credentialsFile" in result.result["msg"] and "Workload Identity" in result.result["msg"]
     assert tls_emulator.requests == []
+
+
+def test_the_config_check_finds_credentials_without_the_compute_scope_and_says_what_to_grant(
+        tmp_path: Path, tls_emulator: ComputeEmulator, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A GKE node or VM created with the default access scopes, no Workload Identity: the metadata
+    # server's token carries storage/logging/monitoring scopes only, and Compute refuses it 403
+    # "insufficient authentication scopes" whatever the service account's IAM roles.
+    metadata = FakeMetadataServer(scopes=DEFAULT_VM_SCOPES)
+    tls_emulator.token_scopes[ADC_TOKEN] = DEFAULT_VM_SCOPES
+    try:
+        monkeypatch.setenv("GCE_METADATA_HOST", metadata.host)
+        monkeypatch.setenv("GCE_METADATA_IP", metadata.host)
+        config = write_config(tmp_path / "providers.yaml", tls_emulator)
+        checked = run_module("provider_config_info", {"provider_config": str(config), "check_backends": True})
+    finally:
+        metadata.close()
+    assert checked.status == "successful", checked.result
+    (provider,) = checked.result["providers"]
+    assert provider["valid"] is True  # as written; the backend says it cannot work
+    (problem,) = provider["backend_errors"]
+    assert problem.startswith("providers[0].gcp: listing instances (aggregated): 403 "), problem
+    assert "insufficient authentication scopes" in problem
+    assert "https://www.googleapis.com/auth/cloud-platform" in problem and "Workload Identity" in problem
+    assert ADC_TOKEN not in json.dumps(checked.result)

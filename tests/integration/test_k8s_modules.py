@@ -88,6 +88,7 @@ def test_create_get_list_delete_round_trip(config: Path, kube: KubeEmulator) -> 
     assert pod is not None
     labels, annotations = pod["metadata"]["labels"], pod["metadata"]["annotations"]
     assert labels == {"app.kubernetes.io/name": "egress-proxy", "app.kubernetes.io/managed-by": "egress-proxies",
+                      "app.kubernetes.io/instance": NAME,
                       "crawl.example.com/owner": OWNER, "crawl.example.com/uid": "0f6c-11",
                       "crawl.example.com/spec-hash": "3f9c2a"}  # the proxy tag "ns/name" is no label value
     assert json.loads(annotations["crawl.example.com/tags"]) == TAGS
@@ -116,6 +117,7 @@ def test_create_get_list_delete_round_trip(config: Path, kube: KubeEmulator) -> 
     assert by_id.status == "successful", by_id.result
     (running,) = by_id.result["instances"]
     assert (running["state"], running["ip"], running["tags"]) == ("running", "10.244.1.7", TAGS)
+    assert running["endpoint"] == "10.244.1.7:8080"  # exposure none: the Pod IP and its port
 
     by_tags = info(config, tags={**OWNER_TAGS, "crawl.example.com/proxy": "crawlers/eu-1"})
     assert by_tags.status == "successful", by_tags.result
@@ -152,7 +154,7 @@ def test_create_get_list_delete_round_trip(config: Path, kube: KubeEmulator) -> 
 
 def test_host_network_without_spreading_reports_the_node_ip(tmp_path: Path, kubeconfig: Path,
                                                               kube: KubeEmulator) -> None:
-    config = write_kubernetes_config(tmp_path / "providers.yaml", kubeconfig, hostNetwork=True, spreadNodes=False,
+    config = write_kubernetes_config(tmp_path / "providers.yaml", kubeconfig, exposure="hostNetwork", spreadNodes=False,
                                      cpuRequest="250m", memoryRequest="64Mi", namespaces=["crawl-b"],
                                      squidConfig="http_access allow all\n")
     created = proxy(config, name=NAME, tags=TAGS, location="crawl-b")
@@ -170,7 +172,26 @@ def test_host_network_without_spreading_reports_the_node_ip(tmp_path: Path, kube
 
     be_the_kubelet(kube, namespace="crawl-b")
     (instance,) = info(config, provider_id=f"k8s://namespaces/crawl-b/pods/{NAME}").result["instances"]
-    assert (instance["state"], instance["ip"]) == ("running", "192.0.2.21")
+    assert (instance["state"], instance["ip"], instance["endpoint"]) == ("running", "192.0.2.21", "192.0.2.21:3128")
+
+
+def test_a_load_balancer_exposed_pod_hands_out_the_load_balancers_address(tmp_path: Path, kubeconfig: Path,
+                                                                          kube: KubeEmulator) -> None:
+    """Crawlers outside the cluster cannot reach a Pod IP: with exposure LoadBalancer each Pod gets
+    a Service, and the instance's endpoint is the load balancer's address once the cloud gave one
+    (pending until then); its ip stays the Pod's own. Deleting removes both."""
+    config = write_kubernetes_config(tmp_path / "providers.yaml", kubeconfig, exposure="LoadBalancer")
+    created = proxy(config, name=NAME, tags=TAGS, access={"open": True, "allowed_sources": ["198.51.100.0/24"]})
+    assert created.status == "successful", created.result
+    service = kube.get_object("services", NAMESPACE, NAME)
+    assert service is not None and service["spec"]["loadBalancerSourceRanges"] == ["198.51.100.0/24"]
+    be_the_kubelet(kube)
+    kube.provision_load_balancer(NAMESPACE, NAME, ip="198.51.100.20")
+    (instance,) = info(config, tags=OWNER_TAGS).result["instances"]
+    assert (instance["state"], instance["ip"], instance["endpoint"]) == ("running", "10.244.1.7", "198.51.100.20:3128")
+    deleted = proxy(config, state="absent", provider_id=PROVIDER_ID)
+    assert deleted.status == "successful", deleted.result
+    assert kube.get_object("services", NAMESPACE, NAME) is None
 
 
 def test_an_evicted_pod_is_reported_in_error_and_deleted_at_once(config: Path, kube: KubeEmulator) -> None:

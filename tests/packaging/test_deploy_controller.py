@@ -62,7 +62,7 @@ providers:
   kubernetes: {namespace: egress, namespaces: [egress-b], image: "ubuntu/squid:6.6-24.04_beta"}
 - name: edge
   type: kubernetes
-  kubernetes: {namespace: egress-edge, image: "ubuntu/squid:6.6-24.04_beta", hostNetwork: true}
+  kubernetes: {namespace: egress-edge, image: "ubuntu/squid:6.6-24.04_beta", exposure: hostNetwork}
 - name: elsewhere
   type: kubernetes
   kubernetes: {namespace: remote, image: "ubuntu/squid:6.6-24.04_beta", kubeconfig: /etc/egress-proxies/kube/config}
@@ -183,17 +183,24 @@ def manifest(name: str) -> Obj:
     return only
 
 
+# What the API server allocates for a Service (the emulator does too: tests/support/kube_admission.py).
+SERVICE_SERVER_FIELDS = ("clusterIP", "clusterIPs")
+
+
 def without_server_fields(obj: Obj) -> Obj:
-    """An object as the playbook meant it: no server-set metadata or spec and no last-applied annotation."""
+    """An object as the playbook meant it: no server-set metadata or spec, no last-applied annotation,
+    no addresses the server allocated."""
     meta = {key: value for key, value in obj["metadata"].items()
             if key not in ("uid", "resourceVersion", "generation", "creationTimestamp")}
     annotations = {key: value for key, value in (meta.pop("annotations", None) or {}).items() if key != LAST_APPLIED}
     if annotations:
         meta["annotations"] = annotations
-    kept = {**{key: value for key, value in obj.items() if key != "status"}, "metadata": meta}
+    meant = {**{key: value for key, value in obj.items() if key != "status"}, "metadata": meta}
     if obj.get("kind") == "Namespace" and obj.get("spec") == {"finalizers": ["kubernetes"]}:
-        del kept["spec"]  # the namespace controller's finalizer, which the API server adds
-    return kept
+        del meant["spec"]  # the namespace controller's finalizer, which the API server adds
+    if obj.get("kind") == "Service":
+        meant["spec"] = {key: value for key, value in obj["spec"].items() if key not in SERVICE_SERVER_FIELDS}
+    return meant
 
 
 def secret_data(kube: KubeEmulator, name: str) -> dict[str, str]:
@@ -256,7 +263,8 @@ def test_deploys_everything_then_a_second_run_changes_nothing(deploy: Deploy, ku
 
 def test_the_pod_roles_follow_the_kubernetes_providers_of_this_cluster(deploy: Deploy, kube: KubeEmulator) -> None:
     """One Namespace, Role and RoleBinding per namespace an in-cluster Kubernetes provider uses;
-    hostNetwork needs Pod Security "privileged"; a provider with its own kubeconfig gets none."""
+    hostNetwork needs Pod Security "privileged", the others get the restricted level the proxy Pods pass; a
+    provider with its own kubeconfig gets none."""
     run = deploy(wait=False)
     assert run.returncode == 0, run.output
 
@@ -270,7 +278,7 @@ def test_the_pod_roles_follow_the_kubernetes_providers_of_this_cluster(deploy: D
         ns = kube.get_object("namespaces", None, namespace)
         assert ns is not None
         levels[namespace] = ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"]
-    assert levels == {"egress": "baseline", "egress-b": "baseline", "egress-edge": "privileged"}
+    assert levels == {"egress": "restricted", "egress-b": "restricted", "egress-edge": "privileged"}
     assert kube.get_object("namespaces", None, "remote") is None
     assert kube.get_object("roles.rbac.authorization.k8s.io", "remote", "egress-proxies-pods") is None
 
@@ -324,7 +332,7 @@ def test_an_invalid_provider_config_is_refused_with_every_error_before_the_clust
     malformed sha256 both pass the playbook's own shape checks, and both must be reported, each
     with its field path, before a single request reaches the cluster."""
     config = (PROVIDER_CONFIG.replace(f'sha256: "{"0" * 64}"', 'sha256: "abc123"')
-              .replace("hostNetwork: true}", "hostNetwork: true, replicaz: 2}"))
+              .replace("exposure: hostNetwork}", "exposure: hostNetwork, replicaz: 2}"))
     assert config.count("abc123") == 1 and config.count("replicaz") == 1
     (deploy.files / "providers.yaml").write_text(config)
 

@@ -14,15 +14,26 @@ and has a contract test in tests/contract/test_compute_emulator.py:
 - ``/compute/v1/projects/{p}/aggregated/instances``: GET with ``filter`` and paging; ``items``
   keyed ``zones/<zone>``, zones without results on the page carrying ``NO_RESULTS_ON_PAGE``.
   An unreachable zone fails the whole call (503) unless ``returnPartialSuccess=true``, which
-  then lists it in ``unreachables`` with an ``UNREACHABLE`` scope warning.
+  then lists it in ``unreachables`` with an ``UNREACHABLE`` scope warning;
+- ``/compute/v1/projects/{p}/global/firewalls[/{name}]``: POST insert (409 for a name taken),
+  GET, PATCH (the fields given replace the stored ones), DELETE, GET list; each write is a
+  global operation, ``.../global/operations/{op}`` GET and ``/wait`` POST.
 
 The rules: a zone that does not exist is a 400 ``invalid`` ("Unknown zone"); an insert
-referencing a missing image, machine type, network or subnetwork is answered 404
-synchronously; a machine type must be of the instance's zone; a custom-mode network needs a
-subnetwork of the instance's region; at most 64 labels; metadata keys ``[a-zA-Z0-9-_]+`` under
-128 bytes, values at most 256 KiB, all of it under 512 KiB; deleting an instance with an
-operation in flight is a 400 ``resourceNotReady``; a zone out of stock (``stock_out``) accepts
-inserts whose operations fail with ``ZONE_RESOURCE_POOL_EXHAUSTED``.
+referencing a missing image, network or subnetwork is answered 404 synchronously, a machine
+type the zone lacks 400 ``invalid`` ("Machine type with name ... does not exist in zone ...");
+a machine type must be of the instance's zone; a custom-mode network needs a subnetwork of the
+instance's region; at most 64 labels and 64 network tags (RFC 1035); metadata keys
+``[a-zA-Z0-9-_]+`` under 128 bytes, values at most 256 KiB, all of it under 512 KiB; deleting
+an instance with an operation in flight is a 400 ``resourceNotReady``; a zone out of stock
+(``stock_out``) accepts inserts whose operations fail with ``ZONE_RESOURCE_POOL_EXHAUSTED``;
+quotas (``set_quota``): CPUs fail the insert's operation with ``QUOTA_EXCEEDED``, in-use
+addresses the insert itself (403 ``quotaExceeded``); a bearer token listed in
+``token_scopes`` without a Compute scope gets 403 "insufficient authentication scopes";
+``wait_returns_early`` answers waits at once, as an overloaded server may. Images run at boot
+what their family runs (``ImageKind``, ``boot``); VPC firewall rules (compute_firewall.py)
+decide ``reachable``, the path a crawler or the controller's probe takes to an instance's
+external address and port.
 
 Operations finish ``operation_seconds`` after they start (0: at the next request). An
 inserted instance goes PROVISIONING -> RUNNING and gets its NAT IP then; a deleted one goes
@@ -46,10 +57,13 @@ import re
 import ssl
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
+
+from .compute_firewall import FirewallError, admits, default_network_rules, validate_rule
 
 API = "https://www.googleapis.com/compute/v1"
 LABEL_KEY_RE = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
@@ -63,12 +77,42 @@ METADATA_TOTAL_LIMIT = 512 * 1024  # "The total size of all keys and values must
 LABEL_COUNT_LIMIT = 64
 MAX_RESULTS_LIMIT = 500  # "Acceptable values are 0 to 500, inclusive. (Default: 500)"
 WAIT_HOLD_SECONDS = 120.0  # zoneOperations.wait: "waits for no more than the 2 minutes"
-# google-auth's own paths, the image a test config names by default, and one of each kind.
-DEFAULT_IMAGES = frozenset((
-    "projects/debian-cloud/global/images/family/debian-12", "projects/debian-cloud/global/images/family/debian-11",
-    "projects/x/global/images/y",
-))
+
+
+@dataclass(frozen=True)
+class ImageKind:
+    """What an image runs at boot from the instance's metadata.
+
+    ``guest_environment``: Google's guest agent runs the ``startup-script`` item as root on every
+    boot ("All public Compute Engine images come with the guest environment preinstalled",
+    https://cloud.google.com/compute/docs/instances/startup-scripts). ``cloud_init``: cloud-init's
+    GCE datasource reads ``user-data``. Debian's GCE images carry the guest agent and no
+    cloud-init: debian-cloud-images, config_space/bookworm/package_config/GCE installs
+    google-guest-agent and google-compute-engine-oslogin only (cloud-init is in the EC2 class),
+    and Google asked Debian not to add it ("Please do not add cloud-init to the official GCE
+    Debian manifests. It conflicts with our own software", andsens/bootstrap-vz#469). Ubuntu's
+    GCE images run both; their startup scripts may start before cloud-init has finished
+    (GoogleCloudPlatform/guest-agent#84: "users can add cloud-init status --wait to the
+    beginning of their startup script")."""
+
+    guest_environment: bool = True
+    cloud_init: bool = False
+
+
+DEBIAN_GCE = ImageKind(guest_environment=True, cloud_init=False)
+UBUNTU_GCE = ImageKind(guest_environment=True, cloud_init=True)
+# The image a test config names by default, the families the docs name, and a custom image
+# (which runs what its builder put in; here: nothing).
+DEFAULT_IMAGES: dict[str, ImageKind] = {
+    "projects/debian-cloud/global/images/family/debian-12": DEBIAN_GCE,
+    "projects/debian-cloud/global/images/family/debian-11": DEBIAN_GCE,
+    "projects/ubuntu-os-cloud/global/images/family/ubuntu-2404-lts-amd64": UBUNTU_GCE,
+    "projects/ubuntu-os-cloud/global/images/family/ubuntu-2204-lts": UBUNTU_GCE,
+    "projects/x/global/images/y": ImageKind(guest_environment=False, cloud_init=False),
+}
+# Every machine type the tests use has 2 vCPUs (what the CPUS quota counts).
 DEFAULT_MACHINE_TYPES = frozenset(("e2-micro", "e2-small", "e2-medium", "n2-standard-2"))
+VCPUS_PER_INSTANCE = 2
 STOCKOUT_MESSAGE = ("The zone 'projects/{project}/zones/{zone}' does not have enough resources available to fulfill "
                     "the request.  Try a different zone, or try again later.")
 REASONS = {400: "invalid", 403: "forbidden", 404: "notFound", 409: "alreadyExists", 429: "rateLimitExceeded",
@@ -82,6 +126,34 @@ FORBIDDEN_BODIES = {
     "quotaExceeded": ("usageLimits", "Quota 'CPUS' exceeded.  Limit: 24.0 in region europe-west1."),
     "forbidden": ("global", "Required 'compute.instances.create' permission for 'projects/{project}'"),
 }
+# What a token needs for the Compute API: "Authorization scopes: Requires one of the following
+# OAuth scopes: https://www.googleapis.com/auth/compute, https://www.googleapis.com/auth/cloud-platform"
+# (REST reference, instances.insert and the other write methods; reads also take compute.readonly).
+WRITE_SCOPES = frozenset(("https://www.googleapis.com/auth/compute", "https://www.googleapis.com/auth/cloud-platform"))
+READ_SCOPES = WRITE_SCOPES | {"https://www.googleapis.com/auth/compute.readonly"}
+# A VM's "default access scopes" (Compute Engine, "Service accounts": devstorage.read_only,
+# logging.write, monitoring.write, service.management.readonly, servicecontrol, trace.append):
+# what the metadata server's token of a VM or GKE node created with the defaults carries.
+DEFAULT_VM_SCOPES = tuple("https://www.googleapis.com/auth/" + scope for scope in (
+    "devstorage.read_only", "logging.write", "monitoring.write", "service.management.readonly",
+    "servicecontrol", "trace.append"))
+# The answer to a token without them, as Google APIs give it (the body in public reports, e.g.
+# googleapis/google-api-python-client#915 and analogdotnow/Analog#296): 403, reason
+# insufficientPermissions, status PERMISSION_DENIED, an ErrorInfo ACCESS_TOKEN_SCOPE_INSUFFICIENT.
+INSUFFICIENT_SCOPES_MESSAGE = "Request had insufficient authentication scopes."
+# A machine type that exists but not in this zone (or not at all) is a 400 invalid, not a 404:
+# "Invalid value for field 'resource.machineType': 'zones/europe-west8-a/machineTypes/f1-micro'.
+# Machine type with name 'f1-micro' does not exist in zone 'europe-west8-a'." (the API's text as
+# quoted in gruntwork-io/terratest#1132 and GoogleCloudPlatform/bank-of-anthos#1234).
+MACHINE_TYPE_MISSING = ("Invalid value for field 'resource.machineType': '{reference}'. Machine type with name "
+                        "'{name}' does not exist in zone '{zone}'.")
+# Quota messages as the API words them ("Quota 'CPUS' exceeded.  Limit: 8.0 in region us-east1.",
+# mesosphere-backup/terraform-dcos#61; "HTTPError 403: Quota 'IN_USE_ADDRESSES' exceeded. Limit:
+# 4.0 in region us-central1.", kelseyhightower/kubernetes-the-hard-way#47; project-wide ones end
+# "globally", fastai/course-v3#165). CPUs are counted when the operation runs (it fails with code
+# QUOTA_EXCEEDED); an ephemeral external address is refused with the insert (403 quotaExceeded).
+QUOTA_MESSAGE = "Quota '{metric}' exceeded.  Limit: {limit:.1f} {where}."
+GLOBAL = "global"
 STATUS_TEXT = {400: "BAD REQUEST", 403: "FORBIDDEN", 404: "NOT FOUND", 409: "CONFLICT", 429: "TOO MANY REQUESTS",
                500: "INTERNAL SERVER ERROR", 503: "SERVICE UNAVAILABLE"}
 URL_PREFIXES = ("https://www.googleapis.com/compute/v1/", "https://compute.googleapis.com/compute/v1/")
@@ -115,11 +187,22 @@ class _OperationFault:
 @dataclass
 class _Operation:
     body: dict[str, Any]
-    zone: str
-    kind: str  # insert | delete
-    instance: str
+    zone: str  # GLOBAL for a global operation (firewalls)
+    kind: str  # insert | delete | firewall
+    instance: str  # the instance's or the firewall rule's name
     done_at: float
     fault: _OperationFault | None = None
+    apply: Callable[[], None] | None = None  # what a firewall operation changes when it is DONE
+
+
+@dataclass(frozen=True)
+class BootReport:
+    """What an instance's image runs from its metadata at boot (see ``ImageKind``): the
+    ``startup-script`` the guest agent executes and the ``user-data`` cloud-init reads; None
+    for what nothing on the image runs (or what the metadata does not have)."""
+
+    startup_script: str | None
+    user_data: str | None
 
 
 @dataclass
@@ -132,16 +215,21 @@ class Network:
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, message: str, reason: str | None = None, domain: str = "global") -> None:
+    def __init__(self, status: int, message: str, reason: str | None = None, domain: str = "global",
+                 item_message: str | None = None, extra: dict[str, Any] | None = None) -> None:
+        """``item_message``: the ``errors[0].message`` when it differs from the top one;
+        ``extra``: further fields of ``error`` (``status``, ``details``)."""
         super().__init__(message)
         self.status = status
         self.message = message
         self.reason = reason or REASONS.get(status, "error")
         self.domain = domain
+        self.item_message = item_message or message
+        self.extra = extra or {}
 
     def body(self) -> dict[str, Any]:
-        return {"error": {"code": self.status, "message": self.message,
-                          "errors": [{"message": self.message, "domain": self.domain, "reason": self.reason}]}}
+        return {"error": {"code": self.status, "message": self.message, **self.extra,
+                          "errors": [{"message": self.item_message, "domain": self.domain, "reason": self.reason}]}}
 
 
 class _Hold(Exception):
@@ -167,15 +255,25 @@ class ComputeEmulator:
     instances: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     operation_seconds: float = 0.0
     wait_hold_seconds: float = WAIT_HOLD_SECONDS
-    images: set[str] = field(default_factory=lambda: set(DEFAULT_IMAGES))
+    # sourceImage -> what it runs at boot; an image not listed does not exist (404).
+    images: dict[str, ImageKind] = field(default_factory=lambda: dict(DEFAULT_IMAGES))
     # zone -> machine types offered there; zones not listed offer DEFAULT_MACHINE_TYPES.
     machine_types: dict[str, set[str]] = field(default_factory=dict)
     # (project, name) -> network; the project's "default" network (auto mode) is always there.
     networks: dict[tuple[str, str], Network] = field(default_factory=dict)
     ssl_context: ssl.SSLContext | None = None
+    # (project, name) -> firewall rule, networks as projects/<p>/global/networks/<n>; the default
+    # network's pre-populated rules are there from the start (compute_firewall.py).
+    firewalls: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    # Bearer token -> the OAuth scopes it was issued with; a token not listed may do anything.
+    token_scopes: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # zoneOperations.wait answers at once, as an overloaded server may (see _poll).
+    wait_returns_early: bool = False
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
+        # (metric, region or None for a project-wide quota) -> limit (see set_quota).
+        self._quotas: dict[tuple[str, str | None], float] = {}
         self._faults: list[_Fault] = []
         self._operation_faults: list[_OperationFault] = []
         self._operations: dict[tuple[str, str], _Operation] = {}
@@ -188,6 +286,8 @@ class ComputeEmulator:
         for zone in self.zones:
             self.machine_types.setdefault(zone, set(DEFAULT_MACHINE_TYPES))
         self.networks.setdefault((self.project, "default"), Network())
+        for rule in default_network_rules(self.project):
+            self.firewalls.setdefault((self.project, rule["name"]), self._stored_rule(self.project, rule))
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -214,7 +314,7 @@ class ComputeEmulator:
                 self.end_headers()
                 self.wfile.write(payload)
 
-            do_GET = do_POST = do_DELETE = _serve
+            do_GET = do_POST = do_DELETE = do_PATCH = _serve
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
@@ -278,6 +378,39 @@ class ComputeEmulator:
         with self._lock:
             self._stocked_out.pop(zone, None)
 
+    def set_quota(self, metric: str, limit: float, region: str | None = None) -> None:
+        """A quota of the project: ``CPUS`` (vCPUs of instances not TERMINATED) or
+        ``IN_USE_ADDRESSES`` (their ephemeral external IPs), per ``region`` or, without one,
+        project-wide (``CPUS_ALL_REGIONS``-like: "Limit: N globally")."""
+        with self._lock:
+            self._quotas[(metric, region)] = limit
+
+    def boot(self, zone: str, name: str) -> BootReport:
+        """What the instance's image ran from its metadata when it booted (see ``ImageKind``)."""
+        with self._lock:
+            instance = self.instances[(zone, name)]
+            kind = self.images[self._image_path(instance["disks"][0]["initializeParams"]["sourceImage"])]
+            metadata = {item["key"]: item["value"] for item in instance.get("metadata", {}).get("items", [])}
+            return BootReport(startup_script=metadata.get("startup-script") if kind.guest_environment else None,
+                              user_data=metadata.get("user-data") if kind.cloud_init else None)
+
+    def reachable(self, source: str, zone: str, name: str, port: int) -> bool:
+        """Whether a TCP connection from ``source`` (an address outside the VPC) reaches ``port``
+        on the instance's external IP: its network's ingress firewall rules decide
+        (compute_firewall.admits), and without a rule that allows it the implied deny does."""
+        with self._lock:
+            instance = self.instances[(zone, name)]
+            nic = instance["networkInterfaces"][0]
+            if not any(access.get("natIP") for access in nic.get("accessConfigs", [])):
+                return False
+            network = self._network_path(nic["network"])
+            tags = (instance.get("tags") or {}).get("items") or []
+            return admits(self.firewalls.values(), network, tags, source, port)
+
+    def firewall(self, name: str, project: str | None = None) -> dict[str, Any] | None:
+        with self._lock:
+            return self.firewalls.get((project or self.project, name))
+
     def add_network(self, name: str, subnetworks: dict[str, set[str]], project: str | None = None) -> None:
         """A custom-mode network (``project`` other than ours: a Shared VPC host project's)."""
         with self._lock:
@@ -334,6 +467,7 @@ class ComputeEmulator:
             self.requests.append(RecordedRequest(method, parts.path, query, body, dict(headers or {})))
             try:
                 self._injected_fault(method, parts.path)
+                self._check_scopes(method, headers or {})
                 self._tick()
                 return 200, self._route(method, parts.path, query, body, hold=True)
             except ApiError as error:
@@ -358,6 +492,19 @@ class ComputeEmulator:
                 message = message.format(project=self.project) or f"injected fault: {fault.status} for {method} {path}"
                 raise ApiError(fault.status, message, reason, domain)
 
+    def _check_scopes(self, method: str, headers: dict[str, str]) -> None:
+        """A token issued without a Compute scope is refused whatever its IAM rights (see
+        INSUFFICIENT_SCOPES_MESSAGE)."""
+        token = headers.get("authorization", "").removeprefix("Bearer ")
+        scopes = self.token_scopes.get(token)
+        if scopes is None or set(scopes) & (READ_SCOPES if method == "GET" else WRITE_SCOPES):
+            return
+        raise ApiError(403, INSUFFICIENT_SCOPES_MESSAGE, "insufficientPermissions",
+                       item_message="Insufficient Permission", extra={"status": "PERMISSION_DENIED", "details": [{
+                           "@type": "type.googleapis.com/google.rpc.ErrorInfo",
+                           "reason": "ACCESS_TOKEN_SCOPE_INSUFFICIENT", "domain": "googleapis.com",
+                           "metadata": {"service": "compute.googleapis.com"}}]})
+
     def _tick(self) -> None:
         """Finish every operation whose time has come (real operations run without being polled)."""
         now = time.monotonic()
@@ -378,6 +525,8 @@ class ComputeEmulator:
             raise ApiError(404, f"The resource 'projects/{project}' was not found")
         if rest == "aggregated/instances" and method == "GET":
             return self._aggregated(query)
+        if rest.startswith("global/"):
+            return self._route_global(method, rest, body, hold)
         match = re.fullmatch(r"zones/([^/]+)/(instances|operations)(?:/([^/]+))?(/wait)?", rest)
         if match is None:
             raise ApiError(404, f"Not Found: {path}")
@@ -396,6 +545,91 @@ class ComputeEmulator:
             if method == "DELETE":
                 return self._delete(zone, name)
         raise ApiError(405, f"Method {method} not allowed on {path}", "methodNotAllowed")
+
+    def _route_global(self, method: str, rest: str, body: Any, hold: bool) -> dict[str, Any]:
+        match = re.fullmatch(r"global/(firewalls|operations)(?:/([^/]+))?(/wait)?", rest)
+        if match is None:
+            raise ApiError(404, f"Not Found: {rest}")
+        collection, name, wait = match.groups()
+        if collection == "operations" and name and ((method == "GET" and not wait) or (method == "POST" and wait)):
+            return self._poll(GLOBAL, name, hold=hold and bool(wait))
+        if collection == "firewalls" and name is None and not wait:
+            if method == "GET":
+                return {"kind": "compute#firewallList", "items": [
+                    rule for (project, _), rule in sorted(self.firewalls.items()) if project == self.project]}
+            if method == "POST":
+                return self._insert_firewall(body)
+        if collection == "firewalls" and name and not wait:
+            if method == "GET":
+                return self._firewall(name)
+            if method == "PATCH":
+                return self._patch_firewall(name, body)
+            if method == "DELETE":
+                self._firewall(name)
+                return self._start_operation(GLOBAL, "firewall", name,
+                                             apply=lambda: self._drop_firewall(name))
+        raise ApiError(405, f"Method {method} not allowed on {rest}", "methodNotAllowed")
+
+    # -- firewalls -------------------------------------------------------------------------
+
+    def _network_path(self, reference: str) -> str:
+        """A network reference as projects/<project>/global/networks/<name> (404 if there is none)."""
+        parsed = re.fullmatch(r"(?:projects/([^/]+)/)?global/networks/([^/]+)", _relative(reference))
+        if parsed is None:
+            raise ApiError(400, f"Invalid value for field 'resource.network': '{reference}'")
+        project, name = parsed.group(1) or self.project, parsed.group(2)
+        if (project, name) not in self.networks:
+            raise self._not_found(f"projects/{project}/global/networks/{name}")
+        return f"projects/{project}/global/networks/{name}"
+
+    def _stored_rule(self, project: str, body: dict[str, Any]) -> dict[str, Any]:
+        number = next(self._ids)
+        return {"kind": "compute#firewall", "id": str(number), "direction": "INGRESS", "priority": 1000,
+                "disabled": False, **body,
+                "selfLink": f"{API}/projects/{project}/global/firewalls/{body['name']}"}
+
+    def _firewall(self, name: str) -> dict[str, Any]:
+        rule = self.firewalls.get((self.project, name))
+        if rule is None:
+            raise self._not_found(f"projects/{self.project}/global/firewalls/{name}")
+        return rule
+
+    def _checked_rule(self, body: Any) -> dict[str, Any]:
+        if not isinstance(body, dict):
+            raise ApiError(400, "Invalid value for field 'resource'")
+        try:
+            validate_rule(body)
+        except FirewallError as error:
+            raise ApiError(400, str(error)) from None
+        return {**body, "network": self._network_path(str(body.get("network") or "global/networks/default"))}
+
+    def _drop_firewall(self, name: str) -> None:
+        self.firewalls.pop((self.project, name), None)
+
+    def _insert_firewall(self, body: Any) -> dict[str, Any]:
+        """firewalls.insert: names are unique in the project (409); the rule is there once its
+        global operation is DONE."""
+        rule = self._checked_rule(body)
+        if (self.project, rule["name"]) in self.firewalls:
+            raise ApiError(409, f"The resource 'projects/{self.project}/global/firewalls/{rule['name']}' already "
+                                "exists", "alreadyExists")
+        stored = self._stored_rule(self.project, rule)
+        return self._start_operation(GLOBAL, "firewall", rule["name"],
+                                     apply=lambda: self.firewalls.__setitem__((self.project, rule["name"]), stored))
+
+    def _patch_firewall(self, name: str, body: Any) -> dict[str, Any]:
+        """firewalls.patch: the fields given replace the stored ones (JSON merge patch semantics,
+        lists as a whole); the name and network cannot change."""
+        current = self._firewall(name)
+        if not isinstance(body, dict):
+            raise ApiError(400, "Invalid value for field 'resource'")
+        merged = {**current, **body, "name": name}
+        if _relative(str(body.get("network", current["network"]))) not in (current["network"],
+                                                                           current["network"].split("/", 2)[-1]):
+            raise ApiError(400, "Invalid value for field 'resource.network': the network of a rule cannot change")
+        checked = self._checked_rule(merged)
+        return self._start_operation(GLOBAL, "firewall", name,
+                                     apply=lambda: self.firewalls.__setitem__((self.project, name), checked))
 
     # -- instances -------------------------------------------------------------------------
 
@@ -444,14 +678,41 @@ class ComputeEmulator:
         if (zone, name) in self.instances:
             raise ApiError(409, f"The resource 'projects/{self.project}/zones/{zone}/instances/{name}' already exists",
                            "alreadyExists")
+        external = any(access.get("type") == "ONE_TO_ONE_NAT"
+                       for access in (body.get("networkInterfaces") or [{}])[0].get("accessConfigs", []))
+        if external and (exceeded := self._exceeded("IN_USE_ADDRESSES", zone)):
+            raise ApiError(403, exceeded, "quotaExceeded", "usageLimits")
+        cpus = self._exceeded("CPUS", zone, VCPUS_PER_INSTANCE)
         self.instances[(zone, name)] = self._new_instance(zone, body)
         fault = None
-        if zone in self._stocked_out:
+        if cpus:
+            fault = _OperationFault("QUOTA_EXCEEDED", cpus, 403)
+        elif zone in self._stocked_out:
             fault = _OperationFault(self._stocked_out[zone], STOCKOUT_MESSAGE.format(project=self.project, zone=zone),
                                     503)
         elif self._operation_faults:
             fault = self._operation_faults.pop(0)
         return self._start_operation(zone, "insert", name, fault)
+
+    def _exceeded(self, metric: str, zone: str, amount: int = 1) -> str | None:
+        """The quota message when ``amount`` more of ``metric`` in ``zone``'s region would pass a
+        regional or project-wide limit; None while it fits."""
+        region = zone.rsplit("-", 1)[0]
+        for where in (region, None):
+            limit = self._quotas.get((metric, where))
+            if limit is None:
+                continue
+            live = [i for (z, _), i in self.instances.items() if where is None or z.rsplit("-", 1)[0] == where
+                    if i.get("status") not in ("TERMINATED", "STOPPED", "SUSPENDED")]
+            per_instance = VCPUS_PER_INSTANCE if metric == "CPUS" else 1
+            if len(live) * per_instance + amount > limit:
+                return QUOTA_MESSAGE.format(metric=metric if where else f"{metric}_ALL_REGIONS", limit=limit,
+                                            where=f"in region {where}" if where else "globally")
+        return None
+
+    def _image_path(self, reference: str) -> str:
+        image = _relative(reference)
+        return f"projects/{self.project}/{image}" if image.startswith("global/") else image
 
     def _not_found(self, resource: str) -> ApiError:
         return ApiError(404, f"The resource '{resource}' was not found")
@@ -470,16 +731,16 @@ class ComputeEmulator:
             raise ApiError(400, f"Invalid value for field 'resource.machineType': '{machine_type}'. "
                                 f"Machine type must be in zone '{zone}'.")
         if zonal.group(2) not in self.machine_types.get(zone, set()):
-            raise self._not_found(f"projects/{self.project}/zones/{zone}/machineTypes/{zonal.group(2)}")
+            raise ApiError(400, MACHINE_TYPE_MISSING.format(reference=body.get("machineType"), name=zonal.group(2),
+                                                            zone=zone))
         disks = body.get("disks") or [{}]
-        image = _relative(str(disks[0].get("initializeParams", {}).get("sourceImage", "")))
+        image = self._image_path(str(disks[0].get("initializeParams", {}).get("sourceImage", "")))
         if not disks[0].get("boot") or not image:
             raise ApiError(400, "Invalid value for field 'resource.disks[0]': a boot disk with a sourceImage")
-        if image.startswith("global/"):
-            image = f"projects/{self.project}/{image}"
         if image not in self.images:
             raise self._not_found(image)
         self._validate_network(zone, (body.get("networkInterfaces") or [{}])[0])
+        self._validate_tags(body.get("tags") or {})
         labels = body.get("labels", {})
         if len(labels) > LABEL_COUNT_LIMIT:
             raise ApiError(400, f"Invalid value for field 'resource.labels': ''. Label count {len(labels)} exceeds "
@@ -498,6 +759,18 @@ class ComputeEmulator:
         if total >= METADATA_TOTAL_LIMIT:
             raise ApiError(400, f"Invalid value for field 'resource.metadata': the total size of all keys and values "
                                 f"is {total} bytes; it must be less than 512 KB.")
+
+    @staticmethod
+    def _validate_tags(tags: dict[str, Any]) -> None:
+        """Network tags (Instance.tags.items): "Each tag within the list must comply with RFC1035"
+        (REST reference, Tags.items); at most 64 per instance (Add network tags)."""
+        items = tags.get("items") or []
+        if len(items) > LABEL_COUNT_LIMIT:
+            raise ApiError(400, f"Invalid value for field 'resource.tags.items': {len(items)} tags; at most 64")
+        for index, tag in enumerate(items):
+            if not NAME_RE.fullmatch(str(tag)):
+                raise ApiError(400, f"Invalid value for field 'resource.tags.items[{index}]': '{tag}'. Must be a "
+                                    "match of regex '(?:[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?)'")
 
     def _validate_network(self, zone: str, nic: dict[str, Any]) -> None:
         reference = _relative(str(nic.get("network", "")))
@@ -616,17 +889,21 @@ class ComputeEmulator:
 
     # -- operations ------------------------------------------------------------------------
 
-    def _start_operation(self, zone: str, kind: str, instance: str,
-                         fault: _OperationFault | None = None) -> dict[str, Any]:
+    def _start_operation(self, zone: str, kind: str, instance: str, fault: _OperationFault | None = None,
+                         apply: Callable[[], None] | None = None) -> dict[str, Any]:
+        """A zonal operation on an instance, or (``zone`` GLOBAL) a global one on a firewall rule."""
         name = f"operation-{next(self._ids)}"
+        scope = "global" if zone == GLOBAL else f"zones/{zone}"
+        target = f"global/firewalls/{instance}" if zone == GLOBAL else f"zones/{zone}/instances/{instance}"
         body = {
             "kind": "compute#operation", "id": name.split("-")[1], "name": name, "operationType": kind,
-            "zone": f"{API}/projects/{self.project}/zones/{zone}", "status": "RUNNING", "progress": 0,
-            "targetLink": f"{API}/projects/{self.project}/zones/{zone}/instances/{instance}",
-            "selfLink": f"{API}/projects/{self.project}/zones/{zone}/operations/{name}",
+            "status": "RUNNING", "progress": 0, "targetLink": f"{API}/projects/{self.project}/{target}",
+            "selfLink": f"{API}/projects/{self.project}/{scope}/operations/{name}",
         }
+        if zone != GLOBAL:
+            body["zone"] = f"{API}/projects/{self.project}/zones/{zone}"
         done_at = time.monotonic() + self.operation_seconds
-        operation = _Operation(body, zone, kind, instance, done_at, fault)
+        operation = _Operation(body, zone, kind, instance, done_at, fault, apply)
         self._operations[(zone, name)] = operation
         self._pending.append(operation)
         return dict(body)
@@ -634,8 +911,12 @@ class ComputeEmulator:
     def _poll(self, zone: str, name: str, hold: bool) -> dict[str, Any]:
         operation = self._operations.get((zone, name))
         if operation is None:
-            raise ApiError(404, f"The resource 'projects/{self.project}/zones/{zone}/operations/{name}' was not found")
-        if operation.body["status"] != "DONE" and hold:
+            scope = "global" if zone == GLOBAL else f"zones/{zone}"
+            raise ApiError(404, f"The resource 'projects/{self.project}/{scope}/operations/{name}' was not found")
+        if operation.body["status"] != "DONE" and hold and not self.wait_returns_early:
+            # zoneOperations.wait: "This method is called on a best-effort basis ... when the
+            # server is overloaded, the request might return before the default deadline is
+            # reached, or might return after zero seconds" (REST reference): wait_returns_early.
             raise _Hold(min(max(operation.done_at - time.monotonic(), 0.0), self.wait_hold_seconds))
         return dict(operation.body)
 
@@ -643,7 +924,9 @@ class ComputeEmulator:
         key = (operation.zone, operation.instance)
         self._pending.remove(operation)
         operation.body.update(status="DONE", progress=100)
-        if operation.fault is not None:
+        if operation.apply is not None:
+            operation.apply()
+        elif operation.fault is not None:
             self.instances.pop(key, None)
             operation.body.update(
                 error={"errors": [{"code": operation.fault.code, "message": operation.fault.message}]},

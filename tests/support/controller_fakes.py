@@ -148,6 +148,8 @@ class FakeRunner:
     created: str = "2026-01-01T00:00:00Z"
     # provider name -> its section's errors, as the collection's validator would report them.
     invalid_providers: dict[str, list[str]] = field(default_factory=dict)
+    # What a provider's backend shows wrong, reported when the check asks for it (check_backends).
+    backend_errors: dict[str, list[str]] = field(default_factory=dict)
 
     def run(self, provider: str, verb: str, operations: Sequence[Operation]) -> list[OperationResult]:
         if operations and operations[0].module == "provider_config_info":
@@ -231,9 +233,12 @@ class FakeRunner:
         document = yaml.safe_load(Path(op.args["provider_config"]).read_text())
         # Not probed unless a test says otherwise: the fake's instances have made-up addresses.
         probe = ProbeSettings(enabled=False).as_dict()
+        asked = bool(op.args.get("check_backends"))
         providers = [{"name": p["name"], "type": p["type"], "valid": p["name"] not in self.invalid_providers,
                       "errors": self.invalid_providers.get(p["name"], []), "probe": dict(probe),
-                      "allowed_sources": p.get("allowedSources") or ["10.0.0.0/8"]} for p in document["providers"]]
+                      "allowed_sources": p.get("allowedSources") or ["10.0.0.0/8"],
+                      "backend_errors": self.backend_errors.get(p["name"], []) if asked else []}
+                     for p in document["providers"]]
         errors = [e for p in providers for e in p["errors"]]
         return OperationResult(ok=True, result={"valid": not errors, "owner": document["owner"],
                                                 "providers": providers, "errors": errors})

@@ -55,19 +55,25 @@ rules and cites their sources):
   ``deletionTimestamp`` and ``deletionGracePeriodSeconds``, still readable and listed, then gone
   (a DELETED event) once the grace period has passed on the emulator's clock (``advance``);
   an unscheduled or finished Pod, or ``gracePeriodSeconds=0``, goes at once, as on a real server;
-- ``kubelet_run`` and ``kubelet_evict`` stand in for the scheduler and kubelet; a thread stands
-  in for the kubelet's end of graceful deletion and for the namespace controller.
+- ``kubelet_run`` and ``kubelet_evict`` stand in for the scheduler and kubelet; ``node_lost`` for the
+  node lifecycle and taint eviction controllers when a node stops reporting, ``node_returns`` for
+  its kubelet coming back, ``provision_load_balancer`` for the cloud's service controller; a thread
+  stands in for the kubelet's end of graceful deletion and for the namespace controller;
+- admission after validation (``tests/support/kube_admission.py``): namespace lifecycle, Pod
+  Security from the namespace's ``pod-security.kubernetes.io/enforce`` label, ResourceQuota on Pod
+  counts (both 403 Forbidden as the real plugins word it); a new Service gets its cluster IP and
+  node ports allocated.
 
-Deliberately left out (nothing tested depends on them): admission beyond namespace lifecycle,
-built-in defaulting (a real server fills in e.g. a Pod's ``terminationGracePeriodSeconds: 30``,
-a Deployment's ``strategy`` or a Service's ``clusterIP``; graceful deletion uses 30 when the Pod
-has none), Pod spec immutability on update, workload controllers (a Deployment's status changes
-only when a test writes it), a Secret's ``stringData`` folding into ``data``, owner-reference
-garbage collection, CRD conversion
-and per-version schemas beyond the one each version declares, defaulting and pruning on read,
-pagination (``limit`` is ignored: every list returns everything), ``dryRun``, server-side apply
-(415), BOOKMARK events, and a status write to a Pod changing its labels (the real Pod status
-strategy allows it; here every status write changes only ``status``, as for custom resources).
+Deliberately left out (nothing tested depends on them): admission beyond namespace lifecycle, Pod
+Security and Pod-count quotas, built-in defaulting beyond a Service's allocations (a real server
+fills in e.g. a Pod's ``terminationGracePeriodSeconds: 30`` or a Deployment's ``strategy``;
+graceful deletion uses 30 when the Pod has none), Pod spec immutability on update, workload
+controllers (a Deployment's status changes only when a test writes it), a Secret's ``stringData``
+folding into ``data``, owner-reference garbage collection, CRD conversion and per-version schemas
+beyond the one each version declares, defaulting and pruning on read, pagination (``limit`` is
+ignored: every list returns everything), ``dryRun``, server-side apply (415), BOOKMARK events, and
+a status write to a Pod changing its labels (the real Pod status strategy allows it; here every
+status write changes only ``status``, as for custom resources).
 """
 
 from __future__ import annotations
@@ -97,6 +103,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import yaml
 
+from .kube_admission import default_service, pod_security_violation, quota_violation
 from .kube_validation import (
     FieldError,
     GoValue,
@@ -127,6 +134,10 @@ PROXY_CRD_PATH = Path(__file__).resolve().parents[2] / "controller" / "manifests
 # pkg/registry/core/pod/strategy.go: a Pod without terminationGracePeriodSeconds gets 30 (the
 # API server defaults it on create; the emulator applies it at deletion instead).
 DEFAULT_POD_GRACE_SECONDS = 30
+# The DefaultTolerationSeconds admission plugin gives every Pod tolerations for the
+# node.kubernetes.io/not-ready and /unreachable NoExecute taints of 300 s: that long after its node
+# stops reporting, the taint eviction controller deletes the Pod (node_lost).
+UNREACHABLE_TOLERATION_SECONDS = 300
 # How often the kubelet stand-in looks for Pods whose grace period has passed.
 _GRACE_POLL_SECONDS = 0.05
 _REASONS = {
@@ -183,6 +194,8 @@ CRD_KEY = "customresourcedefinitions.apiextensions.k8s.io"
 NAMESPACES_KEY = "namespaces"
 NAMESPACE_FINALIZER = "kubernetes"
 PODS_KEY = "pods"
+SERVICES_KEY = "services"
+QUOTAS_KEY = "resourcequotas"
 LEASES_KEY = "leases.coordination.k8s.io"
 
 
@@ -198,6 +211,7 @@ DEFAULT_RESOURCES: tuple[ResourceType, ...] = (
     ResourceType("", "v1", "Event", "events", True, False),
     ResourceType("", "v1", "ServiceAccount", "serviceaccounts", True, False),
     ResourceType("", "v1", "Service", "services", True, True, False, {"loadBalancer": {}}),
+    ResourceType("", "v1", "ResourceQuota", "resourcequotas", True, True),
     ResourceType("coordination.k8s.io", "v1", "Lease", "leases", True, False),
     # What deploy_controller.yml installs besides the kinds above.
     ResourceType("apps", "v1", "Deployment", "deployments", True, True),
@@ -590,6 +604,8 @@ class KubeEmulator:
         self._frozen_at: float | None = None
         # Terminating Pods the kubelet stand-in removes once their grace period has passed.
         self._grace_deadlines: dict[tuple[str, str, str], tuple[str, float]] = {}  # key: (uid, when)
+        # Nodes that stopped reporting (node_lost) -> when their Pods are evicted.
+        self._lost_nodes: dict[str, float] = {}
         self._kubelet: threading.Thread | None = None
         self._terminating: set[str] = set()  # namespaces deleted, waiting for their content to go
         for namespace in (*SYSTEM_NAMESPACES, *namespaces):
@@ -696,11 +712,13 @@ class KubeEmulator:
         with self._lock:
             self._random_faults = (rate, random.Random(seed))
 
-    def create_namespace(self, name: str) -> Obj:
-        """Create a Namespace, as ``kubectl create namespace`` would (objects may then live in it)."""
+    def create_namespace(self, name: str, labels: Mapping[str, str] | None = None) -> Obj:
+        """Create a Namespace, as ``kubectl create namespace`` would (objects may then live in it);
+        ``labels`` such as ``pod-security.kubernetes.io/enforce: restricted``."""
         rtype = self._type_by_key(NAMESPACES_KEY)
+        metadata: Obj = {"name": name, **({"labels": dict(labels)} if labels else {})}
         return self._create(_Route(rtype, None, None, None),
-                            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+                            {"apiVersion": "v1", "kind": "Namespace", "metadata": metadata})
 
     def install_crd(self, crd: Obj) -> Obj:
         """Create a CustomResourceDefinition (e.g. ``proxy_crd()``): its kind is served from then
@@ -805,6 +823,48 @@ class KubeEmulator:
             status["containerStatuses"] = statuses
         return self._kubelet_write(namespace, name, change)
 
+    def node_lost(self, node: str) -> list[Obj]:
+        """The node stops reporting (kubelet gone, network cut). As the node lifecycle controller
+        does (pkg/controller/nodelifecycle, ``MarkPodsNotReady`` in pkg/controller/util/node):
+        every Pod bound to it keeps its phase (Running) and its container statuses (nobody is
+        there to change them), and only its ``Ready`` condition turns False. After
+        ``UNREACHABLE_TOLERATION_SECONDS`` on the emulator's clock the taint eviction controller
+        deletes them gracefully; with no kubelet to confirm, they stay terminating (listed, with
+        ``deletionTimestamp``) until the node is back (``node_returns``). No Pod phase changes
+        to ``Unknown``: no current component sets it. Returns the Pods as marked."""
+        with self._lock:
+            self._lost_nodes[node] = self._clock() + UNREACHABLE_TOLERATION_SECONDS
+            names = [(ns, n) for (key, ns, n), o in self._objects.items()
+                     if key == PODS_KEY and (o.get("spec") or {}).get("nodeName") == node]
+
+        def not_ready(pod: Obj) -> None:
+            now = self._timestamp()
+            for condition in (pod.get("status") or {}).get("conditions") or []:
+                if condition.get("type") == "Ready" and condition.get("status") != "False":
+                    condition.update(status="False", lastTransitionTime=now)
+        return [self._kubelet_write(ns, n, not_ready) for ns, n in names]
+
+    def node_returns(self, node: str) -> None:
+        """The node reports again: its kubelet finishes the terminations that waited for it."""
+        with self._lock:
+            self._lost_nodes.pop(node, None)
+        self._expire_graceful()
+
+    def provision_load_balancer(self, namespace: str, name: str, ip: str | None = None,
+                                hostname: str | None = None) -> Obj:
+        """The cloud provider's service controller: a LoadBalancer Service gets its address in
+        ``status.loadBalancer.ingress`` (an ``ip``, or a ``hostname`` on clouds that give one)."""
+        rtype = self._type_by_key(SERVICES_KEY)
+        ingress = {"ip": ip} if ip else {"hostname": hostname}
+        with self._lock:
+            old = self._stored(_Route(rtype, namespace, name, None))
+            new = copy.deepcopy(old)
+            new["status"] = {"loadBalancer": {"ingress": [ingress]}}
+            new["metadata"]["resourceVersion"] = self._next_rv()
+            self._objects[self._key(rtype, new["metadata"])] = new
+            self._emit(rtype, "MODIFIED", new, old)
+            return copy.deepcopy(new)
+
     def _kubelet_write(self, namespace: str, name: str, change: Any) -> Obj:
         rtype = self._type_by_key(PODS_KEY)
         with self._lock:
@@ -828,11 +888,14 @@ class KubeEmulator:
         has finalizers, left terminating with a grace period of 0."""
         with self._lock:
             now = self._clock()
+            self._evict_from_lost_nodes(now)
             for key, (uid, deadline) in list(self._grace_deadlines.items()):
                 if deadline > now:
                     continue
-                del self._grace_deadlines[key]
                 old = self._objects.get(key)
+                if old is not None and (old.get("spec") or {}).get("nodeName") in self._lost_nodes:
+                    continue  # no kubelet to confirm: it stays terminating until the node is back
+                del self._grace_deadlines[key]
                 if old is None or old["metadata"].get("uid") != uid:
                     continue
                 new = copy.deepcopy(old)
@@ -844,6 +907,18 @@ class KubeEmulator:
                 else:
                     del self._objects[key]
                     self._emit(rtype, "DELETED", new, old)
+
+    def _evict_from_lost_nodes(self, now: float) -> None:
+        """The taint eviction controller's DELETE of each Pod on a node lost for longer than the
+        Pods tolerate (under the lock)."""
+        rtype = self._type_by_key(PODS_KEY)
+        for node, evict_at in self._lost_nodes.items():
+            if evict_at > now:
+                continue
+            for key, pod in list(self._objects.items()):
+                if (key[0] == PODS_KEY and (pod.get("spec") or {}).get("nodeName") == node
+                        and "deletionTimestamp" not in pod["metadata"]):
+                    self._delete_gracefully(rtype, pod, self._pod_grace_period(pod, {}))
 
     def _clock(self) -> float:
         return (time.time() if self._frozen_at is None else self._frozen_at) + self._clock_offset
@@ -1099,7 +1174,33 @@ class KubeEmulator:
             errors += schema.validate(obj, old)
         if errors:
             raise _invalid(rtype, name, errors)
+        if creating and rtype.key == PODS_KEY:
+            self._admit_pod(name, obj)
+        if creating and rtype.key == SERVICES_KEY:
+            self._default_service(rtype, name, obj)
         return obj
+
+    def _admit_pod(self, name: str, pod: Obj) -> None:
+        """The validating admission plugins after validation, in the server's order: PodSecurity,
+        then ResourceQuota (kube_admission.py); either refuses with 403 Forbidden."""
+        namespace = pod["metadata"]["namespace"]
+        namespace_obj = self._objects[(NAMESPACES_KEY, "", namespace)]
+        pods = [o for (key, ns, _), o in self._objects.items() if key == PODS_KEY and ns == namespace]
+        quotas = [o for (key, ns, _), o in self._objects.items() if key == QUOTAS_KEY and ns == namespace]
+        refusal = pod_security_violation(namespace_obj, pod) or quota_violation(quotas, pods)
+        if refusal is not None:
+            # apierrors.NewForbidden: `<resource> "<name>" is forbidden: <err>`.
+            raise ApiError(403, f'pods "{name}" is forbidden: {refusal}',
+                           details={"name": name, "group": "", "kind": "pods"})
+
+    def _default_service(self, rtype: ResourceType, name: str, service: Obj) -> None:
+        services = [o for (key, _, _), o in self._objects.items() if key == SERVICES_KEY]
+        taken_ports = {port.get("nodePort") for o in services for port in (o.get("spec") or {}).get("ports") or []}
+        taken_ports |= {(o.get("spec") or {}).get("healthCheckNodePort") for o in services}
+        problem = default_service(service, {p for p in taken_ports if isinstance(p, int)},
+                                  {str((o.get("spec") or {}).get("clusterIP")) for o in services})
+        if problem is not None:
+            raise _invalid(rtype, name, [FieldError("FieldValueInvalid", *problem)])
 
     def _serve_crd(self, crd: Obj) -> None:
         """Serve (or re-serve, on an update) the kind a CRD defines, with its schema; the CRD's

@@ -59,6 +59,9 @@ class Instance:
     location: str = ""
     state: str = "pending"  # pending | running | stopped | error
     ip: str | None = None
+    endpoint: str | None = None
+    """``host:port`` a crawler dials, as the provider reports it (docs/contract.md); ``ip`` is the
+    instance's own address, which it need not be (a Pod behind a NodePort or a load balancer)."""
     tags: Mapping[str, str] = field(default_factory=dict)
     created: str | None = None
 
@@ -69,7 +72,15 @@ class Instance:
                    location=str(data.get("location") or ""), state=str(data.get("state") or "pending"),
                    ip=str(data["ip"]) if data.get("ip") else None,
                    tags={str(k): str(v) for k, v in tags.items()} if isinstance(tags, Mapping) else {},
-                   created=str(data["created"]) if data.get("created") else None)
+                   created=str(data["created"]) if data.get("created") else None,
+                   endpoint=str(data["endpoint"]) if data.get("endpoint") else None)
+
+    def endpoint_for(self, port: int) -> str:
+        """What crawlers dial: the provider's endpoint; ``ip:port`` for an instance reported without
+        one (a collection older than the endpoint in the contract)."""
+        if self.endpoint:
+            return self.endpoint
+        return f"[{self.ip}]:{port}" if self.ip and ":" in self.ip else f"{self.ip}:{port}"
 
     @property
     def running(self) -> bool:
@@ -322,6 +333,8 @@ class ProviderSet:
     digest: str = ""
     probes: Mapping[str, ProbeSettings] = field(default_factory=dict)  # name -> its probe settings
     sources: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # name -> default allowed sources
+    # name -> what its backend showed wrong (only asked for by ``check_config(check_backends=True)``)
+    backend_errors: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     def clients(self, runner: Runner) -> dict[str, ProviderClient]:
         """A client for every valid provider."""
@@ -333,12 +346,15 @@ class ProviderSet:
         return not self.errors
 
 
-def check_config(runner: Runner, path: str, previous: ProviderSet | None = None) -> ProviderSet:
+def check_config(runner: Runner, path: str, previous: ProviderSet | None = None,
+                 check_backends: bool = False) -> ProviderSet:
     """Validate the provider config with the collection's ``provider_config_info`` module.
 
     Raises ConfigUnreadable when no provider can be used (unreadable, not YAML, root errors such
     as a missing owner); otherwise the valid providers work while the invalid ones are named
     with their errors. ``previous`` is returned as it is when the file's content is unchanged.
+    ``check_backends`` (``--check-config``) also asks each provider's backend (credentials,
+    scopes, firewall) and fills ``backend_errors``.
     """
     absolute = str(Path(path).absolute())
     try:
@@ -349,7 +365,8 @@ def check_config(runner: Runner, path: str, previous: ProviderSet | None = None)
         return previous
     # "_config" can never be a provider's name (names start with a letter or digit): the runner's
     # metrics count this call apart from every provider's.
-    outcome = runner.run("_config", "check", [Operation(CONFIG_MODULE, {"provider_config": absolute})])[0]
+    arguments = {"provider_config": absolute, **({"check_backends": True} if check_backends else {})}
+    outcome = runner.run("_config", "check", [Operation(CONFIG_MODULE, arguments)])[0]
     if not outcome.ok:
         raise ConfigUnreadable(f"provider config {absolute}: {outcome.message}")
     data = outcome.result
@@ -358,9 +375,12 @@ def check_config(runner: Runner, path: str, previous: ProviderSet | None = None)
     invalid: dict[str, tuple[str, ...]] = {}
     probes: dict[str, ProbeSettings] = {}
     sources: dict[str, tuple[str, ...]] = {}
+    backend_errors: dict[str, tuple[str, ...]] = {}
     for provider in data.get("providers") or []:
         name = str(provider.get("name"))
         sources[name] = tuple(str(s) for s in provider.get("allowed_sources") or ())
+        if provider.get("backend_errors"):
+            backend_errors[name] = tuple(str(e) for e in provider["backend_errors"])
         try:
             types[name] = ProviderType(str(provider.get("type")))
         except ValueError:
@@ -379,4 +399,4 @@ def check_config(runner: Runner, path: str, previous: ProviderSet | None = None)
     if not owner:  # a root error (the owner tags every instance): no provider is usable
         raise ConfigUnreadable(f"provider config {absolute}: " + "; ".join(errors or ("owner: missing",)))
     return ProviderSet(path=absolute, owner=str(owner), types=types, invalid=invalid, errors=errors, digest=digest,
-                       probes=probes, sources=sources)
+                       probes=probes, sources=sources, backend_errors=backend_errors)

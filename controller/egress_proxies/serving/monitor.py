@@ -28,9 +28,10 @@ def probe_target(settings: ProbeSettings, proxy: Proxy, instance: Instance,
     """What to check for this instance: the provider's checks, overridden by ``spec.probe``; with
     credentials, also that a request without them is refused (the proxy is private)."""
     override = proxy.spec.get("probe") or {}
+    host, _, port = instance.endpoint_for(proxy.port).rpartition(":")
     return ProbeTarget(
         credentials=credentials, expect_private=credentials is not None,
-        key=target_key(instance, proxy.port), host=str(instance.ip), port=proxy.port,
+        key=target_key(instance, proxy.port), host=host.strip("[]"), port=int(port),
         http_url=str(override.get("httpUrl") or settings.http_url),
         expected_status=int(override.get("expectStatus") or settings.expect_status),
         connect_target=override.get("connect", settings.connect) or None,
@@ -38,9 +39,9 @@ def probe_target(settings: ProbeSettings, proxy: Proxy, instance: Instance,
 
 
 def target_key(instance: Instance, port: int) -> str:
-    """An outcome belongs to one instance at one address: a replacement is never judged by its
+    """An outcome belongs to one instance at one endpoint: a replacement is never judged by its
     predecessor's probe."""
-    return f"{instance.provider_id}@{instance.ip}:{port}"
+    return f"{instance.provider_id}@{instance.endpoint_for(port)}"
 
 
 class ServingMonitor:

@@ -95,7 +95,7 @@ def judge(status: Mapping[str, Any], seen: Observation, now: str) -> Verdict:
         waiting = ("False", "Provisioning", f"{where} is {instance.state}, waiting for it to run with an IP")
         return Verdict(PHASE_PROVISIONING, waiting,
                        {SERVING: ("Unknown", AWAITING, "not running yet"), PROVIDER_LISTED: None}, fields, new_instance)
-    endpoint = f"{instance.ip}:{seen.port}"
+    endpoint = instance.endpoint_for(seen.port)
     fields.update(ip=instance.ip, endpoint=endpoint)
     if seen.credential_generation is not None:
         fields["credentialGeneration"] = seen.credential_generation

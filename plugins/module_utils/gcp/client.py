@@ -28,6 +28,7 @@ material is ever put in a message.
 from __future__ import annotations
 
 import os
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple, Type
@@ -77,6 +78,33 @@ def operation_deadline() -> float:
     return time.monotonic() + OPERATION_TIMEOUT_SECONDS
 
 
+# zoneOperations.wait "is called on a best-effort basis ... when the server is overloaded, the
+# request might return before the default deadline is reached, or might return after zero
+# seconds" (REST reference): a wait answered early with the operation still running is followed
+# by a pause before the next call, doubling from the first to the last, never past the deadline.
+EARLY_WAIT_SECONDS = 5.0  # a wait answered sooner than this did not hold
+FIRST_POLL_PAUSE_SECONDS = 0.5
+LAST_POLL_PAUSE_SECONDS = 8.0
+# What a token without a Compute scope gets (403 "Request had insufficient authentication
+# scopes.", reason insufficientPermissions, ErrorInfo ACCESS_TOKEN_SCOPE_INSUFFICIENT): a VM's
+# or GKE node's default service account carries only the "default access scopes" unless the VM
+# was given more, and IAM roles cannot widen a token's scopes.
+SCOPE_REASONS = frozenset(("insufficientPermissions", "ACCESS_TOKEN_SCOPE_INSUFFICIENT"))
+SCOPES_HINT = (
+    "the credentials' OAuth access scopes do not include Compute Engine: Application Default Credentials of a VM "
+    "or GKE node created with the default access scopes carry only storage/logging/monitoring ones, whatever IAM "
+    "roles the service account has. Grant the access scope https://www.googleapis.com/auth/cloud-platform (or "
+    "https://www.googleapis.com/auth/compute) to the VM or node pool (gcloud compute instances set-service-account "
+    "--scopes=cloud-platform, with the VM stopped; a new node pool for GKE), or use Workload Identity, or set "
+    "gcp.credentialsFile to a service-account key")
+# A machine type a zone does not offer is a 400 invalid naming it: "Invalid value for field
+# 'resource.machineType': '...'. Machine type with name 'f1-micro' does not exist in zone
+# 'europe-west8-a'." It lasts (machine types come to a zone rarely), so placement moves on.
+MACHINE_TYPE_NOT_IN_ZONE_RE = re.compile(r"Machine type with name '([^']+)' does not exist in zone '([^']+)'")
+# A quota: "Quota 'CPUS' exceeded.  Limit: 24.0 in region europe-west1." (or "... globally.").
+QUOTA_RE = re.compile(r"Quota '([A-Z0-9_]+)' exceeded\.\s+Limit: ([0-9.]+) (?:in region ([a-z0-9-]+)|globally)")
+QUOTA_REASONS = frozenset(("quotaExceeded", "QUOTA_EXCEEDED"))
+
 # A zone out of capacity: the insert is accepted and its operation fails with one of these
 # codes (HTTP 503 in httpErrorStatusCode). It lasts, so the provider moves to another zone.
 STOCKOUT_REASONS = frozenset(("ZONE_RESOURCE_POOL_EXHAUSTED", "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS"))
@@ -109,6 +137,28 @@ class StockOut(Transient):
         self.zone = zone
 
 
+class QuotaExceeded(Transient):
+    """A quota of the project is used up (it frees when instances go). ``region`` is the region of
+    a regional quota (another region's zones may still take the instance), None for a
+    project-wide one; ``quota`` its name (CPUS, IN_USE_ADDRESSES, ...)."""
+
+    def __init__(self, message: str, quota: Optional[str], region: Optional[str]) -> None:
+        super().__init__(message)
+        self.quota = quota
+        self.region = region
+
+
+def quota_exceeded(message: str) -> QuotaExceeded:
+    match = QUOTA_RE.search(message)
+    if match is None:
+        return QuotaExceeded("%s (a quota of the project is used up; it frees when instances are deleted, or ask for "
+                             "more in the console's Quotas page)" % message, None, None)
+    quota, limit, region = match.groups()
+    where = "region %s" % region if region else "the project (all regions)"
+    return QuotaExceeded("%s: quota %s is used up in %s (limit %s); it frees when instances are deleted, or ask for a "
+                         "higher limit on the console's Quotas page" % (message, quota, where, limit), quota, region)
+
+
 class MissingReference(Permanent):
     """An insert referenced something that does not exist (an image, a machine type, a network).
 
@@ -118,6 +168,14 @@ class MissingReference(Permanent):
     def __init__(self, field: Optional[str], message: str) -> None:
         super().__init__(message)
         self.field = field
+
+
+class MachineTypeNotInZone(MissingReference):
+    """The zone does not offer the machine type (a 400 on the insert); another zone may."""
+
+    def __init__(self, zone: str, message: str) -> None:
+        super().__init__("machine_type", message)
+        self.zone = zone
 
 
 def referenced_field(message: str) -> Optional[str]:
@@ -160,7 +218,12 @@ def classify_exception(error: BaseException, context: str, missing: str = "not_f
         status = error.code if isinstance(error.code, int) else None
         # The HTTP status leads the API's message: "403 Required 'compute.instances.create' ...".
         message = "%s: %s %s" % (context, status, error.message) if status else "%s: %s" % (context, error.message)
-        return classify(status, _reasons(error), message, missing=missing)
+        reasons = _reasons(error)
+        if status == 403 and SCOPE_REASONS.intersection(reasons):
+            return Permanent("%s; %s" % (message, SCOPES_HINT))
+        if QUOTA_REASONS.intersection(reasons):
+            return quota_exceeded(message)
+        return classify(status, reasons, message, missing=missing)
     if isinstance(error, auth_exceptions.RefreshError):
         # A revoked or deleted key does not come back; a token endpoint hiccup does.
         if getattr(error, "retryable", False):
@@ -189,6 +252,7 @@ class GceInstance:
     nat_ip: Optional[str]
     internal_ip: Optional[str]
     creation_timestamp: Optional[str]
+    network_tags: Tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -202,6 +266,24 @@ class InsertSpec:
     labels: Dict[str, str]
     metadata: Sequence[Tuple[str, str]]
     subnetwork: Optional[str] = None  # regions/<region>/subnetworks/<name> or a URL; None: the network's own
+    network_tags: Tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class FirewallRule:
+    """A VPC firewall rule, as much of it as the provider writes or checks. ``allowed`` and
+    ``denied`` are (protocol, ports) pairs, ports as the API writes them ("3128", "8000-8100")."""
+
+    name: str
+    network: str
+    source_ranges: Tuple[str, ...] = ()
+    allowed: Tuple[Tuple[str, Tuple[str, ...]], ...] = ()
+    denied: Tuple[Tuple[str, Tuple[str, ...]], ...] = ()
+    target_tags: Tuple[str, ...] = ()
+    direction: str = "INGRESS"
+    priority: int = 1000
+    disabled: bool = False
+    description: str = ""
 
 
 @dataclass
@@ -271,7 +353,23 @@ def _to_gce_instance(instance: Any) -> GceInstance:
     return GceInstance(
         name=instance.name, zone=instance.zone.rsplit("/", 1)[-1], status=instance.status,
         labels=dict(instance.labels), metadata=_metadata_dict(instance), nat_ip=nat_ip, internal_ip=internal_ip,
-        creation_timestamp=instance.creation_timestamp or None)
+        creation_timestamp=instance.creation_timestamp or None, network_tags=tuple(instance.tags.items))
+
+
+def _to_rule(found: Any) -> FirewallRule:
+    return FirewallRule(
+        name=found.name, network=found.network, source_ranges=tuple(found.source_ranges),
+        allowed=tuple((a.I_p_protocol, tuple(a.ports)) for a in found.allowed),
+        denied=tuple((d.I_p_protocol, tuple(d.ports)) for d in found.denied), target_tags=tuple(found.target_tags),
+        direction=found.direction or "INGRESS", priority=found.priority if "priority" in found else 1000,
+        disabled=bool(found.disabled), description=found.description)
+
+
+def _firewall_resource(rule: FirewallRule) -> Any:
+    return compute_v1.Firewall(
+        name=rule.name, network=rule.network, direction=rule.direction, priority=rule.priority,
+        source_ranges=list(rule.source_ranges), target_tags=list(rule.target_tags), description=rule.description,
+        allowed=[compute_v1.Allowed(I_p_protocol=protocol, ports=list(ports)) for protocol, ports in rule.allowed])
 
 
 def _scope_zone(scope: str) -> str:
@@ -289,11 +387,14 @@ class ComputeClient:
                                                     transport="rest")
         self.operations = compute_v1.ZoneOperationsClient(credentials=credentials, client_options=options,
                                                           transport="rest")
+        self.firewalls = compute_v1.FirewallsClient(credentials=credentials, client_options=options, transport="rest")
+        self.global_operations = compute_v1.GlobalOperationsClient(credentials=credentials, client_options=options,
+                                                                   transport="rest")
 
     def close(self) -> None:
         """Close the HTTP sessions (the clients keep connections open otherwise)."""
-        self.instances.transport.close()  # type: ignore[no-untyped-call]
-        self.operations.transport.close()  # type: ignore[no-untyped-call]
+        for client in (self.instances, self.operations, self.firewalls, self.global_operations):
+            client.transport.close()  # type: ignore[no-untyped-call]
 
     def get(self, zone: str, name: str) -> GceInstance:
         """The instance; NotFound when it does not exist, or its zone does not."""
@@ -327,6 +428,7 @@ class ComputeClient:
             nic.access_configs = [compute_v1.AccessConfig(name="External NAT", type_="ONE_TO_ONE_NAT")]
         resource = compute_v1.Instance(
             name=spec.name, machine_type=spec.machine_type, labels=dict(spec.labels),
+            tags=compute_v1.Tags(items=list(spec.network_tags)),
             disks=[compute_v1.AttachedDisk(boot=True, auto_delete=True, initialize_params=(
                 compute_v1.AttachedDiskInitializeParams(source_image=spec.source_image)))],
             network_interfaces=[nic],
@@ -337,12 +439,16 @@ class ComputeClient:
         except api_exceptions.Conflict:
             return False
         except api_exceptions.NotFound as error:
-            # GCE checks the image and machine type before it accepts the insert: synchronous 404.
+            # GCE checks the image and network before it accepts the insert: synchronous 404.
             message = "%s: 404 %s" % (context, error.message)
             raise MissingReference(referenced_field(error.message or ""), message) from error
+        except api_exceptions.BadRequest as error:
+            if MACHINE_TYPE_NOT_IN_ZONE_RE.search(error.message or ""):
+                raise MachineTypeNotInZone(spec.zone, "%s: 400 %s" % (context, error.message)) from error
+            raise classify_exception(error, context, missing="permanent") from error
         except _api_errors() as error:
             raise classify_exception(error, context, missing="permanent") from error
-        self._wait(spec.zone, operation, context, deadline)
+        self._wait(operation, context, deadline, spec.zone)
         return True
 
     def delete(self, zone: str, name: str, deadline: float) -> bool:
@@ -364,33 +470,105 @@ class ComputeClient:
                 raise Transient("%s: the instance is in transition (still being created or deleted); will retry"
                                 % context) from error
             raise failure from error
-        self._wait(zone, operation, context, deadline)
+        self._wait(operation, context, deadline, zone)
         return True
 
-    def _wait(self, zone: str, operation: Any, context: str, deadline: float) -> None:
+    def _wait(self, operation: Any, context: str, deadline: float, zone: Optional[str] = None,
+              project: Optional[str] = None) -> None:
+        """Wait on a zonal operation (``zone``) or a global one (firewalls, in ``project``) until
+        DONE, then raise its error. A wait call answered before it could have held (the API
+        may answer at once when loaded) is followed by a pause, doubling up to the last, so an
+        early-answering server is polled with backoff rather than in a tight loop."""
         started = time.monotonic()
+        pause = FIRST_POLL_PAUSE_SECONDS
         while operation.status != compute_v1.Operation.Status.DONE:
             if time.monotonic() >= deadline:
                 raise Transient("%s: operation %s still not done after %ds; will retry" % (
                     context, operation.name, time.monotonic() - started))
+            called = time.monotonic()
             try:
                 # Never shorter than the server's hold: a wait that runs to the 2-minute
                 # deadline is a normal answer ("still running"), not a timeout.
-                operation = self.operations.wait(project=self.project, zone=zone, operation=operation.name,
-                                                 retry=None, timeout=WAIT_CALL_TIMEOUT_SECONDS)
+                if zone is None:
+                    operation = self.global_operations.wait(project=project or self.project, operation=operation.name,
+                                                            retry=None, timeout=WAIT_CALL_TIMEOUT_SECONDS)
+                else:
+                    operation = self.operations.wait(project=self.project, zone=zone, operation=operation.name,
+                                                     retry=None, timeout=WAIT_CALL_TIMEOUT_SECONDS)
             except _api_errors() as error:
                 raise classify_exception(error, "%s: waiting for operation %s" % (context, operation.name)) from error
+            if operation.status != compute_v1.Operation.Status.DONE and time.monotonic() - called < EARLY_WAIT_SECONDS:
+                time.sleep(max(0.0, min(pause, deadline - time.monotonic())))
+                pause = min(pause * 2, LAST_POLL_PAUSE_SECONDS)
         if operation.error.errors:
             codes = [e.code for e in operation.error.errors]
             details = "; ".join("%s: %s" % (e.code, e.message) for e in operation.error.errors)
             message = "%s: %s" % (context, details)
-            if any(code in STOCKOUT_REASONS for code in codes):
+            if any(code in STOCKOUT_REASONS for code in codes) and zone is not None:
                 raise StockOut(zone, message)
+            if QUOTA_REASONS.intersection(codes):
+                raise quota_exceeded(message)
             status = operation.http_error_status_code or None
             if status == 404:
                 # The operation's own 404s are about what the request referenced (image, network).
                 raise MissingReference(referenced_field(details), message)
             raise classify(status, codes, message, missing="permanent")
+
+    # -- firewall rules (global resources of the network's project) ------------------------------
+
+    def firewall(self, project: str, name: str) -> Optional[FirewallRule]:
+        """The rule of that name, None when there is none."""
+        context = "reading firewall rule %s in project %s" % (name, project)
+        try:
+            return _to_rule(self.firewalls.get(project=project, firewall=name, retry=None,
+                                               timeout=REQUEST_TIMEOUT_SECONDS))
+        except _api_errors() as error:
+            failure = classify_exception(error, context)
+            if isinstance(failure, NotFound):
+                return None
+            raise failure from error
+
+    def firewall_rules(self, project: str) -> List[FirewallRule]:
+        """Every firewall rule of the project (paged)."""
+        request = compute_v1.ListFirewallsRequest(project=project)
+        try:
+            return [_to_rule(found) for page in self.firewalls.list(
+                request=request, retry=None, timeout=REQUEST_TIMEOUT_SECONDS).pages for found in page.items]
+        except _api_errors() as error:
+            raise classify_exception(error, "listing the firewall rules of project %s" % project,
+                                     missing="permanent") from error
+
+    def put_firewall(self, project: str, rule: FirewallRule, exists: bool, deadline: float) -> bool:
+        """Create the rule, or (``exists``) patch it to ``rule``; wait for the operation. False
+        when a create met a rule of that name made meanwhile (409): the caller reads it again."""
+        verb = "updating" if exists else "creating"
+        context = "%s firewall rule %s in project %s" % (verb, rule.name, project)
+        try:
+            if exists:
+                operation = self.firewalls.patch_unary(project=project, firewall=rule.name,
+                                                       firewall_resource=_firewall_resource(rule), retry=None,
+                                                       timeout=REQUEST_TIMEOUT_SECONDS)
+            else:
+                operation = self.firewalls.insert_unary(project=project, firewall_resource=_firewall_resource(rule),
+                                                        retry=None, timeout=REQUEST_TIMEOUT_SECONDS)
+        except api_exceptions.Conflict:
+            return False
+        except _api_errors() as error:
+            raise classify_exception(error, context, missing="permanent") from error
+        self._wait(operation, context, deadline, project=project)
+        return True
+
+    def delete_firewall(self, project: str, name: str, deadline: float) -> None:
+        context = "deleting firewall rule %s in project %s" % (name, project)
+        try:
+            operation = self.firewalls.delete_unary(project=project, firewall=name, retry=None,
+                                                    timeout=REQUEST_TIMEOUT_SECONDS)
+        except _api_errors() as error:
+            failure = classify_exception(error, context)
+            if isinstance(failure, NotFound):
+                return
+            raise failure from error
+        self._wait(operation, context, deadline, project=project)
 
     def list_instances(self, list_filter: str, zones: Iterable[str]) -> AggregatedListing:
         """Instances matching ``list_filter`` in ``zones``; a zone that cannot be listed fails alone.

@@ -17,24 +17,35 @@ import re
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.errors import (
     Permanent,
+    ProxyError,
     Transient,
 )
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.gcp.client import (
     GceInstance,
     InsertSpec,
+    MachineTypeNotInZone,
     MissingReference,
+    QuotaExceeded,
     StockOut,
     operation_deadline,
+)
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.gcp.firewall import (
+    FirewallKeeper,
+    Opening,
+    ProviderIdentity,
+    opening_metadata,
+    opening_of,
 )
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.gcp.labels import (
     MARKER_LABEL,
     MARKER_VALUE,
     OURS_FILTER,
     PORT_METADATA_KEY,
+    SOURCES_METADATA_KEY,
     TAGS_METADATA_KEY,
     decode_tags,
     encode_tags,
@@ -42,27 +53,30 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.gcp.labels im
     list_filter,
 )
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.gcp.settings import GcpSettings
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.gcp.startup import startup_script
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.instance import (
     OWNER_TAG,
     Instance,
     InstanceRequest,
     ListResult,
     choose_key,
+    endpoint_of,
     matches_tags,
 )
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.provider_id import (
     format_provider_id,
     parse_provider_id,
 )
-from ansible_collections.crawl.egress_proxies.plugins.module_utils.squid_access import install_script
 
 Log = Callable[[str], None]
 
 USER_DATA_KEY = "user-data"
 USER_DATA_ENCODING_KEY = "user-data-encoding"
 # The operator's channel beside user-data: the Google guest environment (google-guest-agent's
-# metadata script runner) runs this item as root on every boot. cloud-init's GCE datasource
-# reads no vendor-data, and user-data is the user's, byte for byte.
+# metadata script runner) runs this item as root on every boot, on every public image, while
+# user-data is read only where cloud-init is installed (not on Debian's GCE images). It carries
+# the access policy and installs squid where the image lacks it (startup.py); user-data stays
+# the user's, byte for byte.
 STARTUP_SCRIPT_KEY = "startup-script"
 
 # GCE instance status -> the contract's state, for every status the Compute API documents
@@ -117,6 +131,14 @@ def utc_created(timestamp: Optional[str]) -> Optional[str]:
     return parsed.astimezone(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def _why_passed(zone: str, error: ProxyError) -> str:
+    if isinstance(error, StockOut):
+        return "zone %s was out of capacity: %s" % (zone, error)
+    if isinstance(error, MachineTypeNotInZone):
+        return "zone %s does not offer the machine type: %s" % (zone, error)
+    return "zone %s could not take it: %s" % (zone, error)
+
+
 def user_data_metadata(user_data: bytes, encoding: str) -> List[Tuple[str, str]]:
     """The ``user-data`` metadata items: plain text as is, base64 input as base64 text plus
     ``user-data-encoding: base64`` (cloud-init's GCE datasource decodes it back to the bytes)."""
@@ -137,14 +159,18 @@ class _Plan:
     image: str
     labels: Dict[str, str]
     metadata: List[Tuple[str, str]]
+    opening: Opening  # what the firewall must admit for it
 
 
 class GcpProvider:
-    def __init__(self, settings: GcpSettings, client: Any, warn: Optional[Log] = None) -> None:
-        """``client`` is a ``client.ComputeClient`` (or anything with its methods); ``warn``
-        reports what the run did that its result does not show (the module's warnings)."""
+    def __init__(self, settings: GcpSettings, client: Any, identity: ProviderIdentity,
+                 warn: Optional[Log] = None) -> None:
+        """``client`` is a ``client.ComputeClient`` (or anything with its methods); ``identity``
+        the provider's name, owner and default sources (its firewall rule's); ``warn`` reports
+        what the run did that its result does not show (the module's warnings)."""
         self.settings = settings
         self.client = client
+        self.firewall = FirewallKeeper(settings, client, identity)
         self.warn: Log = warn or (lambda _message: None)
         # One budget for the whole module run, from its first insert or delete: a batch's items
         # (``operations``) run side by side and share it, so however many there are the run ends
@@ -173,10 +199,11 @@ class GcpProvider:
                           "internal address" % (found.name, found.zone))
         else:
             ip = found.internal_ip
+        port = found.metadata.get(PORT_METADATA_KEY, "")
         return Instance(
             provider_id=self.provider_id(found.zone, found.name), name=found.name, location=found.zone,
-            state=state, ip=ip, tags=decode_tags(found.labels, found.metadata),
-            created=utc_created(found.creation_timestamp))
+            state=state, ip=ip, endpoint=endpoint_of(ip, int(port) if port.isdigit() else None),
+            tags=decode_tags(found.labels, found.metadata), created=utc_created(found.creation_timestamp))
 
     def _parse(self, provider_id: str) -> Tuple[str, str]:
         parsed = parse_provider_id(provider_id, "gce")
@@ -245,12 +272,13 @@ class GcpProvider:
                                     machine_type, machine_key))
             pinned_zone = zonal.group(1)
         labels, tags_json = encode_tags(request.tags)
+        opening = opening_of(request.access, request.port, self.firewall.identity)
         metadata = [*user_data_metadata(request.user_data, request.user_data_encoding),
-                    (TAGS_METADATA_KEY, tags_json), (PORT_METADATA_KEY, str(request.port))]
-        if request.access is not None:
-            metadata.append((STARTUP_SCRIPT_KEY, install_script(request.access).decode("ascii")))
+                    (TAGS_METADATA_KEY, tags_json), (PORT_METADATA_KEY, str(request.port)),
+                    (SOURCES_METADATA_KEY, opening_metadata(opening)),
+                    (STARTUP_SCRIPT_KEY, startup_script(request.access, request.port))]
         plan = _Plan(machine_key, machine_type, pinned_zone, image_key, self.settings.images[image_key], labels,
-                     metadata)
+                     metadata, opening)
         if request.location:
             misfit = self._misfit(plan, self._zone(request.location))
             if misfit:
@@ -278,7 +306,7 @@ class GcpProvider:
         return InsertSpec(name=request.name, zone=zone, machine_type=machine_type, source_image=plan.image,
                           network=self.settings.network, subnetwork=self.settings.subnetwork,
                           external_ip=self.settings.external_ip, labels=dict(plan.labels),
-                          metadata=list(plan.metadata))
+                          metadata=list(plan.metadata), network_tags=self.firewall.instance_tags)
 
     def _existing_and_zones(self, request: InstanceRequest, plan: "_Plan") -> Tuple[Optional[GceInstance], List[str]]:
         """An instance of this name, and the zones to try, best first.
@@ -332,59 +360,101 @@ class GcpProvider:
         return error
 
     def create(self, request: InstanceRequest, check_mode: bool) -> Tuple[bool, Instance]:
-        """Create ``request`` unless an instance of that name exists (then changed is False).
-
-        A zone out of capacity (a stock-out lasts: retrying the same zone would fail the
-        same way) moves the insert to the next zone the instance may go to, in the same
-        run, and a warning says so; only a Proxy pinned to one zone, or every zone being
-        out, fails (transient). Nothing is remembered between runs: the module is
-        stateless, so each create tries the least-loaded zone first again.
-        """
+        """Create ``request`` unless an instance of that name exists (then changed is False), and
+        make sure the provider's firewall rule admits its port (before the insert, so a refusal
+        leaves nothing behind, and after it: firewall.py says why)."""
         plan = self._plan(request)
         found, zones = self._existing_and_zones(request, plan)
         if found is not None:
-            return False, self._instance(self._ours_or_fail(found, "name"))
+            ours = self._ours_or_fail(found, "name")
+            if not check_mode and self.firewall.managed:
+                self.firewall.admit(plan.opening, self._deadline())
+            return False, self._instance(ours)
         if check_mode:
             return True, Instance(provider_id=self.provider_id(zones[0], request.name), name=request.name,
                                   location=zones[0], state="pending", tags=dict(request.tags))
         deadline = self._deadline()
-        stock_outs: List[StockOut] = []
+        self.firewall.admit(plan.opening, deadline)
+        created, found = self._place(request, plan, zones, deadline)
+        self.firewall.admit(plan.opening, deadline)
+        return created, self._instance(found)
+
+    def _place(self, request: InstanceRequest, plan: "_Plan", zones: List[str],
+               deadline: float) -> Tuple[bool, GceInstance]:
+        """Insert into the first of ``zones`` that takes the instance, in this run.
+
+        What lasts moves the insert on rather than failing it: a zone out of capacity or
+        without the machine type (the next zone), a regional quota used up (the next zone of
+        another region). A warning says where it went and why. Nothing is remembered between
+        runs (the module is stateless): each create tries the least-loaded zone first again.
+        """
+        passed: List[Tuple[str, ProxyError]] = []
+        exhausted_regions: Set[str] = set()
         for zone in zones:
-            if stock_outs and time.monotonic() >= deadline:
-                break
+            if zone.rsplit("-", 1)[0] in exhausted_regions or (passed and time.monotonic() >= deadline):
+                continue
             try:
                 created = self.client.insert(self._insert_spec(request, plan, zone), deadline)
-            except StockOut as error:
-                stock_outs.append(error)
+            except (StockOut, MachineTypeNotInZone) as error:
+                passed.append((zone, error))
+                continue
+            except QuotaExceeded as error:
+                passed.append((zone, error))
+                if error.region is None:
+                    break  # a project-wide quota: no other zone helps
+                exhausted_regions.add(error.region)
                 continue
             except MissingReference as error:
                 raise self._missing(error, plan, zone) from error
             found = self.client.get(zone, request.name)
-            if stock_outs:
-                self.warn("instance %s was placed in zone %s because %s out of capacity: %s" % (
-                    request.name, zone, " and ".join("zone %s was" % e.zone for e in stock_outs),
-                    "; ".join(str(e) for e in stock_outs)))
+            if passed:
+                self.warn("instance %s was placed in zone %s because %s" % (
+                    request.name, zone, "; ".join(_why_passed(where, error) for where, error in passed)))
             if not created:  # 409: made meanwhile (a concurrent run, or a foreign instance)
-                return False, self._instance(self._ours_or_fail(found, "name"))
-            return True, self._instance(found)
+                return False, self._ours_or_fail(found, "name")
+            return True, found
+        raise self._unplaced(request, plan, zones, passed)
+
+    def _unplaced(self, request: InstanceRequest, plan: "_Plan", zones: List[str],
+                  passed: List[Tuple[str, ProxyError]]) -> ProxyError:
+        """Why no zone took the instance: permanent when none offers the machine type (the
+        config must change), else transient (capacity and quotas come back)."""
+        tried = [zone for zone, _error in passed]
+        errors = [error for _zone, error in passed]
+        if errors and all(isinstance(error, MachineTypeNotInZone) for error in errors):
+            return Permanent("machine_type: %r (machineTypes.%s) does not exist in zone(s) %s: %s; fix "
+                             "machineTypes.%s (or gcp.zones) in the provider config: `gcloud compute machine-types "
+                             "list --filter=name=%s` lists the zones that offer it" % (
+                                 plan.machine_type, plan.machine_key, ", ".join(tried), errors[0], plan.machine_key,
+                                 plan.machine_type.rsplit("/", 1)[-1]))
         if request.location:
             hint = "location pins it to zone %s, so it cannot move to another zone" % request.location
-        elif len(stock_outs) < len(zones):
-            hint = "time ran out before zone(s) %s could be tried" % ", ".join(zones[len(stock_outs):])
+        elif any(isinstance(error, QuotaExceeded) and error.region is None for error in errors):
+            hint = "a project-wide quota: no other zone can help"
+        elif len(tried) < len(zones):
+            hint = "zone(s) %s were not tried (their region is out of quota, or time ran out)" % ", ".join(
+                zone for zone in zones if zone not in tried)
         else:
             hint = "every zone it may go to (%s) was tried" % ", ".join(zones)
-        raise Transient("out of capacity: %s; %s; will retry" % ("; ".join(str(e) for e in stock_outs), hint))
+        kinds = {type(error) for error in errors}
+        what = "out of capacity" if kinds == {StockOut} else "quota exceeded" if kinds == {QuotaExceeded} else \
+            "no zone could take it"
+        return Transient("%s: %s; %s; will retry" % (what, "; ".join(str(error) for error in errors), hint))
 
     # -- delete ----------------------------------------------------------------------------
 
     def delete(self, provider_id: str, check_mode: bool) -> bool:
-        """Delete the instance; False when it was already gone (its zone too)."""
+        """Delete the instance; False when it was already gone (its zone too). Either way the
+        firewall rule is then brought in step with the instances left (a retry of a delete whose
+        firewall step failed finds the instance gone and still does it)."""
         zone, name = self._parse(provider_id)
         found = self.client.find(zone, name)
-        if found is None:
-            return False
-        # Nothing without our marker is ever touched, even if a providerID points at it.
-        self._ours_or_fail(found, "provider_id")
+        if found is not None:
+            # Nothing without our marker is ever touched, even if a providerID points at it.
+            self._ours_or_fail(found, "provider_id")
         if check_mode:
-            return True
-        return bool(self.client.delete(zone, name, self._deadline()))
+            return found is not None
+        deadline = self._deadline()
+        deleted = found is not None and bool(self.client.delete(zone, name, deadline))
+        self.firewall.settle(deadline)
+        return deleted

@@ -46,6 +46,8 @@ MIRRORED_LABELS: Dict[str, str] = {
 }
 TAGS_METADATA_KEY = "egress-proxies-tags"
 PORT_METADATA_KEY = "egress-proxies-port"
+# The IPv4 sources the instance's firewall opening admits (firewall.py), comma-separated.
+SOURCES_METADATA_KEY = "egress-proxies-sources"
 
 # GCE label values: lowercase letters, digits, '_' and '-', at most 63 characters (empty allowed).
 LABEL_VALUE_RE = re.compile(r"^[a-z0-9_-]{0,63}$")

@@ -10,6 +10,7 @@ from typing import List, Tuple
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.config import HAS_YAML
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.errors import Permanent
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.gcp.client import HAS_GOOGLE, ComputeClient
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.gcp.firewall import ProviderIdentity
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.gcp.instances import GcpProvider
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.proxy_module import ProxyModule
 
@@ -18,7 +19,10 @@ LIBRARIES: List[Tuple[str, bool]] = [("google-cloud-compute", HAS_GOOGLE), ("PyY
 
 def gcp_provider(module: ProxyModule) -> GcpProvider:
     """The configured GCP provider; a wrong or missing provider is Permanent."""
-    settings = module.provider().gcp
+    config = module.provider_config()
+    provider = config.provider(module.params["provider"], "gcp")
+    settings = provider.gcp
     if settings is None:  # provider() checked the type, so this is a bug
         raise Permanent("provider: %r has no gcp section" % module.params["provider"])
-    return GcpProvider(settings, ComputeClient(settings), module.warn)
+    identity = ProviderIdentity(provider.name, config.owner, provider.allowed_sources)
+    return GcpProvider(settings, ComputeClient(settings), identity, module.warn)

@@ -35,6 +35,16 @@ class GcpSettings:
     api_endpoint: Optional[str] = None
     subnetwork: Optional[str] = None
     """``regions/<region>/subnetworks/<name>`` or a full/partial URL; None = the network's own."""
+    firewall: str = "managed"
+    """``managed``: the provider keeps one ingress rule for its instances' proxy ports (firewall.py);
+    ``external``: the operator's rules admit them (the config check verifies one does)."""
+    network_tags: Tuple[str, ...] = ()
+    """Network tags every instance carries besides the provider's own (for the operator's rules)."""
+
+
+FIREWALL_MODES = ("managed", "external")
+# A network tag: "Each tag within the list must comply with RFC1035" (Tags.items, REST reference).
+NETWORK_TAG_RE = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 
 # A subnetwork as the Compute API takes it: regions/<region>/subnetworks/<name>, optionally
@@ -48,7 +58,7 @@ GCP_SUBNETWORK_RE = re.compile(
 def parse_gcp_section(reader: Reader, errors: Errors) -> Optional[GcpSettings]:
     start = len(errors)
     reader.only(errors, "project", "zones", "machineTypes", "images", "defaultMachineType", "defaultImage",
-                "network", "subnetwork", "credentialsFile", "externalIP", "apiEndpoint")
+                "network", "subnetwork", "credentialsFile", "externalIP", "apiEndpoint", "firewall", "networkTags")
     # Fields are checked in the order docs/gcp-provider.md documents them, so errors are listed in the
     # order a reader of the file meets them.
     project = errors.read(reader.string, "project", pattern=re.compile(r"[a-z][-a-z0-9.:]{4,61}[a-z0-9]"),
@@ -76,14 +86,23 @@ def parse_gcp_section(reader: Reader, errors: Errors) -> Optional[GcpSettings]:
     credentials_file = errors.read(reader.absolute_path, "credentialsFile", False)
     external_ip = errors.read(reader.boolean, "externalIP", True)
     api_endpoint = errors.read(_gcp_api_endpoint, reader)
+    firewall = errors.read(reader.choice, "firewall", FIREWALL_MODES, "managed")
+    network_tags: List[str] = []
+    for index, tag in enumerate(errors.read(reader.non_empty_list, "networkTags") or []
+                                if reader.data.get("networkTags") is not None else []):
+        if not isinstance(tag, str) or not NETWORK_TAG_RE.fullmatch(tag):
+            errors.add("%s[%d]: %r is not a network tag (RFC 1035: 1-63 lowercase letters, digits and '-', starting "
+                       "with a letter)" % (reader.at("networkTags"), index, tag))
+        else:
+            network_tags.append(tag)
     if len(errors) > start or project is None or default_machine_type is None or default_image is None \
-            or network is None or external_ip is None:
+            or network is None or external_ip is None or firewall is None:
         return None
     return GcpSettings(
         project=project, zones=tuple(zones), machine_types=tables["machineTypes"], images=tables["images"],
         default_machine_type=default_machine_type, default_image=default_image, network=network,
         credentials_file=credentials_file, external_ip=external_ip, api_endpoint=api_endpoint,
-        subnetwork=subnetwork)
+        subnetwork=subnetwork, firewall=firewall, network_tags=tuple(network_tags))
 
 
 def _gcp_subnetwork(reader: Reader, zones: List[str]) -> Optional[str]:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from typing import Any, Callable, Dict, List, Optional, Tuple, Type
 
 try:
@@ -68,6 +69,11 @@ IN_CLUSTER_ENV = "KUBERNETES_SERVICE_HOST"
 # credentials and RBAC (401, 403, which also covers an admission webhook or a Pod Security
 # level refusing the Pod).
 PERMANENT_STATUSES = frozenset((400, 401, 403, 405, 413, 415, 422))
+# The one 403 that heals by itself: a namespace's ResourceQuota is full ("exceeded quota: <name>,
+# requested: ..., used: ..., limited: ...", k8s.io/apiserver pkg/admission/plugin/resourcequota/
+# controller.go); it frees when Pods go. ("failed quota: <name>: must specify ..." is a Pod the
+# quota can never admit: permanent.)
+EXCEEDED_QUOTA_RE = re.compile(r"exceeded quota: ([^,]+),")
 
 
 class AlreadyExists(Transient):
@@ -113,6 +119,10 @@ def classify(error: BaseException, context: str) -> ProxyError:
             return NotFound(message)
         if code == 409 and _status_reason(error) == "AlreadyExists":
             return AlreadyExists(message)
+        quota = EXCEEDED_QUOTA_RE.search(message) if code == 403 else None
+        if quota is not None:
+            return Transient("%s (the namespace's ResourceQuota %s is used up; it frees as Pods go, or raise its "
+                             "limit)" % (message, quota.group(1)))
         if code in PERMANENT_STATUSES:
             return Permanent(message)
         if code == 0 and "CERTIFICATE_VERIFY_FAILED" in message:  # the client's wrapping of an SSLError
@@ -159,7 +169,7 @@ def _configuration(settings: KubernetesSettings) -> Any:
 
 
 class KubeClient:
-    """The four Pod calls the provider makes, on plain dicts."""
+    """The Pod (and Service) calls the provider makes, on plain dicts."""
 
     def __init__(self, settings: KubernetesSettings) -> None:
         self.api_client = kube_client.ApiClient(_configuration(settings))
@@ -205,3 +215,22 @@ class KubeClient:
                               label_selector=label_selector)
         items = document.get("items") or []
         return [item for item in items if isinstance(item, dict)]
+
+    # -- the Service of a Pod (NodePort and LoadBalancer exposure) ----------------------------------
+
+    def create_service(self, namespace: str, service: Dict[str, Any]) -> Dict[str, Any]:
+        return self._call("creating service %s/%s" % (namespace, service["metadata"]["name"]),
+                          self.core.create_namespaced_service, namespace, service)
+
+    def read_service(self, namespace: str, name: str) -> Dict[str, Any]:
+        return self._call("reading service %s/%s" % (namespace, name), self.core.read_namespaced_service, name,
+                          namespace)
+
+    def delete_service(self, namespace: str, name: str) -> Dict[str, Any]:
+        return self._call("deleting service %s/%s" % (namespace, name), self.core.delete_namespaced_service, name,
+                          namespace)
+
+    def list_services(self, namespace: str, label_selector: str) -> List[Dict[str, Any]]:
+        document = self._call("listing services in namespace %s" % namespace, self.core.list_namespaced_service,
+                              namespace, label_selector=label_selector)
+        return [item for item in document.get("items") or [] if isinstance(item, dict)]

@@ -15,6 +15,11 @@ A Pod is one object, so every operation is one or two API calls and idempotent b
 - delete: GET, refuse a Pod that is not ours, DELETE with a uid precondition; gone = success;
 - get: GET; 404 (the Pod or its whole namespace is gone) = ``NotFound``;
 - list: one label-selected LIST per configured namespace, failures recorded per namespace.
+
+With a Service exposure (NodePort, LoadBalancer) each Pod has a Service of its name (pods.py
+``build_service``): create makes it after the Pod (and again when the Pod exists without it),
+get and list read it for the endpoint, delete removes it with the Pod (or alone, when the Pod
+is gone already).
 """
 
 from __future__ import annotations
@@ -37,13 +42,17 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.instance impo
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.k8s.client import AlreadyExists, KubeClient
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.k8s.pods import (
     build_pod,
+    build_service,
     is_managed,
     is_ours,
     label_selector,
     pod_instance,
     pod_tags,
 )
-from ansible_collections.crawl.egress_proxies.plugins.module_utils.k8s.settings import KubernetesSettings
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.k8s.settings import (
+    SERVICE_EXPOSURES,
+    KubernetesSettings,
+)
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.provider_id import (
     format_provider_id,
     parse_provider_id,
@@ -73,6 +82,7 @@ class K8sProvider:
     def __init__(self, settings: KubernetesSettings, client: KubeClient) -> None:
         self.settings = settings
         self.client = client
+        self.exposed = settings.exposure in SERVICE_EXPOSURES
 
     def close(self) -> None:
         self.client.close()
@@ -85,11 +95,16 @@ class K8sProvider:
         if check_mode:
             existing = self._existing(namespace, request)
             if existing is not None:
-                return False, pod_instance(existing)
+                return False, self._instance(existing)
             return True, Instance(provider_id=format_provider_id("k8s", namespace, request.name), name=request.name,
                                   location=namespace, state="pending", tags=dict(request.tags))
+        changed, created = self._create_pod(namespace, request, pod)
+        return changed, pod_instance(created, self.settings.exposure, self._ensure_service(request, created))
+
+    def _create_pod(self, namespace: str, request: InstanceRequest, pod: Dict[str, Any]) -> Tuple[bool, Dict[str, Any]]:
+        """(changed, the Pod): created now, or ours already (see the module docstring)."""
         try:
-            return True, pod_instance(self.client.create_pod(namespace, pod))
+            return True, self.client.create_pod(namespace, pod)
         except NotFound as error:
             # On create, a 404 means the namespace is missing: nothing to "recreate", the
             # config or the cluster needs fixing (the slow permanent requeue retries it).
@@ -106,7 +121,33 @@ class K8sProvider:
                 # name is free and a retry creates the Pod.
                 raise Transient("pod %s/%s is still terminating from an earlier delete; will retry once it is "
                                 "gone" % (namespace, request.name)) from None
-            return False, pod_instance(existing)
+            return False, existing
+
+    def _ensure_service(self, request: InstanceRequest, pod: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+        """The Pod's Service (made now, or found ours); None without a Service exposure."""
+        if not self.exposed:
+            return None
+        service = build_service(self.settings, request, pod)
+        namespace, name = service["metadata"]["namespace"], service["metadata"]["name"]
+        try:
+            return self.client.create_service(namespace, service)
+        except AlreadyExists:
+            existing = self._service(namespace, name)
+            if existing is None or not is_ours(existing, request.tags):
+                raise Permanent("name: a service %s/%s exists and is not the egress-proxies one of this Pod; it is "
+                                "left alone: remove or rename it" % (namespace, name)) from None
+            return existing
+
+    def _service(self, namespace: str, name: str) -> Optional[Dict[str, Any]]:
+        try:
+            return self.client.read_service(namespace, name)
+        except NotFound:
+            return None
+
+    def _instance(self, pod: Dict[str, Any]) -> Instance:
+        meta = pod.get("metadata") or {}
+        service = self._service(meta.get("namespace", ""), meta.get("name", "")) if self.exposed else None
+        return pod_instance(pod, self.settings.exposure, service)
 
     def _existing(self, namespace: str, request: InstanceRequest) -> Optional[Dict[str, Any]]:
         """The Pod of that name if it is ours, None if there is none; someone else's is Permanent."""
@@ -135,7 +176,7 @@ class K8sProvider:
         return pod
 
     def get(self, provider_id: str) -> Instance:
-        return pod_instance(self._managed_pod(provider_id))
+        return self._instance(self._managed_pod(provider_id))
 
     def provider_ids_for(self, name: str, location: Optional[str]) -> List[str]:
         """For state=absent by name: the Pod in ``location``, else in the provider's namespace
@@ -143,22 +184,35 @@ class K8sProvider:
         return [format_provider_id("k8s", location or self.settings.namespace, name)]
 
     def delete(self, provider_id: str, check_mode: bool) -> bool:
-        """Delete the Pod; whether anything was (or would be) deleted. Gone already = False."""
-        try:
-            pod = self._managed_pod(provider_id)
-        except NotFound:
-            return False
-        metadata = pod.get("metadata") or {}
-        if metadata.get("deletionTimestamp"):
-            return False  # already terminating: nothing left for us to do
-        if check_mode:
-            return True
+        """Delete the Pod (and its Service); whether the Pod was (or would be) deleted. Gone
+        already = False (a Service left behind is deleted all the same)."""
         parsed = parse_provider_id(provider_id, "k8s")
         try:
-            self.client.delete_pod(parsed.location, parsed.name, metadata.get("uid"))
+            pod: Optional[Dict[str, Any]] = self._managed_pod(provider_id)
         except NotFound:
-            return False
-        return True
+            pod = None
+        metadata = (pod or {}).get("metadata") or {}
+        deleting = pod is not None and not metadata.get("deletionTimestamp")  # terminating: nothing to do
+        if check_mode:
+            return deleting
+        if deleting:
+            try:
+                self.client.delete_pod(parsed.location, parsed.name, metadata.get("uid"))
+            except NotFound:
+                deleting = False
+        if self.exposed:
+            self._delete_service(parsed.location, parsed.name)
+        return deleting
+
+    def _delete_service(self, namespace: str, name: str) -> None:
+        """Our Service of that name, if there is one (never another's)."""
+        service = self._service(namespace, name)
+        if service is None or not is_managed(service):
+            return
+        try:
+            self.client.delete_service(namespace, name)
+        except NotFound:
+            pass
 
     # -- list ------------------------------------------------------------------------------
 
@@ -174,11 +228,13 @@ class K8sProvider:
         for namespace in self.settings.locations:
             try:
                 pods = self.client.list_pods(namespace, selector)
+                services = self.client.list_services(namespace, selector) if self.exposed else []
             except NotFound:
                 continue  # no such namespace (the real server lists one as empty): no Pods there
             except ProxyError as error:
                 failed[namespace] = error
                 continue
-            instances.extend(pod_instance(pod) for pod in pods
-                             if is_managed(pod) and matches_tags(pod_tags(pod), tags))
+            by_name = {(service.get("metadata") or {}).get("name"): service for service in services}
+            instances.extend(pod_instance(pod, self.settings.exposure, by_name.get(pod["metadata"].get("name")))
+                             for pod in pods if is_managed(pod) and matches_tags(pod_tags(pod), tags))
         return ListResult(instances, failed)

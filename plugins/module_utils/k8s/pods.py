@@ -7,8 +7,9 @@ tables (tests/unit/plugins/module_utils/k8s/test_pods.py).
 
 Anatomy (docs/kubernetes-provider.md has the why):
 - labels ``app.kubernetes.io/name: egress-proxy``, ``app.kubernetes.io/managed-by:
-  egress-proxies`` and every tag that is a valid label as it stands (the owner tag always is:
-  config.py validates it as a label value). Listing selects on these.
+  egress-proxies``, ``app.kubernetes.io/instance: <name>`` and every tag that is a valid label as
+  it stands (the owner tag always is: config.py validates it as a label value). Listing selects
+  on these.
 - annotation ``crawl.example.com/tags``: all tags as JSON, the source of truth when reading
   back (``crawl.example.com/proxy: ns/name`` is not a valid label value, so labels alone
   cannot carry every tag);
@@ -22,9 +23,12 @@ Anatomy (docs/kubernetes-provider.md has the why):
   the controller's own namespace), and a hash of a random password of 128 bits or more
   gains a reader nothing;
 - one container running ``squid -N -f /etc/egress-proxy/squid.conf``, with the port, the
-  resource requests and a tcpSocket readiness probe on the port;
-- optional ``hostNetwork`` (egress from the node's IP) and a topology spread constraint over
-  ``kubernetes.io/hostname`` on the owner's Pods (egress from different nodes).
+  resource requests and a tcpSocket readiness probe on the port, as the unprivileged ``proxy``
+  user: the Pod passes the ``restricted`` Pod Security Standard;
+- the exposure (settings.EXPOSURES): a ``hostPort``, ``hostNetwork``, or a Service per Pod
+  (:func:`build_service`), and what a crawler dials read back (:func:`pod_endpoint`); a
+  topology spread constraint over ``kubernetes.io/hostname`` on the owner's Pods (egress from
+  different nodes).
 """
 
 from __future__ import annotations
@@ -39,8 +43,12 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.instance impo
     OWNER_TAG,
     Instance,
     InstanceRequest,
+    endpoint_of,
 )
-from ansible_collections.crawl.egress_proxies.plugins.module_utils.k8s.settings import KubernetesSettings
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.k8s.settings import (
+    SERVICE_EXPOSURES,
+    KubernetesSettings,
+)
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.provider_id import format_provider_id
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.squid_access import (
     Access,
@@ -54,6 +62,9 @@ NAME_VALUE = "egress-proxy"
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MANAGED_BY_VALUE = "egress-proxies"
 FIXED_LABELS = {NAME_LABEL: NAME_VALUE, MANAGED_BY_LABEL: MANAGED_BY_VALUE}
+# The Pod's own name, which its Service (NodePort, LoadBalancer exposure) selects on.
+INSTANCE_LABEL = "app.kubernetes.io/instance"
+RESERVED_LABELS = (*FIXED_LABELS, INSTANCE_LABEL)
 TAGS_ANNOTATION = "crawl.example.com/tags"
 SQUID_CONF_ANNOTATION = "crawl.example.com/squid-conf"
 PASSWD_ANNOTATION = "crawl.example.com/squid-passwd"
@@ -69,6 +80,19 @@ PASSWD_MODE = 0o444
 HOSTNAME_TOPOLOGY_KEY = "kubernetes.io/hostname"
 # squid's own shutdown_lifetime in the default config is 3 s; this leaves it room.
 TERMINATION_GRACE_SECONDS = 10
+# The Pod passes the "restricted" Pod Security Standard (k8s.io/pod-security-admission, policy/
+# check_runAsNonRoot.go, check_seccompProfile_restricted.go, check_allowPrivilegeEscalation.go,
+# check_capabilities_restricted.go), so it is admitted in a namespace enforcing it: squid runs as
+# the Debian/Ubuntu ``proxy`` user (uid and gid 13, which the squid images' own
+# cache_effective_user is) without root, privilege escalation or any capability, under the
+# runtime's default seccomp profile. As non-root it cannot bind ports below 1024 (without
+# NET_BIND_SERVICE in its effective set, which a non-root process does not get), so those are
+# refused. Measured with squid 5.7 as uid 13 and the default squid.conf: it starts and serves.
+SQUID_UID = 13
+UNPRIVILEGED_PORT_START = 1024
+POD_SECURITY_CONTEXT: Dict[str, Any] = {"runAsNonRoot": True, "runAsUser": SQUID_UID, "runAsGroup": SQUID_UID,
+                                        "seccompProfile": {"type": "RuntimeDefault"}}
+CONTAINER_SECURITY_CONTEXT: Dict[str, Any] = {"allowPrivilegeEscalation": False, "privileged": False}
 
 # What squid serves when the provider config has no squidConfig: a forward proxy for
 # clients from the provider config's default allowed sources only (an open proxy on a node
@@ -120,12 +144,13 @@ def tag_labels(tags: Mapping[str, str]) -> Dict[str, str]:
     return {key: value for key, value in tags.items() if is_label_key(key) and is_label_value(value)}
 
 
-def pod_labels(tags: Mapping[str, str]) -> Dict[str, str]:
+def pod_labels(tags: Mapping[str, str], name: str) -> Dict[str, str]:
     for key in tags:
-        if key in FIXED_LABELS:
+        if key in RESERVED_LABELS:
             raise Permanent("tags.%s: is reserved for the label the Kubernetes provider sets itself; "
                             "use another tag key" % key)
     labels = dict(FIXED_LABELS)
+    labels[INSTANCE_LABEL] = name
     labels.update(tag_labels(tags))
     return labels
 
@@ -158,33 +183,21 @@ def squid_conf(settings: KubernetesSettings, port: int, access: Optional[Access]
 
 def build_pod(settings: KubernetesSettings, request: InstanceRequest, namespace: str) -> Dict[str, Any]:
     """The Pod manifest for ``request`` in ``namespace`` (a plain dict, as the API takes it)."""
-    labels = pod_labels(request.tags)
-    port: Dict[str, Any] = {"name": PORT_NAME, "containerPort": request.port, "protocol": "TCP"}
-    if settings.host_network:
-        # The API server defaults hostPort to containerPort with hostNetwork; stating it keeps
-        # the manifest equal to what is stored, and the scheduler never puts two on one port.
-        port["hostPort"] = request.port
-    container: Dict[str, Any] = {
-        "name": CONTAINER_NAME,
-        "image": settings.image,
-        "command": ["squid", "-N", "-f", "%s/%s" % (CONF_DIR, CONF_FILE)],
-        "ports": [port],
-        "readinessProbe": {"tcpSocket": {"port": PORT_NAME}, "initialDelaySeconds": 2, "periodSeconds": 5,
-                           "timeoutSeconds": 2, "failureThreshold": 3},
-        "resources": {"requests": {"cpu": settings.cpu_request, "memory": settings.memory_request}},
-        "volumeMounts": [{"name": CONF_VOLUME, "mountPath": CONF_DIR, "readOnly": True}],
-    }
+    if request.port < UNPRIVILEGED_PORT_START:
+        raise Permanent("port: %d is below %d: squid runs as an unprivileged user (the Pod passes the restricted Pod "
+                        "Security Standard) and cannot listen there; use a port of %d or more" % (
+                            request.port, UNPRIVILEGED_PORT_START, UNPRIVILEGED_PORT_START))
+    labels = pod_labels(request.tags, request.name)
     spec: Dict[str, Any] = {
-        "containers": [container],
+        "containers": [_container(settings, request.port)],
         "restartPolicy": "Always",
         "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
         # squid needs neither the API nor Service environment variables.
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
-        "volumes": [{"name": CONF_VOLUME, "downwardAPI": {"items": [{
-            "path": CONF_FILE,
-            "fieldRef": {"fieldPath": "metadata.annotations['%s']" % SQUID_CONF_ANNOTATION},
-        }]}}],
+        "securityContext": dict(POD_SECURITY_CONTEXT),
+        "volumes": [{"name": CONF_VOLUME,
+                     "downwardAPI": {"items": [_annotation_file(CONF_FILE, SQUID_CONF_ANNOTATION)]}}],
     }
     annotations = {
         TAGS_ANNOTATION: json.dumps(request.tags, sort_keys=True, separators=(",", ":")),
@@ -192,32 +205,75 @@ def build_pod(settings: KubernetesSettings, request: InstanceRequest, namespace:
     }
     if request.access is not None and request.access.users:
         annotations[PASSWD_ANNOTATION] = render_password_file(request.access)
-        spec["volumes"][0]["downwardAPI"]["items"].append({
-            "path": PASSWD_FILE, "mode": PASSWD_MODE,
-            "fieldRef": {"fieldPath": "metadata.annotations['%s']" % PASSWD_ANNOTATION},
-        })
+        spec["volumes"][0]["downwardAPI"]["items"].append(
+            dict(_annotation_file(PASSWD_FILE, PASSWD_ANNOTATION), mode=PASSWD_MODE))
     if settings.host_network:
         spec["hostNetwork"] = True
         spec["dnsPolicy"] = "ClusterFirstWithHostNet"
     if settings.spread_nodes:
-        selector = {key: labels[key] for key in (MANAGED_BY_LABEL, OWNER_TAG) if key in labels}
-        # ScheduleAnyway: with more Proxies than nodes the extra ones still run (sharing a
-        # node's IP) instead of staying Pending; the scheduler still spreads them evenly.
-        spec["topologySpreadConstraints"] = [{
-            "maxSkew": 1, "topologyKey": HOSTNAME_TOPOLOGY_KEY, "whenUnsatisfiable": "ScheduleAnyway",
-            "labelSelector": {"matchLabels": selector},
-        }]
+        spec["topologySpreadConstraints"] = [_spread(labels)]
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": request.name, "namespace": namespace, "labels": labels, "annotations": annotations},
+            "spec": spec}
+
+
+def _container(settings: KubernetesSettings, port: int) -> Dict[str, Any]:
+    """squid in the foreground on ``port``, unprivileged (CONTAINER_SECURITY_CONTEXT)."""
+    declared: Dict[str, Any] = {"name": PORT_NAME, "containerPort": port, "protocol": "TCP"}
+    if settings.exposure in ("hostPort", "hostNetwork"):
+        # The node's port: the scheduler never puts two Pods with the same hostPort on one node
+        # (the API server defaults hostPort to containerPort with hostNetwork; stated, the
+        # manifest equals what is stored).
+        declared["hostPort"] = port
     return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": request.name,
-            "namespace": namespace,
-            "labels": labels,
-            "annotations": annotations,
-        },
-        "spec": spec,
+        "name": CONTAINER_NAME,
+        "image": settings.image,
+        "command": ["squid", "-N", "-f", "%s/%s" % (CONF_DIR, CONF_FILE)],
+        "ports": [declared],
+        "readinessProbe": {"tcpSocket": {"port": PORT_NAME}, "initialDelaySeconds": 2, "periodSeconds": 5,
+                           "timeoutSeconds": 2, "failureThreshold": 3},
+        "resources": {"requests": {"cpu": settings.cpu_request, "memory": settings.memory_request}},
+        "securityContext": dict(CONTAINER_SECURITY_CONTEXT, capabilities={"drop": ["ALL"]}),
+        "volumeMounts": [{"name": CONF_VOLUME, "mountPath": CONF_DIR, "readOnly": True}],
     }
+
+
+def _annotation_file(path: str, annotation: str) -> Dict[str, Any]:
+    return {"path": path, "fieldRef": {"fieldPath": "metadata.annotations['%s']" % annotation}}
+
+
+def _spread(labels: Mapping[str, str]) -> Dict[str, Any]:
+    """Over nodes, among the owner's Pods. ScheduleAnyway: with more Proxies than nodes the extra
+    ones still run (sharing a node's IP) instead of staying Pending; the scheduler still spreads
+    them evenly."""
+    selector = {key: labels[key] for key in (MANAGED_BY_LABEL, OWNER_TAG) if key in labels}
+    return {"maxSkew": 1, "topologyKey": HOSTNAME_TOPOLOGY_KEY, "whenUnsatisfiable": "ScheduleAnyway",
+            "labelSelector": {"matchLabels": selector}}
+
+
+def build_service(settings: KubernetesSettings, request: InstanceRequest, pod: Mapping[str, Any]) -> Dict[str, Any]:
+    """The Service exposing ``pod`` (created, so it has its uid) when the exposure is a Service one.
+
+    Its name, labels and tags annotation are the Pod's, so it lists and is cleaned up with it;
+    an ownerReference to the Pod lets a real cluster's garbage collector remove it with the Pod
+    too. ``externalTrafficPolicy: Local`` keeps the client's address (squid's source allowlist
+    sees the crawler, not a node that forwarded it) and sends traffic only to the Pod's node; a
+    LoadBalancer also gets the allowed sources as ``loadBalancerSourceRanges``.
+    """
+    meta = pod["metadata"]
+    spec: Dict[str, Any] = {
+        "type": settings.exposure,
+        "selector": {MANAGED_BY_LABEL: MANAGED_BY_VALUE, INSTANCE_LABEL: meta["name"]},
+        "ports": [{"name": PORT_NAME, "port": request.port, "targetPort": PORT_NAME, "protocol": "TCP"}],
+        "externalTrafficPolicy": "Local",
+    }
+    if settings.exposure == "LoadBalancer" and request.access is not None and request.access.allowed_sources:
+        spec["loadBalancerSourceRanges"] = list(request.access.allowed_sources)
+    return {"apiVersion": "v1", "kind": "Service", "metadata": {
+        "name": meta["name"], "namespace": meta["namespace"], "labels": dict(meta["labels"]),
+        "annotations": {TAGS_ANNOTATION: meta["annotations"][TAGS_ANNOTATION]},
+        "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": meta["name"], "uid": meta.get("uid", "")}]},
+        "spec": spec}
 
 
 # -- reading a Pod back ----------------------------------------------------------------------
@@ -251,9 +307,16 @@ def pod_tags(pod: Mapping[str, Any]) -> Dict[str, str]:
     return {key: value for key, value in tags.items() if isinstance(key, str) and isinstance(value, str)}
 
 
-def _ready(status: Mapping[str, Any]) -> bool:
+def _condition(status: Mapping[str, Any], kind: str) -> Optional[str]:
     conditions: List[Mapping[str, Any]] = status.get("conditions") or []
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+    return next((str(c.get("status")) for c in conditions if c.get("type") == kind), None)
+
+
+def _node_lost(status: Mapping[str, Any]) -> bool:
+    """Not Ready although its containers are: only the node lifecycle controller writes that
+    (``MarkPodsNotReady`` flips the Ready condition alone when the node stops reporting; the
+    kubelet would have turned ContainersReady False too, and our Pods have no readiness gates)."""
+    return _condition(status, "Ready") == "False" and _condition(status, "ContainersReady") == "True"
 
 
 def _failing(status: Mapping[str, Any]) -> bool:
@@ -273,12 +336,16 @@ def pod_state(pod: Mapping[str, Any]) -> str:
     if phase in ("Pending", "Running") and _failing(status):
         return "error"
     if phase == "Running":
-        return "running" if _ready(status) else "pending"
+        if _condition(status, "Ready") == "True":
+            return "running"
+        # A lost node's Pods stay Running (nobody reports otherwise) until they are evicted and
+        # then terminating for as long as the node is gone: not serving, so replaced like any.
+        return "error" if _node_lost(status) else "pending"
     if phase == "Pending":
         return "pending"
     if phase == "Succeeded":
         return "stopped"
-    return "error"  # Failed, Unknown (node lost), anything newer than this code
+    return "error"  # Failed, Unknown (defined, set by no current component), anything newer than this code
 
 
 def pod_ip(pod: Mapping[str, Any]) -> Optional[str]:
@@ -289,9 +356,37 @@ def pod_ip(pod: Mapping[str, Any]) -> Optional[str]:
     return status.get("podIP") or None
 
 
-def pod_instance(pod: Mapping[str, Any]) -> Instance:
+def pod_endpoint(pod: Mapping[str, Any], exposure: str, service: Optional[Mapping[str, Any]]) -> Optional[str]:
+    """What a crawler dials: the Pod IP and its port (``none``), its node's address and the port
+    (``hostPort``, ``hostNetwork``), its node's address and the Service's node port
+    (``NodePort``: externalTrafficPolicy Local serves it on the Pod's node only), or the load
+    balancer's address and the Service's port (``LoadBalancer``); None until known."""
+    status = pod.get("status") or {}
+    containers = (pod.get("spec") or {}).get("containers") or [{}]
+    port = ((containers[0].get("ports") or [{}])[0]).get("containerPort")
+    if exposure == "none":
+        return endpoint_of(status.get("podIP"), port)
+    if exposure in ("hostPort", "hostNetwork"):
+        return endpoint_of(status.get("hostIP"), port)
+    if service is None:
+        return None
+    service_port = ((service.get("spec") or {}).get("ports") or [{}])[0]
+    if exposure == "NodePort":
+        return endpoint_of(status.get("hostIP"), service_port.get("nodePort"))
+    ingress = (((service.get("status") or {}).get("loadBalancer") or {}).get("ingress") or [{}])[0]
+    return endpoint_of(ingress.get("ip") or ingress.get("hostname"), service_port.get("port"))
+
+
+def pod_instance(pod: Mapping[str, Any], exposure: str = "none",
+                 service: Optional[Mapping[str, Any]] = None) -> Instance:
+    """The instance of ``pod`` (and, for a Service exposure, its ``service``). A running Pod whose
+    endpoint is not known yet (no load balancer address) is pending; one whose Service is gone
+    is in error (crawlers cannot reach it; it is replaced)."""
     meta = _metadata(pod)
     namespace, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
+    state, endpoint = pod_state(pod), pod_endpoint(pod, exposure, service)
+    if state == "running" and endpoint is None:
+        state = "error" if exposure in SERVICE_EXPOSURES and service is None else "pending"
     return Instance(
-        provider_id=format_provider_id("k8s", namespace, name), name=name, location=namespace,
-        state=pod_state(pod), ip=pod_ip(pod), tags=pod_tags(pod), created=meta.get("creationTimestamp"))
+        provider_id=format_provider_id("k8s", namespace, name), name=name, location=namespace, state=state,
+        ip=pod_ip(pod), endpoint=endpoint, tags=pod_tags(pod), created=meta.get("creationTimestamp"))

@@ -25,12 +25,17 @@ class KubernetesSettings:
     """Path of a kubeconfig file; None = in-cluster config (KUBERNETES_SERVICE_HOST)."""
     squid_config: Optional[str] = None
     """A squid.conf without ``http_port`` (the module adds one per Proxy); None = the built-in default."""
-    host_network: bool = False
+    exposure: str = "none"
+    """How crawlers reach a Pod (EXPOSURES): its own IP, a node's address, or a load balancer's."""
     spread_nodes: bool = True
     cpu_request: str = "100m"
     memory_request: str = "128Mi"
     namespaces: Tuple[str, ...] = ()
     """Further namespaces a Proxy may name as its ``location`` (listing covers them all)."""
+
+    @property
+    def host_network(self) -> bool:
+        return self.exposure == "hostNetwork"
 
     @property
     def locations(self) -> Tuple[str, ...]:
@@ -44,6 +49,12 @@ NAMESPACE_RULE = "is not a valid Kubernetes namespace name (RFC 1123 label: lowe
 # A Kubernetes resource quantity as requests take it ("100m", "0.5", "128Mi", "1G").
 QUANTITY_RE = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
 QUANTITY_RULE = "is not a Kubernetes quantity such as 100m, 0.5, 128Mi or 1Gi"
+# How a Proxy's Pod is reached (docs/kubernetes-provider.md, "Exposure"): its Pod IP (crawlers in
+# the cluster or a flat network); a port on its node (hostPort: the Pod's own network namespace;
+# hostNetwork: the node's); or a Service per Pod (NodePort: the node's address and an allocated
+# node port; LoadBalancer: the cloud load balancer's address).
+EXPOSURES = ("none", "hostPort", "hostNetwork", "NodePort", "LoadBalancer")
+SERVICE_EXPOSURES = ("NodePort", "LoadBalancer")
 # squid.conf travels in a Pod annotation (all annotations together are capped at 256 KiB).
 SQUID_CONFIG_MAX_BYTES = 64 * 1024
 _HTTP_PORT_LINE = re.compile(r"^[ \t]*http_port\b", re.MULTILINE)
@@ -51,7 +62,10 @@ _HTTP_PORT_LINE = re.compile(r"^[ \t]*http_port\b", re.MULTILINE)
 
 def parse_kubernetes_section(reader: Reader, errors: Errors) -> Optional[KubernetesSettings]:
     start = len(errors)
-    reader.only(errors, "namespace", "namespaces", "image", "kubeconfig", "squidConfig", "hostNetwork",
+    if reader.has("hostNetwork"):
+        errors.add("%s: was replaced by exposure: write exposure: hostNetwork for true, or drop it for false" % (
+            reader.at("hostNetwork")))
+    reader.only(errors, "namespace", "namespaces", "image", "kubeconfig", "squidConfig", "hostNetwork", "exposure",
                 "spreadNodes", "cpuRequest", "memoryRequest")
     namespace = errors.read(reader.string, "namespace", pattern=NAMESPACE_RE, rule=NAMESPACE_RULE)
     namespaces: List[str] = []
@@ -73,14 +87,14 @@ def parse_kubernetes_section(reader: Reader, errors: Errors) -> Optional[Kuberne
         elif _HTTP_PORT_LINE.search(squid_config):
             errors.add("%s: must not contain http_port: the module adds 'http_port <port>' from each "
                        "Proxy's port; remove the line" % reader.at("squidConfig"))
-    host_network = errors.read(reader.boolean, "hostNetwork", False)
+    exposure = errors.read(reader.choice, "exposure", EXPOSURES, "none")
     spread_nodes = errors.read(reader.boolean, "spreadNodes", True)
     cpu_request = errors.read(reader.string, "cpuRequest", "100m", pattern=QUANTITY_RE, rule=QUANTITY_RULE)
     memory_request = errors.read(reader.string, "memoryRequest", "128Mi", pattern=QUANTITY_RE, rule=QUANTITY_RULE)
-    if len(errors) > start or namespace is None or image is None or host_network is None or spread_nodes is None \
+    if len(errors) > start or namespace is None or image is None or exposure is None or spread_nodes is None \
             or cpu_request is None or memory_request is None:
         return None
     return KubernetesSettings(
         namespace=namespace, image=image, kubeconfig=kubeconfig, squid_config=squid_config,
-        host_network=host_network, spread_nodes=spread_nodes, cpu_request=cpu_request,
+        exposure=exposure, spread_nodes=spread_nodes, cpu_request=cpu_request,
         memory_request=memory_request, namespaces=tuple(namespaces))

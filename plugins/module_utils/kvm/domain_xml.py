@@ -43,6 +43,7 @@ class DomainInfo:
     tags: Dict[str, str]
     created: Optional[str]
     macs: List[str]
+    port: Optional[int] = None
 
 
 def _sub(parent: ET.Element, tag: str, text: Optional[str] = None, **attrib: str) -> ET.Element:
@@ -126,5 +127,6 @@ def parse_domain_xml(xml: str) -> DomainInfo:
         tag.get("key", ""): tag.text or ""
         for tag in instance.findall("./{%s}tags/{%s}tag" % (METADATA_NS, METADATA_NS))
     }
+    port = instance.findtext("{%s}port" % METADATA_NS) or ""
     return DomainInfo(name=name, ours=True, tags=tags, created=instance.findtext("{%s}created" % METADATA_NS),
-                      macs=macs)
+                      macs=macs, port=int(port) if port.isdigit() else None)

@@ -42,6 +42,7 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.instance impo
     InstanceRequest,
     ListResult,
     choose_key,
+    endpoint_of,
     matches_tags,
 )
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.addresses import domain_ip
@@ -162,10 +163,10 @@ class KvmProvider:
             state = _state_names().get(domain.state(0)[0], "error")
         except libvirt.libvirtError as error:
             raise classify(error, "reading state of domain %s on host %s" % (info.name, host.name)) from error
+        ip = domain_ip(domain, info.macs) if with_ip and state == "running" else None
         return Instance(
             provider_id=format_provider_id("kvm", host.name, info.name),
-            name=info.name, location=host.name, state=state,
-            ip=domain_ip(domain, info.macs) if with_ip and state == "running" else None,
+            name=info.name, location=host.name, state=state, ip=ip, endpoint=endpoint_of(ip, info.port),
             tags=info.tags, created=info.created)
 
     # -- get / list ------------------------------------------------------------------------

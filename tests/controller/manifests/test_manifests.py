@@ -22,9 +22,13 @@ import pytest
 import yaml
 
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.config import parse_provider_config
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.instance import InstanceRequest
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.k8s.pods import build_pod
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.k8s.settings import KubernetesSettings
 from egress_proxies.cli import parse_args
 from egress_proxies.resources import proxy as model
 from egress_proxies.resources.conditions import READY, condition
+from support.kube_admission import pod_security_violation
 
 ROOT = Path(__file__).resolve().parents[3]
 MANIFESTS = ROOT / "controller" / "manifests"
@@ -262,7 +266,9 @@ def test_rbac_is_least_privilege() -> None:
                                        ("", "secrets", ("get", "list", "create", "update", "delete"))}
     # The Kubernetes provider's Pods, in its namespace only: no update/patch/watch, no exec or logs.
     assert one("Role", PODS_ROLE)["metadata"]["namespace"] == PODS_NAMESPACE
-    assert rules("Role", PODS_ROLE) == {("", "pods", ("get", "list", "create", "delete"))}
+    # A Pod, and its Service with exposure NodePort or LoadBalancer: made, read, listed, deleted.
+    assert rules("Role", PODS_ROLE) == {("", "pods", ("get", "list", "create", "delete")),
+                                        ("", "services", ("get", "list", "create", "delete"))}
     roles = [one("ClusterRole"), one("Role", OWN_ROLE), one("Role", PODS_ROLE)]
     assert len([obj for _, obj in objects() if obj["kind"] in ("ClusterRole", "Role")]) == len(roles)
     for role in roles:
@@ -278,8 +284,13 @@ def test_rbac_is_least_privilege() -> None:
 
 
 def test_the_pods_namespace_exists_and_admits_squid() -> None:
+    # The strictest Pod Security level, and the provider's Pod passes it (the emulator's PodSecurity
+    # admission, tests/support/kube_admission.py).
     namespace = one("Namespace", PODS_NAMESPACE)
-    assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "baseline"
+    assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+    request = InstanceRequest(name="eu-1", user_data=b"", tags={"crawl.example.com/owner": "o"})
+    pod = build_pod(KubernetesSettings(namespace=PODS_NAMESPACE, image="squid"), request, PODS_NAMESPACE)
+    assert pod_security_violation(namespace, pod) is None
 
 
 def test_bindings_grant_the_roles_to_the_controller_service_account() -> None:

@@ -85,6 +85,21 @@ def test_with_credentials_the_target_also_expects_a_private_proxy() -> None:
     assert probe.expect_private and probe.credentials == ProbeCredentials("u", "secret")
 
 
+def test_the_target_is_the_endpoint_the_provider_hands_out_not_the_instances_own_address() -> None:
+    # A Pod behind a NodePort: its own address is the Pod IP, crawlers (and so the probe) dial
+    # the node's address and the node port (docs/contract.md, the instance's endpoint).
+    behind = Instance(provider_id="k8s://namespaces/egress/pods/p-1", state="running", ip="10.244.1.7",
+                      endpoint="192.0.2.21:31234")
+    probe = probe_target(settings(httpUrl="http://example.test/"), Proxy("crawlers", "eu-1", "uid-1", {}), behind)
+    assert (probe.host, probe.port, probe.endpoint) == ("192.0.2.21", 31234, "192.0.2.21:31234")
+    v6 = Instance(provider_id="k8s://namespaces/egress/pods/p-2", state="running", ip="fd00::7",
+                  endpoint="[2001:db8::1]:3128")
+    assert probe_target(settings(httpUrl="http://example.test/"), Proxy("crawlers", "eu-1", "uid-1", {}),
+                        v6).host == "2001:db8::1"
+    assert target_key(behind, 3128) != target_key(Instance(provider_id=behind.provider_id, state="running",
+                                                           ip="10.244.1.7", endpoint="192.0.2.22:31234"), 3128)
+
+
 def test_an_outcome_belongs_to_one_instance_at_one_address() -> None:
     moved = Instance(provider_id=INSTANCE.provider_id, state="running", ip="192.0.2.11")
     replaced = Instance(provider_id="kvm://hosts/h1/domains/p-eu-1-2", state="running", ip="192.0.2.10")

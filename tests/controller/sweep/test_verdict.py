@@ -124,6 +124,18 @@ def test_warnings_about_privacy_are_emitted_once_when_they_start(
     assert [event[:2] for event in verdict.events] == events
 
 
+def test_the_endpoint_is_the_providers_and_the_ip_the_instances_own() -> None:
+    # A Pod exposed by a LoadBalancer Service: crawlers dial the load balancer, status.ip stays the
+    # Pod's own address (docs/contract.md, "Status").
+    exposed = Instance(provider_id="k8s://namespaces/egress/pods/p-a", name="p-a", location="egress",
+                       state="running", ip="10.244.1.7", endpoint="198.51.100.20:3128")
+    verdict = judge({}, Observation(exposed, 3128, probed=True, outcome=outcome(True)), NOW)
+    assert (verdict.fields["ip"], verdict.fields["endpoint"]) == ("10.244.1.7", "198.51.100.20:3128")
+    assert "198.51.100.20:3128" in verdict.ready[2]
+    # Without one (a collection older than the endpoint), ip:port as before.
+    assert judge({}, Observation(RUNNING, 8080), NOW).fields["endpoint"] == "192.0.2.10:8080"
+
+
 def test_a_ready_instance_keeps_its_address_when_the_provider_cannot_read_it() -> None:
     unknown = Instance(ID, state="running", ip=None)
     assert with_known_address(ready_status(), unknown).ip == "192.0.2.10"

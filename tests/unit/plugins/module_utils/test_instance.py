@@ -9,6 +9,7 @@ import pytest
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.errors import PERMANENT, Permanent
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.instance import (
     Instance,
+    endpoint_of,
     matches_tags,
     validate_name,
     validate_port,
@@ -127,9 +128,18 @@ def test_an_instance_without_tags_matches_only_an_empty_wish() -> None:
 def test_instance_dict_has_the_contract_shape() -> None:
     tags = {"crawl.example.com/owner": "o"}
     instance = Instance(provider_id="kvm://hosts/h/domains/d", name="d", location="h", state="running",
-                        ip="192.0.2.10", tags=tags, created="2026-01-01T00:00:00Z")
+                        ip="192.0.2.10", tags=tags, created="2026-01-01T00:00:00Z",
+                        endpoint=endpoint_of("192.0.2.10", 3128))
     result = instance.to_dict()
     assert result == {"provider_id": "kvm://hosts/h/domains/d", "name": "d", "location": "h",
-                      "state": "running", "ip": "192.0.2.10", "tags": tags, "created": "2026-01-01T00:00:00Z"}
+                      "state": "running", "ip": "192.0.2.10", "endpoint": "192.0.2.10:3128", "tags": tags,
+                      "created": "2026-01-01T00:00:00Z"}
     result["tags"]["x"] = "y"
     assert instance.tags == {"crawl.example.com/owner": "o"}
+
+
+def test_an_endpoint_is_host_and_port_with_brackets_for_ipv6() -> None:
+    assert endpoint_of("192.0.2.10", 8080) == "192.0.2.10:8080"
+    assert endpoint_of("2001:db8::7", 3128) == "[2001:db8::7]:3128"
+    assert endpoint_of("lb.example.com", 3128) == "lb.example.com:3128"
+    assert endpoint_of(None, 3128) is None and endpoint_of("192.0.2.10", None) is None

@@ -11,11 +11,17 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from google.oauth2.credentials import Credentials as OAuthCredentials
 
-from ansible_collections.crawl.egress_proxies.plugins.module_utils.config import parse_provider_config
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.config import (
+    DEFAULT_ALLOWED_SOURCES,
+    parse_provider_config,
+)
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.errors import NotFound, Permanent, Transient
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.gcp import client as client_module
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.gcp.checks import check_backend
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.gcp.client import ComputeClient
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.gcp.firewall import ProviderIdentity
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.gcp.instances import (
     GcpProvider,
     state_of,
@@ -24,11 +30,13 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.gcp.instances
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.gcp.labels import TAGS_METADATA_KEY, encode_tags
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.gcp.settings import GcpSettings
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.instance import InstanceRequest
-from support.compute_emulator import ComputeEmulator
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.squid_access import parse_access
+from support.compute_emulator import DEFAULT_VM_SCOPES, ComputeEmulator
 
 ZONES = ("europe-west1-b", "europe-west4-a")
 TAGS = {"crawl.example.com/owner": "test-owner", "crawl.example.com/proxy": "crawlers/eu-1"}
 NAME = "crawlers-eu-1-3f9c2a"
+IDENTITY = ProviderIdentity("cloud", "test-owner", DEFAULT_ALLOWED_SOURCES)
 
 
 def gcp_settings(endpoint: str, **gcp: Any) -> GcpSettings:
@@ -55,14 +63,14 @@ def warnings() -> list[str]:
 @pytest.fixture
 def provider(emulator: ComputeEmulator, warnings: list[str]) -> Iterator[GcpProvider]:
     settings = gcp_settings(emulator.endpoint)
-    made = GcpProvider(settings, ComputeClient(settings), warnings.append)
+    made = GcpProvider(settings, ComputeClient(settings), IDENTITY, warnings.append)
     yield made
     made.close()
 
 
 def provider_for(emulator: ComputeEmulator, warnings: list[str] | None = None, **gcp: Any) -> GcpProvider:
     settings = gcp_settings(emulator.endpoint, **gcp)
-    return GcpProvider(settings, ComputeClient(settings), None if warnings is None else warnings.append)
+    return GcpProvider(settings, ComputeClient(settings), IDENTITY, None if warnings is None else warnings.append)
 
 
 def request(**overrides: Any) -> InstanceRequest:
@@ -116,8 +124,9 @@ def test_a_failed_operation_is_classified_and_leaves_nothing(provider: GcpProvid
     assert emulator.instances == {}
 
 
-def test_an_operation_that_does_not_finish_in_time_is_transient(provider: GcpProvider,
+def test_an_operation_that_does_not_finish_in_time_is_transient(emulator: ComputeEmulator,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    provider = provider_for(emulator, firewall="external")  # only the insert's operation
     monkeypatch.setattr(client_module, "OPERATION_TIMEOUT_SECONDS", 0.0)
     with pytest.raises(Transient, match="still not done"):
         provider.create(request(location=ZONES[0]), False)
@@ -131,7 +140,7 @@ def test_an_unreachable_endpoint_is_transient(emulator: ComputeEmulator) -> None
     emulator.__exit__(None, None, None)  # nothing listens there any more
     settings = gcp_settings(endpoint)
     with pytest.raises(Transient, match="ConnectionError"):
-        GcpProvider(settings, ComputeClient(settings)).get(pid(ZONES[0]))
+        GcpProvider(settings, ComputeClient(settings), IDENTITY).get(pid(ZONES[0]))
 
 
 def test_a_conflict_on_insert_means_it_exists(provider: GcpProvider, emulator: ComputeEmulator) -> None:
@@ -194,7 +203,7 @@ def test_an_owner_that_cannot_be_a_label_lists_nothing_without_asking(provider: 
 def test_the_internal_ip_is_used_without_a_nat(emulator: ComputeEmulator) -> None:
     settings = gcp_settings(emulator.endpoint)
     without_nat = GcpSettings(**{**settings.__dict__, "external_ip": False})
-    provider = GcpProvider(without_nat, ComputeClient(without_nat))
+    provider = GcpProvider(without_nat, ComputeClient(without_nat), IDENTITY)
     _, created = provider.create(request(location=ZONES[0]), False)
     assert created.ip is not None and created.ip.startswith("10.128.")
     assert "accessConfigs" not in str(emulator.requests_to("POST", "/instances$")[0].body)
@@ -241,15 +250,16 @@ def test_an_operation_longer_than_one_wait_hold_is_waited_out(emulator: ComputeE
     scale_time(monkeypatch, 1 / 60)
     emulator.wait_hold_seconds = 120 / 60
     emulator.operation_seconds = 180 / 60
-    provider = provider_for(emulator)
+    provider = provider_for(emulator, firewall="external")  # only the insert's operation
     changed, created = provider.create(request(location=ZONES[0]), False)
     assert (changed, created.state) == (True, "running")
     waits = emulator.requests_to("POST", r"/operations/[^/]+/wait$")
     assert len(waits) == 2  # the first held to its end and answered RUNNING, the second DONE
 
 
-def test_a_slow_delete_is_retried_while_still_deleting(provider: GcpProvider, emulator: ComputeEmulator,
+def test_a_slow_delete_is_retried_while_still_deleting(emulator: ComputeEmulator,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    provider = provider_for(emulator, firewall="external")  # only the instance's operations
     provider.create(request(location=ZONES[0]), False)
     emulator.operation_seconds = 1.5
     emulator.wait_hold_seconds = 0.2
@@ -292,21 +302,23 @@ def test_a_stock_out_where_the_instance_cannot_move_is_transient_and_says_why(pr
 
 
 @pytest.mark.parametrize(
-    ("break_it", "field"),
-    [(lambda e: e.images.clear(), "image"),
-     (lambda e: e.machine_types[ZONES[0]].discard("e2-small"), "machine_type")],
+    ("break_it", "field", "answer"),
+    [(lambda e: e.images.clear(), "image", ("404 ", ("The resource 'projects/debian-cloud/global/images/family/"
+                                                   "debian-12' was not found"))),
+     (lambda e: e.machine_types[ZONES[0]].discard("e2-small"), "machine_type",
+      ("400 ", f"Machine type with name 'e2-small' does not exist in zone '{ZONES[0]}'."))],
     ids=["image", "machine_type"],
 )
 def test_a_missing_image_or_machine_type_on_insert_is_permanent_naming_the_field(
-        provider: GcpProvider, emulator: ComputeEmulator, break_it: Any, field: str) -> None:
+        provider: GcpProvider, emulator: ComputeEmulator, break_it: Any, field: str, answer: tuple[str, str]) -> None:
     break_it(emulator)
     with pytest.raises(Permanent) as caught:
         provider.create(request(location=ZONES[0]), False)
     message = str(caught.value)
     assert message.startswith(field + ":"), message
-    assert "404" in message and "was not found" in message
+    assert all(part in message for part in answer), message
     assert emulator.instances == {}
-    assert emulator.requests_to("POST", r"/operations/") == []  # refused synchronously, no operation
+    assert emulator.requests_to("POST", r"/zones/.*/operations/") == []  # refused synchronously, no operation
 
 
 def test_a_zone_that_does_not_exist_is_not_found_for_get_and_delete(provider: GcpProvider,
@@ -404,3 +416,224 @@ def test_a_terminated_instance_is_reported_stopped_for_self_healing(provider: Gc
     changed, found = provider.create(request(), False)
     assert (changed, found.state, found.location) == (False, "stopped", ZONES[0])
     assert [i.state for i in provider.list(TAGS).instances] == ["stopped"]
+
+
+# -- what a stock image runs (issue 29, GCP row 1) -------------------------------------------------
+
+
+def test_on_a_stock_debian_image_the_startup_script_installs_squid_since_user_data_never_runs(
+        provider: GcpProvider, emulator: ComputeEmulator) -> None:
+    # Debian's GCE image runs the startup-script and no user-data (the emulator's ImageKind):
+    # a cloudInit installing squid does nothing there, so the provider's own script must.
+    cloud_config = b"#cloud-config\npackages: [squid]\n"
+    provider.create(request(location=ZONES[0], user_data=cloud_config), False)
+    boot = emulator.boot(ZONES[0], NAME)
+    assert boot.user_data is None
+    script = boot.startup_script
+    assert script is not None and script.startswith("#!/bin/sh\n")
+    assert "apt-get" in script and "install squid" in script and "cloud-init status --wait" in script
+    assert emulator.metadata(ZONES[0], NAME)["user-data"] == cloud_config.decode()  # still the user's, untouched
+
+
+def test_where_cloud_init_exists_the_user_data_runs_and_the_script_waits_for_it(emulator: ComputeEmulator) -> None:
+    ubuntu = "projects/ubuntu-os-cloud/global/images/family/ubuntu-2404-lts-amd64"
+    provider = provider_for(emulator, images={"ubuntu": ubuntu})
+    provider.create(request(location=ZONES[0]), False)
+    boot = emulator.boot(ZONES[0], NAME)
+    assert boot.user_data == "#cloud-config\n" and boot.startup_script is not None
+
+
+# -- the firewall (row 2) -------------------------------------------------------------------------
+
+CRAWLER = "198.51.100.7"
+
+
+def our_rules(emulator: ComputeEmulator) -> list[dict[str, Any]]:
+    return [rule for rule in emulator.firewalls.values() if rule["name"].startswith("egress-proxies-")]
+
+
+def firewall_writes(emulator: ComputeEmulator) -> int:
+    return len([r for r in emulator.requests if "/global/firewalls" in r.path and r.method != "GET"])
+
+
+def test_the_provider_opens_the_proxy_ports_to_the_allowed_sources_and_closes_them_with_the_last_instance(
+        provider: GcpProvider, emulator: ComputeEmulator) -> None:
+    # The default VPC admits nothing on the proxy port from outside (implied deny ingress); the
+    # provider keeps one rule for all its instances: their ports from their sources (IPv4).
+    crawlers = parse_access({"open": True, "allowed_sources": ["198.51.100.0/24", "fd00::/8"]})
+    others = parse_access({"open": True, "allowed_sources": ["192.0.2.0/24"]})
+    provider.create(request(location=ZONES[0], access=crawlers, port=8080), False)
+    assert emulator.reachable(CRAWLER, ZONES[0], NAME, 8080)
+    assert not emulator.reachable("203.0.113.9", ZONES[0], NAME, 8080)  # not an allowed source
+    assert not emulator.reachable(CRAWLER, ZONES[0], NAME, 3128)  # not its port
+    provider.create(request(name="p-2", location=ZONES[1], access=others), False)
+    (rule,) = our_rules(emulator)  # one rule per provider, the union of what its instances need
+    assert (sorted(rule["sourceRanges"]), rule["allowed"]) == (["192.0.2.0/24", "198.51.100.0/24"],
+                                                             [{"IPProtocol": "tcp", "ports": ["3128", "8080"]}])
+    assert emulator.reachable("192.0.2.5", ZONES[1], "p-2", 3128)
+    # Idempotent: the same create again writes nothing.
+    writes = firewall_writes(emulator)
+    assert provider.create(request(location=ZONES[0], access=crawlers, port=8080), False)[0] is False
+    assert firewall_writes(emulator) == writes
+    # Kept in step: the rule shrinks to what the remaining instance needs, and goes with the last.
+    assert provider.delete(pid(ZONES[1], "p-2"), False) is True
+    (rule,) = our_rules(emulator)
+    assert (rule["sourceRanges"], rule["allowed"]) == (["198.51.100.0/24"], [{"IPProtocol": "tcp", "ports": ["8080"]}])
+    assert provider.delete(pid(ZONES[0]), False) is True
+    assert our_rules(emulator) == []
+    assert {r["name"] for r in emulator.firewalls.values()} >= {"default-allow-ssh", "default-allow-internal"}
+
+
+def test_a_failed_listing_never_shrinks_the_rule(provider: GcpProvider, emulator: ComputeEmulator) -> None:
+    provider.create(request(location=ZONES[0]), False)
+    provider.create(request(name="p-2", location=ZONES[1]), False)
+    emulator.set_unreachable(ZONES[1])
+    provider.delete(pid(ZONES[0]), False)
+    assert len(our_rules(emulator)) == 1  # p-2 may still need it: nothing said otherwise
+    emulator.clear_faults()
+    provider.delete(pid(ZONES[1], "p-2"), False)
+    assert our_rules(emulator) == []
+
+
+def test_with_an_external_firewall_the_provider_only_tags_the_instances(emulator: ComputeEmulator) -> None:
+    provider = provider_for(emulator, firewall="external", networkTags=["proxies"])
+    provider.create(request(location=ZONES[0]), False)
+    assert emulator.instances[(ZONES[0], NAME)]["tags"]["items"] == ["proxies"]
+    assert our_rules(emulator) == [] and firewall_writes(emulator) == 0
+    assert not emulator.reachable("10.1.2.3", ZONES[0], NAME, 3128)  # closed until the operator opens it
+
+
+def test_a_firewall_the_provider_may_not_write_fails_the_create_before_any_instance(
+        provider: GcpProvider, emulator: ComputeEmulator) -> None:
+    emulator.fail_next("POST", r"/global/firewalls$", 403, reason="forbidden")
+    rule = r"creating firewall rule egress-proxies-[0-9a-f]{12} in project test-project: 403"
+    with pytest.raises(Permanent, match=rule):
+        provider.create(request(location=ZONES[0]), False)
+    assert emulator.instances == {}
+
+
+# -- a zone without the machine type (row 3) ----------------------------------------------------
+
+
+def test_a_zone_without_the_machine_type_is_passed_over_for_the_next(provider: GcpProvider, emulator: ComputeEmulator,
+                                                                     warnings: list[str]) -> None:
+    # The emptiest zone sorts first; it cannot take e2-small (a 400 invalid on the real API).
+    emulator.machine_types[ZONES[0]].discard("e2-small")
+    seed(emulator, ZONES[1], "p-0")
+    changed, created = provider.create(request(), False)
+    assert (changed, created.location) == (True, ZONES[1])
+    assert [r.path.split("/")[6] for r in emulator.requests_to("POST", r"/zones/[^/]+/instances$")] == list(ZONES)
+    assert len(warnings) == 1 and f"zone {ZONES[0]} does not offer the machine type" in warnings[0]
+
+
+def test_when_no_zone_offers_the_machine_type_the_failure_names_machine_types(provider: GcpProvider,
+                                                                               emulator: ComputeEmulator) -> None:
+    for zone in ZONES:
+        emulator.machine_types[zone].discard("e2-small")
+    with pytest.raises(Permanent) as caught:
+        provider.create(request(), False)
+    message = str(caught.value)
+    assert message.startswith(f"machine_type: 'e2-small' (machineTypes.small) does not exist in zone(s) "
+                              f"{ZONES[0]}, {ZONES[1]}: "), message
+    assert "fix machineTypes.small" in message and emulator.instances == {}
+
+
+# -- credentials without the Compute scope (row 4) --------------------------------------------------
+
+
+def test_a_token_without_the_compute_scope_is_permanent_and_says_what_to_grant(
+        emulator: ComputeEmulator, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Application Default Credentials of a VM or GKE node created with the default access scopes:
+    # a real token, refused 403 "insufficient authentication scopes" whatever the IAM roles.
+    emulator.token_scopes["narrow-token"] = DEFAULT_VM_SCOPES
+    monkeypatch.setattr(client_module, "load_credentials",
+                        lambda _settings: OAuthCredentials(token="narrow-token"))  # type: ignore[no-untyped-call]
+    provider = provider_for(emulator)
+    listed = provider.list(TAGS)
+    assert set(listed.failed_locations) == set(ZONES)
+    failure = listed.failed_locations[ZONES[0]]
+    assert isinstance(failure, Permanent), failure
+    message = str(failure)
+    assert "insufficient authentication scopes" in message
+    assert "https://www.googleapis.com/auth/cloud-platform" in message and "Workload Identity" in message
+    assert "gcp.credentialsFile" in message
+
+
+# -- regional quotas (row 5) ------------------------------------------------------------------------
+
+
+def test_a_regional_quota_moves_the_insert_to_another_region_and_names_the_quota(warnings: list[str]) -> None:
+    zones = ("europe-west1-b", "europe-west1-c", "europe-west4-a")
+    with ComputeEmulator(zones=zones) as emulator:
+        emulator.set_quota("CPUS", 0.0, region="europe-west1")
+        provider = provider_for(emulator, warnings, zones=list(zones))
+        changed, created = provider.create(request(), False)
+        inserts = [r.path.split("/")[6] for r in emulator.requests_to("POST", r"/zones/[^/]+/instances$")]
+    assert (changed, created.location) == (True, "europe-west4-a")
+    assert inserts == ["europe-west1-b", "europe-west4-a"]  # the region's other zone is not tried
+    assert len(warnings) == 1 and "quota CPUS is used up in region europe-west1 (limit 0.0)" in warnings[0]
+
+
+def test_when_every_region_is_out_of_quota_the_failure_is_transient_and_names_it() -> None:
+    zones = ("europe-west1-b", "europe-west4-a")
+    with ComputeEmulator(zones=zones) as emulator:
+        emulator.set_quota("IN_USE_ADDRESSES", 0.0, region="europe-west1")
+        emulator.set_quota("IN_USE_ADDRESSES", 0.0, region="europe-west4")
+        provider = provider_for(emulator, zones=list(zones))
+        with pytest.raises(Transient) as caught:
+            provider.create(request(), False)
+        emulator.set_quota("CPUS", 0.0)  # project-wide: the first refusal ends the attempt
+        emulator.set_quota("IN_USE_ADDRESSES", 10.0, region="europe-west1")
+        with pytest.raises(Transient) as project_wide:
+            provider.create(request(), False)
+    message = str(caught.value)
+    assert message.startswith("quota exceeded: ")
+    assert "quota IN_USE_ADDRESSES is used up in region europe-west1" in message
+    assert "quota IN_USE_ADDRESSES is used up in region europe-west4" in message
+    assert "quota CPUS_ALL_REGIONS is used up in the project (all regions)" in str(project_wide.value)
+    assert "no other zone can help" in str(project_wide.value)
+
+
+# -- polling an operation whose wait answers early (row 6) ------------------------------------------
+
+
+def test_a_wait_that_answers_early_is_polled_with_backoff(emulator: ComputeEmulator) -> None:
+    # zoneOperations.wait may "return after zero seconds" when the server is loaded: without a
+    # pause the client would hammer the API until the operation is done.
+    emulator.wait_returns_early = True
+    emulator.operation_seconds = 1.0
+    provider = provider_for(emulator, firewall="external")
+    started = time.monotonic()
+    assert provider.create(request(location=ZONES[0]), False)[1].state == "running"
+    waits = emulator.requests_to("POST", r"/zones/[^/]+/operations/[^/]+/wait$")
+    assert 2 <= len(waits) <= 4, len(waits)  # 0 s, 0.5 s, 1.5 s: paused 0.5 s, then 1 s
+    assert time.monotonic() - started < 5
+
+
+# -- the config check (rows 2 and 4) -------------------------------------------------------------
+
+
+def test_the_config_check_of_an_external_firewall_wants_a_rule_admitting_the_proxy_port(
+        emulator: ComputeEmulator) -> None:
+    settings = gcp_settings(emulator.endpoint, firewall="external", networkTags=["proxies"])
+    (problem,) = check_backend(settings, IDENTITY)
+    assert problem.startswith("gcp.firewall: external, but no enabled ingress rule of network global/networks/default "
+                              "admits tcp:3128 from 10.0.0.0/8, 100.64.0.0/10, 172.16.0.0/12, 192.168.0.0/16 to "
+                              "instances tagged proxies"), problem
+    assert "--target-tags=proxies" in problem and "firewall: managed" in problem
+    # The operator's rule for the tag, from the sources, on the port: nothing left to say.
+    emulator.firewalls[("test-project", "proxies-in")] = {
+        "name": "proxies-in", "network": "projects/test-project/global/networks/default", "direction": "INGRESS",
+        "priority": 1000, "sourceRanges": ["0.0.0.0/0"], "targetTags": ["proxies"],
+        "allowed": [{"IPProtocol": "tcp", "ports": ["3000-3200"]}]}
+    assert check_backend(settings, IDENTITY) == []
+    assert check_backend(gcp_settings(emulator.endpoint), IDENTITY) == []  # managed: the rules can be read
+
+
+def test_the_config_check_says_what_to_grant_for_credentials_without_the_compute_scope(
+        emulator: ComputeEmulator, monkeypatch: pytest.MonkeyPatch) -> None:
+    emulator.token_scopes["narrow-token"] = DEFAULT_VM_SCOPES
+    monkeypatch.setattr(client_module, "load_credentials",
+                        lambda _settings: OAuthCredentials(token="narrow-token"))  # type: ignore[no-untyped-call]
+    (problem,) = check_backend(gcp_settings(emulator.endpoint), IDENTITY)
+    assert problem.startswith("gcp: listing instances (aggregated): 403 ") and "cloud-platform" in problem

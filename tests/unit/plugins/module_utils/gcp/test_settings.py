@@ -32,7 +32,19 @@ BAD_FIELDS = [
                  id="gcp-plain-http-endpoint-off-loopback"),
     pytest.param(changed(((*GCP, "apiEndpoint"), "127.0.0.1:8085")),
                  "providers[1].gcp.apiEndpoint: '127.0.0.1:8085' must be", id="gcp-endpoint-without-scheme"),
+    pytest.param(changed(((*GCP, "firewall"), "none")),
+                 "providers[1].gcp.firewall: 'none' is not one of managed, external", id="gcp-firewall-mode"),
+    pytest.param(changed(((*GCP, "networkTags"), ["proxies", "Proxies_2"])),
+                 "providers[1].gcp.networkTags[1]: 'Proxies_2' is not a network tag", id="gcp-network-tag"),
 ]
+
+
+def test_gcp_firewall_is_managed_unless_the_operator_says_external() -> None:
+    default = parse_provider_config(changed()).providers[1].gcp
+    external = parse_provider_config(changed(((*GCP, "firewall"), "external"),
+                                             ((*GCP, "networkTags"), ["proxies"]))).providers[1].gcp
+    assert default is not None and (default.firewall, default.network_tags) == ("managed", ())
+    assert external is not None and (external.firewall, external.network_tags) == ("external", ("proxies",))
 
 
 @pytest.mark.parametrize(("document", "expected"), BAD_FIELDS)

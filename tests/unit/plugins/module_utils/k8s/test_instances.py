@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kubernetes import client
 
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.errors import (
     NOT_FOUND,
@@ -301,3 +302,93 @@ def test_a_namespace_that_does_not_exist_lists_as_empty(provider: K8sProvider, k
     kube.fail_next("GET", r"/namespaces/crawl-b/pods\?", 404)
     listed = provider.list(dict(OWNER))
     assert (listed.instances, listed.failed_locations) == ([], {})
+
+
+# -- issue 29: restricted namespaces, exposure, quotas, lost nodes --------------------------------
+
+
+def provider_in(tmp_path: Path, kube: KubeEmulator, **settings: Any) -> K8sProvider:
+    made = KubernetesSettings(namespace="egress", image="squid",
+                              kubeconfig=str(write_kubeconfig(tmp_path / "kubeconfig", kube.url)), **settings)
+    return K8sProvider(made, KubeClient(made))
+
+
+def test_the_pod_is_admitted_where_the_namespace_enforces_the_restricted_standard(tmp_path: Path) -> None:
+    # Pod Security admission refuses a Pod without securityContext in a restricted namespace
+    # with 403 (permanent): every proxy Pod. Ours passes; hostNetwork/hostPort need privileged.
+    with KubeEmulator() as kube:
+        for namespace, level in (("egress", "restricted"), ("edge", "baseline")):
+            kube.create_namespace(namespace, {"pod-security.kubernetes.io/enforce": level})
+        changed, created = provider_in(tmp_path, kube).create(REQUEST, check_mode=False)
+        assert changed and created.state == "pending"
+        host = provider_in(tmp_path, kube, exposure="hostPort", namespaces=("edge",))
+        with pytest.raises(Permanent, match=r'violates PodSecurity "baseline:latest": hostPort'):
+            host.create(dataclasses.replace(REQUEST, name="eu-2", location="edge"), check_mode=False)
+
+
+def test_a_full_resource_quota_is_transient_and_names_the_quota(provider: K8sProvider) -> None:
+    # ResourceQuota admission: 403 "exceeded quota: ...": quota frees up as Pods go, unlike the
+    # other 403s (RBAC, Pod Security), so it is retried with backoff, and the quota is named.
+    provider.client.core.create_namespaced_resource_quota("egress", client.V1ResourceQuota(
+        metadata=client.V1ObjectMeta(name="proxies"), spec=client.V1ResourceQuotaSpec(hard={"pods": "1"})))
+    provider.create(REQUEST, check_mode=False)
+    with pytest.raises(Transient) as caught:
+        provider.create(dataclasses.replace(REQUEST, name="eu-2"), check_mode=False)
+    message = str(caught.value)
+    assert "exceeded quota: proxies, requested: pods=1, used: pods=1, limited: pods=1" in message
+    assert "ResourceQuota proxies is used up" in message
+
+
+def test_a_pod_on_a_node_that_stopped_reporting_is_in_error_then_stopped(provider: K8sProvider,
+                                                                        kube: KubeEmulator) -> None:
+    # Running + Ready=False from the node lifecycle controller: not serving, replaced like a dead
+    # one (not "pending", which the controller would wait on); evicted, it stays terminating.
+    kube.freeze_clock()
+    provider.create(REQUEST, check_mode=False)
+    kube.kubelet_run("egress", "eu-1", node="worker-3")
+    assert provider.get(PROVIDER_ID).state == "running"
+    kube.node_lost("worker-3")
+    assert provider.get(PROVIDER_ID).state == "error"
+    kube.advance(300 + 3600)
+    assert provider.get(PROVIDER_ID).state == "stopped"
+    assert [i.state for i in provider.list(TAGS).instances] == ["stopped"]
+    assert provider.delete(PROVIDER_ID, check_mode=False) is False  # already terminating: nothing to do
+
+
+@pytest.mark.parametrize("exposure", ["NodePort", "LoadBalancer"])
+def test_a_service_exposed_pod_hands_out_the_address_crawlers_dial(tmp_path: Path, kube: KubeEmulator,
+                                                                   exposure: str) -> None:
+    provider = provider_in(tmp_path, kube, exposure=exposure)
+    _, _created = provider.create(REQUEST, check_mode=False)
+    service = kube.get_object("services", "egress", "eu-1")
+    assert service is not None and service["spec"]["type"] == exposure
+    assert service["spec"]["externalTrafficPolicy"] == "Local"
+    pod = kube.get_object("pods", "egress", "eu-1")
+    assert pod is not None and service["metadata"]["ownerReferences"][0]["uid"] == pod["metadata"]["uid"]
+    node_port = service["spec"]["ports"][0]["nodePort"]
+    kube.kubelet_run("egress", "eu-1", pod_ip="10.244.1.7", host_ip="192.0.2.21")
+    if exposure == "LoadBalancer":
+        assert (provider.get(PROVIDER_ID).state, provider.get(PROVIDER_ID).endpoint) == ("pending", None)
+        kube.provision_load_balancer("egress", "eu-1", ip="198.51.100.20")
+    wanted = f"192.0.2.21:{node_port}" if exposure == "NodePort" else "198.51.100.20:3128"
+    got = provider.get(PROVIDER_ID)
+    assert (got.state, got.ip, got.endpoint) == ("running", "10.244.1.7", wanted)
+    assert [(i.endpoint, i.ip) for i in provider.list(TAGS).instances] == [(wanted, "10.244.1.7")]
+    # The same create again finds both; deleting removes both (the Service also when the Pod is gone).
+    assert provider.create(REQUEST, check_mode=False)[0] is False
+    assert provider.delete(PROVIDER_ID, check_mode=False) is True
+    assert kube.get_object("services", "egress", "eu-1") is None
+
+
+def test_a_service_left_behind_is_made_again_and_removed_with_the_pod(tmp_path: Path, kube: KubeEmulator) -> None:
+    provider = provider_in(tmp_path, kube, exposure="NodePort")
+    provider.create(REQUEST, check_mode=False)
+    provider.client.delete_service("egress", "eu-1")  # someone deleted it
+    kube.kubelet_run("egress", "eu-1", host_ip="192.0.2.21")
+    assert provider.get(PROVIDER_ID).state == "error"  # unreachable: replaced
+    _, again = provider.create(REQUEST, check_mode=False)  # the retry of a half-done create makes it again
+    assert again.state == "running" and kube.get_object("services", "egress", "eu-1") is not None
+    kube.kubelet_evict("egress", "eu-1")
+    provider.client.delete_pod("egress", "eu-1", None)  # the Pod went by itself: the Service still goes
+    assert provider.delete(PROVIDER_ID, check_mode=False) is False
+    assert kube.get_object("services", "egress", "eu-1") is None

@@ -16,6 +16,7 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.k8s.pods impo
     SQUID_CONF_ANNOTATION,
     TAGS_ANNOTATION,
     build_pod,
+    build_service,
     is_label_key,
     is_label_value,
     is_managed,
@@ -29,6 +30,7 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.k8s.pods impo
     tag_labels,
 )
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.k8s.settings import KubernetesSettings
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.squid_access import parse_access
 
 SETTINGS = KubernetesSettings(namespace="egress", image="ubuntu/squid:6.6-24.04_beta")
 TAGS = {
@@ -48,12 +50,24 @@ def pod(settings: KubernetesSettings = SETTINGS, request: InstanceRequest = REQU
 @pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
 @pytest.mark.parametrize(
     "settings",
-    [SETTINGS, dataclasses.replace(SETTINGS, host_network=True, spread_nodes=False, squid_config="acl a src all\n")],
-    ids=["default", "host-network"],
+    [SETTINGS,
+     dataclasses.replace(SETTINGS, exposure="hostNetwork", spread_nodes=False, squid_config="acl a src all\n"),
+     dataclasses.replace(SETTINGS, exposure="hostPort")],
+    ids=["default", "host-network", "host-port"],
 )
 def test_the_manifest_is_a_valid_pod(settings: KubernetesSettings, version: str) -> None:
     """Strict schema validation: a misspelled field would fail here, not on a real cluster."""
     assert kubernetes_validate.validate(pod(settings), version, strict=True) == version.rsplit(".", 1)[0]
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+@pytest.mark.parametrize("exposure", ["NodePort", "LoadBalancer"])
+def test_the_service_manifest_is_a_valid_service(exposure: str, version: str) -> None:
+    settings = dataclasses.replace(SETTINGS, exposure=exposure)
+    created = dict(pod(settings), metadata=dict(pod(settings)["metadata"], uid="5f0c-11"))
+    access = parse_access({"open": True, "allowed_sources": ["198.51.100.0/24"]})
+    service = build_service(settings, dataclasses.replace(REQUEST, access=access), created)
+    assert kubernetes_validate.validate(service, version, strict=True) == version.rsplit(".", 1)[0]
 
 
 def test_the_manifest_runs_squid_on_the_port_with_probe_and_requests() -> None:
@@ -67,6 +81,11 @@ def test_the_manifest_runs_squid_on_the_port_with_probe_and_requests() -> None:
     assert container["readinessProbe"]["tcpSocket"] == {"port": "proxy"}
     assert container["resources"] == {"requests": {"cpu": "250m", "memory": "64Mi"}}
     assert spec["automountServiceAccountToken"] is False
+    # The restricted Pod Security Standard: non-root, no escalation, no capabilities, seccomp.
+    assert spec["securityContext"] == {"runAsNonRoot": True, "runAsUser": 13, "runAsGroup": 13,
+                                       "seccompProfile": {"type": "RuntimeDefault"}}
+    assert container["securityContext"] == {"allowPrivilegeEscalation": False, "privileged": False,
+                                            "capabilities": {"drop": ["ALL"]}}
     # squid.conf reaches the container from the Pod's own annotation: one object, one call.
     assert container["volumeMounts"] == [{"name": "squid-conf", "mountPath": "/etc/egress-proxy", "readOnly": True}]
     (volume,) = spec["volumes"]
@@ -82,10 +101,18 @@ def test_spreading_and_host_network() -> None:
         "maxSkew": 1, "topologyKey": "kubernetes.io/hostname", "whenUnsatisfiable": "ScheduleAnyway",
         "labelSelector": {"matchLabels": {"app.kubernetes.io/managed-by": "egress-proxies",
                                           "crawl.example.com/owner": "prod-cluster-1"}}}]
-    host = pod(dataclasses.replace(SETTINGS, host_network=True, spread_nodes=False))["spec"]
+    host = pod(dataclasses.replace(SETTINGS, exposure="hostNetwork", spread_nodes=False))["spec"]
     assert (host["hostNetwork"], host["dnsPolicy"]) == (True, "ClusterFirstWithHostNet")
     assert host["containers"][0]["ports"][0]["hostPort"] == 3128
     assert "topologySpreadConstraints" not in host
+    port = pod(dataclasses.replace(SETTINGS, exposure="hostPort"))["spec"]
+    assert "hostNetwork" not in port and port["containers"][0]["ports"][0]["hostPort"] == 3128
+
+
+def test_a_port_below_1024_is_refused_naming_port() -> None:
+    # squid runs unprivileged (restricted): it cannot bind a privileged port.
+    with pytest.raises(Permanent, match=r"^port: 80 is below 1024"):
+        pod(request=dataclasses.replace(REQUEST, port=80))
 
 
 def test_squid_conf_puts_the_port_first_and_keeps_the_configured_text() -> None:
@@ -99,6 +126,7 @@ def test_tags_are_labels_where_they_can_be_and_all_of_them_in_the_annotation() -
     metadata = pod()["metadata"]
     assert metadata["labels"] == {
         "app.kubernetes.io/name": "egress-proxy", "app.kubernetes.io/managed-by": "egress-proxies",
+        "app.kubernetes.io/instance": "crawlers-eu-1-3f9c2a",
         "crawl.example.com/owner": "prod-cluster-1", "crawl.example.com/uid": TAGS["crawl.example.com/uid"],
         "crawl.example.com/spec-hash": "3f9c2a"}
     assert json.loads(metadata["annotations"][TAGS_ANNOTATION]) == TAGS
@@ -164,16 +192,18 @@ def test_ours_means_our_label_and_the_same_owner() -> None:
     assert not is_managed(manifest) and not is_ours(manifest, TAGS)
 
 
-def with_status(status: dict[str, Any], deleting: bool = False, host_network: bool = False) -> dict[str, Any]:
-    manifest = pod(dataclasses.replace(SETTINGS, host_network=host_network))
+def with_status(status: dict[str, Any], deleting: bool = False, exposure: str = "none") -> dict[str, Any]:
+    manifest = pod(dataclasses.replace(SETTINGS, exposure=exposure))
     manifest["status"] = status
     if deleting:
         manifest["metadata"]["deletionTimestamp"] = "2026-01-02T03:04:05Z"
     return manifest
 
 
-def ready(value: str) -> list[dict[str, str]]:
-    return [{"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": value}]
+def ready(value: str, containers: str | None = None) -> list[dict[str, str]]:
+    """The Pod's conditions: Ready as given, ContainersReady as given or alike (the kubelet sets both)."""
+    return [{"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": value},
+            {"type": "ContainersReady", "status": containers or value}]
 
 
 def waiting(reason: str) -> list[dict[str, Any]]:
@@ -196,9 +226,13 @@ def waiting(reason: str) -> list[dict[str, Any]]:
         ({"phase": "Succeeded"}, False, "stopped"),
         ({"phase": "Failed"}, False, "error"),
         ({"phase": "Unknown"}, False, "error"),
+        # A node that stopped reporting: the node lifecycle controller marks the Pod not Ready and
+        # nothing else (its containers still say ready); then the Pod is evicted, terminating.
+        ({"phase": "Running", "conditions": ready("False", containers="True")}, False, "error"),
+        ({"phase": "Running", "conditions": ready("False", containers="True")}, True, "stopped"),
     ],
     ids=["no-status", "pending", "creating", "image-pull", "ready", "not-ready", "no-conditions", "crashloop",
-         "terminating", "succeeded", "failed", "unknown"],
+         "terminating", "succeeded", "failed", "unknown", "node-lost", "node-lost-evicted"],
 )
 def test_state_from_phase_readiness_and_waiting_reasons(status: dict[str, Any], deleting: bool, state: str) -> None:
     assert pod_state(with_status(status, deleting)) == state
@@ -207,7 +241,7 @@ def test_state_from_phase_readiness_and_waiting_reasons(status: dict[str, Any], 
 def test_the_ip_is_the_pods_or_with_host_network_the_nodes() -> None:
     addresses = {"phase": "Running", "podIP": "10.244.1.7", "hostIP": "192.0.2.21"}
     assert pod_ip(with_status(addresses)) == "10.244.1.7"
-    assert pod_ip(with_status(addresses, host_network=True)) == "192.0.2.21"
+    assert pod_ip(with_status(addresses, exposure="hostNetwork")) == "192.0.2.21"
     assert pod_ip(with_status({"phase": "Pending"})) is None
     assert pod_ip(with_status({"phase": "Pending", "podIP": ""})) is None
 
@@ -217,5 +251,53 @@ def test_an_instance_from_a_stored_pod() -> None:
     stored["metadata"]["creationTimestamp"] = "2026-01-02T03:04:05Z"
     assert pod_instance(stored).to_dict() == {
         "provider_id": "k8s://namespaces/egress/pods/crawlers-eu-1-3f9c2a", "name": "crawlers-eu-1-3f9c2a",
-        "location": "egress", "state": "running", "ip": "10.244.1.7", "tags": TAGS,
+        "location": "egress", "state": "running", "ip": "10.244.1.7", "endpoint": "10.244.1.7:3128", "tags": TAGS,
         "created": "2026-01-02T03:04:05Z"}
+
+
+RUNNING = {"phase": "Running", "podIP": "10.244.1.7", "hostIP": "192.0.2.21", "conditions": ready("True")}
+
+
+def node_port_service(node_port: int = 31234) -> dict[str, Any]:
+    return {"spec": {"type": "NodePort", "ports": [{"port": 3128, "nodePort": node_port}]}}
+
+
+def load_balancer(ingress: list[dict[str, str]]) -> dict[str, Any]:
+    return {"spec": {"type": "LoadBalancer", "ports": [{"port": 3128, "nodePort": 31234}]},
+            "status": {"loadBalancer": {"ingress": ingress}}}
+
+
+@pytest.mark.parametrize(
+    ("exposure", "service", "state", "endpoint"),
+    [("none", None, "running", "10.244.1.7:3128"),
+     ("hostPort", None, "running", "192.0.2.21:3128"),
+     ("hostNetwork", None, "running", "192.0.2.21:3128"),
+     ("NodePort", node_port_service(), "running", "192.0.2.21:31234"),
+     ("LoadBalancer", load_balancer([{"ip": "198.51.100.20"}]), "running", "198.51.100.20:3128"),
+     ("LoadBalancer", load_balancer([{"hostname": "lb.example.net"}]), "running", "lb.example.net:3128"),
+     ("LoadBalancer", load_balancer([]), "pending", None),  # the cloud has not given it an address yet
+     ("NodePort", None, "error", None)],  # its Service is gone: crawlers cannot reach it
+    ids=["pod-ip", "host-port", "host-network", "node-port", "lb-ip", "lb-hostname", "lb-waiting", "no-service"],
+)
+def test_the_endpoint_is_what_a_crawler_dials_for_each_exposure(exposure: str, service: dict[str, Any] | None,
+                                                                 state: str, endpoint: str | None) -> None:
+    instance = pod_instance(with_status(RUNNING, exposure=exposure), exposure, service)
+    assert (instance.state, instance.endpoint) == (state, endpoint)
+    assert instance.ip == ("192.0.2.21" if exposure == "hostNetwork" else "10.244.1.7")  # its own address
+
+
+def test_the_service_selects_its_pod_and_keeps_the_client_address() -> None:
+    settings = dataclasses.replace(SETTINGS, exposure="LoadBalancer")
+    created = pod(settings)
+    created["metadata"]["uid"] = "5f0c-11"
+    access = parse_access({"open": True, "allowed_sources": ["198.51.100.0/24"]})
+    service = build_service(settings, dataclasses.replace(REQUEST, access=access), created)
+    assert service["metadata"]["name"] == created["metadata"]["name"]
+    assert service["metadata"]["labels"] == created["metadata"]["labels"]  # listed and cleaned up alike
+    assert service["metadata"]["ownerReferences"] == [{"apiVersion": "v1", "kind": "Pod",
+                                                       "name": "crawlers-eu-1-3f9c2a", "uid": "5f0c-11"}]
+    assert service["spec"] == {
+        "type": "LoadBalancer", "externalTrafficPolicy": "Local", "loadBalancerSourceRanges": ["198.51.100.0/24"],
+        "selector": {"app.kubernetes.io/managed-by": "egress-proxies",
+                     "app.kubernetes.io/instance": "crawlers-eu-1-3f9c2a"},
+        "ports": [{"name": "proxy", "port": 3128, "targetPort": "proxy", "protocol": "TCP"}]}

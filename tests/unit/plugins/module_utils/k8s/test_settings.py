@@ -15,18 +15,19 @@ def test_kubernetes_settings_and_their_defaults() -> None:
     minimal = parse_provider_config(valid_document()).providers[2].kubernetes
     assert minimal is not None
     assert minimal == KubernetesSettings(namespace="egress", image="ubuntu/squid:latest", kubeconfig=None,
-                                         squid_config=None, host_network=False, spread_nodes=True,
+                                         squid_config=None, exposure="none", spread_nodes=True,
                                          cpu_request="100m", memory_request="128Mi", namespaces=())
     assert minimal.locations == ("egress",)
     document = changed(((*K8S, "namespaces"), ["crawl-a", "egress"]), ((*K8S, "kubeconfig"), "/etc/kube/config"),
                        ((*K8S, "squidConfig"), "# https_port is fine\nhttp_access allow all\n"),
-                       ((*K8S, "hostNetwork"), True), ((*K8S, "spreadNodes"), False),
+                       ((*K8S, "exposure"), "hostNetwork"), ((*K8S, "spreadNodes"), False),
                        ((*K8S, "cpuRequest"), "0.5"), ((*K8S, "memoryRequest"), "1Gi"))
     full = parse_provider_config(document).providers[2].kubernetes
     assert full is not None
     assert full.locations == ("egress", "crawl-a")  # the default first, never twice
-    assert (full.kubeconfig, full.host_network, full.spread_nodes, full.cpu_request, full.memory_request) == (
-        "/etc/kube/config", True, False, "0.5", "1Gi")
+    assert (full.kubeconfig, full.exposure, full.spread_nodes, full.cpu_request, full.memory_request) == (
+        "/etc/kube/config", "hostNetwork", False, "0.5", "1Gi")
+    assert full.host_network
     assert full.squid_config == "# https_port is fine\nhttp_access allow all\n"
 
 
@@ -52,8 +53,12 @@ BAD_FIELDS = [
     pytest.param(changed(((*K8S, "memoryRequest"), "128MB")),
                  "providers[2].kubernetes.memoryRequest: '128MB' is not a Kubernetes quantity",
                  id="kubernetes-memory-request"),
-    pytest.param(changed(((*K8S, "hostNetwork"), "yes")),
-                 "providers[2].kubernetes.hostNetwork: must be true or false", id="kubernetes-host-network-not-bool"),
+    pytest.param(changed(((*K8S, "hostNetwork"), True)),
+                 "providers[2].kubernetes.hostNetwork: was replaced by exposure: write exposure: hostNetwork",
+                 id="kubernetes-host-network-replaced"),
+    pytest.param(changed(((*K8S, "exposure"), "Ingress")),
+                 "providers[2].kubernetes.exposure: 'Ingress' is not one of none, hostPort, hostNetwork, NodePort, "
+                 "LoadBalancer", id="kubernetes-exposure"),
     pytest.param(changed(((*K8S, "hostnetwork"), True)), "providers[2].kubernetes.hostnetwork: unknown field",
                  id="kubernetes-typo"),
 ]

@@ -1,0 +1,90 @@
+# -*- coding: utf-8 -*-
+# Copyright: (c) 2026, egress-proxies developers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The ``startup-script`` every GCP proxy instance gets: the access policy, then squid.
+
+Google's guest agent runs the metadata item ``startup-script`` as root on every boot, on every
+public image ("All public Compute Engine images come with the guest environment preinstalled",
+About startup scripts). ``user-data`` is read only where cloud-init is installed, and Debian's
+GCE images have none (debian-cloud-images, ``config_space/bookworm/package_config/GCE``:
+google-guest-agent and oslogin only), so a Proxy's ``cloudInit`` that installs squid does
+nothing on the docs' default image. Hence the script, in this order:
+
+1. the access policy (``squid_access.install_script``): its files are written first, so a squid
+   installed later starts with them, and a running one is reloaded;
+2. where cloud-init exists (Ubuntu's GCE images), wait for it to finish (``cloud-init status
+   --wait``, the workaround Ubuntu gives for startup scripts racing cloud-init in
+   GoogleCloudPlatform/guest-agent#84): the user-data may install and configure squid itself;
+3. if squid is still missing, install it with the image's package manager (apt-get, else dnf),
+   waiting for the package lock that unattended upgrades may hold on a first boot, retrying a
+   failed download; a squid installed here also gets ``http_port <port>`` when the Proxy's port
+   is not squid's default 3128 (a squid the user's cloud-init installed is configured by it).
+
+Idempotent: on a later boot squid is there and only the policy is written again.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.squid_access import Access, install_script
+
+SQUID_DEFAULT_PORT = 3128
+# Read by Debian's stock squid.conf through its include of conf.d/*.conf.
+PORT_DROPIN_PATH = "/etc/squid/conf.d/00-egress-proxies-port.conf"
+APT_LOCK_TIMEOUT_SECONDS = 600
+INSTALL_TRIES = 5
+
+_INSTALL_SQUID = """\
+# -- squid: installed when the image has none (after cloud-init, where there is one) ----------
+# The guest agent's PATH may lack the sbin directories; the caller's entries stay first.
+PATH="$PATH:/usr/sbin:/sbin"
+say() {{ printf 'egress-proxies squid: %s\\n' "$*"; }}
+if command -v cloud-init >/dev/null 2>&1; then
+    say "waiting for cloud-init to finish (the user-data may install squid)"
+    cloud-init status --wait >/dev/null 2>&1 || say "cloud-init reported an error; going on"
+fi
+if command -v squid >/dev/null 2>&1; then
+    say "squid is installed"
+else
+    if [ {port} -ne {default_port} ]; then
+        mkdir -p /etc/squid/conf.d && printf 'http_port {port}\\n' > {port_dropin} ||
+            {{ say "FAILED: cannot write {port_dropin}"; exit 1; }}
+    fi
+    tries=0
+    until
+        if command -v apt-get >/dev/null 2>&1; then
+            DEBIAN_FRONTEND=noninteractive apt-get -q -o DPkg::Lock::Timeout={lock_timeout} update &&
+                DEBIAN_FRONTEND=noninteractive apt-get -q -y -o DPkg::Lock::Timeout={lock_timeout} install squid
+        elif command -v dnf >/dev/null 2>&1; then
+            dnf -q -y install squid
+        else
+            say "FAILED: the image has neither squid nor apt-get or dnf to install it with"; exit 1
+        fi
+    do
+        tries=$((tries + 1))
+        [ "$tries" -ge {tries} ] && {{ say "FAILED: installing squid ($tries tries)"; exit 1; }}
+        say "installing squid failed; trying again in 15 s"
+        sleep 15
+    done
+    say "installed squid"
+    if command -v systemctl >/dev/null 2>&1; then
+        systemctl enable --now squid >/dev/null 2>&1 && say "squid enabled and started" ||
+            say "FAILED: systemctl enable --now squid"
+    fi
+fi
+"""
+
+
+def startup_script(access: Optional[Access], port: int) -> str:
+    """The instance's ``startup-script`` (see the module docstring)."""
+    header = ("#!/bin/sh\n"
+              "# crawl.egress_proxies: the GCE startup-script (docs/gcp-provider.md, \"What runs on the instance\").\n"
+              "# Run as root by the guest agent on every boot: the access policy, then squid if the image lacks it.\n")
+    policy = ""
+    if access is not None:
+        body = install_script(access).decode("ascii")
+        policy = body.split("\n", 1)[1] if body.startswith("#!") else body
+    return header + policy + _INSTALL_SQUID.format(
+        port=int(port), default_port=SQUID_DEFAULT_PORT, port_dropin=PORT_DROPIN_PATH,
+        lock_timeout=APT_LOCK_TIMEOUT_SECONDS, tries=INSTALL_TRIES)
