@@ -100,6 +100,13 @@ providers:
       description: Networks crawlers may use this provider's proxies from unless a Proxy says otherwise.
       type: list
       elements: str
+    allowed_destinations:
+      description:
+        - Internal networks this provider's proxies may reach unless a Proxy says otherwise (its
+          C(allowedDestinations); empty when absent). Metadata, loopback and an instance's own addresses are
+          never reachable.
+      type: list
+      elements: str
     probe:
       description:
         - How the controller checks that this provider's proxies serve (the C(probe) field, defaults filled in).
@@ -111,6 +118,14 @@ providers:
       type: kubernetes
       valid: false
       errors: ["providers[1].kubernetes.namespace: 'Egress' is not a valid Kubernetes namespace name (...)"]
+access_policy_version:
+  description:
+    - The version of the squid access policy the C(*_proxy) modules deliver with their C(access) option.
+    - It changes when what they deliver changes; the controller makes it part of every instance's build hash,
+      so instances built with an older policy are replaced (make before break).
+  returned: success
+  type: str
+  sample: "2"
 errors:
   description: Every error in the file, in file order, each starting with its field path.
   returned: success
@@ -130,6 +145,7 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.config import
     validate_provider_config,
 )
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.config_reader import ConfigError  # noqa: E402
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.squid_access import POLICY_VERSION  # noqa: E402
 
 
 def main() -> None:
@@ -146,11 +162,12 @@ def main() -> None:
     providers = [
         {"name": provider.name, "type": provider.type, "valid": not root_errors and provider.valid,
          "errors": root_errors + list(provider.errors), "probe": provider.probe.as_dict(),
-         "allowed_sources": list(provider.allowed_sources)}
+         "allowed_sources": list(provider.allowed_sources),
+         "allowed_destinations": list(provider.allowed_destinations)}
         for provider in report.providers
     ]
     module.exit_json(changed=False, valid=report.valid, owner=report.owner, providers=providers,
-                     errors=list(report.errors))
+                     errors=list(report.errors), access_policy_version=POLICY_VERSION)
 
 
 if __name__ == "__main__":

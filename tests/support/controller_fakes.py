@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.config import ProbeSettings
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.squid_access import POLICY_VERSION
 from egress_proxies.providers.errors import ErrorClass
 from egress_proxies.providers.runner import AnsibleRunner, Operation, OperationResult
 from egress_proxies.resources.proxy import FINALIZER, Proxy
@@ -139,6 +140,8 @@ class FakeRunner:
     created: str = "2026-01-01T00:00:00Z"
     # provider name -> its section's errors, as the collection's validator would report them.
     invalid_providers: dict[str, list[str]] = field(default_factory=dict)
+    # The access policy version the collection's modules deliver (provider_config_info's).
+    policy_version: str = POLICY_VERSION
 
     def run(self, provider: str, verb: str, operations: Sequence[Operation]) -> list[OperationResult]:
         if operations and operations[0].module == "provider_config_info":
@@ -224,10 +227,12 @@ class FakeRunner:
         probe = ProbeSettings(enabled=False).as_dict()
         providers = [{"name": p["name"], "type": p["type"], "valid": p["name"] not in self.invalid_providers,
                       "errors": self.invalid_providers.get(p["name"], []), "probe": dict(probe),
-                      "allowed_sources": p.get("allowedSources") or ["10.0.0.0/8"]} for p in document["providers"]]
+                      "allowed_sources": p.get("allowedSources") or ["10.0.0.0/8"],
+                      "allowed_destinations": p.get("allowedDestinations") or []} for p in document["providers"]]
         errors = [e for p in providers for e in p["errors"]]
         return OperationResult(ok=True, result={"valid": not errors, "owner": document["owner"],
-                                                "providers": providers, "errors": errors})
+                                                "providers": providers, "errors": errors,
+                                                "access_policy_version": self.policy_version})
 
 
 class RecordingRunner:

@@ -40,7 +40,7 @@ PHASE_FAILED = "Failed"
 
 # The spec fields that shape an instance; a change to any of them replaces it.
 SPEC_FIELDS = ("provider", "location", "machineType", "image", "port", "cloudInit", "cloudInitEncoding", "auth",
-               "allowedSources")
+               "allowedSources", "allowedDestinations")
 
 
 def replacement_count(annotations: dict[str, str], hash_of_spec: str) -> int:

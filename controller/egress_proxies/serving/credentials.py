@@ -175,20 +175,28 @@ class FileSecrets:
 
 class AccessPolicy:
     """Who may use each Proxy's instance: its namespace's credential (or none, for
-    ``spec.auth: none``) and its source networks (``spec.allowedSources``, else its provider's)."""
+    ``spec.auth: none``) and its source networks (``spec.allowedSources``, else its provider's);
+    and the internal networks it may reach (``spec.allowedDestinations``, else its provider's)."""
 
-    def __init__(self, credentials: Credentials, provider_sources: Mapping[str, tuple[str, ...]]) -> None:
+    def __init__(self, credentials: Credentials, provider_sources: Mapping[str, tuple[str, ...]],
+                 provider_destinations: Mapping[str, tuple[str, ...]] | None = None, policy_version: str = "") -> None:
         self.credentials = credentials
         self.provider_sources = provider_sources
+        self.provider_destinations = provider_destinations or {}
+        self.policy_version = policy_version
 
     def request(self, proxy: Proxy) -> AccessRequest:
         sources = tuple(str(s) for s in proxy.spec.get("allowedSources") or ()) or tuple(
             self.provider_sources.get(proxy.provider, ()))
+        destinations = tuple(str(d) for d in proxy.spec.get("allowedDestinations") or ()) or tuple(
+            self.provider_destinations.get(proxy.provider, ()))
         if proxy.spec.get("auth") == "none":
-            return AccessRequest(users=(), allowed_sources=sources, open=True)
+            return AccessRequest(users=(), allowed_sources=sources, open=True, allowed_destinations=destinations,
+                                 policy_version=self.policy_version)
         credential = self.credentials.current(proxy.namespace)
         return AccessRequest(users=((credential.user, credential.password_hash),), allowed_sources=sources,
-                             generation=credential.generation)
+                             generation=credential.generation, allowed_destinations=destinations,
+                             policy_version=self.policy_version)
 
     def probe_credentials(self, proxy: Proxy, generation: str | None) -> ProbeCredentials | None:
         """What the probe authenticates with: the credential the instance was built with."""

@@ -236,7 +236,7 @@ class Reconciler:
         access = None
         if self.credentials is not None:
             self.credentials.refresh()
-            access = AccessPolicy(self.credentials, config.sources)
+            access = AccessPolicy(self.credentials, config.sources, config.destinations, config.policy_version)
 
         def reconcile_provider(name: str) -> None:
             live_path = LivePath(self.writer, live_settings, config.owner, contain, report.add, self._seconds_since,

@@ -54,7 +54,7 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.provider_id i
     format_provider_id,
     parse_provider_id,
 )
-from ansible_collections.crawl.egress_proxies.plugins.module_utils.squid_access import install_script
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.squid_install import install_script
 
 Log = Callable[[str], None]
 

@@ -15,12 +15,14 @@ Anatomy (docs/kubernetes-provider.md has the why):
 - annotation ``crawl.example.com/squid-conf``: the squid.conf (``http_port <port>`` first),
   projected into the container as a file by a downwardAPI volume, so the whole instance is
   one object created in one call: no ConfigMap to create, clean up or grant RBAC for;
-- with the ``access`` option: the operator's rules (squid_access.py) right after
-  ``http_port``, before the provider's squidConfig, and the password file (bcrypt hashes
-  only, never a password) in the annotation ``crawl.example.com/squid-passwd``, projected
-  by the same volume. Not a Secret: the provider's Role has no Secrets (they live only in
-  the controller's own namespace), and a hash of a random password of 128 bits or more
-  gains a reader nothing;
+- with the ``access`` option: the operator's policy (squid_access.py) around the provider's
+  squidConfig (its head right after ``http_port``, its tail last), and the password file
+  (bcrypt hashes only, never a password) in the annotation ``crawl.example.com/squid-passwd``,
+  projected by the same volume. Not a Secret: the provider's Role has no Secrets (they live
+  only in the controller's own namespace), and a hash of a random password of 128 bits or
+  more gains a reader nothing. The container's command (squid_install.container_command)
+  first writes the error pages and the Pod's own addresses (its ``status.podIPs`` and its
+  node's ``status.hostIP``, from the downward API) into an emptyDir at ``/run/egress-proxy``;
 - one container running ``squid -N -f /etc/egress-proxy/squid.conf``, with the port, the
   resource requests and a tcpSocket readiness probe on the port;
 - optional ``hostNetwork`` (egress from the node's IP) and a topology spread constraint over
@@ -44,10 +46,12 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.k8s.settings 
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.provider_id import format_provider_id
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.squid_access import (
     Access,
+    PolicyPaths,
     refuse_open_user_config,
     render_password_file,
-    render_rules,
+    render_policy,
 )
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.squid_install import container_command
 
 NAME_LABEL = "app.kubernetes.io/name"
 NAME_VALUE = "egress-proxy"
@@ -64,6 +68,15 @@ CONF_VOLUME = "squid-conf"
 CONF_DIR = "/etc/egress-proxy"
 CONF_FILE = "squid.conf"
 PASSWD_FILE = "passwd"
+# Written by the container's command before squid starts: an emptyDir, whatever the image's
+# file system allows.
+RUN_VOLUME = "egress-proxy-run"
+RUN_DIR = "/run/egress-proxy"
+POD_PATHS = PolicyPaths(password_file="%s/%s" % (CONF_DIR, PASSWD_FILE), own_addresses="%s/own-addresses" % RUN_DIR,
+                        error_directory="%s/errors" % RUN_DIR)
+# The Pod's own addresses, which squid never connects to: its IPs and its node's (the same with
+# hostNetwork). status.podIPs is comma-separated for a dual-stack Pod.
+OWN_ADDRESS_ENV = (("POD_IPS", "status.podIPs"), ("NODE_IP", "status.hostIP"))
 # squid's auth helper runs as squid's unprivileged user, and projected files are root's.
 PASSWD_MODE = 0o444
 HOSTNAME_TOPOLOGY_KEY = "kubernetes.io/hostname"
@@ -138,22 +151,21 @@ def label_selector(tags: Mapping[str, str]) -> str:
 
 
 def squid_conf(settings: KubernetesSettings, port: int, access: Optional[Access] = None) -> str:
-    """The squid.conf of one Pod: ``http_port`` from the request, the operator's access rules
-    when ``access`` is given, then the configured text.
+    """The squid.conf of one Pod: ``http_port`` from the request, then the configured text, with
+    the operator's policy around it when ``access`` is given.
 
-    The access rules end in ``http_access deny all``, so the configured text's own
-    ``http_access`` lines are never reached (its other directives still apply); a
-    squidConfig with ``http_access allow all`` is refused outright, so the config never
-    reads as an open proxy.
+    The policy's rules come first and end in ``http_access deny all``, so the configured text's
+    own ``http_access`` lines are never reached; its settings come last (its other directives
+    still apply). A squidConfig with ``http_access allow all`` is refused outright, so the
+    config never reads as an open proxy.
     """
     body = settings.squid_config if settings.squid_config is not None else DEFAULT_SQUID_CONFIG
     if not body.endswith("\n"):
         body += "\n"
-    rules = ""
-    if access is not None:
-        refuse_open_user_config(settings.squid_config, "squidConfig (the Kubernetes provider's config)")
-        rules = render_rules(access, "%s/%s" % (CONF_DIR, PASSWD_FILE))
-    return "http_port %d\n%s%s" % (port, rules, body)
+    if access is None:
+        return "http_port %d\n%s" % (port, body)
+    refuse_open_user_config(settings.squid_config, "squidConfig (the Kubernetes provider's config)")
+    return "http_port %d\n%s" % (port, render_policy(access, POD_PATHS).around(body))
 
 
 def build_pod(settings: KubernetesSettings, request: InstanceRequest, namespace: str) -> Dict[str, Any]:
@@ -190,12 +202,8 @@ def build_pod(settings: KubernetesSettings, request: InstanceRequest, namespace:
         TAGS_ANNOTATION: json.dumps(request.tags, sort_keys=True, separators=(",", ":")),
         SQUID_CONF_ANNOTATION: squid_conf(settings, request.port, request.access),
     }
-    if request.access is not None and request.access.users:
-        annotations[PASSWD_ANNOTATION] = render_password_file(request.access)
-        spec["volumes"][0]["downwardAPI"]["items"].append({
-            "path": PASSWD_FILE, "mode": PASSWD_MODE,
-            "fieldRef": {"fieldPath": "metadata.annotations['%s']" % PASSWD_ANNOTATION},
-        })
+    if request.access is not None:
+        _with_policy(request.access, container, spec, annotations)
     if settings.host_network:
         spec["hostNetwork"] = True
         spec["dnsPolicy"] = "ClusterFirstWithHostNet"
@@ -218,6 +226,24 @@ def build_pod(settings: KubernetesSettings, request: InstanceRequest, namespace:
         },
         "spec": spec,
     }
+
+
+def _with_policy(access: Access, container: Dict[str, Any], spec: Dict[str, Any],
+                 annotations: Dict[str, str]) -> None:
+    """The password file projected beside squid.conf; the container writes what else the policy
+    needs at start (its own addresses, the error pages) into an emptyDir, then execs squid."""
+    if access.users:
+        annotations[PASSWD_ANNOTATION] = render_password_file(access)
+        spec["volumes"][0]["downwardAPI"]["items"].append({
+            "path": PASSWD_FILE, "mode": PASSWD_MODE,
+            "fieldRef": {"fieldPath": "metadata.annotations['%s']" % PASSWD_ANNOTATION},
+        })
+    variables = [name for name, _path in OWN_ADDRESS_ENV]
+    container["command"] = container_command(RUN_DIR, variables, container["command"])
+    container["env"] = [{"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+                        for name, path in OWN_ADDRESS_ENV]
+    container["volumeMounts"].append({"name": RUN_VOLUME, "mountPath": RUN_DIR})
+    spec["volumes"].append({"name": RUN_VOLUME, "emptyDir": {"sizeLimit": "1Mi"}})
 
 
 # -- reading a Pod back ----------------------------------------------------------------------

@@ -13,6 +13,8 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.errors import
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.instance import InstanceRequest
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.k8s.pods import (
     DEFAULT_SQUID_CONFIG,
+    PASSWD_ANNOTATION,
+    POD_PATHS,
     SQUID_CONF_ANNOTATION,
     TAGS_ANNOTATION,
     build_pod,
@@ -29,6 +31,8 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.k8s.pods impo
     tag_labels,
 )
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.k8s.settings import KubernetesSettings
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.squid_access import parse_access, render_policy
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.squid_install import container_command
 
 SETTINGS = KubernetesSettings(namespace="egress", image="ubuntu/squid:6.6-24.04_beta")
 TAGS = {
@@ -38,6 +42,9 @@ TAGS = {
     "crawl.example.com/spec-hash": "3f9c2a",
 }
 REQUEST = InstanceRequest(name="crawlers-eu-1-3f9c2a", user_data=b"", tags=TAGS, port=3128)
+BCRYPT = "$2b$12$" + "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0"
+ACCESS = parse_access({"users": [{"name": "crawlers", "password_hash": BCRYPT}], "allowed_sources": ["10.0.0.0/8"]})
+WITH_ACCESS = dataclasses.replace(REQUEST, access=ACCESS)
 KUBERNETES_VERSIONS = ("1.30.0", "1.37.0")
 
 
@@ -51,9 +58,11 @@ def pod(settings: KubernetesSettings = SETTINGS, request: InstanceRequest = REQU
     [SETTINGS, dataclasses.replace(SETTINGS, host_network=True, spread_nodes=False, squid_config="acl a src all\n")],
     ids=["default", "host-network"],
 )
-def test_the_manifest_is_a_valid_pod(settings: KubernetesSettings, version: str) -> None:
+@pytest.mark.parametrize("request_", [REQUEST, WITH_ACCESS], ids=["", "access"])
+def test_the_manifest_is_a_valid_pod(settings: KubernetesSettings, version: str, request_: InstanceRequest) -> None:
     """Strict schema validation: a misspelled field would fail here, not on a real cluster."""
-    assert kubernetes_validate.validate(pod(settings), version, strict=True) == version.rsplit(".", 1)[0]
+    manifest = pod(settings, request_)
+    assert kubernetes_validate.validate(manifest, version, strict=True) == version.rsplit(".", 1)[0]
 
 
 def test_the_manifest_runs_squid_on_the_port_with_probe_and_requests() -> None:
@@ -219,3 +228,50 @@ def test_an_instance_from_a_stored_pod() -> None:
         "provider_id": "k8s://namespaces/egress/pods/crawlers-eu-1-3f9c2a", "name": "crawlers-eu-1-3f9c2a",
         "location": "egress", "state": "running", "ip": "10.244.1.7", "tags": TAGS,
         "created": "2026-01-02T03:04:05Z"}
+
+
+# -- with the access option --------------------------------------------------------------------------
+
+
+def test_without_access_the_pod_is_as_before() -> None:
+    manifest = pod()
+    assert PASSWD_ANNOTATION not in manifest["metadata"]["annotations"]
+    assert manifest["metadata"]["annotations"][SQUID_CONF_ANNOTATION] == "http_port 3128\n" + DEFAULT_SQUID_CONFIG
+    assert [v["name"] for v in manifest["spec"]["volumes"]] == ["squid-conf"]
+    assert "env" not in manifest["spec"]["containers"][0]
+
+
+def test_the_policy_is_around_the_squid_config_and_the_hashes_are_projected() -> None:
+    manifest = pod(request=WITH_ACCESS)
+    assert ACCESS is not None
+    annotations = manifest["metadata"]["annotations"]
+    assert annotations[SQUID_CONF_ANNOTATION] == "http_port 3128\n" + render_policy(ACCESS, POD_PATHS).around(
+        DEFAULT_SQUID_CONFIG)
+    assert annotations[PASSWD_ANNOTATION] == f"crawlers:{BCRYPT}\n"
+    conf, run = manifest["spec"]["volumes"]
+    assert conf["downwardAPI"]["items"][1] == {
+        "path": "passwd", "mode": 0o444, "fieldRef": {"fieldPath": f"metadata.annotations['{PASSWD_ANNOTATION}']"}}
+    assert run == {"name": "egress-proxy-run", "emptyDir": {"sizeLimit": "1Mi"}}
+
+
+def test_the_container_writes_its_own_addresses_from_the_downward_api_then_runs_squid() -> None:
+    (container,) = pod(request=WITH_ACCESS)["spec"]["containers"]
+    assert container["command"] == container_command("/run/egress-proxy", ["POD_IPS", "NODE_IP"],
+                                                     ["squid", "-N", "-f", "/etc/egress-proxy/squid.conf"])
+    assert container["env"] == [
+        {"name": "POD_IPS", "valueFrom": {"fieldRef": {"fieldPath": "status.podIPs"}}},
+        {"name": "NODE_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}}]
+    assert container["volumeMounts"][1] == {"name": "egress-proxy-run", "mountPath": "/run/egress-proxy"}
+
+
+def test_an_open_policy_projects_no_password_file() -> None:
+    open_access = parse_access({"open": True, "allowed_sources": ["10.0.0.0/8"]})
+    manifest = pod(request=dataclasses.replace(REQUEST, access=open_access))
+    assert PASSWD_ANNOTATION not in manifest["metadata"]["annotations"]
+
+
+def test_a_squid_config_allowing_all_is_refused_only_with_access() -> None:
+    settings = dataclasses.replace(SETTINGS, squid_config="http_access allow all\n")
+    assert squid_conf(settings, 3128).endswith("http_access allow all\n")  # no access: as before
+    with pytest.raises(Permanent, match=r"^squidConfig \(the Kubernetes provider's config\): contains"):
+        pod(settings, WITH_ACCESS)
