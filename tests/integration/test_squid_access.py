@@ -68,9 +68,7 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.squid_install
     CONFIG_PATH,
     GATE_UNIT,
     PASSWORD_FILE,
-    POLICY_DIR,
     REFRESH_PATH,
-    UNIT_DROPIN,
     install_script,
 )
 from support.figures import show
@@ -624,7 +622,3 @@ def test_the_pod_writes_its_own_addresses_and_error_pages(lab: Lab, kubernetes: 
     assert (run / "own-addresses").read_text().split() == [lab.ns.address, LINK_HERE]
     assert sorted(p.name for p in (run / "errors").iterdir()) == sorted((*ERROR_TEMPLATES, DIR_LISTING_TEMPLATE))
     assert (run / "errors" / "ERR_ACCESS_DENIED").read_text() == ERROR_PAGE
-
-
-def test_the_policy_lives_in_its_own_directory() -> None:
-    assert CONFIG_PATH.startswith(POLICY_DIR + "/") and UNIT_DROPIN.startswith("/etc/systemd/system/squid.service.d/")

@@ -75,7 +75,9 @@ RUN_DIR = "/run/egress-proxy"
 POD_PATHS = PolicyPaths(password_file="%s/%s" % (CONF_DIR, PASSWD_FILE), own_addresses="%s/own-addresses" % RUN_DIR,
                         error_directory="%s/errors" % RUN_DIR)
 # The Pod's own addresses, which squid never connects to: its IPs and its node's (the same with
-# hostNetwork). status.podIPs is comma-separated for a dual-stack Pod.
+# hostNetwork). status.podIPs is comma-separated for a dual-stack Pod. Both are fields an env var
+# may take from the downward API (validation.go, validEnvDownwardAPIFieldPathExpressions);
+# status.hostIPs is not used: API servers before 1.29 refuse it (the PodHostIPs feature gate).
 OWN_ADDRESS_ENV = (("POD_IPS", "status.podIPs"), ("NODE_IP", "status.hostIP"))
 # squid's auth helper runs as squid's unprivileged user, and projected files are root's.
 PASSWD_MODE = 0o444
