@@ -160,6 +160,8 @@ def provider_config(path: Path, host: HypervisorHost, known_hosts: Path, image: 
                       "unhealthyAfterSeconds": 1800},
             # The crawlers' network: the namespace's side of the guests' bridge.
             "allowedSources": [f"{bridge.rsplit('.', 1)[0]}.0/24"],
+            # The probe's target on the bridge is internal: opened on purpose, that address only.
+            "allowedDestinations": [f"{bridge}/32"],
             "kvm": {
                 "hosts": [{"name": LOCATION, "uri": f"qemu+ssh://root@{host.address}/system", "pool": "default",
                            "network": "default", "domainType": "qemu"}],

@@ -88,8 +88,10 @@ options:
       - Who may use the proxy. The operator's squid access policy, delivered without touching O(user_data)
         (KVM vendor-data boothook, the GCP C(startup-script) metadata item, the Pod's generated squid.conf).
       - Its rules come before any user configuration and end in C(http_access deny all); they also deny
-        loopback and link-local destinations (the cloud metadata address 169.254.169.254 among them),
-        C(CONNECT) to any port but 443, the cache manager, and strip C(Via) and C(X-Forwarded-For).
+        private, shared, unique-local, link-local and loopback destinations, every cloud's metadata address and
+        the instance's own addresses (by address after DNS resolution), C(CONNECT) to any port but 443 and the
+        cache manager. Its settings come after any user configuration (the authenticator, error pages and
+        headers that name neither the software nor the host, no credential in a log).
       - Omitted, the instance gets no policy from the module (the behaviour before this option).
       - See the collection's C(docs/architecture.md), "Security model", for precedence against a user's own
         squid configuration.
@@ -117,6 +119,14 @@ options:
           - Client networks (CIDRs) that may use the proxy; others get 403 before any credential is asked for.
           - Required when O(access.users) is empty. Empty with users, any source that authenticates.
             V(0.0.0.0/0) and V(::/0) serve anyone and are only ever used when written here.
+        type: list
+        elements: str
+        default: []
+      allowed_destinations:
+        description:
+          - Internal networks (CIDRs) the proxy may reach on purpose, such as a host on the hypervisor's network.
+          - Private, shared, unique-local and link-local networks are refused unless listed here; metadata,
+            loopback and the instance's own addresses stay refused even inside a listed network.
         type: list
         elements: str
         default: []
@@ -205,6 +215,11 @@ options:
                 required: true
           allowed_sources:
             description: As O(access.allowed_sources).
+            type: list
+            elements: str
+            default: []
+          allowed_destinations:
+            description: As O(access.allowed_destinations).
             type: list
             elements: str
             default: []

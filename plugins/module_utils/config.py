@@ -9,7 +9,7 @@ how to fix it. Unknown keys are errors too, so a typo (``domaintype``) never sil
 back to a default.
 
 This module reads the root and what every provider entry has (``name``, ``type``, ``probe``,
-``allowedSources``); each provider type's section is read by its own ``settings.py``
+``allowedSources``, ``allowedDestinations``); each provider type's section is read by its own ``settings.py``
 (``kvm/``, ``gcp/``, ``k8s/``), named once in ``_SECTION_PARSERS``, with the helpers of
 ``config_reader.py``.
 
@@ -123,6 +123,8 @@ class Provider:
     probe: ProbeSettings = field(default_factory=ProbeSettings)
     allowed_sources: Tuple[str, ...] = DEFAULT_ALLOWED_SOURCES
     """Networks crawlers may use this provider's proxies from, unless a Proxy says otherwise."""
+    allowed_destinations: Tuple[str, ...] = ()
+    """Internal networks this provider's proxies may reach, unless a Proxy says otherwise."""
 
     @property
     def valid(self) -> bool:
@@ -213,32 +215,36 @@ def _parse_provider(item: Reader, name: str) -> Provider:
     if provider_type is None:
         # Without a known type there is no section to read; its errors would only be noise.
         return Provider(name, raw_type if isinstance(raw_type, str) else "", errors=tuple(errors.messages))
-    item.only(errors, "name", "type", "probe", "allowedSources", provider_type)
+    item.only(errors, "name", "type", "probe", "allowedSources", "allowedDestinations", provider_type)
     section = errors.read(item.mapping, provider_type)
     settings = _SECTION_PARSERS[provider_type](section, errors) if section is not None else None
     probe = _parse_probe(item, errors)
-    sources = _parse_sources(item, errors)
+    # allowedSources: CIDRs crawlers may connect from; allowedDestinations: internal networks the
+    # proxies may reach on purpose (squid_access.py refuses every other internal destination).
+    sources = _parse_networks(item, errors, "allowedSources", DEFAULT_ALLOWED_SOURCES)
+    destinations = _parse_networks(item, errors, "allowedDestinations", ())
     if errors.messages or settings is None or probe is None:
         return Provider(name, provider_type, errors=tuple(errors.messages))
-    return Provider(name, provider_type, settings, probe=probe, allowed_sources=sources)
+    return Provider(name, provider_type, settings, probe=probe, allowed_sources=sources,
+                    allowed_destinations=destinations)
 
 
-def _parse_sources(item: Reader, errors: Errors) -> Tuple[str, ...]:
-    """``allowedSources``: CIDRs crawlers may connect from (a squid ``src`` ACL on every proxy)."""
-    if item.data.get("allowedSources") is None:
-        return DEFAULT_ALLOWED_SOURCES
-    raw = errors.read(item.non_empty_list, "allowedSources")
-    sources: List[str] = []
+def _parse_networks(item: Reader, errors: Errors, key: str, default: Tuple[str, ...]) -> Tuple[str, ...]:
+    """A non-empty list of CIDRs (host bits clear) at ``key``; ``default`` when absent."""
+    if item.data.get(key) is None:
+        return default
+    raw = errors.read(item.non_empty_list, key)
+    parsed: List[str] = []
     for index, value in enumerate(raw or []):
-        where = "%s[%d]" % (item.at("allowedSources"), index)
+        where = "%s[%d]" % (item.at(key), index)
         if not isinstance(value, str):
             errors.add("%s: must be a CIDR string, got %s" % (where, kind_of(value)))
             continue
         try:
-            sources.append(str(ipaddress.ip_network(value, strict=True)))
+            parsed.append(str(ipaddress.ip_network(value, strict=True)))
         except ValueError as error:
             errors.add("%s: %r is not a network in CIDR form such as 10.0.0.0/8 (%s)" % (where, value, error))
-    return tuple(sources)
+    return tuple(parsed)
 
 
 def _parse_probe(item: Reader, errors: Errors) -> Optional[ProbeSettings]:

@@ -102,6 +102,7 @@ SINGLE_INSTANCE_OPTIONS: Dict[str, Any] = {
             "password_hash": {"type": "str", "required": True, "no_log": True},
         }},
         "allowed_sources": {"type": "list", "elements": "str", "default": []},
+        "allowed_destinations": {"type": "list", "elements": "str", "default": []},
         "open": {"type": "bool", "default": False},
     }},
 }

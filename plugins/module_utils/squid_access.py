@@ -1,52 +1,60 @@
 # -*- coding: utf-8 -*-
 # Copyright: (c) 2026, egress-proxies developers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Who may use a proxy: the ``access`` module option, rendered as squid configuration.
+"""Who may use a proxy, and where it may go: the ``access`` module option, rendered as squid
+configuration (docs/architecture.md, "Security model").
 
-The operator's part of every proxy's squid configuration (docs/architecture.md, "Security
-model"): Basic auth against a file of password *hashes*, a source allowlist, destinations a
-proxy must never reach (loopback, link-local with the cloud metadata address), the manager
-interface closed, no client address leaking to the origin, and ``http_access deny all``
-last. What this module renders:
+The policy is two pieces of squid.conf around the distribution's and the user's configuration,
+``head + <theirs> + tail`` (:meth:`Policy.around`), because squid decides by order:
 
-- :func:`render_rules`: the squid.conf lines. On KVM and GCP they become the drop-in
-  ``/etc/squid/conf.d/00-egress-proxies.conf``; Debian's stock squid.conf includes
-  ``conf.d/*.conf`` after its own port and manager denies and *before* its own
-  ``http_access allow localhost`` / ``deny all`` (verified on Debian 12's squid 5.7), and
-  squid takes the first ``http_access`` line that matches, so ours decide every request
-  that the stock denies let through; anything after the include (later conf.d files such
-  as a user's ``zz-*.conf``, the stock ``allow localhost``) is never reached. On
-  Kubernetes the module puts them right after ``http_port``, before the provider's
-  ``squidConfig``.
-- :func:`render_password_file`: ``name:hash`` lines for ``basic_ncsa_auth``, which checks
-  a hash with crypt(3): on Debian 12 that is libxcrypt, which takes bcrypt (``$2b$``) and
-  SHA-512-crypt (``$6$``) alike (tests/integration/test_squid_access.py runs it).
-- :func:`install_script`: a POSIX sh script writing both files, for KVM vendor-data (as a
-  ``#cloud-boothook``, see :func:`boothook`) and GCP's ``startup-script``.
+- the **head** comes first, and squid takes the first ``http_access`` line that matches: ports,
+  the cache manager, then client sources (403), then credentials (407), then destinations (403),
+  then ``allow``, then ``deny all``, so no ``http_access`` line of anyone else's ever decides a
+  request. A request refused for its source or credentials is refused before any destination
+  ACL, so it costs no DNS lookup. Every ACL a rule refuses with lists what is *refused*
+  (squid_networks.py), so a user's ``acl`` line of the same name, which squid appends, can only
+  refuse more. First-match lists (``cachemgr_passwd``, ``follow_x_forwarded_for``,
+  ``request_header_access``, ``reply_header_access``) are in the head for the same reason.
+- the **tail** comes last, and squid keeps the last value of a single-valued directive: the
+  authenticator (a later ``auth_param basic program`` would replace it), the error pages and
+  every setting that keeps the proxy from naming itself or logging a credential.
 
-Importable without Ansible: the standard library and the collection's errors module only.
+On KVM and GCP the two pieces are the instance's squid.conf, which includes Debian's
+``/etc/squid/squid.conf`` between them (squid_install.py writes it and points squid.service at
+it); on Kubernetes the Pod's squid.conf has them around the provider's ``squidConfig``
+(k8s/pods.py). Importable without Ansible: the standard library and the collection's modules only.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import re
+import textwrap
 from dataclasses import dataclass
 from typing import Any, List, Mapping, Optional, Tuple
 
+from ansible_collections.crawl.egress_proxies.plugins.module_utils import squid_networks as nets
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.errors import Permanent
 
+# What an instance's policy is built from besides the Access itself: a new version changes what
+# every instance gets, so the controller makes it part of each instance's build hash
+# (``provider_config_info`` returns it) and replaces instances built with an older one.
+POLICY_VERSION = "2"
 BASIC_NCSA_AUTH = "/usr/lib/squid/basic_ncsa_auth"
-# Where KVM and GCP instances get the two files. "00-" sorts before any file a user drops
-# into conf.d (and before Debian's own debian.conf), so our http_access lines come first.
-DROPIN_PATH = "/etc/squid/conf.d/00-egress-proxies.conf"
-# The boot gate (KVM): "00-egress-proxies-" sorts before "00-egress-proxies." ('-' < '.'), so
-# while this file exists its ``deny all`` decides every request, ahead of our own rules.
-GATE_PATH = "/etc/squid/conf.d/00-egress-proxies-booting.conf"
-# The transient systemd unit that opens the gate once cloud-init's final stage has finished.
-GATE_UNIT = "egress-proxies-open-gate"
-PASSWORD_FILE = "/etc/squid/egress-proxies.passwd"
-REALM = "egress-proxy"
+# The realm a client sees in a 407; neutral, so it names neither the software nor the fleet.
+REALM = "proxy"
+VISIBLE_HOSTNAME = "proxy"
+# The ports Debian's stock squid.conf allows, as the ports it refuses (squid_networks: a list of
+# what is refused only grows by a later acl line); CONNECT only to 443 (no SMTP through a tunnel).
+REFUSED_PORTS = ("0-20", "22-69", "71-79", "81-209", "211-279", "281-442", "444-487", "489-590", "592-776",
+                 "778-1024")
+CONNECT_REFUSED_PORTS = ("0-442", "444-65535")
+# Without %>A: squid 5.7's defaults of these two name %>A (the client's host name), which turns on
+# a reverse DNS lookup of every client at connection time, strangers included.
+HELPER_EXTRAS = '"%>a %un %>rm myip=%la myport=%lp"'
+# Cache-Control with max-age or no-cache is the client's own: squid adds max-age (its
+# refresh_pattern maximum, 259200 s on Debian) only to a request without either.
+_CLIENT_CACHE_CONTROL = r"-i (^|[,[:space:]])(max-age|no-cache)([=,[:space:]]|$)"
 
 # A user name travels in a Basic credential ("name:password") and in the password file
 # ("name:hash"): no colon, no whitespace; this set is also safe in a shell here-document.
@@ -57,6 +65,7 @@ _BCRYPT_RE = re.compile(r"^\$2[aby]\$(0[4-9]|[12][0-9]|3[01])\$[./A-Za-z0-9]{53}
 _SHA512_CRYPT_RE = re.compile(r"^\$6\$(rounds=[0-9]{1,9}\$)?[./A-Za-z0-9]{1,16}\$[./A-Za-z0-9]{86}$")
 # An unconditional allow in a user's squid configuration: an open proxy.
 _ALLOW_ALL_RE = re.compile(r"^[ \t]*http_access[ \t]+allow[ \t]+all[ \t]*(#.*)?$", re.MULTILINE)
+_FIELDS = ("users", "allowed_sources", "allowed_destinations", "open")
 
 
 @dataclass(frozen=True)
@@ -72,10 +81,12 @@ class Access:
     users: Tuple[AccessUser, ...] = ()
     allowed_sources: Tuple[str, ...] = ()
     open: bool = False
+    # Internal networks the proxy may reach on purpose; never metadata, loopback or its own.
+    allowed_destinations: Tuple[str, ...] = ()
 
 
 def parse_access(value: Optional[Mapping[str, Any]], field: str = "access") -> Optional[Access]:
-    """The ``access`` option validated; None when absent (today's behaviour: no policy).
+    """The ``access`` option validated; None when absent (no policy).
 
     Every failure is ``Permanent`` and names the field path (``access.users[1].password_hash``).
     A password is never accepted, nor repeated in a message: only its hash.
@@ -83,15 +94,16 @@ def parse_access(value: Optional[Mapping[str, Any]], field: str = "access") -> O
     if value is None:
         return None
     if not isinstance(value, Mapping):
-        raise Permanent("%s: must be a dict with users, allowed_sources and open" % field)
-    unknown = sorted(str(key) for key in value if key not in ("users", "allowed_sources", "open"))
+        raise Permanent("%s: must be a dict with %s" % (field, ", ".join(_FIELDS)))
+    unknown = sorted(str(key) for key in value if key not in _FIELDS)
     if unknown:
-        raise Permanent("%s.%s: unknown field; allowed are users, allowed_sources, open" % (field, unknown[0]))
+        raise Permanent("%s.%s: unknown field; allowed are %s" % (field, unknown[0], ", ".join(_FIELDS)))
     is_open = value.get("open") or False
     if not isinstance(is_open, bool):
         raise Permanent("%s.open: must be true or false" % field)
     users = _parse_users(value.get("users") or [], "%s.users" % field)
-    sources = _parse_sources(value.get("allowed_sources") or [], "%s.allowed_sources" % field)
+    sources = parse_networks(value.get("allowed_sources") or [], "%s.allowed_sources" % field)
+    destinations = parse_networks(value.get("allowed_destinations") or [], "%s.allowed_destinations" % field)
     if is_open and users:
         raise Permanent("%s.users: must be empty when %s.open is true (an open proxy asks for no credentials); "
                         "remove the users or set open to false" % (field, field))
@@ -100,7 +112,7 @@ def parse_access(value: Optional[Mapping[str, Any]], field: str = "access") -> O
     if not users and not sources:
         raise Permanent("%s.allowed_sources: required when %s.users is empty (open: true); list the client "
                         "networks, or 0.0.0.0/0 and ::/0 to serve anyone" % (field, field))
-    return Access(users=users, allowed_sources=sources, open=is_open)
+    return Access(users=users, allowed_sources=sources, open=is_open, allowed_destinations=destinations)
 
 
 def _parse_users(value: Any, field: str) -> Tuple[AccessUser, ...]:
@@ -128,69 +140,155 @@ def _parse_users(value: Any, field: str) -> Tuple[AccessUser, ...]:
     return tuple(users)
 
 
-def _parse_sources(value: Any, field: str) -> Tuple[str, ...]:
+def parse_networks(value: Any, field: str) -> Tuple[str, ...]:
+    """A list of CIDRs (host bits clear), each normalised; the first bad one fails naming its index."""
     if not isinstance(value, list):
         raise Permanent("%s: must be a list of CIDRs" % field)
-    sources: List[str] = []
+    parsed: List[str] = []
     for index, item in enumerate(value):
         try:
             network = ipaddress.ip_network(item if isinstance(item, str) else "", strict=True)
         except ValueError as error:
             raise Permanent("%s[%d]: %r is not a CIDR such as 10.0.0.0/8 or fd00::/8 (%s)" % (
                 field, index, item, error)) from None
-        sources.append(str(network))
-    return tuple(sources)
+        parsed.append(str(network))
+    return tuple(parsed)
 
 
-def render_rules(access: Access, password_file: str = PASSWORD_FILE) -> str:
-    """The squid.conf lines of ``access``; the last ``http_access`` line is ``deny all``.
+@dataclass(frozen=True)
+class PolicyPaths:
+    """Where the instance keeps the files the policy names (they differ per provider)."""
 
-    Order matters (squid acts on the first ``http_access`` line that matches):
-    ports and destinations first, so a request to the metadata address is refused without
-    asking for credentials; then sources, so a stranger gets 403 and never a 407 inviting
-    a password guess; then credentials (a request without them or with wrong ones gets 407).
-    """
-    lines = ["# crawl.egress_proxies: the operator's access policy (docs/architecture.md, \"Security model\").",
-             "# Generated; replaced when the instance is created. http_access lines after these are never reached."]
-    if access.users:
-        lines += [
-            "auth_param basic program %s %s" % (BASIC_NCSA_AUTH, password_file),
+    password_file: str
+    own_addresses: str
+    error_directory: str
+
+
+@dataclass(frozen=True)
+class Policy:
+    head: str
+    tail: str
+
+    def around(self, middle: str) -> str:
+        """``middle`` (the distribution's or the user's configuration) between head and tail."""
+        if middle and not middle.endswith("\n"):
+            middle += "\n"
+        return self.head + middle + self.tail
+
+
+def render_policy(access: Access, paths: PolicyPaths) -> Policy:
+    return Policy(_head(access, paths), _tail(access, paths))
+
+
+def _auth_lines(access: Access, password_file: str) -> List[str]:
+    if not access.users:
+        return []
+    return ["auth_param basic program %s %s" % (BASIC_NCSA_AUTH, password_file),
             "auth_param basic children 5 startup=1 idle=1",
             "auth_param basic realm %s" % REALM,
-            # squid re-checks a cached credential this often; a rotated password file is
-            # read again on reconfigure anyway.
-            "auth_param basic credentialsttl 1 hour",
-            "acl egress_users proxy_auth REQUIRED",
-        ]
-    lines += [
-        "acl egress_sources src %s" % " ".join(access.allowed_sources) if access.allowed_sources
-        else "acl egress_sources src all",
-        # The same ports as Debian's stock squid.conf: no CONNECT to SMTP or anything but 443.
-        "acl egress_safe_ports port 80 21 443 70 210 1025-65535 280 488 591 777",
-        "acl egress_ssl_ports port 443",
-        "acl egress_connect method CONNECT",
-        # squid's built-in to_localhost is 127.0.0.0/8 0.0.0.0/32 ::1/128 ::/128; stated again
-        # so the rule does not depend on a squid version's built-ins.
-        "acl egress_loopback dst 127.0.0.0/8 0.0.0.0/32 ::1/128 ::/128",
-        # Link-local, which holds the cloud metadata address 169.254.169.254 (GCP, AWS, Azure),
-        # plus AWS's IPv6 metadata address. A hostname is resolved before a dst ACL is
-        # checked, so metadata.google.internal is refused as well.
-        "acl egress_link_local dst 169.254.0.0/16 fe80::/10 fd00:ec2::254/128",
-        "http_access deny !egress_safe_ports",
-        "http_access deny egress_connect !egress_ssl_ports",
-        "http_access deny manager",
-        "http_access deny to_localhost",
-        "http_access deny egress_loopback",
-        "http_access deny egress_link_local",
-        "http_access deny !egress_sources",
-        "http_access allow egress_users" if access.users else "http_access allow egress_sources",
-        "http_access deny all",
-        # The origin learns nothing about the client or the proxy software.
-        "via off",
-        "forwarded_for delete",
-        "request_header_access X-Forwarded-For deny all",
-        "request_header_access Via deny all",
-    ]
+            # A cached credential is checked again this often; a rotated password file is read
+            # again on reconfigure anyway.
+            "auth_param basic credentialsttl 1 hour"]
+
+
+def _opened(access: Access) -> List[nets.Network]:
+    return [ipaddress.ip_network(d) for d in access.allowed_destinations]
+
+
+def _acls(access: Access, paths: PolicyPaths) -> List[str]:
+    """Every ACL the head's rules use; each refusing one lists what it refuses."""
+    allowed = [ipaddress.ip_network(s) for s in access.allowed_sources]
+    opened = _opened(access)
+    lines = [*nets.acl_lines("egress_refused_ports", "port", REFUSED_PORTS),
+             *nets.acl_lines("egress_connect_refused_ports", "port", CONNECT_REFUSED_PORTS),
+             "acl egress_connect method CONNECT"]
+    if allowed:
+        lines += _comment("Clients outside %s." % ", ".join(access.allowed_sources))
+        lines += nets.acl_lines("egress_foreign", "src", nets.complement(allowed))
+    if access.users:
+        lines += ["acl egress_users proxy_auth REQUIRED"]
+    lines += _comment("Never, whatever is opened: %s; cloud metadata: %s; and these IPv4 networks as NAT64 "
+                      "addresses." % (_described(nets.LOOPBACK), _described(nets.METADATA)))
+    lines += nets.acl_lines("egress_never", "dst", nets.never())
+    lines += ["# This instance's own addresses, written where it runs.",
+              'acl egress_never dst "%s"' % paths.own_addresses]
+    closed = nets.closed(opened)
+    if closed:
+        lines += _comment("Internal networks%s: %s; and these as NAT64 addresses." % (
+            " but those opened by allowed_destinations (%s)" % ", ".join(access.allowed_destinations) if opened
+            else "", _described(nets.INTERNAL)))
+        lines += nets.acl_lines("egress_internal", "dst", closed)
+    return [*lines, "acl egress_squid_server rep_header Server ^squid(/|$)",
+            "acl egress_client_cache_control req_header Cache-Control %s" % _CLIENT_CACHE_CONTROL]
+
+
+def _described(table: Tuple[Tuple[str, str], ...]) -> str:
+    return "; ".join("%s %s" % row for row in table)
+
+
+def _comment(text: str) -> List[str]:
+    return ["# " + line for line in textwrap.wrap(text, 96)]
+
+
+def _http_access(access: Access, internal_closed: bool) -> List[str]:
+    rules = ["http_access deny egress_refused_ports",
+             "http_access deny egress_connect egress_connect_refused_ports",
+             "http_access deny manager"]
+    if access.allowed_sources:
+        rules += ["http_access deny egress_foreign"]  # 403, before any credential is asked for
+    if access.users:
+        rules += ["http_access deny !egress_users"]  # 407: no, wrong or made-up credentials
+    # Destinations last: their ACLs resolve the host name, so only a client that passed the
+    # rules above ever costs a DNS lookup.
+    refused = ["egress_never"] + (["egress_internal"] if internal_closed else [])
+    rules += ["http_access deny %s" % acl for acl in refused]
+    # Whoever passed every rule above; nothing after this line is ever reached.
+    rules += ["http_access allow egress_users", "http_access deny all"] if access.users else ["http_access allow all"]
+    # The same destinations after a url_rewrite_program or an adaptation changed the request.
+    return rules + ["adapted_http_access deny %s" % acl for acl in refused]
+
+
+def _head(access: Access, paths: PolicyPaths) -> str:
+    lines = ["# crawl.egress_proxies access policy, version %s (docs/architecture.md, \"Security model\")." %
+             POLICY_VERSION,
+             "# Generated per instance. Squid takes the first http_access line that matches, and these end",
+             "# in an allow and \"deny all\": no http_access line after them decides a request. Every ACL a",
+             "# rule refuses with lists what it refuses: an acl line of that name later (squid appends)",
+             "# refuses more."]
+    lines += _auth_lines(access, paths.password_file)  # proxy_auth ACLs need the scheme first
+    lines += _acls(access, paths)
+    lines += _http_access(access, bool(nets.closed(_opened(access))))
+    if access.users:
+        lines += ["auth_schemes basic all"]  # no scheme a later auth_param adds is ever offered
+    lines += ["cachemgr_passwd disable all",  # the cache manager, from anywhere, localhost too
+              "follow_x_forwarded_for deny all",  # the client is the TCP peer, never a header
+              "request_header_access X-Forwarded-For deny all",
+              "request_header_access Via deny all",
+              "request_header_access Cache-Control deny !egress_client_cache_control",
+              "reply_header_access Server deny egress_squid_server",
+              "reply_header_access X-Squid-Error deny all",
+              "reply_header_access X-Cache deny all",
+              "reply_header_access X-Cache-Lookup deny all"]
+    return "\n".join(lines) + "\n"
+
+
+def _tail(access: Access, paths: PolicyPaths) -> str:
+    lines = ["# crawl.egress_proxies: the operator's settings, last, so nothing before them changes them."]
+    lines += _auth_lines(access, paths.password_file)
+    lines += ["visible_hostname %s" % VISIBLE_HOSTNAME,
+              "httpd_suppress_version_string on",
+              "error_directory %s" % paths.error_directory,
+              "via off",
+              "forwarded_for delete",
+              "ftp_user anonymous@",
+              "ftp_sanitycheck on",  # an FTP data connection goes to the server asked for only
+              "url_rewrite_extras %s" % HELPER_EXTRAS,
+              "store_id_extras %s" % HELPER_EXTRAS,
+              "log_mime_hdrs off",
+              "strip_query_terms on",
+              # Sections 29 (authentication) and 55 (HTTP headers) log a client's Proxy-Authorization
+              # or whole header block at level 1 (an unsupported scheme, bad characters, a NUL byte).
+              "debug_options ALL,1 29,0 55,0"]
     return "\n".join(lines) + "\n"
 
 
@@ -210,98 +308,34 @@ def refuse_open_user_config(text: Optional[str], field: str) -> None:
                         "and say who may use the proxy with the Proxy's allowedSources (and auth)" % field)
 
 
-_HEREDOC_END = "EGRESS_PROXIES_EOF"
-
-
-def install_script(access: Access, boot_gate: bool = False) -> bytes:
-    """A POSIX sh script that writes the drop-in and the password file, then reloads squid.
-
-    ``boot_gate`` (the KVM boothook): squid also refuses every request (403) until cloud-init
-    has finished this boot, user-data included. Ready means serving, and the controller's
-    probe must not pass before a user's ``runcmd`` or ``packages`` restart squid (measured in
-    the real-guest test: a guest Ready after its first 204 then refused connections for
-    seconds while its cloud-final restarted squid). The gate is a drop-in of its own
-    (:data:`GATE_PATH`) that a transient systemd unit ordered after ``cloud-final.service``
-    removes, then reloads squid: queued with ``--no-block``, so nothing in cloud-init waits on
-    it, and a boothook runs on every boot, so every boot gates until it has finished. Without
-    systemd-run there is no gate (nothing would open it).
-
-    It runs before squid is installed (a KVM boothook, in cloud-init's init stage, before
-    the final stage installs the user's ``packages``) or after (GCP's startup script races
-    cloud-init; an image with squid in it): the files are written first, so a squid
-    installed later starts with them, and a squid already running is reloaded after they
-    are in place. The password file is 0640 root:proxy (Debian's squid user; ``squid`` on
-    distributions that call it that). Idempotent; every step logs one line.
-    """
-    password_file = render_password_file(access)
-    rules = render_rules(access)
-    parts = [
-        "#!/bin/sh",
-        "# crawl.egress_proxies: install the operator's squid access policy (docs/architecture.md,",
-        "# \"Security model\"). Generated per instance; runs on KVM as a vendor-data boothook and on",
-        "# GCP as the startup-script.",
-        "umask 022",
-        "log() { printf 'egress-proxies access: %s\\n' \"$*\"; }",
-        "mkdir -p /etc/squid/conf.d || { log \"FAILED: cannot create /etc/squid/conf.d\"; exit 1; }",
-        "group=",
-        "for candidate in proxy squid; do",
-        "    if getent group \"$candidate\" >/dev/null 2>&1; then group=$candidate; break; fi",
-        "done",
-        # Written next to the target and renamed over it: squid never reads half a file.
-        "write() {",
-        "    target=$1 mode=$2 tmp=$1.egress-proxies.$$",
-        "    (umask 077 && cat > \"$tmp\") || { log \"FAILED: cannot write $target\"; exit 1; }",
-        "    if [ \"$mode\" = 0640 ]; then",
-        "        if [ -n \"$group\" ]; then chgrp \"$group\" \"$tmp\"",
-        "        else log \"no proxy or squid group yet: squid cannot read $target (every login fails)\"\\",
-        "            \" until this runs again\"",
-        "        fi",
-        "    fi",
-        "    chmod \"$mode\" \"$tmp\" && mv -f \"$tmp\" \"$target\" ||",
-        "        { log \"FAILED: cannot install $target\"; exit 1; }",
-        "    log \"wrote $target\"",
-        "}",
-    ]
-    if access.users:
-        parts += ["write %s 0640 <<'%s'" % (PASSWORD_FILE, _HEREDOC_END), password_file.rstrip("\n"), _HEREDOC_END]
-    if boot_gate:
-        opener = "rm -f %s && systemctl try-reload-or-restart squid" % GATE_PATH
-        parts += [
-            "if command -v systemd-run >/dev/null 2>&1; then",
-            "    write %s 0644 <<'%s'" % (GATE_PATH, _HEREDOC_END),
-            "# crawl.egress_proxies: closed until cloud-init has finished this boot (removed by %s)" % GATE_UNIT,
-            "http_access deny all",
-            _HEREDOC_END,
-            "    systemctl reset-failed %s.service >/dev/null 2>&1" % GATE_UNIT,
-            "    systemd-run --no-block --unit=%s --property=Type=oneshot --property=After=cloud-final.service \\"
-            % GATE_UNIT,
-            "        /bin/sh -c '%s' >/dev/null && log \"squid closed until cloud-init has finished\" ||" % opener,
-            "        { rm -f %s; log \"FAILED: cannot queue %s; squid is not gated\"; }" % (GATE_PATH, GATE_UNIT),
-            "else",
-            "    rm -f %s" % GATE_PATH,
-            "fi",
-        ]
-    parts += [
-        "write %s 0644 <<'%s'" % (DROPIN_PATH, _HEREDOC_END), rules.rstrip("\n"), _HEREDOC_END,
-        # try-reload-or-restart acts only on a running unit: a squid installed later starts
-        # with the files as they are now.
-        "if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet squid; then",
-        "    systemctl try-reload-or-restart squid && log \"squid reloaded\" || log \"FAILED: squid reload\"",
-        "elif command -v squid >/dev/null 2>&1 && pidof squid >/dev/null 2>&1; then",
-        "    squid -k reconfigure && log \"squid reconfigured\" || log \"FAILED: squid -k reconfigure\"",
-        "else",
-        "    log \"squid is not running; it reads the policy when it starts\"",
-        "fi",
-    ]
-    return ("\n".join(parts) + "\n").encode("ascii")
-
-
-def boothook(access: Access) -> bytes:
-    """:func:`install_script` as a ``#cloud-boothook`` document, for KVM vendor-data.
-
-    cloud-init runs vendor-data parts with the same handlers as user-data; a boothook runs
-    in the init stage, before the final stage installs packages, so Debian's squid starts
-    with the policy from its very first start. cloud-init strips the ``#cloud-boothook``
-    line and executes the rest, which therefore starts with its own ``#!/bin/sh``.
-    """
-    return b"#cloud-boothook\n" + install_script(access, boot_gate=True)
+# The page of every error squid answers itself (403, 407, 502, 503, ...): nothing in it names
+# the software, its version or the host, and it is the same whatever went wrong (the status
+# line says which). The access log keeps the reason.
+ERROR_PAGE = """<!DOCTYPE html>
+<html><head><meta charset="utf-8"><title>Request not completed</title></head>
+<body><p>The request was not completed.</p></body></html>
+"""
+# Every template squid 5.7 loads (Debian's /usr/share/squid/errors/templates; a test compares);
+# ERR_DIR_LISTING is an FTP directory listing, not an error, and keeps its content.
+ERROR_TEMPLATES = (
+    "ERR_ACCESS_DENIED", "ERR_ACL_TIME_QUOTA_EXCEEDED", "ERR_AGENT_CONFIGURE", "ERR_AGENT_WPAD",
+    "ERR_CACHE_ACCESS_DENIED", "ERR_CACHE_MGR_ACCESS_DENIED", "ERR_CANNOT_FORWARD", "ERR_CONFLICT_HOST",
+    "ERR_CONNECT_FAIL", "ERR_DNS_FAIL", "ERR_ESI", "ERR_FORWARDING_DENIED", "ERR_FTP_DISABLED",
+    "ERR_FTP_FAILURE", "ERR_FTP_FORBIDDEN", "ERR_FTP_NOT_FOUND", "ERR_FTP_PUT_CREATED", "ERR_FTP_PUT_ERROR",
+    "ERR_FTP_PUT_MODIFIED", "ERR_FTP_UNAVAILABLE", "ERR_GATEWAY_FAILURE", "ERR_ICAP_FAILURE", "ERR_INVALID_REQ",
+    "ERR_INVALID_RESP", "ERR_INVALID_URL", "ERR_LIFETIME_EXP", "ERR_NO_RELAY", "ERR_ONLY_IF_CACHED_MISS",
+    "ERR_PRECONDITION_FAILED", "ERR_PROTOCOL_UNKNOWN", "ERR_READ_ERROR", "ERR_READ_TIMEOUT",
+    "ERR_SECURE_CONNECT_FAIL", "ERR_SHUTTING_DOWN", "ERR_SOCKET_FAILURE", "ERR_TOO_BIG", "ERR_UNSUP_HTTPVERSION",
+    "ERR_UNSUP_REQ", "ERR_URN_RESOLVE", "ERR_WRITE_ERROR", "ERR_ZERO_SIZE_OBJECT",
+)
+DIR_LISTING_TEMPLATE = "ERR_DIR_LISTING"
+DIR_LISTING_PAGE = """<!DOCTYPE html>
+<html><head><meta charset="utf-8"><title>Directory: %U</title></head>
+<body><h2>Directory: <a href="%U">%U</a>/</h2>
+<pre>%z</pre>
+<table>
+<tr><th></th><th><a href="../">Parent Directory</a> (<a href="/">Root Directory</a>)</th></tr>
+%g
+</table>
+</body></html>
+"""

@@ -112,6 +112,13 @@ providers:
       description: Networks crawlers may use this provider's proxies from unless a Proxy says otherwise.
       type: list
       elements: str
+    allowed_destinations:
+      description:
+        - Internal networks this provider's proxies may reach unless a Proxy says otherwise (its
+          C(allowedDestinations); empty when absent). Metadata, loopback and an instance's own addresses are
+          never reachable.
+      type: list
+      elements: str
     probe:
       description:
         - How the controller checks that this provider's proxies serve (the C(probe) field, defaults filled in).
@@ -130,6 +137,14 @@ providers:
       type: kubernetes
       valid: false
       errors: ["providers[1].kubernetes.namespace: 'Egress' is not a valid Kubernetes namespace name (...)"]
+access_policy_version:
+  description:
+    - The version of the squid access policy the C(*_proxy) modules deliver with their C(access) option.
+    - It changes when what they deliver changes; the controller makes it part of every instance's build hash,
+      so instances built with an older policy are replaced (make before break).
+  returned: success
+  type: str
+  sample: "2"
 errors:
   description: Every error in the file, in file order, each starting with its field path.
   returned: success
@@ -166,6 +181,7 @@ def backend_errors(provider: Provider, index: int, owner: str) -> List[str]:
         return []
     identity = ProviderIdentity(provider.name, owner, provider.allowed_sources)
     return ["providers[%d].%s" % (index, problem) for problem in check_gcp_backend(provider.gcp, identity)]
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.squid_access import POLICY_VERSION  # noqa: E402
 
 
 def main() -> None:
@@ -185,11 +201,12 @@ def main() -> None:
         {"name": provider.name, "type": provider.type, "valid": not root_errors and provider.valid,
          "errors": root_errors + list(provider.errors), "probe": provider.probe.as_dict(),
          "allowed_sources": list(provider.allowed_sources),
+         "allowed_destinations": list(provider.allowed_destinations),
          "backend_errors": backend_errors(provider, index, str(report.owner)) if check and provider.valid else []}
         for index, provider in enumerate(report.providers)
     ]
     module.exit_json(changed=False, valid=report.valid, owner=report.owner, providers=providers,
-                     errors=list(report.errors))
+                     errors=list(report.errors), access_policy_version=POLICY_VERSION)
 
 
 if __name__ == "__main__":

@@ -1139,6 +1139,9 @@ def bad_pod(**changes: Any) -> Obj:
      "spec.containers[0].ports[0].name", "FieldValueInvalid", "must contain at least one letter (a-z)"),
     ({"spec__containers__0__ports": [{"containerPort": 3128, "protocol": "HTTP"}]},
      "spec.containers[0].ports[0].protocol", "FieldValueNotSupported", 'supported values: "SCTP", "TCP", "UDP"'),
+    # validateEnvVarValueFrom: a fieldRef names one of validEnvDownwardAPIFieldPathExpressions.
+    ({"spec__containers__0__env": [{"name": "POD_IPS", "valueFrom": {"fieldRef": {"fieldPath": "status.podIPS"}}}]},
+     "spec.containers[0].env[0].valueFrom.fieldRef.fieldPath", "FieldValueNotSupported", '"status.podIPs"'),
 ])
 def test_an_invalid_pod_is_422_naming_the_field(core: client.CoreV1Api, changes: Obj, field: str, reason: str,
                                                detail: str) -> None:

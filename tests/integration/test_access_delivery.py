@@ -3,9 +3,10 @@ what each provider delivers, and that the user's own document is untouched.
 
 - GCP, on the Compute emulator: the ``startup-script`` metadata item is the generated install
   script followed by the squid installer (gcp/startup.py), ``user-data`` is the Proxy's byte for byte.
-- Kubernetes, on the API emulator: the Pod's squid.conf annotation has the operator's rules
-  right after ``http_port``, the password file annotation holds the hashes and is projected
-  next to squid.conf; a squidConfig with ``http_access allow all`` is refused naming the field.
+- Kubernetes, on the API emulator: the Pod's squid.conf annotation has the operator's policy
+  around the provider's squidConfig (its rules right after ``http_port``), the password file
+  annotation holds the hashes and is projected next to squid.conf; a squidConfig with
+  ``http_access allow all`` is refused naming the field.
 - Every provider: no hash ever reaches the module's result (``no_log``), and a bad ``access``
   fails permanent naming the field path, also inside ``operations``.
 
@@ -28,12 +29,9 @@ import yaml
 from kubernetes import client
 
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.gcp.startup import startup_script
-from ansible_collections.crawl.egress_proxies.plugins.module_utils.squid_access import (
-    DROPIN_PATH,
-    install_script,
-    parse_access,
-    render_rules,
-)
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.k8s.pods import POD_PATHS
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.squid_access import parse_access, render_policy
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.squid_install import POLICY_DIR, install_script
 from support.ansible_modules import ModuleRun, run_module
 from support.compute_emulator import ComputeEmulator
 from support.kube_emulator import KubeEmulator
@@ -45,7 +43,7 @@ SHA512_HASH = subprocess.run(["openssl", "passwd", "-6", "-stdin"], input="test-
                              text=True, check=True).stdout.strip()
 ACCESS = {"users": [{"name": "crawlers", "password_hash": BCRYPT_HASH},
                     {"name": "legacy", "password_hash": SHA512_HASH}],
-          "allowed_sources": ["10.0.0.0/8", "fd00::/8"]}
+          "allowed_sources": ["10.0.0.0/8", "fd00::/8"], "allowed_destinations": ["192.168.122.1/32"]}
 CLOUD_CONFIG = (Path(__file__).resolve().parents[2] / "controller" / "examples" / "proxy-kvm-squid.yaml")
 USER_DATA = yaml.safe_load(CLOUD_CONFIG.read_text())["spec"]["cloudInit"]
 TAGS = {**OWNER_TAGS, "crawl.example.com/proxy": "crawlers/eu-1"}
@@ -87,17 +85,19 @@ def test_gcp_startup_script_carries_the_policy_and_user_data_is_untouched(tmp_pa
     assert metadata["user-data"] == USER_DATA
     access = parse_access(ACCESS)
     assert access is not None
-    # The policy script, whole, ahead of the squid installer (tests/integration/test_gcp_startup_script.py).
+    # The squid installer, then the policy script, whole (tests/integration/test_gcp_startup_script.py).
     assert metadata["startup-script"] == startup_script(access, 3128)
     assert install_script(access).decode().split("\n", 1)[1] in metadata["startup-script"]
-    assert BCRYPT_HASH in metadata["startup-script"] and "10.0.0.0/8 fd00::/8" in metadata["startup-script"]
+    assert BCRYPT_HASH in metadata["startup-script"]
+    assert "# Clients outside 10.0.0.0/8, fd00::/8." in metadata["startup-script"]
+    assert "opened by allowed_destinations (192.168.122.1/32)" in metadata["startup-script"]
 
 
 def test_gcp_without_access_gets_only_the_squid_installer(tmp_path: Path, compute: ComputeEmulator) -> None:
     created = gcp(tmp_path, compute, name=NAME, tags=TAGS, user_data=USER_DATA)
     assert created.status == "successful", created.result
     script = compute.metadata(ZONE, NAME)["startup-script"]
-    assert script == startup_script(None, 3128) and DROPIN_PATH not in script
+    assert script == startup_script(None, 3128) and POLICY_DIR not in script
 
 
 # -- Kubernetes -----------------------------------------------------------------------------------
@@ -126,8 +126,9 @@ def test_k8s_pod_has_the_rules_first_and_the_password_file_projected(k8s_config:
     access = parse_access(ACCESS)
     assert access is not None
     conf = annotations["crawl.example.com/squid-conf"]
-    assert conf.startswith("http_port 3128\n" + render_rules(access, "/etc/egress-proxy/passwd"))
-    assert "http_access allow localnet" in conf  # the default squidConfig follows, never reached
+    policy = render_policy(access, POD_PATHS)
+    assert conf.startswith("http_port 3128\n" + policy.head) and conf.endswith(policy.tail)
+    assert "http_access allow localnet" in conf  # the default squidConfig in between, never reached
     assert annotations["crawl.example.com/squid-passwd"] == f"crawlers:{BCRYPT_HASH}\nlegacy:{SHA512_HASH}\n"
     items = pod["spec"]["volumes"][0]["downwardAPI"]["items"]
     assert [(item["path"], item.get("mode"), item["fieldRef"]["fieldPath"]) for item in items] == [
@@ -152,6 +153,9 @@ def test_k8s_squid_config_allowing_all_is_refused_naming_the_field(tmp_path: Pat
     pytest.param({"open": True}, "access.allowed_sources: required when access.users is empty", id="open-no-sources"),
     pytest.param({"users": [{"name": "crawlers", "password_hash": BCRYPT_HASH}], "allowed_sources": ["10.0.0.1/8"]},
                  "access.allowed_sources[0]: '10.0.0.1/8' is not a CIDR", id="host-bits"),
+    pytest.param({"users": [{"name": "crawlers", "password_hash": BCRYPT_HASH}],
+                  "allowed_destinations": ["192.168.122.1/24"]},
+                 "access.allowed_destinations[0]: '192.168.122.1/24' is not a CIDR", id="destination"),
 ])
 def test_bad_access_is_permanent_naming_the_field(k8s_config: Path, access: dict[str, Any], message: str) -> None:
     single = k8s(k8s_config, name=NAME, tags=TAGS, access=access)

@@ -6,13 +6,14 @@ Debian's GCE images run the metadata ``startup-script`` (Google's guest agent) a
 there, so the provider's script installs it. Ubuntu's images run both: the script waits for
 cloud-init, whose user-data may install squid, and installs nothing then.
 
-The script runs with ``/etc/squid`` a fresh tmpfs and ``/usr/sbin`` hidden (this machine's squid
-is not "installed" for it); ``apt-get``, ``cloud-init`` and ``systemctl`` are stubs on its PATH
-that log their calls (no package index is reachable here, and nothing may be installed on this
-machine). What is proved: the order (policy files, then cloud-init's end, then the install), what
-is installed when, and the port drop-in. That apt really installs Debian's squid, and that it
-starts with the policy, is Debian's packaging (tests/integration/test_squid_access.py runs that
-squid with the very drop-in).
+The script runs with ``/etc/squid`` and ``/etc/systemd/system`` fresh tmpfs and ``/usr/sbin``
+hidden (this machine's squid is not "installed" for it, and its systemd is not touched);
+``apt-get``, ``cloud-init`` and ``systemctl`` are stubs on its PATH that log their calls (no
+package index is reachable here, and nothing may be installed on this machine). What is proved:
+the order (cloud-init's end, then the install, then the policy files, whose password file needs
+the group the package makes), what is installed when, and the port drop-in. That apt really
+installs Debian's squid, and that squid serves with the policy, is Debian's packaging and
+tests/integration/test_squid_access.py (which runs that squid with the very files).
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ import pytest
 import yaml
 
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.gcp.startup import PORT_DROPIN_PATH, startup_script
-from ansible_collections.crawl.egress_proxies.plugins.module_utils.squid_access import DROPIN_PATH, parse_access
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.squid_access import parse_access
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.squid_install import CONFIG_PATH
 from support.ansible_modules import run_module
 from support.compute_emulator import ComputeEmulator
 from support.provider_config import OWNER, OWNER_TAGS
@@ -50,9 +52,8 @@ def run_script(tmp_path: Path, script: str, cloud_init: bool) -> list[str]:
     stubs, log = tmp_path / "bin", tmp_path / "calls.log"
     stubs.mkdir()
     installed = f"printf '#!/bin/sh\\nexit 0\\n' > {stubs}/squid && chmod 755 {stubs}/squid"
-    policy = f"[ -f {DROPIN_PATH} ] && echo policy-written >> {log}"
     stub_bodies = {
-        "apt-get": f'echo "apt-get $*" >> {log}; {policy}; case "$*" in *install*) {installed};; esac',
+        "apt-get": f'echo "apt-get $*" >> {log}; case "$*" in *install*) {installed};; esac',
         "systemctl": f'echo "systemctl $*" >> {log}; case "$1" in is-active) exit 3;; esac',
     }
     if cloud_init:  # cloud-init's final stage runs the user-data, which installs squid
@@ -62,7 +63,9 @@ def run_script(tmp_path: Path, script: str, cloud_init: bool) -> list[str]:
         (stubs / name).chmod(0o755)
     (tmp_path / "startup.sh").write_text(script)
     inner = (f"mount -t tmpfs tmpfs /etc/squid && mount -t tmpfs tmpfs /usr/sbin && "
+             f"mount -t tmpfs tmpfs /etc/systemd/system && "
              f"PATH={stubs}:/usr/bin:/bin sh {tmp_path}/startup.sh; "
+             f"[ -f {CONFIG_PATH} ] && echo policy-written >> {log}; "
              f"cat {PORT_DROPIN_PATH} 2>/dev/null | sed 's/^/port-dropin: /' >> {log}")
     result = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", inner],
                             capture_output=True, text=True, timeout=60, check=False)
@@ -83,16 +86,18 @@ def test_a_stock_debian_image_gets_squid_from_the_startup_script(tmp_path: Path,
     assert boot.user_data is None  # nothing on Debian's GCE image reads it
     assert boot.startup_script is not None
     calls = run_script(tmp_path, boot.startup_script, cloud_init=False)
-    # The policy is written (no squid runs yet to reload), then apt installs squid, which starts with it.
-    assert calls == ["systemctl is-active --quiet squid",
-                     "apt-get -q -o DPkg::Lock::Timeout=600 update", "policy-written",
-                     "apt-get -q -y -o DPkg::Lock::Timeout=600 install squid", "policy-written",
-                     "systemctl enable --now squid"], calls
+    # apt installs squid (its package configuration serves localhost only), then the policy is
+    # written and systemd learns squid's new unit drop-in.
+    assert calls[:3] == ["apt-get -q -o DPkg::Lock::Timeout=600 update",
+                         "apt-get -q -y -o DPkg::Lock::Timeout=600 install squid",
+                         "systemctl enable --now squid"], calls
+    assert "systemctl daemon-reload" in calls[3:] and calls[-1] == "policy-written", calls
 
 
 def test_where_cloud_init_installs_squid_the_script_waits_and_installs_nothing(tmp_path: Path) -> None:
     calls = run_script(tmp_path, startup_script(parse_access(ACCESS), 3128), cloud_init=True)
-    assert calls == ["systemctl is-active --quiet squid", "cloud-init status --wait"], calls
+    assert calls[0] == "cloud-init status --wait" and calls[-1] == "policy-written", calls
+    assert not [call for call in calls if call.startswith("apt-get")], calls
 
 
 def test_a_squid_installed_for_another_port_listens_on_it(tmp_path: Path) -> None:

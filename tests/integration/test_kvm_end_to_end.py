@@ -415,6 +415,7 @@ def lab(bootstrapped: Bootstrapped, images: dict[str, BaseImage], kube_module: K
     disk_gib = max(2, math.ceil(max(_virtual_size(image) for image in images.values()) / 2**30))
     # Every check is served inside the host's namespace, on the guests' bridge: the 204 URL,
     # the CONNECT target (port 443 there) and the egress echo (the address squid connects from).
+    # The bridge is an internal address: the provider opens it on purpose (allowedDestinations).
     bridge = host.guest_network_address
     probe = {"httpUrl": f"http://{bridge}:{WEB_PORT}/generate_204", "expectStatus": 204,
              "connect": f"{bridge}:{TUNNEL_PORT}", "egressEchoUrl": f"http://{bridge}:{WEB_PORT}/ip",
@@ -422,7 +423,8 @@ def lab(bootstrapped: Bootstrapped, images: dict[str, BaseImage], kube_module: K
     config = write_kvm_config(
         directory / "providers.yaml", [kvm_host(HOST, f"qemu+ssh://root@{host.address}/system")],
         images["agent"], ssh={"keyFile": str(key_file), "knownHostsFile": str(bootstrapped.known_hosts_file)},
-        probe=probe, machineTypes={"small": {"vcpus": 2, "memoryMiB": 1024, "diskGiB": disk_gib}})
+        probe=probe, allowed_destinations=[f"{bridge}/32"],
+        machineTypes={"small": {"vcpus": 2, "memoryMiB": 1024, "diskGiB": disk_gib}})
     _add_image(config, "debian-12-no-agent", images["no-agent"])
     relay = Relay(host.gateway, ("127.0.0.1", int(kube_module.url.rsplit(":", 1)[1])))
     tokens = directory / "discovery-tokens.yaml"

@@ -37,7 +37,8 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.domain_xm
     GUEST_AGENT_CHANNEL,
     METADATA_NS,
 )
-from ansible_collections.crawl.egress_proxies.plugins.module_utils.squid_access import boothook, parse_access
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.squid_access import parse_access
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.squid_install import boothook
 from egress_proxies.providers.runner import AnsibleRunner
 from egress_proxies.providers.transfers import describe
 from egress_proxies.sources.directory import DirectoryStore

@@ -11,6 +11,7 @@ from typing import Any
 
 import yaml
 
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.squid_access import POLICY_VERSION
 from support.ansible_modules import ModuleRun, run_module
 
 OWNER = "prod-cluster-1"
@@ -50,7 +51,9 @@ def write(tmp_path: Path, data: Any) -> Path:
 
 
 def test_a_valid_config(tmp_path: Path) -> None:
-    run = check(write(tmp_path, document()))
+    data = document()
+    data["providers"][1]["allowedDestinations"] = ["10.128.0.0/20"]
+    run = check(write(tmp_path, data))
     assert run.status == "successful", run.result
     result = run.result
     assert result["changed"] is False
@@ -60,10 +63,13 @@ def test_a_valid_config(tmp_path: Path) -> None:
         {"name": "gcp-eu", "type": "gcp", "valid": True, "errors": []},
         {"name": "cluster", "type": "kubernetes", "valid": True, "errors": []},
     ]
-    # Each provider's probe settings and allowed sources, defaults filled in, for the controller.
+    # Each provider's probe settings, allowed sources and opened destinations, defaults filled in,
+    # and the version of the access policy the modules deliver, for the controller.
     kvm = result["providers"][0]
     assert kvm["probe"]["enabled"] is True and kvm["probe"]["expectStatus"] == 204
     assert "10.0.0.0/8" in kvm["allowed_sources"]
+    assert [p["allowed_destinations"] for p in result["providers"]] == [[], ["10.128.0.0/20"], []]
+    assert result["access_policy_version"] == POLICY_VERSION
 
 
 def test_two_bad_sections_report_every_error_and_the_good_provider_stays_valid(tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.config import ProbeSettings
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.squid_access import POLICY_VERSION
 from egress_proxies.providers.errors import ErrorClass
 from egress_proxies.providers.runner import AnsibleRunner, Operation, OperationResult
 from egress_proxies.resources.proxy import FINALIZER, Proxy
@@ -150,6 +151,8 @@ class FakeRunner:
     invalid_providers: dict[str, list[str]] = field(default_factory=dict)
     # What a provider's backend shows wrong, reported when the check asks for it (check_backends).
     backend_errors: dict[str, list[str]] = field(default_factory=dict)
+    # The access policy version the collection's modules deliver (provider_config_info's).
+    policy_version: str = POLICY_VERSION
 
     def run(self, provider: str, verb: str, operations: Sequence[Operation]) -> list[OperationResult]:
         if operations and operations[0].module == "provider_config_info":
@@ -237,11 +240,13 @@ class FakeRunner:
         providers = [{"name": p["name"], "type": p["type"], "valid": p["name"] not in self.invalid_providers,
                       "errors": self.invalid_providers.get(p["name"], []), "probe": dict(probe),
                       "allowed_sources": p.get("allowedSources") or ["10.0.0.0/8"],
-                      "backend_errors": self.backend_errors.get(p["name"], []) if asked else []}
+                      "backend_errors": self.backend_errors.get(p["name"], []) if asked else [],
+                      "allowed_destinations": p.get("allowedDestinations") or []}
                      for p in document["providers"]]
         errors = [e for p in providers for e in p["errors"]]
         return OperationResult(ok=True, result={"valid": not errors, "owner": document["owner"],
-                                                "providers": providers, "errors": errors})
+                                                "providers": providers, "errors": errors,
+                                                "access_policy_version": self.policy_version})
 
 
 class RecordingRunner:

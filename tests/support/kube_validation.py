@@ -241,6 +241,25 @@ def _port_number_errors(value: Any) -> list[str]:
     return []
 
 
+# validation.go, validEnvDownwardAPIFieldPathExpressions: the Pod fields an env var may take from
+# the downward API (status.hostIPs from 1.29, the PodHostIPs gate, on by default; labels and
+# annotations as metadata.labels['<key>'] and metadata.annotations['<key>']).
+_ENV_FIELD_PATHS = ("metadata.name", "metadata.namespace", "metadata.uid", "spec.nodeName", "spec.serviceAccountName",
+                    "status.hostIP", "status.hostIPs", "status.podIP", "status.podIPs")
+_ENV_SUBSCRIPTED_FIELD = re.compile(r"metadata\.(labels|annotations)\['[^']+'\]")
+
+
+def _env_errors(env: Any, path: str) -> Iterator[FieldError]:
+    """validateEnvVarValueFrom's check of a fieldRef: only the supported field paths."""
+    for i, var in enumerate(env if isinstance(env, list) else []):
+        field_ref = ((var.get("valueFrom") or {}).get("fieldRef") if isinstance(var, dict) else None) or {}
+        field_path = field_ref.get("fieldPath")
+        if field_path is not None and field_path not in _ENV_FIELD_PATHS and not (
+                isinstance(field_path, str) and _ENV_SUBSCRIPTED_FIELD.fullmatch(field_path)):
+            yield FieldError("FieldValueNotSupported", f"{path}[{i}].valueFrom.fieldRef.fieldPath", field_path,
+                             "supported values: " + ", ".join(f'"{p}"' for p in _ENV_FIELD_PATHS))
+
+
 def _container_errors(container: Any, path: str, names: set[str],
                       port_names: set[str]) -> Iterator[FieldError]:
     if not isinstance(container, dict):
@@ -258,6 +277,7 @@ def _container_errors(container: Any, path: str, names: set[str],
     # validateContainerCommon: an image is required for containers (unlike ephemeral ones).
     if not container.get("image") or not str(container["image"]).strip():
         yield FieldError("FieldValueRequired", f"{path}.image")
+    yield from _env_errors(container.get("env") or [], f"{path}.env")
     for j, port in enumerate(container.get("ports") or []):
         port_path = f"{path}.ports[{j}]"
         if not isinstance(port, dict):

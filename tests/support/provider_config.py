@@ -40,12 +40,13 @@ def kvm_host(name: str, uri: str, pool: str = "default", network: str = "default
 
 def write_kvm_config(path: Path, hosts: Sequence[dict[str, Any]], image: BaseImage,
                      ssh: dict[str, str] | None = None, extra_providers: Sequence[dict[str, Any]] = (),
-                     probe: Any = "none", **kvm_overrides: Any) -> Path:
+                     probe: Any = "none", allowed_destinations: Sequence[str] = (), **kvm_overrides: Any) -> Path:
     """A provider config with one KVM provider named ``lab`` (plus any extra providers).
 
     ``probe`` is ``none`` unless a test says otherwise: the libvirt test driver's addresses are
     made up, and nothing may ever be sent to them (a test that probes gives its own settings,
-    aimed at hosts inside its own network namespace)."""
+    aimed at hosts inside its own network namespace, which are internal addresses: the proxies
+    reach them only when ``allowed_destinations`` opens them)."""
     kvm: dict[str, Any] = {
         "hosts": list(hosts),
         "images": {"debian-12": {"url": image.url, "sha256": image.sha256, "format": "qcow2"}},
@@ -56,8 +57,10 @@ def write_kvm_config(path: Path, hosts: Sequence[dict[str, Any]], image: BaseIma
     if ssh is not None:
         kvm["ssh"] = ssh
     kvm.update(kvm_overrides)
-    document = {"owner": OWNER, "providers": [{"name": "lab", "type": "kvm", "probe": probe, "kvm": kvm},
-                                              *extra_providers]}
+    provider: dict[str, Any] = {"name": "lab", "type": "kvm", "probe": probe, "kvm": kvm}
+    if allowed_destinations:
+        provider["allowedDestinations"] = list(allowed_destinations)
+    document = {"owner": OWNER, "providers": [provider, *extra_providers]}
     path.write_text(yaml.safe_dump(document, sort_keys=False))
     return path
 

@@ -171,22 +171,28 @@ class Listing:
 
 @dataclass(frozen=True)
 class AccessRequest:
-    """Who may use an instance (the modules' ``access`` option): users by bcrypt hash (never a
-    password), the source networks, or ``open`` (``spec.auth: none``)."""
+    """Who may use an instance and where it may go (the modules' ``access`` option): users by
+    bcrypt hash (never a password), the source networks, or ``open`` (``spec.auth: none``), and
+    the internal networks opened on purpose."""
 
     users: tuple[tuple[str, str], ...] = field(repr=False)  # (name, bcrypt hash)
     allowed_sources: tuple[str, ...]
     open: bool = False
     generation: str = ""  # the credential's generation: part of the build hash, never a secret
+    allowed_destinations: tuple[str, ...] = ()
+    policy_version: str = ""  # the collection's access policy (provider_config_info)
 
     @property
     def fingerprint(self) -> str:
-        """What, changed, must replace the instance (a rotation, other sources, auth turned off)."""
-        return f"{'open' if self.open else self.generation}|{','.join(self.allowed_sources)}"
+        """What, changed, must replace the instance: a rotation, other sources or destinations,
+        auth turned off, or a new version of the policy the modules deliver."""
+        return (f"{'open' if self.open else self.generation}|{','.join(self.allowed_sources)}"
+                f"|{','.join(self.allowed_destinations)}|policy {self.policy_version}")
 
     def arguments(self) -> dict[str, Any]:
         return {"users": [] if self.open else [{"name": n, "password_hash": h} for n, h in self.users],
-                "allowed_sources": list(self.allowed_sources), "open": self.open}
+                "allowed_sources": list(self.allowed_sources),
+                "allowed_destinations": list(self.allowed_destinations), "open": self.open}
 
 
 @dataclass(frozen=True)
@@ -335,6 +341,8 @@ class ProviderSet:
     sources: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # name -> default allowed sources
     # name -> what its backend showed wrong (only asked for by ``check_config(check_backends=True)``)
     backend_errors: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    destinations: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # name -> opened destinations
+    policy_version: str = ""  # the access policy the collection's modules deliver
 
     def clients(self, runner: Runner) -> dict[str, ProviderClient]:
         """A client for every valid provider."""
@@ -376,11 +384,13 @@ def check_config(runner: Runner, path: str, previous: ProviderSet | None = None,
     probes: dict[str, ProbeSettings] = {}
     sources: dict[str, tuple[str, ...]] = {}
     backend_errors: dict[str, tuple[str, ...]] = {}
+    destinations: dict[str, tuple[str, ...]] = {}
     for provider in data.get("providers") or []:
         name = str(provider.get("name"))
         sources[name] = tuple(str(s) for s in provider.get("allowed_sources") or ())
         if provider.get("backend_errors"):
             backend_errors[name] = tuple(str(e) for e in provider["backend_errors"])
+        destinations[name] = tuple(str(d) for d in provider.get("allowed_destinations") or ())
         try:
             types[name] = ProviderType(str(provider.get("type")))
         except ValueError:
@@ -399,4 +409,5 @@ def check_config(runner: Runner, path: str, previous: ProviderSet | None = None,
     if not owner:  # a root error (the owner tags every instance): no provider is usable
         raise ConfigUnreadable(f"provider config {absolute}: " + "; ".join(errors or ("owner: missing",)))
     return ProviderSet(path=absolute, owner=str(owner), types=types, invalid=invalid, errors=errors, digest=digest,
-                       probes=probes, sources=sources, backend_errors=backend_errors)
+                       probes=probes, sources=sources, backend_errors=backend_errors, destinations=destinations,
+                       policy_version=str(data.get("access_policy_version") or ""))

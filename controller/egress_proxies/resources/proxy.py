@@ -40,7 +40,7 @@ PHASE_FAILED = "Failed"
 
 # The spec fields that shape an instance; a change to any of them replaces it.
 SPEC_FIELDS = ("provider", "location", "machineType", "image", "port", "cloudInit", "cloudInitEncoding", "auth",
-               "allowedSources")
+               "allowedSources", "allowedDestinations")
 
 
 # What Kubernetes allows as a namespace (a DNS-1123 label) and as an object's name (a DNS-1123

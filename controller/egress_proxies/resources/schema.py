@@ -14,6 +14,7 @@ from __future__ import annotations
 import datetime
 import functools
 import hashlib
+import ipaddress
 import json
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -40,7 +41,8 @@ POOL_CRD_PATH = Path(__file__).with_name("crd-proxypool.yaml")
 DURATION_PATTERN = r"^([0-9]+(\.[0-9]+)?(h|m|s|ms))+$"
 PATTERN_HINTS = {
     DURATION_PATTERN: 'must be a duration such as "90s", "5m", "6h" or "1h30m" (units h, m, s, ms)',
-    r"^[0-9A-Fa-f:.]+/[0-9]{1,3}$": "must be a network in CIDR notation, such as 10.0.0.0/8 or 2001:db8::/32",
+    r"^[0-9A-Fa-f:.]+/[0-9]{1,3}$": ("must be a network in CIDR notation with no host bits set, such as 10.0.0.0/8 "
+                                     "or 2001:db8::/32"),
     r"^http://\S+$": "must be a plain-HTTP URL (http://host/path)",
     r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):[0-9]{1,5}$": ("must be host:port, such as example.com:443 or "
                                                           "[2001:db8::1]:443"),
@@ -64,12 +66,24 @@ def pool_schema() -> dict[str, Any]:
     return crd_schema(POOL_CRD_PATH)
 
 
+# The formats the CRDs name that the controller checks itself. The API server validates "cidr" with
+# Go's net.ParseCIDR (JSONSchemaProps.format in the apiextensions v1 API reference), which takes
+# host bits; the modules take a network only with its host bits clear, so a Proxy fails here,
+# naming the field, rather than at its instance's create.
+FORMATS = jsonschema.FormatChecker(formats=())
+
+
+@FORMATS.checks("cidr", raises=ValueError)
+def _is_cidr(value: object) -> bool:
+    return not isinstance(value, str) or bool(ipaddress.ip_network(value, strict=True))
+
+
 @functools.cache
 def _validator(path: Path) -> jsonschema.protocols.Validator:
     schema = crd_schema(path)
     # The status is the controller's own to write; only what users write is checked.
     checked = {**schema, "properties": {k: v for k, v in schema["properties"].items() if k != "status"}}
-    return jsonschema.Draft7Validator(checked)
+    return jsonschema.Draft7Validator(checked, format_checker=FORMATS)
 
 
 def _as_object(proxy: Proxy) -> Any:

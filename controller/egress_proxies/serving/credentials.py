@@ -50,6 +50,10 @@ from egress_proxies.serving.probe import ProbeCredentials
 log = logging.getLogger(__name__)
 
 PASSWORD_BYTES = 24  # 192 bits, well above the 128 the threat model asks for
+# A user name is the namespace's first characters and 64 random bits: at most 64 characters,
+# what the modules' access option takes.
+USER_PREFIX_CHARS = 47
+USER_SUFFIX_BYTES = 8
 BCRYPT_ROUNDS = 10  # squid checks the hash once per new client connection (basic auth is cached)
 # How long a credential outlives the last Proxy of its namespace (--credential-grace): a Proxy
 # deleted and applied again keeps it; a namespace that stays empty longer loses it.
@@ -97,7 +101,11 @@ class Credential:
 def new_credential(namespace: str, identity: str = "") -> Credential:
     password = secrets.token_urlsafe(PASSWORD_BYTES)
     hashed = bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds=BCRYPT_ROUNDS)).decode()
-    return Credential(namespace=namespace, user=f"crawl-{namespace}"[:63], password=password,
+    # The user name is as unguessable as a second password: squid (5.7, measured) caches one
+    # authentication state per user name, so a wrong password interleaved with the right one for
+    # the same user is sometimes let through; a stranger who cannot name the user gets nowhere.
+    user = f"{namespace[:USER_PREFIX_CHARS]}-{secrets.token_hex(USER_SUFFIX_BYTES)}"
+    return Credential(namespace=namespace, user=user, password=password,
                       password_hash=hashed, generation=secrets.token_hex(4), identity=identity)
 
 
@@ -322,20 +330,28 @@ class FileSecrets:
 
 class AccessPolicy:
     """Who may use each Proxy's instance: its namespace's credential (or none, for
-    ``spec.auth: none``) and its source networks (``spec.allowedSources``, else its provider's)."""
+    ``spec.auth: none``) and its source networks (``spec.allowedSources``, else its provider's);
+    and the internal networks it may reach (``spec.allowedDestinations``, else its provider's)."""
 
-    def __init__(self, credentials: Credentials, provider_sources: Mapping[str, tuple[str, ...]]) -> None:
+    def __init__(self, credentials: Credentials, provider_sources: Mapping[str, tuple[str, ...]],
+                 provider_destinations: Mapping[str, tuple[str, ...]] | None = None, policy_version: str = "") -> None:
         self.credentials = credentials
         self.provider_sources = provider_sources
+        self.provider_destinations = provider_destinations or {}
+        self.policy_version = policy_version
 
     def request(self, proxy: Proxy) -> AccessRequest:
         sources = tuple(str(s) for s in proxy.spec.get("allowedSources") or ()) or tuple(
             self.provider_sources.get(proxy.provider, ()))
+        destinations = tuple(str(d) for d in proxy.spec.get("allowedDestinations") or ()) or tuple(
+            self.provider_destinations.get(proxy.provider, ()))
         if proxy.spec.get("auth") == "none":
-            return AccessRequest(users=(), allowed_sources=sources, open=True)
+            return AccessRequest(users=(), allowed_sources=sources, open=True, allowed_destinations=destinations,
+                                 policy_version=self.policy_version)
         credential = self.credentials.current(proxy.namespace)
         return AccessRequest(users=((credential.user, credential.password_hash),), allowed_sources=sources,
-                             generation=credential.generation)
+                             generation=credential.generation, allowed_destinations=destinations,
+                             policy_version=self.policy_version)
 
     def probe_credentials(self, proxy: Proxy, generation: str | None) -> ProbeCredentials | None:
         """What the probe authenticates with: the credential the instance was built with."""

@@ -231,7 +231,7 @@ class Reconciler:
         if self.credentials is None:
             return None
         self.credentials.refresh(self.store.namespace_identities({p.namespace for p in proxies}))
-        return AccessPolicy(self.credentials, config.sources)
+        return AccessPolicy(self.credentials, config.sources, config.destinations, config.policy_version)
 
     @staticmethod
     def _live(usable: Sequence[Proxy], access: AccessPolicy | None) -> list[Proxy]:

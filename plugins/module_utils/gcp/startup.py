@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: (c) 2026, egress-proxies developers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The ``startup-script`` every GCP proxy instance gets: the access policy, then squid.
+"""The ``startup-script`` every GCP proxy instance gets: squid where the image lacks it, then the access policy.
 
 Google's guest agent runs the metadata item ``startup-script`` as root on every boot, on every
 public image ("All public Compute Engine images come with the guest environment preinstalled",
@@ -10,15 +10,16 @@ GCE images have none (debian-cloud-images, ``config_space/bookworm/package_confi
 google-guest-agent and oslogin only), so a Proxy's ``cloudInit`` that installs squid does
 nothing on the docs' default image. Hence the script, in this order:
 
-1. the access policy (``squid_access.install_script``): its files are written first, so a squid
-   installed later starts with them, and a running one is reloaded;
-2. where cloud-init exists (Ubuntu's GCE images), wait for it to finish (``cloud-init status
+1. where cloud-init exists (Ubuntu's GCE images), wait for it to finish (``cloud-init status
    --wait``, the workaround Ubuntu gives for startup scripts racing cloud-init in
    GoogleCloudPlatform/guest-agent#84): the user-data may install and configure squid itself;
-3. if squid is still missing, install it with the image's package manager (apt-get, else dnf),
+2. if squid is still missing, install it with the image's package manager (apt-get, else dnf),
    waiting for the package lock that unattended upgrades may hold on a first boot, retrying a
    failed download; a squid installed here also gets ``http_port <port>`` when the Proxy's port
    is not squid's default 3128 (a squid the user's cloud-init installed is configured by it).
+   Until step 3 it runs the package's own configuration, which serves localhost only;
+3. the access policy (``squid_install.install_script``), after the package: its password file
+   belongs to squid's group, which the package creates, and squid is restarted onto the policy.
 
 Idempotent: on a later boot squid is there and only the policy is written again.
 """
@@ -27,7 +28,8 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ansible_collections.crawl.egress_proxies.plugins.module_utils.squid_access import Access, install_script
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.squid_access import Access
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.squid_install import install_script
 
 SQUID_DEFAULT_PORT = 3128
 # Read by Debian's stock squid.conf through its include of conf.d/*.conf.
@@ -80,11 +82,11 @@ def startup_script(access: Optional[Access], port: int) -> str:
     """The instance's ``startup-script`` (see the module docstring)."""
     header = ("#!/bin/sh\n"
               "# crawl.egress_proxies: the GCE startup-script (docs/gcp-provider.md, \"What runs on the instance\").\n"
-              "# Run as root by the guest agent on every boot: the access policy, then squid if the image lacks it.\n")
+              "# Run as root by the guest agent on every boot: squid if the image lacks it, then the access policy.\n")
     policy = ""
     if access is not None:
         body = install_script(access).decode("ascii")
         policy = body.split("\n", 1)[1] if body.startswith("#!") else body
-    return header + policy + _INSTALL_SQUID.format(
+    return header + _INSTALL_SQUID.format(
         port=int(port), default_port=SQUID_DEFAULT_PORT, port_dropin=PORT_DROPIN_PATH,
-        lock_timeout=APT_LOCK_TIMEOUT_SECONDS, tries=INSTALL_TRIES)
+        lock_timeout=APT_LOCK_TIMEOUT_SECONDS, tries=INSTALL_TRIES) + policy

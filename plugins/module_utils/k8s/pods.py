@@ -16,12 +16,14 @@ Anatomy (docs/kubernetes-provider.md has the why):
 - annotation ``crawl.example.com/squid-conf``: the squid.conf (``http_port <port>`` first),
   projected into the container as a file by a downwardAPI volume, so the whole instance is
   one object created in one call: no ConfigMap to create, clean up or grant RBAC for;
-- with the ``access`` option: the operator's rules (squid_access.py) right after
-  ``http_port``, before the provider's squidConfig, and the password file (bcrypt hashes
-  only, never a password) in the annotation ``crawl.example.com/squid-passwd``, projected
-  by the same volume. Not a Secret: the provider's Role has no Secrets (they live only in
-  the controller's own namespace), and a hash of a random password of 128 bits or more
-  gains a reader nothing;
+- with the ``access`` option: the operator's policy (squid_access.py) around the provider's
+  squidConfig (its head right after ``http_port``, its tail last), and the password file
+  (bcrypt hashes only, never a password) in the annotation ``crawl.example.com/squid-passwd``,
+  projected by the same volume. Not a Secret: the provider's Role has no Secrets (they live
+  only in the controller's own namespace), and a hash of a random password of 128 bits or
+  more gains a reader nothing. The container's command (squid_install.container_command)
+  first writes the error pages and the Pod's own addresses (its ``status.podIPs`` and its
+  node's ``status.hostIP``, from the downward API) into an emptyDir at ``/run/egress-proxy``;
 - one container running ``squid -N -f /etc/egress-proxy/squid.conf``, with the port, the
   resource requests and a tcpSocket readiness probe on the port, as the unprivileged ``proxy``
   user: the Pod passes the ``restricted`` Pod Security Standard;
@@ -52,10 +54,12 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.k8s.settings 
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.provider_id import format_provider_id
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.squid_access import (
     Access,
+    PolicyPaths,
     refuse_open_user_config,
     render_password_file,
-    render_rules,
+    render_policy,
 )
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.squid_install import container_command
 
 NAME_LABEL = "app.kubernetes.io/name"
 NAME_VALUE = "egress-proxy"
@@ -75,6 +79,17 @@ CONF_VOLUME = "squid-conf"
 CONF_DIR = "/etc/egress-proxy"
 CONF_FILE = "squid.conf"
 PASSWD_FILE = "passwd"
+# Written by the container's command before squid starts: an emptyDir, whatever the image's
+# file system allows.
+RUN_VOLUME = "egress-proxy-run"
+RUN_DIR = "/run/egress-proxy"
+POD_PATHS = PolicyPaths(password_file="%s/%s" % (CONF_DIR, PASSWD_FILE), own_addresses="%s/own-addresses" % RUN_DIR,
+                        error_directory="%s/errors" % RUN_DIR)
+# The Pod's own addresses, which squid never connects to: its IPs and its node's (the same with
+# hostNetwork). status.podIPs is comma-separated for a dual-stack Pod. Both are fields an env var
+# may take from the downward API (validation.go, validEnvDownwardAPIFieldPathExpressions);
+# status.hostIPs is not used: API servers before 1.29 refuse it (the PodHostIPs feature gate).
+OWN_ADDRESS_ENV = (("POD_IPS", "status.podIPs"), ("NODE_IP", "status.hostIP"))
 # squid's auth helper runs as squid's unprivileged user, and projected files are root's.
 PASSWD_MODE = 0o444
 HOSTNAME_TOPOLOGY_KEY = "kubernetes.io/hostname"
@@ -163,22 +178,21 @@ def label_selector(tags: Mapping[str, str]) -> str:
 
 
 def squid_conf(settings: KubernetesSettings, port: int, access: Optional[Access] = None) -> str:
-    """The squid.conf of one Pod: ``http_port`` from the request, the operator's access rules
-    when ``access`` is given, then the configured text.
+    """The squid.conf of one Pod: ``http_port`` from the request, then the configured text, with
+    the operator's policy around it when ``access`` is given.
 
-    The access rules end in ``http_access deny all``, so the configured text's own
-    ``http_access`` lines are never reached (its other directives still apply); a
-    squidConfig with ``http_access allow all`` is refused outright, so the config never
-    reads as an open proxy.
+    The policy's rules come first and end in ``http_access deny all``, so the configured text's
+    own ``http_access`` lines are never reached; its settings come last (its other directives
+    still apply). A squidConfig with ``http_access allow all`` is refused outright, so the
+    config never reads as an open proxy.
     """
     body = settings.squid_config if settings.squid_config is not None else DEFAULT_SQUID_CONFIG
     if not body.endswith("\n"):
         body += "\n"
-    rules = ""
-    if access is not None:
-        refuse_open_user_config(settings.squid_config, "squidConfig (the Kubernetes provider's config)")
-        rules = render_rules(access, "%s/%s" % (CONF_DIR, PASSWD_FILE))
-    return "http_port %d\n%s%s" % (port, rules, body)
+    if access is None:
+        return "http_port %d\n%s" % (port, body)
+    refuse_open_user_config(settings.squid_config, "squidConfig (the Kubernetes provider's config)")
+    return "http_port %d\n%s" % (port, render_policy(access, POD_PATHS).around(body))
 
 
 def build_pod(settings: KubernetesSettings, request: InstanceRequest, namespace: str) -> Dict[str, Any]:
@@ -188,8 +202,9 @@ def build_pod(settings: KubernetesSettings, request: InstanceRequest, namespace:
                         "Security Standard) and cannot listen there; use a port of %d or more" % (
                             request.port, UNPRIVILEGED_PORT_START, UNPRIVILEGED_PORT_START))
     labels = pod_labels(request.tags, request.name)
+    container = _container(settings, request.port)
     spec: Dict[str, Any] = {
-        "containers": [_container(settings, request.port)],
+        "containers": [container],
         "restartPolicy": "Always",
         "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
         # squid needs neither the API nor Service environment variables.
@@ -203,10 +218,8 @@ def build_pod(settings: KubernetesSettings, request: InstanceRequest, namespace:
         TAGS_ANNOTATION: json.dumps(request.tags, sort_keys=True, separators=(",", ":")),
         SQUID_CONF_ANNOTATION: squid_conf(settings, request.port, request.access),
     }
-    if request.access is not None and request.access.users:
-        annotations[PASSWD_ANNOTATION] = render_password_file(request.access)
-        spec["volumes"][0]["downwardAPI"]["items"].append(
-            dict(_annotation_file(PASSWD_FILE, PASSWD_ANNOTATION), mode=PASSWD_MODE))
+    if request.access is not None:
+        _with_policy(request.access, container, spec, annotations)
     if settings.host_network:
         spec["hostNetwork"] = True
         spec["dnsPolicy"] = "ClusterFirstWithHostNet"
@@ -240,6 +253,22 @@ def _container(settings: KubernetesSettings, port: int) -> Dict[str, Any]:
 
 def _annotation_file(path: str, annotation: str) -> Dict[str, Any]:
     return {"path": path, "fieldRef": {"fieldPath": "metadata.annotations['%s']" % annotation}}
+
+
+def _with_policy(access: Access, container: Dict[str, Any], spec: Dict[str, Any],
+                 annotations: Dict[str, str]) -> None:
+    """The password file projected beside squid.conf; the container writes what else the policy
+    needs at start (its own addresses, the error pages) into an emptyDir, then execs squid."""
+    if access.users:
+        annotations[PASSWD_ANNOTATION] = render_password_file(access)
+        spec["volumes"][0]["downwardAPI"]["items"].append(
+            dict(_annotation_file(PASSWD_FILE, PASSWD_ANNOTATION), mode=PASSWD_MODE))
+    variables = [name for name, _path in OWN_ADDRESS_ENV]
+    container["command"] = container_command(RUN_DIR, variables, container["command"])
+    container["env"] = [{"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+                        for name, path in OWN_ADDRESS_ENV]
+    container["volumeMounts"].append({"name": RUN_VOLUME, "mountPath": RUN_DIR})
+    spec["volumes"].append({"name": RUN_VOLUME, "emptyDir": {"sizeLimit": "1Mi"}})
 
 
 def _spread(labels: Mapping[str, str]) -> Dict[str, Any]:

@@ -69,7 +69,7 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.provider_id i
     format_provider_id,
     parse_provider_id,
 )
-from ansible_collections.crawl.egress_proxies.plugins.module_utils.squid_access import boothook
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.squid_install import boothook
 
 GIB = 1024 ** 3
 Log = Callable[[str], None]

@@ -16,6 +16,7 @@ import yaml
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.config import (
     ProbeSettings as CollectionProbeSettings,
 )
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.squid_access import POLICY_VERSION
 from egress_proxies.providers.client import (
     AccessRequest,
     ConfigUnreadable,
@@ -173,20 +174,26 @@ def test_a_create_sends_base64_user_data_and_only_kvm_reports_progress(provider_
 def test_a_create_passes_base64_user_data_and_optional_fields_as_they_are() -> None:
     proxy = Proxy("crawlers", "eu-1", "uid-1", {"cloudInit": "aGk=", "cloudInitEncoding": "base64", "port": 8080,
                                                 "location": "h2", "machineType": "e2-small", "image": "debian-12"})
-    access = AccessRequest(users=(("crawl-crawlers", "$2b$hash"),), allowed_sources=("10.0.0.0/8",), generation="g1")
+    access = AccessRequest(users=(("crawl-crawlers", "$2b$hash"),), allowed_sources=("10.0.0.0/8",), generation="g1",
+                           allowed_destinations=("192.168.122.1/32",), policy_version="2")
     args = CreateRequest.for_proxy(proxy, "owner", "p-x", "hash1", access).arguments()
     assert (args["user_data"], args["port"], args["location"], args["machine_type"], args["image"]) == (
         "aGk=", 8080, "h2", "e2-small", "debian-12")
     assert args["access"] == {"users": [{"name": "crawl-crawlers", "password_hash": "$2b$hash"}],
-                              "allowed_sources": ["10.0.0.0/8"], "open": False}
+                              "allowed_sources": ["10.0.0.0/8"], "allowed_destinations": ["192.168.122.1/32"],
+                              "open": False}
 
 
 def test_the_access_fingerprint_changes_with_what_must_replace_an_instance() -> None:
     base = AccessRequest(users=(), allowed_sources=("10.0.0.0/8",), generation="g1")
     others = [AccessRequest(users=(), allowed_sources=("10.0.0.0/8",), generation="g2"),
               AccessRequest(users=(), allowed_sources=("192.0.2.0/24",), generation="g1"),
-              AccessRequest(users=(), allowed_sources=("10.0.0.0/8",), open=True, generation="g1")]
-    assert len({base.fingerprint, *(o.fingerprint for o in others)}) == 4
+              AccessRequest(users=(), allowed_sources=("10.0.0.0/8",), open=True, generation="g1"),
+              AccessRequest(users=(), allowed_sources=("10.0.0.0/8",), generation="g1",
+                            allowed_destinations=("192.168.122.1/32",)),
+              # A new access policy in the collection replaces the instances built with the old one.
+              AccessRequest(users=(), allowed_sources=("10.0.0.0/8",), generation="g1", policy_version="3")]
+    assert len({base.fingerprint, *(o.fingerprint for o in others)}) == 6
     assert AccessRequest(users=(("u", "other-hash"),), allowed_sources=("10.0.0.0/8",),
                          generation="g1").fingerprint == base.fingerprint
 
@@ -195,7 +202,8 @@ def test_the_access_fingerprint_changes_with_what_must_replace_an_instance() -> 
 def config(tmp_path: Path) -> Path:
     path = tmp_path / "providers.yaml"
     path.write_text(yaml.safe_dump({"owner": "o", "providers": [
-        {"name": "home-kvm", "type": "kvm"}, {"name": "cluster", "type": "kubernetes"}, {"name": "odd", "type": "x"}]}))
+        {"name": "home-kvm", "type": "kvm"}, {"name": "cluster", "type": "kubernetes", "allowedDestinations": [
+            "10.128.0.0/20"]}, {"name": "odd", "type": "x"}]}))
     return path
 
 
@@ -206,6 +214,8 @@ def test_check_config_names_valid_and_invalid_providers_and_reuses_an_unchanged_
     assert providers.invalid == {"cluster": ("providers[1].kubernetes: is required",),
                                  "odd": ("unknown provider type 'x'",)}
     assert set(providers.clients(runner)) == {"home-kvm"} and not providers.valid
+    assert providers.destinations == {"home-kvm": (), "cluster": ("10.128.0.0/20",), "odd": ()}
+    assert providers.policy_version == POLICY_VERSION
     assert check_config(runner, str(config), providers) is providers and len(runner.calls) == 1
     config.write_text(config.read_text() + "# changed\n")
     assert check_config(runner, str(config), providers) is not providers

@@ -76,8 +76,12 @@ def test_the_crd_defaults_are_the_controllers() -> None:
 # -- a Proxy's messages from the same hints ---------------------------------------------------------
 
 @pytest.mark.parametrize(("change", "expected"), [
-    ({"allowedSources": ["10.0.0.0"]}, ("spec.allowedSources[0]: must be a network in CIDR notation, such as "
-                                       "10.0.0.0/8 or 2001:db8::/32 (got '10.0.0.0')")),
+    ({"allowedSources": ["10.0.0.0"]}, ("spec.allowedSources[0]: must be a network in CIDR notation with no host "
+                                       "bits set, such as 10.0.0.0/8 or 2001:db8::/32 (got '10.0.0.0')")),
+    # The pattern admits it; the format check (the modules' strictness) does not.
+    ({"allowedDestinations": ["192.168.122.1/24"]}, (
+        "spec.allowedDestinations[0]: must be a network in CIDR notation with no host bits set, such as "
+        "10.0.0.0/8 or 2001:db8::/32 (got '192.168.122.1/24')")),
     ({"probe": {"httpUrl": "https://example.com/"}}, ("spec.probe.httpUrl: must be a plain-HTTP URL (http://host/path) "
                                                       "(got 'https://example.com/')")),
     ({"provider": ""}, "spec.provider: must be a non-empty string (got '')"),

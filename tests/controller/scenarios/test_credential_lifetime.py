@@ -44,7 +44,7 @@ def tokens_file(path: Path) -> Path:
 def handed_out(controller: ControllerProcess) -> str:
     """The password discovery hands the crawlers' token (one Ready proxy)."""
     code, body = controller.get("/v1/proxies.txt", f"Bearer {TOKEN}")
-    found = re.fullmatch(r"http://crawl-crawlers:([^@]+)@[0-9.]+:3128\n", body)
+    found = re.fullmatch(r"http://crawlers-[0-9a-f]{16}:([^@]+)@[0-9.]+:3128\n", body)
     assert code == 200 and found is not None, (code, body)
     return found.group(1)
 

@@ -108,7 +108,8 @@ def test_empty_tokens_and_bad_entries_while_the_controller_runs(
                             "the Proxy to be Ready")
         password = yaml.safe_load((tmp_path / "work" / "credentials" / "crawlers.yaml").read_text())["password"]
         code, body = controller.get("/v1/proxies.txt", f"Bearer {TEAM_TOKEN}")
-        assert code == 200 and re.fullmatch(rf"http://crawl-crawlers:{re.escape(password)}@[0-9.]+:3128\n", body)
+        assert code == 200
+        assert re.fullmatch(rf"http://crawlers-[0-9a-f]{{16}}:{re.escape(password)}@[0-9.]+:3128\n", body)
 
         # Row 8: an empty bearer token is no token, even once the file holds the empty token's
         # hash (read when it changed: that entry is refused, the others stay in force).

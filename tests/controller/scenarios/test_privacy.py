@@ -74,7 +74,7 @@ def test_a_namespace_credential_is_made_once_kept_private_and_delivered_as_a_has
     for access in accesses:
         assert access["allowed_sources"] == ["10.20.0.0/16"] and access["open"] is False
         (user,) = access["users"]
-        assert bcrypt.checkpw(credentials.current(user["name"].removeprefix("crawl-")).password.encode(),
+        assert bcrypt.checkpw(credentials.current(user["name"].rsplit("-", 1)[0]).password.encode(),
                               user["password_hash"].encode())
     # The password itself went nowhere: not in any module argument, status or Event.
     everything = json.dumps([c.operations for c in runner.calls], default=repr) + repr(store.objects) + repr(
@@ -114,13 +114,53 @@ def test_auth_none_is_open_with_a_warning_and_explicit_sources(tmp_path: Path, c
     rec = Reconciler(store, runner, str(config), backoff=Backoff(), credentials=credentials)
     rec.sweep()
     (access,) = created_access(runner)
-    assert access == {"users": [], "allowed_sources": ["0.0.0.0/0"], "open": True}
+    assert access == {"users": [], "allowed_sources": ["0.0.0.0/0"], "allowed_destinations": [], "open": True}
     proxy = store.get("open")
     assert proxy.status["phase"] == "Ready"
     private = next(c for c in proxy.status["conditions"] if c["type"] == "Private")
     assert (private["status"], private["reason"]) == ("False", "AuthDisabled")
     rec.sweep()
     assert store.reasons("crawlers/open").count("AuthDisabled") == 1  # one Warning, not one per sweep
+
+
+def test_internal_destinations_are_opened_by_the_proxy_else_by_its_provider(tmp_path: Path) -> None:
+    """Like allowedSources: the Proxy's list wins, else the provider's; a change replaces the
+    instance; a value that is not a network fails that Proxy alone, naming the field."""
+    config = tmp_path / "providers.yaml"
+    config.write_text(yaml.safe_dump({"owner": "test-owner", "providers": [
+        {"name": "home-kvm", "type": "kvm", "allowedDestinations": ["192.168.122.1/32"], "kvm": {}}]}))
+    credentials = Credentials(FileSecrets(tmp_path / "credentials"))
+    store, runner = MemoryStore(), FakeRunner()
+    store.add("provider-default", SPEC)
+    store.add("own-list", {**SPEC, "allowedDestinations": ["10.128.0.0/20"]})
+    store.add("bad", {**SPEC, "allowedDestinations": ["10.128.0.1/20"]})
+    rec = Reconciler(store, runner, str(config), backoff=Backoff(), credentials=credentials)
+    rec.sweep()
+    assert sorted(a["allowed_destinations"] for a in created_access(runner)) == [["10.128.0.0/20"],
+                                                                               ["192.168.122.1/32"]]
+    (ready,) = [c for c in store.get("bad").status["conditions"] if c["type"] == "Ready"]
+    assert ready["reason"] == "InvalidSpec"
+    assert ready["message"].startswith("spec.allowedDestinations[0]: must be a network in CIDR notation"), ready
+    (before,) = [i for i in runner.instances if "own-list" in i]
+    store.update_spec("own-list", allowedDestinations=["10.128.0.0/20", "10.129.0.0/20"])
+    rec.sweep()
+    (after,) = [i for i in runner.instances if "own-list" in i]
+    assert after != before
+
+
+def test_a_new_access_policy_replaces_every_instance_make_before_break(tmp_path: Path, config: Path) -> None:
+    """An upgrade whose collection delivers a newer policy (provider_config_info's
+    access_policy_version) replaces the instances built with the older one, as a rotation does."""
+    credentials = Credentials(FileSecrets(tmp_path / "credentials"))
+    store, runner = MemoryStore(), FakeRunner(policy_version="1")
+    store.add("eu-1", SPEC)
+    Reconciler(store, runner, str(config), backoff=Backoff(), credentials=credentials).sweep()
+    (old,) = runner.instances
+    runner.policy_version = "2"  # the controller restarts with the upgraded collection
+    Reconciler(store, runner, str(config), backoff=Backoff(), credentials=credentials).sweep()
+    (new,) = runner.instances
+    assert new != old
+    assert [r for r in store.reasons() if r in ("Replacing", "Replaced")] == ["Replacing", "Replaced"]
 
 
 class OpenProxyProber:
@@ -218,12 +258,13 @@ def test_discovery_is_scoped_by_token_and_only_scoped_tokens_get_credentials(
             return error.code, ""
 
     try:
-        password = credentials.current("crawlers").password
+        current = credentials.current("crawlers")
+        user, password = current.user, current.password
         code, body = discovery("team-token")
         (entry,) = json.loads(body)["proxies"]
         assert code == 200 and entry["namespace"] == "crawlers"
-        assert entry["url"] == f"http://crawl-crawlers:{password}@192.0.2.10:3128"
-        assert discovery("team-token", "/v1/proxies.txt")[1] == f"http://crawl-crawlers:{password}@192.0.2.10:3128\n"
+        assert entry["url"] == f"http://{user}:{password}@192.0.2.10:3128"
+        assert discovery("team-token", "/v1/proxies.txt")[1] == f"http://{user}:{password}@192.0.2.10:3128\n"
         code, body = discovery("operator-token")
         assert code == 200 and len(json.loads(body)["proxies"]) == 2 and password not in body
         assert discovery("someone-else")[0] == 401

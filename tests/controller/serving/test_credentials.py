@@ -6,6 +6,7 @@ Proxy's instance is built with (AccessPolicy)."""
 from __future__ import annotations
 
 import logging
+import re
 import stat
 import threading
 from collections.abc import Mapping
@@ -15,6 +16,7 @@ import bcrypt
 import pytest
 import yaml
 
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.squid_access import parse_access
 from egress_proxies.resources.proxy import Proxy
 from egress_proxies.serving.credentials import (
     AccessPolicy,
@@ -73,7 +75,8 @@ def proxy(namespace: str = "crawlers", **spec: object) -> Proxy:
 
 def test_a_new_credential_is_random_and_only_its_bcrypt_hash_matches() -> None:
     first, second = new_credential("crawlers"), new_credential("crawlers")
-    assert first.user == "crawl-crawlers" and first.password != second.password
+    assert re.fullmatch(r"crawlers-[0-9a-f]{16}", first.user) and first.user != second.user
+    assert first.password != second.password
     assert len(first.password) >= 32  # 24 random bytes, URL-safe base64
     assert bcrypt.checkpw(first.password.encode(), first.password_hash.encode())
     assert first.password not in first.password_hash and first.generation != second.generation
@@ -195,6 +198,13 @@ def test_access_is_the_namespace_credential_from_the_providers_sources() -> None
 def test_allowed_sources_of_the_proxy_win_over_the_providers() -> None:
     policy = AccessPolicy(refreshed(MemorySecrets()), {"home-kvm": ("10.0.0.0/8",)})
     assert policy.request(proxy(allowedSources=["192.0.2.0/24"])).allowed_sources == ("192.0.2.0/24",)
+
+
+def test_allowed_destinations_of_the_proxy_win_over_the_providers_and_carry_the_policy_version() -> None:
+    policy = AccessPolicy(Credentials(MemorySecrets()), {}, {"home-kvm": ("192.168.122.1/32",)}, "2")
+    assert policy.request(proxy()).allowed_destinations == ("192.168.122.1/32",)
+    mine = policy.request(proxy(allowedDestinations=["10.128.0.0/20"], auth="none"))
+    assert (mine.allowed_destinations, mine.policy_version) == (("10.128.0.0/20",), "2")
 
 
 def test_auth_none_is_open_with_no_users_and_no_probe_credentials() -> None:
@@ -342,3 +352,14 @@ def test_the_file_store_lists_only_namespace_files(tmp_path: Path) -> None:
     secrets.delete("crawlers")
     secrets.delete("crawlers")  # gone already: fine
     assert secrets.load_all() == {}
+
+
+def test_a_user_name_is_as_unguessable_as_the_password() -> None:
+    """squid caches one authentication state per user name: a stranger must not be able to name one."""
+    first, second = new_credential("crawlers"), new_credential("crawlers")
+    assert first.user != second.user
+    assert first.user.startswith("crawlers-") and len(first.user) == len("crawlers-") + 16
+    longest = new_credential("n" * 63)
+    assert len(longest.user) <= 64 and longest.user.startswith("n" * 47 + "-")
+    # What the modules' access option takes as a user name.
+    assert parse_access({"users": [{"name": longest.user, "password_hash": longest.password_hash}]}) is not None

@@ -238,7 +238,7 @@ def test_with_access_an_instance_gets_the_hash_never_the_password(tmp_path: Path
     credential = credentials.current("crawlers")
     [create] = [op for call in live.runner.calls if call.verb == "create" for op in call.operations]
     assert create.args["access"] == {"users": [{"name": credential.user, "password_hash": credential.password_hash}],
-                                     "allowed_sources": ["10.0.0.0/8"], "open": False}
+                                     "allowed_sources": ["10.0.0.0/8"], "allowed_destinations": [], "open": False}
     assert credential.password not in repr(live.runner.calls)
     assert live.store.get("eu-1").status["credentialGeneration"] == credential.generation
     assert live.condition("eu-1", "Private")["status"] == "True"

@@ -274,3 +274,18 @@ def test_allowed_sources_default_to_private_networks_and_are_checked() -> None:
     errors = parse_provider_config(document).errors
     assert errors[0].startswith("providers[0].allowedSources[0]: '10.0.0.1/8' is not a network in CIDR form")
     assert errors[1].startswith("providers[0].allowedSources[1]: must be a CIDR string")
+
+
+def test_allowed_destinations_default_to_none_and_are_checked() -> None:
+    assert parse_provider_config(valid_document()).provider("home-kvm").allowed_destinations == ()
+    document = valid_document()
+    document["providers"][0]["allowedDestinations"] = ["192.168.122.1/32", "FD00:1::/64"]
+    assert parse_provider_config(document).provider("home-kvm").allowed_destinations == (
+        "192.168.122.1/32", "fd00:1::/64")
+    for bad, expected in (([], "providers[0].allowedDestinations: must be a non-empty list"),
+                          (["192.168.122.1/24"], ("providers[0].allowedDestinations[0]: '192.168.122.1/24' is not "
+                                                  "a network in CIDR form")),
+                          ([10], "providers[0].allowedDestinations[0]: must be a CIDR string")):
+        document["providers"][0]["allowedDestinations"] = bad
+        (error,) = validate_provider_config(document).errors
+        assert error.startswith(expected), error

@@ -13,6 +13,8 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.errors import
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.instance import InstanceRequest
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.k8s.pods import (
     DEFAULT_SQUID_CONFIG,
+    PASSWD_ANNOTATION,
+    POD_PATHS,
     SQUID_CONF_ANNOTATION,
     TAGS_ANNOTATION,
     build_pod,
@@ -30,7 +32,8 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.k8s.pods impo
     tag_labels,
 )
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.k8s.settings import KubernetesSettings
-from ansible_collections.crawl.egress_proxies.plugins.module_utils.squid_access import parse_access
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.squid_access import parse_access, render_policy
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.squid_install import container_command
 
 SETTINGS = KubernetesSettings(namespace="egress", image="ubuntu/squid:6.6-24.04_beta")
 TAGS = {
@@ -40,6 +43,9 @@ TAGS = {
     "crawl.example.com/spec-hash": "3f9c2a",
 }
 REQUEST = InstanceRequest(name="crawlers-eu-1-3f9c2a", user_data=b"", tags=TAGS, port=3128)
+BCRYPT = "$2b$12$" + "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0"
+ACCESS = parse_access({"users": [{"name": "crawlers", "password_hash": BCRYPT}], "allowed_sources": ["10.0.0.0/8"]})
+WITH_ACCESS = dataclasses.replace(REQUEST, access=ACCESS)
 KUBERNETES_VERSIONS = ("1.30.0", "1.37.0")
 
 
@@ -55,9 +61,11 @@ def pod(settings: KubernetesSettings = SETTINGS, request: InstanceRequest = REQU
      dataclasses.replace(SETTINGS, exposure="hostPort")],
     ids=["default", "host-network", "host-port"],
 )
-def test_the_manifest_is_a_valid_pod(settings: KubernetesSettings, version: str) -> None:
+@pytest.mark.parametrize("request_", [REQUEST, WITH_ACCESS], ids=["", "access"])
+def test_the_manifest_is_a_valid_pod(settings: KubernetesSettings, version: str, request_: InstanceRequest) -> None:
     """Strict schema validation: a misspelled field would fail here, not on a real cluster."""
-    assert kubernetes_validate.validate(pod(settings), version, strict=True) == version.rsplit(".", 1)[0]
+    manifest = pod(settings, request_)
+    assert kubernetes_validate.validate(manifest, version, strict=True) == version.rsplit(".", 1)[0]
 
 
 @pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
@@ -301,3 +309,50 @@ def test_the_service_selects_its_pod_and_keeps_the_client_address() -> None:
         "selector": {"app.kubernetes.io/managed-by": "egress-proxies",
                      "app.kubernetes.io/instance": "crawlers-eu-1-3f9c2a"},
         "ports": [{"name": "proxy", "port": 3128, "targetPort": "proxy", "protocol": "TCP"}]}
+
+
+# -- with the access option --------------------------------------------------------------------------
+
+
+def test_without_access_the_pod_is_as_before() -> None:
+    manifest = pod()
+    assert PASSWD_ANNOTATION not in manifest["metadata"]["annotations"]
+    assert manifest["metadata"]["annotations"][SQUID_CONF_ANNOTATION] == "http_port 3128\n" + DEFAULT_SQUID_CONFIG
+    assert [v["name"] for v in manifest["spec"]["volumes"]] == ["squid-conf"]
+    assert "env" not in manifest["spec"]["containers"][0]
+
+
+def test_the_policy_is_around_the_squid_config_and_the_hashes_are_projected() -> None:
+    manifest = pod(request=WITH_ACCESS)
+    assert ACCESS is not None
+    annotations = manifest["metadata"]["annotations"]
+    assert annotations[SQUID_CONF_ANNOTATION] == "http_port 3128\n" + render_policy(ACCESS, POD_PATHS).around(
+        DEFAULT_SQUID_CONFIG)
+    assert annotations[PASSWD_ANNOTATION] == f"crawlers:{BCRYPT}\n"
+    conf, run = manifest["spec"]["volumes"]
+    assert conf["downwardAPI"]["items"][1] == {
+        "path": "passwd", "mode": 0o444, "fieldRef": {"fieldPath": f"metadata.annotations['{PASSWD_ANNOTATION}']"}}
+    assert run == {"name": "egress-proxy-run", "emptyDir": {"sizeLimit": "1Mi"}}
+
+
+def test_the_container_writes_its_own_addresses_from_the_downward_api_then_runs_squid() -> None:
+    (container,) = pod(request=WITH_ACCESS)["spec"]["containers"]
+    assert container["command"] == container_command("/run/egress-proxy", ["POD_IPS", "NODE_IP"],
+                                                     ["squid", "-N", "-f", "/etc/egress-proxy/squid.conf"])
+    assert container["env"] == [
+        {"name": "POD_IPS", "valueFrom": {"fieldRef": {"fieldPath": "status.podIPs"}}},
+        {"name": "NODE_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}}]
+    assert container["volumeMounts"][1] == {"name": "egress-proxy-run", "mountPath": "/run/egress-proxy"}
+
+
+def test_an_open_policy_projects_no_password_file() -> None:
+    open_access = parse_access({"open": True, "allowed_sources": ["10.0.0.0/8"]})
+    manifest = pod(request=dataclasses.replace(REQUEST, access=open_access))
+    assert PASSWD_ANNOTATION not in manifest["metadata"]["annotations"]
+
+
+def test_a_squid_config_allowing_all_is_refused_only_with_access() -> None:
+    settings = dataclasses.replace(SETTINGS, squid_config="http_access allow all\n")
+    assert squid_conf(settings, 3128).endswith("http_access allow all\n")  # no access: as before
+    with pytest.raises(Permanent, match=r"^squidConfig \(the Kubernetes provider's config\): contains"):
+        pod(settings, WITH_ACCESS)
