@@ -110,10 +110,33 @@ def test_a_template_the_proxy_schema_refuses_fails_the_pool_once_not_each_member
     assert "spec.template.port" in pools.status()["conditions"][0]["message"]
 
 
-def test_a_provider_not_configured_fails_the_pool(pools: Pools) -> None:
+def test_a_provider_not_configured_degrades_its_placement_and_the_pool_stays_valid(pools: Pools,
+                                                                                   caplog: pytest.LogCaptureFixture
+                                                                                   ) -> None:
+    """The provider config changes under a pool (a provider removed, or not added yet): its
+    placement is degraded like a failing one, with an Event naming the provider, and the others
+    carry the pool within maxSurge."""
     pools.write()
     pools.sweep(ProviderHealth(configured=("a",), invalid={}))
-    assert pools.members() == {} and pools.status()["phase"] == "Failed"
+    assert sorted(pools.members().values()) == ["a", "a", "a"]
+    status = pools.status()
+    assert status["phase"] != "Failed" and status["placements"][1]["state"] == "Degraded"
+    assert "provider b is not in the provider config (configured: a)" in status["placements"][1]["reason"]
+    assert "Warning: PlacementDegraded: placement[1] b: provider b is not in the provider config" in caplog.text
+
+
+def test_a_sweep_creates_at_most_a_step_of_members_spread_over_the_placements(pools: Pools) -> None:
+    pools.reconciler.step = 4
+    pools.write(spec={**SPEC, "replicas": 9})
+    pools.sweep()
+    assert sorted(pools.members().values()) == ["a", "a", "b", "b"]  # round-robin: both providers work
+    assert "5 to create" not in str(pools.status()["conditions"])  # the status says what is left
+    pools.sweep()
+    pools.sweep()
+    assert sorted(pools.members().values()) == ["a"] * 6 + ["b"] * 3
+    pools.write(spec={**SPEC, "replicas": 0})
+    pools.sweep()
+    assert len(pools.members()) == 5  # deletes go in steps too
 
 
 def test_a_placement_whose_provider_is_broken_sends_its_share_to_the_others(pools: Pools) -> None:
@@ -169,7 +192,7 @@ def test_a_crash_on_one_pool_is_recorded_on_it_and_the_others_go_on(pools: Pools
 
 @pytest.mark.parametrize(("health", "why"), [
     (ProviderHealth(("a",), {"a": "bad"}), "provider a cannot be used: its section of the provider config is invalid"),
-    (ProviderHealth(("b",), {}), "provider a is not configured"),
+    (ProviderHealth(("b",), {}), "provider a is not in the provider config (configured: b)"),
     (ProviderHealth(("a",), {}, {"a": ("host down", 59.0)}), None),  # not for long enough: members decide
     (ProviderHealth(("a",), {}, {"a": ("host down", 60.0)}), "provider a cannot be listed for 60 s (host down)"),
     (ProviderHealth(("a",), {}), None),

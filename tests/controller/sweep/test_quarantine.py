@@ -23,8 +23,9 @@ def store_with_instance() -> MemoryStore:
 def test_it_marks_the_current_instance_with_one_event() -> None:
     store = store_with_instance()
     quarantine = Quarantine(store)
-    written = quarantine("crawlers", "eu-1", "403 from example.com", "token team-a")
-    assert written.annotations[QUARANTINE_ANNOTATION] == ID
+    outcome = quarantine("crawlers", "eu-1", "403 from example.com", "token team-a")
+    assert outcome.proxy.annotations[QUARANTINE_ANNOTATION] == ID
+    assert outcome.hidden and outcome.answer()["hidden"] is True  # a bare Proxy leaves discovery at once
     assert store.get("eu-1").annotations[QUARANTINE_ANNOTATION] == ID
     # Idempotent: asked again, no second Event.
     quarantine("crawlers", "eu-1", "again", "token team-a")
@@ -35,7 +36,7 @@ def test_it_marks_the_current_instance_with_one_event() -> None:
 def test_a_conflict_is_retried_on_the_fresh_object() -> None:
     store = store_with_instance()
     store.conflicts_to_inject = 2
-    assert Quarantine(store)("crawlers", "eu-1", "banned", "op").annotations[QUARANTINE_ANNOTATION] == ID
+    assert Quarantine(store)("crawlers", "eu-1", "banned", "op").proxy.annotations[QUARANTINE_ANNOTATION] == ID
 
 
 def test_a_proxy_that_keeps_changing_is_a_store_error() -> None:
