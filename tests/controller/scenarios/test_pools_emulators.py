@@ -54,20 +54,6 @@ def pool_crd() -> dict[str, Any]:
     return cast(dict[str, Any], yaml.safe_load(POOL_CRD_PATH.read_text()))
 
 
-@pytest.fixture(scope="module")
-def second_daemon() -> Iterator[LibvirtTestDaemon]:
-    """A second KVM host (the session's test-driver daemon is the first)."""
-    with LibvirtTestDaemon() as daemon:
-        yield daemon
-
-
-@pytest.fixture
-def hosts(libvirt_test: LibvirtTestDaemon, second_daemon: LibvirtTestDaemon) -> tuple[LibvirtTestDaemon,
-                                                                                        LibvirtTestDaemon]:
-    second_daemon.reset()
-    return libvirt_test, second_daemon
-
-
 @pytest.fixture
 def kube() -> Iterator[KubeEmulator]:
     with KubeEmulator(crds=[proxy_crd(), pool_crd()]) as emulator:
