@@ -103,10 +103,12 @@ def kept_in_discovery(proxies: Sequence[Proxy], floors: Mapping[tuple[str, str],
         floor = floors.get(key)
         if proxy.deleting or floor is None or controller_of(proxy) != floor.uid:
             continue
-        if proxy.status.get("phase") == PHASE_READY:
+        if quarantined(proxy):
+            # Its phase is Quarantined, or still Ready when its provider could not be listed.
+            if proxy.status.get("phase") == PHASE_READY or serves(proxy.status):
+                candidates.setdefault(key, {})[proxy.name] = proxy
+        elif proxy.status.get("phase") == PHASE_READY:
             serving[key] = serving.get(key, 0) + 1
-        elif quarantined(proxy) and serves(proxy.status):
-            candidates.setdefault(key, {})[proxy.name] = proxy
     return [found[name] for key, found in candidates.items()
             for name in kept_listed(floors[key].floor, serving.get(key, 0), list(found))]
 

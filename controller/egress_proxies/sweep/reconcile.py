@@ -28,6 +28,7 @@ from egress_proxies.providers.errors import ErrorClass, ProviderError
 from egress_proxies.providers.runner import Runner
 from egress_proxies.resources import times
 from egress_proxies.resources.conditions import SERVING, find_condition
+from egress_proxies.resources.pool import quarantined
 from egress_proxies.resources.proxy import (
     FINALIZER,
     PHASE_DELETING,
@@ -295,9 +296,11 @@ class Reconciler:
             serving[state] = serving.get(state, 0) + 1
         for state, count in serving.items():
             metrics.SERVING.labels(serving=state).set(count)
-        # A deleting Proxy is never handed out, whatever its last phase: its instance is going.
-        # Quarantined members a pool still needs for its minReady stay listed (pools.kept_in_discovery).
-        self.last_ready = [p for p in final if p.status.get("phase") == PHASE_READY and not p.deleting] + (
+        # A deleting Proxy is never handed out, whatever its last phase: its instance is going. A
+        # quarantined one neither (still Ready only when its provider could not be listed), but for
+        # the members a pool still needs for its minReady (pools.kept_in_discovery).
+        self.last_ready = [p for p in final if p.status.get("phase") == PHASE_READY and not p.deleting
+                           and not quarantined(p)] + (
             kept_in_discovery(final, self.pools.floors) if self.pools is not None else [])
 
     def _contain(self, proxy: Proxy, action: Callable[[], object], *, report: SweepReport) -> None:
