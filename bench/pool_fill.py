@@ -224,7 +224,7 @@ def fill(name: str, source: Source, n: int, config: Path, work: Path, batch_size
             elif "created" in bare and "ready" not in bare and source.phase_of("bare-mid-fill") == "Ready":
                 bare["ready"] = running.sweeps()
 
-        poll(lambda: source.pool_status().get("readyReplicas") == n, 1800, f"{n} ready", running, bare_proxy)
+        poll(lambda: source.pool_status().get("readyReplicas") == n, 3600, f"{n} ready", running, bare_proxy)
         result.seconds = time.monotonic() - started
         poll(lambda: "ready" in bare, 300, "the bare Proxy Ready", running, bare_proxy)
         result.sweeps = running.sweep_seconds()[before:]
