@@ -240,12 +240,14 @@ class PoolReconciler:
             self.pools.record_pool_event(pool, "Normal", "Rotating" if why == "rotation" else "Updating",
                                          f"member {name} is replaced ({why}); it stays until its successor is "
                                          "ready")
-        if decision.creates:
-            pool = self._create_members(pool, spec, decision.creates)
+        # Deletes before creates: ``decide`` used the surge the deletes free, so the other order
+        # would overshoot replicas + maxSurge between the two (and after a crash between them).
         for name in decision.deletes:
             self.pools.delete_proxy(pool.namespace, name)
             self.pools.record_pool_event(pool, "Normal", "MemberDeleted",
                                          f"member {name} deleted ({_deleted_why(by_name.get(name))})")
+        if decision.creates:
+            pool = self._create_members(pool, spec, decision.creates)
         status = pool_status(pool, spec, decision, views, pool.status, now)
         metrics.POOL_DESIRED.labels(namespace=pool.namespace, pool=pool.name).set(spec.replicas)
         metrics.POOL_READY.labels(namespace=pool.namespace, pool=pool.name).set(decision.ready)
