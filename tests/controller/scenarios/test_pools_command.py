@@ -36,7 +36,8 @@ from support.kube_emulator import KubeEmulator, proxy_crd
 from support.libvirt_daemon import LibvirtTestDaemon
 from support.provider_config import OWNER, BaseImage, kvm_host, write_kubeconfig
 
-pytestmark = pytest.mark.timeout(600)
+# Wall time is generous (a loaded 2-core machine makes a sweep of these 50 s); the bounds are counts.
+pytestmark = pytest.mark.timeout(900)
 
 NAMESPACE = "crawlers"
 CONTROLLER_NAMESPACE = "egress-proxies"  # its Lease and the credentials' Secrets
@@ -407,7 +408,7 @@ def test_a_template_edited_mid_rotation_then_a_restart_converges_within_bounded_
                                               for m in items)
 
     with kube_controller(cluster, config, tmp_path) as restarted:
-        restarted.wait_for(converged, 240, "every member on the new template", interval=0.1)
+        restarted.wait_for(converged, 480, "every member on the new template", interval=0.1)
         sweeps = restarted.sweeps()
     assert sweeps <= math.ceil(replicas / surge) + 2, (sweeps, restarted.sweep_seconds())
     assert min(ready for ready, _ in bounds) >= replicas and max(members for _, members in bounds) <= replicas + surge
