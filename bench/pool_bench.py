@@ -44,8 +44,9 @@ from typing import Any, cast
 import yaml
 
 # Imported first: it puts tests/ on sys.path, as pytest has it, for the emulators and daemons.
-from controller_bench import REPO, emulator_process, say
+from controller_bench import emulator_process, say
 from kubernetes import client
+from pool_fill import KUBE_LAUNCHER, POOL_CRD, run_fill
 
 from egress_proxies.health import SweepHealth
 from egress_proxies.http_server import ControllerHTTPServer, TokenScopes
@@ -72,16 +73,6 @@ TOKEN = "pool-bench-operator-token"
 # The pool's failoverAfter: how long a placement may be bad (members not Ready, or its listing
 # failing) before its shortfall moves.
 FAILOVER_AFTER_SECONDS = 60
-KUBE_LAUNCHER = """
-import sys, yaml
-from support.kube_emulator import KubeEmulator, proxy_crd
-pool_crd = yaml.safe_load(open(sys.argv[1]).read())
-emulator = KubeEmulator(port=0, namespaces=("bench", "egress"), crds=[proxy_crd(), pool_crd]).start()
-sys.stdout.write(emulator.url + "\\n")
-sys.stdout.flush()
-sys.stdin.read()
-emulator.stop()
-"""
 
 
 class Kubelet:
@@ -184,8 +175,7 @@ def run(args: argparse.Namespace, stack: contextlib.ExitStack) -> None:
     kvm_most = -(-n // 3) + -(-n // 6) + max(1, n // 10)
     daemons = [stack.enter_context(LibvirtTestDaemon()) for _ in range(-(-kvm_most // PER_HOST))]
     compute = stack.enter_context(ComputeEmulator(project=GCP_PROJECT, zones=(GCP_ZONE,)))
-    pool_crd = REPO / "controller" / "manifests" / "crd-proxypool.yaml"
-    url = stack.enter_context(emulator_process(KUBE_LAUNCHER, str(pool_crd)))
+    url = stack.enter_context(emulator_process(KUBE_LAUNCHER, str(POOL_CRD), NAMESPACE, POD_NAMESPACE))
     api = stack.enter_context(client.ApiClient(client.Configuration(host=url)))
     config = provider_config(work / "providers.yaml", daemons, compute.endpoint,
                              write_kubeconfig(work / "kubeconfig", url), work)
@@ -275,6 +265,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--replicas", type=int, default=300, help="pool size (default: %(default)s)")
     parser.add_argument("--max-runners", type=int, default=4, help="concurrent runner processes")
     parser.add_argument("--max-sweeps", type=int, default=8, help="give up when a phase needs more sweeps")
+    parser.add_argument("--fill", type=int, default=None, metavar="N",
+                        help="instead: the fill of an N-member pool through the real command, both sources "
+                             "(bench/pool_fill.py says what it measures)")
+    parser.add_argument("--per-host", type=int, default=95, help="with --fill: members per test-driver host")
+    parser.add_argument("--batch-size", type=int, default=125, help="with --fill: the controller's --batch-size")
+    parser.add_argument("--rotation-replicas", type=int, default=300,
+                        help="with --fill: the pool whose template is edited mid-rotation before a restart")
     args = parser.parse_args(argv)
     if os.geteuid() != 0:
         say("pool_bench: needs root (the test libvirtd runs in a private mount namespace)")
@@ -283,7 +280,10 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, interrupt)
     started = time.monotonic()
     with contextlib.ExitStack() as stack:
-        run(args, stack)
+        if args.fill is not None:
+            run_fill(args.fill, args.per_host, args.batch_size, args.rotation_replicas, stack)
+        else:
+            run(args, stack)
     say(f"total {time.monotonic() - started:.0f} s")
     return 0
 

@@ -37,6 +37,7 @@ from egress_proxies.sources.directory import DirectoryStore
 from egress_proxies.sources.directory_pools import DirectoryPools
 from egress_proxies.sources.store import PoolStore, ProxyStore, StoreError
 from egress_proxies.sweep.backoff import Backoff
+from egress_proxies.sweep.live import LiveSettings
 from egress_proxies.sweep.pools import PoolReconciler
 from egress_proxies.sweep.quarantine import Quarantine
 from egress_proxies.sweep.reconcile import Reconciler, ReconcileSettings
@@ -321,6 +322,7 @@ class Pieces:
     credentials: Credentials
     health: SweepHealth
     controller: Controller
+    pools: PoolReconciler
 
 
 def build_pieces(settings: Settings, runner: AnsibleRunner) -> Pieces | None:
@@ -342,13 +344,15 @@ def build_pieces(settings: Settings, runner: AnsibleRunner) -> Pieces | None:
     monitor = ServingMonitor(prober, settings.probe_interval_seconds)
     credentials = Credentials(secrets, settings.credential_grace_seconds,
                               scope=settings.namespace if settings.source == "kubernetes" else None)
-    pool_store = build_pools(settings, store)
+    # A sweep creates (and deletes) at most one round of create batches' worth of pool members.
+    pools = PoolReconciler(build_pools(settings, store), store,
+                           step=settings.batch_size * LiveSettings.parallel_batches)
     reconciler = Reconciler(
         store, runner, str(settings.provider_config),
         ReconcileSettings(gc_grace_seconds=settings.gc_grace_seconds, gc_dry_run=settings.gc_dry_run,
                           batch_size=settings.batch_size),
         backoff=Backoff(), purge=runner.purge_artifacts, monitor=monitor, credentials=credentials,
-        pools=PoolReconciler(pool_store, store))
+        pools=pools)
     health = SweepHealth(settings.interval_seconds, leader=elector is None)
     metrics.LEADER.labels(name=settings.lease_name).set_function(lambda: 1.0 if health.leader else 0.0)
     metrics.MAX_RUNNERS.set(runner.max_concurrent)
@@ -357,8 +361,9 @@ def build_pieces(settings: Settings, runner: AnsibleRunner) -> Pieces | None:
                                          watch=settings.source == "kubernetes"),
                             elector=elector,
                             # A scaled or new pool wakes the sweep at once (files have no change feed).
-                            pool_feed=None if isinstance(pool_store, DirectoryPools) else cast(ChangeFeed, pool_store))
-    return Pieces(runner, store, monitor, credentials, health, controller)
+                            pool_feed=None if isinstance(pools.pools, DirectoryPools)
+                            else cast(ChangeFeed, pools.pools))
+    return Pieces(runner, store, monitor, credentials, health, controller, pools)
 
 
 def run_once(pieces: Pieces) -> int:
@@ -379,7 +384,9 @@ def serve(settings: Settings, pieces: Pieces, scopes: TokenScopes) -> int:
     token = token_from_env()
     warn_if_no_token(token, log)
     server = ControllerHTTPServer(pieces.health, controller.ready_proxies, token, token_scopes=scopes,
-                                  proxy_url=proxy_url(pieces.credentials), quarantine=Quarantine(pieces.store),
+                                  proxy_url=proxy_url(pieces.credentials),
+                                  quarantine=Quarantine(pieces.store, controller.ready_proxies,
+                                                        lambda: pieces.pools.floors),
                                   quarantine_per_minute=settings.quarantine_per_minute)
     host, port = settings.listen
     server.start(host, port)

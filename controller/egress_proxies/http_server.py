@@ -51,10 +51,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, 
 
 from egress_proxies.health import SweepHealth
 from egress_proxies.resources.conditions import SERVING, find_condition
-from egress_proxies.resources.pool import pool_of, quarantined
+from egress_proxies.resources.pool import pool_of
 from egress_proxies.resources.proxy import NAMESPACE_RULE, Proxy, is_namespace_name
 from egress_proxies.sources.store import StoreError
-from egress_proxies.sweep.quarantine import QuarantineError
+from egress_proxies.sweep.quarantine import QuarantineError, QuarantineOutcome
 
 log = logging.getLogger(__name__)
 
@@ -285,7 +285,7 @@ class ControllerHTTPServer:
                  max_connections: int = MAX_CONNECTIONS, workers: int = WORKERS,
                  token_scopes: TokenScopes | None = None,
                  proxy_url: Callable[[Proxy], str | None] | None = None,
-                 quarantine: Callable[[str, str, str, str], Proxy] | None = None,
+                 quarantine: Callable[[str, str, str, str], QuarantineOutcome] | None = None,
                  quarantine_per_minute: float = QUARANTINE_PER_MINUTE) -> None:
         self.health = health
         # POST /v1/proxies/{namespace}/{name}/quarantine (pool_reconcile.Quarantine); None: 503.
@@ -490,12 +490,13 @@ class ControllerHTTPServer:
         return 401, _TEXT, b"unauthorized\n", {"WWW-Authenticate": challenge}
 
     def hidden(self, proxy: Proxy) -> bool:
-        """Quarantined: its annotation names its current instance, or it was quarantined here
-        since the sweep that listed it (so it leaves discovery at once, not a sweep later)."""
+        """Quarantined here since the sweep that listed it, and let go by its pool's floor (so it
+        leaves discovery at once, not a sweep later). What the sweeps list is theirs to decide: a
+        quarantined member its pool still needs for minReady is listed on purpose."""
         provider_id = proxy.status.get("providerID")
         with self._quarantine_lock:
             recent = self._quarantined.get((proxy.namespace, proxy.name))
-        return quarantined(proxy) or (recent is not None and recent == provider_id)
+        return recent is not None and recent == provider_id
 
     def _discovery(self, header: str | None, peer: str, as_text: bool,
                    pool: tuple[str, str] | None = None) -> Response:
@@ -552,17 +553,16 @@ class ControllerHTTPServer:
                                 f"in {wait} s\n").encode(), {"Retry-After": str(wait)}
         who = "the operator token" if namespaces is None else (self.token_scopes.name(token) or "a crawler token")
         try:
-            proxy = self.quarantine(namespace, name, " ".join(reason.split()), who)
+            outcome = self.quarantine(namespace, name, " ".join(reason.split()), who)
         except QuarantineError as error:
             return error.status, _TEXT, f"{error}\n".encode(), {}
         except StoreError as error:
             log.warning("quarantine of %s/%s failed: %s", namespace, name, error)
             return 503, _TEXT, b"the Proxy could not be updated; try again\n", {}
-        provider_id = str(proxy.status.get("providerID") or "")
-        with self._quarantine_lock:
-            self._quarantined[(namespace, name)] = provider_id
-        answer = {"namespace": namespace, "name": name, "providerID": provider_id, "quarantined": True}
-        return 200, "application/json", json.dumps(answer).encode(), {}
+        if outcome.hidden:
+            with self._quarantine_lock:
+                self._quarantined[(namespace, name)] = outcome.provider_id
+        return 200, "application/json", json.dumps(outcome.answer()).encode(), {}
 
     def _take(self, token: bytes) -> int:
         """One quarantine from this token's bucket: 0, or the seconds to wait (Retry-After)."""

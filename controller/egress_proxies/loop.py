@@ -260,9 +260,9 @@ class Controller:
         self.health.sweep_finished(report.ok, "" if report.clean else report.summary())
         self.sweeps += 1
         log.log(logging.INFO if report.clean else logging.WARNING,
-                "sweep %d: %s; %d runner call(s), %d created, %d deleted, %d released, %d garbage-collected",
-                self.sweeps, report.summary(), report.runner_calls, report.created, report.deleted,
-                report.released, len(report.gc))
+                "sweep %d (%.1f s): %s; %d runner call(s), %d created, %d deleted, %d released, %d garbage-collected",
+                self.sweeps, time.monotonic() - started, report.summary(), report.runner_calls, report.created,
+                report.deleted, report.released, len(report.gc))
         return report
 
     def _pool_watch_loop(self) -> None:

@@ -215,7 +215,8 @@ def test_proxy_resource_agrees_with_the_crd() -> None:
     # are the ones that do not touch the instance (``probe``: checks run from the controller).
     assert set(model.SPEC_FIELDS) <= spec and spec - set(model.SPEC_FIELDS) <= {"probe"}
     assert schema["properties"]["status"]["properties"]["phase"]["enum"] == [
-        model.PHASE_PENDING, model.PHASE_PROVISIONING, model.PHASE_READY, model.PHASE_DELETING, model.PHASE_FAILED]
+        model.PHASE_PENDING, model.PHASE_PROVISIONING, model.PHASE_READY, model.PHASE_QUARANTINED,
+        model.PHASE_DELETING, model.PHASE_FAILED]
 
 
 CONTROLLER = REPO / "controller" / "egress_proxies"
@@ -303,8 +304,8 @@ def test_the_contract_document_names_what_the_code_uses() -> None:
         "provider type": {t.value for t in ProviderType},
         "module": {f"{t.module_prefix}_proxy" for t in ProviderType} | {CONFIG_MODULE},
         "providerID scheme": {f"{s}://" for s in PROVIDER_ID_SCHEMES.values()},
-        "phase": {model.PHASE_PENDING, model.PHASE_PROVISIONING, model.PHASE_READY, model.PHASE_DELETING,
-                  model.PHASE_FAILED},
+        "phase": {model.PHASE_PENDING, model.PHASE_PROVISIONING, model.PHASE_READY, model.PHASE_QUARANTINED,
+                  model.PHASE_DELETING, model.PHASE_FAILED},
         "state": set(module_instance.STATES),
         "spec field": set(proxy_schema()["properties"]["spec"]["properties"]),
         "status field": set(proxy_schema()["properties"]["status"]["properties"]),

@@ -1,10 +1,15 @@
-"""The real ``egress-proxies`` command as a test runs it: in its own session (so its ansible-runner
-children go with it), its log read line by line as it comes, its HTTP port found in that log, its
-discovery endpoint asked over 127.0.0.1, and stopped with SIGTERM when the test ends; and the
-directory source's files as such a test writes and reads them."""
+"""The real ``egress-proxies`` command as a child process, for tests and benchmarks that must run
+the controller as shipped (a SIGKILL hits the real thing, its memory is its own).
+
+It logs JSON (``--log-format json``) to a pipe this reads on a thread; the HTTP port is read from
+its "serving ... on HOST:PORT" line, and each finished sweep from its "sweep N (S s): ..." line,
+so a test counts sweeps and their durations without reaching into the process. Beside it, the
+directory source's files as such a test writes and reads them, and a start that must be refused.
+"""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -13,18 +18,20 @@ import sys
 import threading
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Self
 
 import yaml
 
+from egress_proxies.providers.runner import AnsibleRunner
 from support import waiting
 from support.ansible_modules import collections_path
 
 EGRESS_PROXIES = str(Path(sys.executable).parent / "egress-proxies")
-_SERVING = re.compile(r"serving health, metrics and discovery on 127\.0\.0\.1:(\d+)")
+_SERVING = re.compile(r"serving health, metrics and discovery on [^ ]+:(\d+)$")
+_SWEEP = re.compile(r"^sweep (\d+)(?: \(([0-9.]+) s\))?: ")
 
 
 def proxy_document(name: str, namespace: str = "crawlers", provider: str = "lab") -> dict[str, Any]:
@@ -64,69 +71,151 @@ def run_refused(arguments: list[str], timeout: float = 60) -> subprocess.Complet
 
 
 class ControllerProcess:
-    """``egress-proxies ARGUMENTS --listen 127.0.0.1:0``, serving until ``stop`` (or the end of a
-    ``with`` block)."""
+    """``egress-proxies <args> --log-format json``; a context manager that stops it (SIGTERM, then
+    SIGKILL) on the way out. ``env``: extra environment (``DISCOVERY_TOKEN``). ``work_dir``: its
+    ``--work-dir``; once it is gone (stopped or killed), a runner is started there, as the next
+    controller's would be, which removes what a run cut short left (its temporary directory)."""
 
-    def __init__(self, *arguments: str) -> None:
-        self.process = subprocess.Popen([EGRESS_PROXIES, *arguments, "--listen", "127.0.0.1:0"], env=environment(),
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                                        start_new_session=True)
+    def __init__(self, args: Sequence[str], env: dict[str, str] | None = None, work_dir: Path | None = None) -> None:
+        self.args = [EGRESS_PROXIES, *args, "--log-format", "json"]
+        self.work_dir = work_dir
+        self.env = {**environment(), **(env or {})}
         self.lines: list[str] = []
-        assert self.process.stderr is not None
+        self.process: subprocess.Popen[str] | None = None
+        self._reader: threading.Thread | None = None
+
+    def start(self) -> Self:
+        self.process = subprocess.Popen(self.args, env=self.env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                        stderr=subprocess.PIPE, text=True, start_new_session=True)
         stderr = self.process.stderr
+        assert stderr is not None
         self._reader = threading.Thread(target=lambda: self.lines.extend(line.rstrip("\n") for line in stderr),
                                         daemon=True)
         self._reader.start()
-        self.port = 0
-        try:
-            self.wait_for(self._serving, 60, "the HTTP server")
-        except BaseException:
-            self.stop()
-            raise
-
-    def _serving(self) -> bool:
-        for line in list(self.lines):
-            if found := _SERVING.search(line):
-                self.port = int(found.group(1))
-        return self.port != 0
-
-    def log(self) -> str:
-        return "\n".join(self.lines)
-
-    def wait_for(self, condition: Callable[[], object], seconds: float, what: str) -> None:
-        """``support.waiting.wait_for``, failing at once, with the log, when the controller exits."""
-        def done() -> object:
-            assert self.process.poll() is None, f"the controller exited ({self.process.returncode}); log:\n{self.log()}"
-            return condition()
-        waiting.wait_for(done, seconds, what, interval=0.2, diagnostics=lambda: "log:\n" + "\n".join(self.lines[-40:]))
-
-    def get(self, path: str, authorization: str | None = None) -> tuple[int, str]:
-        """GET ``path`` from the controller's port: the status and the body."""
-        request = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}")
-        if authorization is not None:
-            request.add_header("Authorization", authorization)
-        try:
-            with urllib.request.urlopen(request, timeout=10) as answer:
-                return answer.status, answer.read().decode()
-        except urllib.error.HTTPError as error:
-            with error:
-                return error.code, error.read().decode()
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-        try:
-            self.process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(timeout=30)
-        self._reader.join(timeout=10)
-        if self.process.stderr is not None:
-            self.process.stderr.close()
-
-    def __enter__(self) -> ControllerProcess:
         return self
+
+    def __enter__(self) -> Self:
+        return self.start()
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
                  traceback: TracebackType | None) -> None:
         self.stop()
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None, "not started"
+        return self.process.pid
+
+    def messages(self) -> list[str]:
+        found = []
+        for line in list(self.lines):
+            try:
+                found.append(str(json.loads(line)["message"]))
+            except (ValueError, KeyError, TypeError):
+                found.append(line)  # not JSON: a traceback's tail, printed before logging was set up
+        return found
+
+    def log(self) -> str:
+        """Every message so far, one per line (``lines`` holds the JSON records as written)."""
+        return "\n".join(self.messages())
+
+    def output(self) -> str:
+        """Everything it wrote, as written: what a secret must never be found in."""
+        return "\n".join(self.lines)
+
+    def log_tail(self, lines: int = 40) -> str:
+        return "log:\n" + "\n".join(self.messages()[-lines:])
+
+    def sweep_seconds(self) -> list[float]:
+        """How long each finished sweep took, in order."""
+        return [float(m.group(2) or "nan") for message in self.messages() if (m := _SWEEP.match(message))]
+
+    def sweeps(self) -> int:
+        return len(self.sweep_seconds())
+
+    def _announced_port(self) -> int | None:
+        for message in self.messages():
+            if found := _SERVING.search(message):
+                return int(found.group(1))
+        return None
+
+    @property
+    def port(self) -> int:
+        """Its HTTP port, once it has said where it serves (waited for, up to a minute)."""
+        self.wait_for(lambda: self._announced_port() is not None, 60, "the HTTP server to start")
+        port = self._announced_port()
+        assert port is not None
+        return port
+
+    def wait_for(self, condition: Callable[[], object], seconds: float, what: str, interval: float = 0.2) -> None:
+        """``waiting.wait_for``, failing at once (with the log) when the controller exits."""
+        def done() -> object:
+            assert self.process is not None and self.process.poll() is None, "the controller exited; " + \
+                self.log_tail()
+            return condition()
+        waiting.wait_for(done, seconds, what, interval=interval, diagnostics=self.log_tail)
+
+    def wait_sweeps(self, count: int, seconds: float) -> None:
+        """Until ``count`` more sweeps have finished."""
+        target = self.sweeps() + count
+        self.wait_for(lambda: self.sweeps() >= target, seconds, f"{count} more sweep(s)")
+
+    def http(self, method: str, path: str, token: str | None = None, body: dict[str, Any] | None = None,
+             authorization: str | None = None) -> tuple[int, Any]:
+        """One request to its HTTP port: the status and the decoded JSON (or text) answer.
+        ``token`` is sent as a bearer token; ``authorization``, the header as given."""
+        data = json.dumps(body).encode() if body is not None else None
+        request = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", data=data, method=method)
+        if token is not None:
+            authorization = f"Bearer {token}"
+        if authorization is not None:
+            request.add_header("Authorization", authorization)
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                code, raw = response.status, response.read()
+        except urllib.error.HTTPError as error:
+            code, raw = error.code, error.read()
+        try:
+            return code, json.loads(raw)
+        except ValueError:
+            return code, raw.decode()
+
+    def peak_rss_mib(self) -> float:
+        """The controller process's peak resident memory (VmHWM; its runner children are apart)."""
+        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+        raise AssertionError("no VmHWM in /proc/<pid>/status")
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group (the runner and its modules with it), as an OOM kill would."""
+        self._signal(signal.SIGKILL)
+
+    def stop(self) -> None:
+        if self.process is None:
+            return
+        self._signal(signal.SIGTERM)
+        try:
+            self.process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self._signal(signal.SIGKILL)
+        self._close()
+
+    def _signal(self, number: int) -> None:
+        assert self.process is not None
+        try:
+            os.killpg(self.process.pid, number)
+        except ProcessLookupError:
+            pass
+        if number == signal.SIGKILL:
+            self.process.wait(timeout=60)
+            self._close()
+
+    def _close(self) -> None:
+        if self.work_dir is not None:
+            AnsibleRunner(self.work_dir, timeout_seconds=1, max_concurrent=1)  # removes the leftovers
+        if self._reader is not None:
+            self._reader.join(timeout=10)
+            self._reader = None
+        if self.process is not None and self.process.stderr is not None:
+            self.process.stderr.close()

@@ -1171,7 +1171,10 @@ class KubeEmulator:
         if rtype.key == CRD_KEY:
             errors += _crd_errors(obj)
         if schema is not None:
-            errors += schema.validate(obj, old)
+            # The API server reads the old object from storage with the schema's defaults applied
+            # (apiextensions-apiserver defaults on read as well as on write), so ratcheting compares
+            # defaulted with defaulted: a field defaulted since it was stored is no change.
+            errors += schema.validate(obj, None if old is None else schema.prune_and_default(old))
         if errors:
             raise _invalid(rtype, name, errors)
         if creating and rtype.key == PODS_KEY:

@@ -14,7 +14,10 @@ emulator fails against neither:
 - custom resources: the CRD's structural ``openAPIV3Schema``, pruned, defaulted and validated as
   k8s.io/apiextensions-apiserver does (pkg/apiserver/schema/pruning, .../schema/defaulting,
   pkg/apiserver/validation ``kubeOpenAPIResultToFieldErrors``), with ``jsonschema`` doing the
-  validating.
+  validating; and the schema's ``x-kubernetes-validations`` rules, evaluated in CEL (with
+  ``cel-python``) as k8s.io/apiextensions-apiserver/pkg/apiserver/schema/cel/validation.go does
+  (the CRD docs' "Validation rules":
+  https://kubernetes.io/docs/tasks/extend-kubernetes/custom-resources/custom-resource-definitions/#validation-rules).
 """
 
 from __future__ import annotations
@@ -26,7 +29,10 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import celpy
 import jsonschema
+from celpy.adapter import json_to_cel
+from celpy.evaluation import CELEvalError
 
 Obj = dict[str, Any]
 
@@ -461,7 +467,47 @@ class StructuralSchema:
                 if str(field_error) not in seen:
                     seen.add(str(field_error))
                     errors.append(field_error)
+        if not errors:  # the API server runs the CEL rules only on an object the schema admits
+            before = None if old is None else {k: v for k, v in old.items() if k not in _ROOT_KEPT}
+            errors += _rule_errors(self.schema, document, before, [])
         return errors
+
+
+_PROGRAMS: dict[str, Any] = {}
+
+
+def _rule_errors(schema: Mapping[str, Any], value: Any, old: Obj | None, path: list[Any]) -> list[FieldError]:
+    """Every ``x-kubernetes-validations`` rule of the schema, at each node the value has, with
+    ``self`` bound to the node (cel/validation.go ``validateExpressions``). A failed rule is a
+    ``field.Invalid`` at the node's path joined with the rule's ``fieldPath``, whose value is the
+    node's schema type and whose detail is the rule's ``message`` (``fieldErrorForReason``,
+    ``ruleMessageOrDefault``: "failed rule: <rule>" without one). Ratcheting (KEP-4008, on by
+    default since 1.30): on an update, a rule on a node the update left unchanged is not run."""
+    errors: list[FieldError] = []
+    if old is None or not _unchanged(old, path, value):
+        for rule in schema.get("x-kubernetes-validations") or []:
+            program = _PROGRAMS.get(rule["rule"])
+            if program is None:
+                environment = celpy.Environment()
+                program = _PROGRAMS[rule["rule"]] = environment.program(environment.compile(rule["rule"]))
+            try:
+                passed = bool(program.evaluate({"self": json_to_cel(value)}))
+            except CELEvalError:
+                passed = False  # a rule that cannot be evaluated on the object refuses it, as on the server
+            if not passed:
+                where = _path([*path, *(p for p in str(rule.get("fieldPath") or "").split(".") if p)])
+                errors.append(FieldError(str(rule.get("reason") or "FieldValueInvalid"), where,
+                                         str(schema.get("type") or "object"),
+                                         str(rule.get("message") or f"failed rule: {rule['rule']}")))
+    properties = schema.get("properties") or {}
+    if isinstance(value, dict):
+        for key, sub in properties.items():
+            if key in value:
+                errors += _rule_errors(sub, value[key], old, [*path, key])
+    elif isinstance(value, list) and isinstance(schema.get("items"), dict):
+        for index, item in enumerate(value):
+            errors += _rule_errors(schema["items"], item, old, [*path, index])
+    return errors
 
 
 _MISSING = object()

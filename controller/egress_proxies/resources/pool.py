@@ -23,7 +23,14 @@ The decisions (docs/architecture.md, "Pools"):
   its replacement is Ready and never so that ``readyReplicas < replicas - maxUnavailable``.
   A member built from an older template is rotated the same way.
 - **Quarantine**: a member whose quarantine annotation names its current instance is not ready,
-  not counted against the surge, and replaced like a retiring one.
+  not counted against the surge, and replaced like a retiring one. Discovery keeps listing as
+  many quarantined members as the pool needs to keep ``minReady`` discoverable (``kept_listed``),
+  so no burst of quarantines empties a pool: each leaves once its replacement serves.
+- **Ownership**: a pool manages only the Proxies it created, those with a controller owner
+  reference to its uid (``owned_by``); a Proxy merely carrying its label is someone else's.
+- **Steps**: a sweep creates and deletes at most a bounded number of members (``Budget``), so a
+  fill of thousands goes in steps of the size of one round of create batches, and every sweep
+  keeps its pace for the other Proxies.
 """
 
 from __future__ import annotations
@@ -166,14 +173,16 @@ def _duration(value: Any, path: str, errors: list[str]) -> float | None:
     return seconds
 
 
-def parse_spec(spec: Any, providers: Sequence[str] | None = None) -> tuple[PoolSpec | None, list[str]]:
+def parse_spec(spec: Any) -> tuple[PoolSpec | None, list[str]]:
     """The typed spec, or every problem as ``<field path>: <what it must be> (got ...)``.
 
     What each field may hold is the ProxyPool CRD's schema, checked as the API server checks it
-    (``schema.pool_spec_errors``); here only what a JSON schema cannot say: rules across fields,
-    a template field that the placement owns, a duration of 0. ``providers``: the configured
-    provider names (a placement naming another is an error of the pool, not a degraded
-    placement: nothing will ever serve there). None: not checked."""
+    (``schema.pool_spec_errors``); here only what a JSON schema cannot say: rules across fields
+    (``minReady <= replicas`` is also the CRD's CEL rule, for the API server), a template field
+    that the placement owns, a duration of 0. A placement naming a provider the provider config
+    does not have is not an error of the pool: the config changes under a pool (a provider
+    removed, or not added yet), so such a placement is degraded like a failing one
+    (``sweep.pools.ProviderHealth``) and the others carry the pool."""
     spec, errors = pool_spec_errors(spec)
     if not isinstance(spec, dict):
         return None, errors
@@ -184,11 +193,6 @@ def parse_spec(spec: Any, providers: Sequence[str] | None = None) -> tuple[PoolS
                           "spec.placement; move it there")
     found = spec.get("placement")
     entries: list[Any] = found if isinstance(found, list) else []
-    for index, entry in enumerate(entries):
-        provider = entry.get("provider") if isinstance(entry, dict) else None
-        if providers is not None and isinstance(provider, str) and provider and provider not in providers:
-            errors.append(f"spec.placement[{index}].provider: {provider!r} is not a configured provider (configured: "
-                          f"{', '.join(sorted(providers)) or 'none'}); fix the name or add the provider")
     weights = [entry.get("weight", 1) for entry in entries if isinstance(entry, dict)]
     numbers = [w for w in weights if isinstance(w, int | float)]
     if entries and len(numbers) == len(entries) and not any(w > 0 for w in numbers):
@@ -202,6 +206,7 @@ def parse_spec(spec: Any, providers: Sequence[str] | None = None) -> tuple[PoolS
         errors.append("spec.rotation: maxSurge and maxUnavailable cannot both be 0 with maxAge set "
                       "(no member could ever be replaced); set maxSurge: 1")
     failover = _duration(spec.get("failoverAfter"), "spec.failoverAfter", errors)
+    errors += _min_ready_errors(spec)
     if errors:
         return None, errors
     # Valid against the schema: every value below has its type; an omitted one its CRD default.
@@ -213,6 +218,16 @@ def parse_spec(spec: Any, providers: Sequence[str] | None = None) -> tuple[PoolS
                     jitter=float(rotation.get("jitter", DEFAULT_JITTER)),
                     min_ready=None if min_ready is None else int(min_ready),
                     failover_after_seconds=DEFAULT_FAILOVER_AFTER if failover is None else failover), []
+
+
+def _min_ready_errors(spec: Mapping[str, Any]) -> list[str]:
+    """minReady above replicas: the pool could never be Available (the CRD's CEL rule says the same)."""
+    replicas, min_ready = spec.get("replicas", 0), spec.get("minReady")
+    numbers = all(isinstance(v, int) and not isinstance(v, bool) for v in (replicas, min_ready))
+    if numbers and min_ready > replicas:
+        return [(f"spec.minReady: must be at most spec.replicas (got minReady {min_ready} > replicas "
+                 f"{replicas}); lower spec.minReady or raise spec.replicas")]
+    return []
 
 
 def split(total: int, weights: Sequence[int], caps: Sequence[int | None]) -> list[int]:
@@ -243,10 +258,13 @@ def split(total: int, weights: Sequence[int], caps: Sequence[int | None]) -> lis
 
 
 def member_name(pool: Pool, serial: int) -> str:
-    """``<pool>-<5 hex>``: deterministic in the pool's uid and the member's serial, so a create
-    repeated after a crash names the same member (AlreadyExists), never a second one."""
-    suffix = hashlib.sha256(f"{pool.uid}/{serial}".encode()).hexdigest()[:5]
-    return f"{pool.name[:253 - 6]}-{suffix}"
+    """``<pool>-<5 hex of the pool's uid>-<serial>``: deterministic, so a create repeated after a
+    crash names the same member (AlreadyExists), never a second one; unique within the pool at
+    any size, since no serial is used twice (a hash of the serial collides: 45 times in 10,000 with
+    5 hex characters). The uid's part keeps a re-created pool of the same name off the names of
+    the old one's members that are still being deleted."""
+    suffix = f"{hashlib.sha256(pool.uid.encode()).hexdigest()[:5]}-{serial}"
+    return f"{pool.name[:253 - 1 - len(suffix)]}-{suffix}"
 
 
 def jitter_factor(name: str, jitter: float) -> float:
@@ -272,12 +290,16 @@ def pool_of(proxy: Proxy) -> str | None:
 
 
 def owned_by(proxy: Proxy, pool: Pool) -> bool:
-    """A member of ``pool``: its label, and its owner reference when it has one (a Proxy of a
-    deleted pool of the same name is not this pool's)."""
-    if proxy.namespace != pool.namespace or pool_of(proxy) != pool.name:
-        return False
-    owners = proxy.owner_references
-    return not owners or any(o.get("kind") == POOL_KIND and o.get("uid") == pool.uid for o in owners)
+    """A member of ``pool``: created by it, so its label and its controller owner reference to the
+    pool's uid. The label alone is anyone's to write: a Proxy that only carries it (written by
+    hand, or by another tool) is never adopted, scaled down or deleted (``foreign``)."""
+    return proxy.namespace == pool.namespace and pool_of(proxy) == pool.name and controller_of(proxy) == pool.uid
+
+
+def foreign(proxy: Proxy, pool: Pool) -> bool:
+    """Labelled as a member of ``pool`` but created by no pool (no ProxyPool controls it): left
+    alone, and reported. One controlled by a pool that is gone is an orphan, deleted instead."""
+    return proxy.namespace == pool.namespace and pool_of(proxy) == pool.name and controller_of(proxy) is None
 
 
 def controller_of(proxy: Proxy) -> str | None:
@@ -297,6 +319,45 @@ def quarantined(proxy: Proxy) -> bool:
     """Whether the instance the Proxy has now was reported unusable (its replacement is not)."""
     provider_id = proxy.status.get("providerID")
     return bool(provider_id) and proxy.annotations.get(QUARANTINE_ANNOTATION) == provider_id
+
+
+def kept_listed(floor: int, serving: int, quarantined_serving: Sequence[str]) -> list[str]:
+    """The quarantined members discovery still lists: as many as the pool needs to keep ``floor``
+    (its ``minReady``) discoverable beside the ``serving`` ones, by name (stable from sweep to
+    sweep, so one leaves discovery for good once its replacement serves). A quarantine never
+    takes a pool's discoverable members below its floor: a burst of them from one crawler
+    replaces the members make-before-break instead of emptying the pool."""
+    return sorted(quarantined_serving)[:max(0, floor - serving)]
+
+
+@dataclass
+class Budget:
+    """How many members a sweep may still create and delete, all pools together (``--batch-size``
+    times the create batches a provider runs side by side: one round of them). A fill of
+    thousands goes in steps, each sweep keeps its pace, and the other Proxies are served
+    between them; what a step leaves out, the next sweep's decision asks for again."""
+
+    left: int
+
+    def take(self, wanted: Sequence[Any]) -> list[Any]:
+        granted = list(wanted[:max(0, self.left)])
+        self.left -= len(granted)
+        return granted
+
+
+def interleaved(placements: Sequence[int]) -> list[int]:
+    """New members' placements taken round-robin (``[0, 0, 1, 1, 2]`` -> ``[0, 1, 2, 0, 1]``): a
+    step cut short of a fill still spreads over the providers, whose creates run side by side."""
+    queues: dict[int, int] = {}
+    for index in placements:
+        queues[index] = queues.get(index, 0) + 1
+    out: list[int] = []
+    while queues:
+        for index in sorted(queues):
+            out.append(index)
+            queues[index] -= 1
+        queues = {index: count for index, count in queues.items() if count}
+    return out
 
 
 @dataclass(frozen=True)
@@ -590,11 +651,18 @@ def decide(spec: PoolSpec, members: Sequence[Member], broken: Mapping[int, str],
     rows = _placement_rows(spec, grouped, broken, previous, now)
     degraded, newly_degraded, recovered = _health_changes(rows, previous)
     shares = _shares(spec, grouped, rows)
-    room = _surge_room(spec, members, shares)
-    retire = _retire(spec, members, grouped, shares, room)
     ready = sum(1 for m in members if m.ready)
-    return Decision(creates=_creates(grouped, shares, retire, room),
-                    deletes=_deletes(spec, grouped, strays, shares, retire, ready), retire=retire,
+    # What goes now (a successor serves, a scale-down) goes first: the surge it frees is used in
+    # the same sweep, so a rotation or a template change replaces maxSurge members a sweep, not
+    # every other sweep.
+    deletes = _deletes(spec, grouped, strays, shares, {}, ready)
+    staying = [m for m in members if m.name not in deletes]
+    kept, kept_strays = _grouped(staying, len(spec.placements))
+    room = _surge_room(spec, staying, shares)
+    retire = _retire(spec, staying, kept, shares, room)
+    ready_left = sum(1 for m in staying if m.ready)
+    return Decision(creates=_creates(kept, shares, retire, room),
+                    deletes=deletes + _deletes(spec, kept, kept_strays, shares, retire, ready_left), retire=retire,
                     placements=_final_rows(rows, grouped, shares), desired=shares.desired, ready=ready,
                     members=len(members), degraded=degraded, recovered=recovered, newly_degraded=newly_degraded,
                     shortfall=spec.replicas - sum(shares.desired))

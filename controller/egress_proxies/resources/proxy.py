@@ -37,6 +37,9 @@ PHASE_PROVISIONING = "Provisioning"
 PHASE_READY = "Ready"
 PHASE_DELETING = "Deleting"
 PHASE_FAILED = "Failed"
+# Its instance was reported unusable by a crawler (docs/contract.md, "Quarantine"); until that
+# instance is gone (its Proxy deleted by its pool, or the instance replaced).
+PHASE_QUARANTINED = "Quarantined"
 
 # The spec fields that shape an instance; a change to any of them replaces it.
 SPEC_FIELDS = ("provider", "location", "machineType", "image", "port", "cloudInit", "cloudInitEncoding", "auth",

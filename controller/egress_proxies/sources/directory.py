@@ -77,6 +77,8 @@ log = logging.getLogger(__name__)
 
 STATUS_SUFFIX = ".status.yaml"
 LOCK_NAME = ".egress-proxies.lock"
+# write_file's temporary files, of every YAML file the controller writes in the directory.
+TEMPORARY_GLOB = ".*.yaml.*.tmp"
 # Spec fields never written to a status file: user-data may carry credentials, and nothing
 # the status file is for (deleting an instance, presenting the last good spec) needs it.
 NOT_STORED = frozenset({"cloudInit"})
@@ -182,7 +184,9 @@ def _orphaned_records(specs: dict[str, _ProxyFile], states: dict[str, _StatusFil
 def write_file(path: Path, text: str, mode: int) -> None:
     """Replace ``path`` atomically. mkstemp creates the temporary file 0600 (whatever the
     umask), so its content is never readable by anyone else, not even for a moment; fsync
-    before the rename, so a power cut leaves the old file or the new one, never an empty one."""
+    before the rename, so a power cut leaves the old file or the new one, never an empty one.
+    Named ``.<file>.<random>.tmp`` (``TEMPORARY_GLOB``): what a kill mid-write leaves is removed
+    when the next controller takes the directory."""
     fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as handle:
@@ -249,8 +253,10 @@ class DirectoryStore:
         return f"pid {os.getpid()} on {socket.gethostname()}"
 
     def _remove_leftovers(self) -> None:
-        """Temporary files of a controller killed mid-write: nobody else writes here (we hold the lock)."""
-        for leftover in self.directory.glob(f".*{STATUS_SUFFIX}.*.tmp"):
+        """Temporary files of a controller killed mid-write (``write_file``'s, of every file it
+        writes here: status files, pool members, which may hold a template's cloudInit, and pool
+        records): nobody else writes here (we hold the lock)."""
+        for leftover in self.directory.glob(TEMPORARY_GLOB):
             leftover.unlink(missing_ok=True)
             log.info("removed %s, left by a controller stopped while writing it", leftover)
 

@@ -31,9 +31,10 @@ from egress_proxies.providers.client import (
 from egress_proxies.providers.errors import ErrorClass
 from egress_proxies.resources.conditions import PROVIDER_LISTED, READY, SERVING, find_condition
 from egress_proxies.resources.pool import (
+    QUARANTINE_ANNOTATION,
     QUARANTINE_REPLACEMENTS,
     QUARANTINED,
-    pool_of,
+    controller_of,
     quarantine_replacements,
     quarantined,
 )
@@ -202,9 +203,10 @@ class LivePath:
                                    desired))
             return
         proxy = self.observe(proxy, current, desired)
-        if quarantined(proxy) and pool_of(proxy) is None:
+        if quarantined(proxy) and controller_of(proxy) is None:
             # A crawler reported this instance unusable (banned): replaced like a dead one, at once.
-            # A pool member is replaced by its pool instead (a new member), not here.
+            # A pool member is replaced by its pool instead (a new member), not here; a Proxy that
+            # only carries a pool's label is no member (``pool.owned_by``): replaced here.
             unhealthy.append(_Unhealthy(proxy, current, desired, replacements, QUARANTINED,
                                         f"a crawler quarantined instance {current.provider_id}"))
             return
@@ -346,7 +348,8 @@ class LivePath:
         generation = (self._generation(proxy) if self.access is not None and proxy.spec.get("auth") != "none"
                       else None)
         seen = Observation(instance, proxy.port, probed=self.plan.enabled, outcome=outcome,
-                           built_private=self._private(proxy), credential_generation=generation)
+                           built_private=self._private(proxy), credential_generation=generation,
+                           quarantined=proxy.annotations.get(QUARANTINE_ANNOTATION) == instance.provider_id)
         return self._apply(proxy, judge(proxy.status, seen, self.writer.now()), desired)
 
     def _apply(self, proxy: Proxy, verdict: Verdict, desired: str) -> Proxy:

@@ -18,9 +18,11 @@ from typing import Any
 from egress_proxies import metrics
 from egress_proxies.resources.conditions import find_condition
 from egress_proxies.resources.pool import (
+    POOL_LABEL,
     QUARANTINE_ANNOTATION,
     RETIRING_ANNOTATION,
     SERIAL_ANNOTATION,
+    Budget,
     Decision,
     Member,
     Pool,
@@ -28,18 +30,38 @@ from egress_proxies.resources.pool import (
     controller_of,
     decide,
     failed_status,
+    foreign,
+    interleaved,
+    kept_listed,
     member_body,
     member_name,
     owned_by,
     parse_spec,
+    pool_of,
     pool_status,
+    quarantined,
 )
-from egress_proxies.resources.proxy import FINALIZER, Proxy
+from egress_proxies.resources.proxy import FINALIZER, PHASE_READY, Proxy
 from egress_proxies.resources.schema import identity_errors, spec_errors
 from egress_proxies.sources.store import Conflict, Gone, PoolStore, ProxyStore, StoreError, retry_on_conflict
 from egress_proxies.sweep.containment import Containment
+from egress_proxies.sweep.verdict import serves
 
 log = logging.getLogger(__name__)
+
+
+# Member creates and deletes per sweep, all pools together, unless told: one round of create
+# batches at the default batch size (``cli`` passes --batch-size times the batches run side by side).
+DEFAULT_STEP = 200
+
+
+@dataclass(frozen=True)
+class PoolFloor:
+    """What discovery needs of a pool to keep its floor: its uid (members are those it controls)
+    and how many members must stay discoverable (its ``minReady``)."""
+
+    uid: str
+    floor: int
 
 
 @dataclass(frozen=True)
@@ -62,7 +84,8 @@ class ProviderHealth:
         if provider in self.invalid:
             return f"provider {provider} cannot be used: its section of the provider config is invalid"
         if provider not in self.configured:
-            return f"provider {provider} is not configured"
+            return (f"provider {provider} is not in the provider config (configured: "
+                    f"{', '.join(sorted(self.configured)) or 'none'})")
         if provider in self.failing:
             why, seconds = self.failing[provider]
             if seconds >= failover_after:
@@ -70,11 +93,31 @@ class ProviderHealth:
         return None
 
 
-def _valid_spec(pool: Pool, health: ProviderHealth) -> tuple[PoolSpec | None, list[str]]:
+def kept_in_discovery(proxies: Sequence[Proxy], floors: Mapping[tuple[str, str], PoolFloor]) -> list[Proxy]:
+    """The quarantined members discovery still lists beside the Ready Proxies: per pool, as many
+    as it needs to keep its floor (``pool.kept_listed``) of those whose instance still serves."""
+    serving: dict[tuple[str, str], int] = {}
+    candidates: dict[tuple[str, str], dict[str, Proxy]] = {}
+    for proxy in proxies:
+        key = (proxy.namespace, pool_of(proxy) or "")
+        floor = floors.get(key)
+        if proxy.deleting or floor is None or controller_of(proxy) != floor.uid:
+            continue
+        if quarantined(proxy):
+            # Its phase is Quarantined, or still Ready when its provider could not be listed.
+            if proxy.status.get("phase") == PHASE_READY or serves(proxy.status):
+                candidates.setdefault(key, {})[proxy.name] = proxy
+        elif proxy.status.get("phase") == PHASE_READY:
+            serving[key] = serving.get(key, 0) + 1
+    return [found[name] for key, found in candidates.items()
+            for name in kept_listed(floors[key].floor, serving.get(key, 0), list(found))]
+
+
+def _valid_spec(pool: Pool) -> tuple[PoolSpec | None, list[str]]:
     """The pool's typed spec, or every problem with it (its defect, its namespace and name, its
     fields, its template). A bad name fails the pool before anything is written: members are
     named after it (files, for the directory source)."""
-    spec, errors = (None, [pool.defect]) if pool.defect else parse_spec(pool.spec, list(health.configured))
+    spec, errors = (None, [pool.defect]) if pool.defect else parse_spec(pool.spec)
     identity = identity_errors(pool.namespace, pool.name)
     if spec is not None:
         # The template is a Proxy spec: checked against the Proxy CRD's own schema, as every
@@ -104,12 +147,21 @@ def _deleted_why(proxy: Proxy | None) -> str:
 
 
 class PoolReconciler:
-    def __init__(self, pools: PoolStore, proxies: ProxyStore, now: Callable[[], float] = time.time) -> None:
+    def __init__(self, pools: PoolStore, proxies: ProxyStore, now: Callable[[], float] = time.time,
+                 step: int = DEFAULT_STEP) -> None:
         self.pools = pools
         self.proxies = proxies
         self.now = now
+        self.step = step
         self.containment = Containment("pool")
         self.failed: dict[str, str] = {}  # pool key -> why, this sweep
+        # (namespace, pool name) -> its floor, as of the last sweep: read by discovery and by the
+        # quarantine endpoint from other threads (replaced whole, never changed in place).
+        self.floors: Mapping[tuple[str, str], PoolFloor] = {}
+        # (pool uid, Proxy uid) of the Proxies reported as carrying a pool's label without being its
+        # members: one Event each while that lasts, not one per sweep.
+        self._foreign: set[tuple[str, str]] = set()
+        self._sweeps = 0
 
     def reconcile(self, proxies: Sequence[Proxy], health: ProviderHealth) -> bool:
         """One pass over every pool; True when a member was created or deleted (list again)."""
@@ -121,11 +173,17 @@ class PoolReconciler:
             log.warning("pools could not be listed: %s", error)
             self.failed["*"] = str(error)
             return False
-        changed = self._orphans(pools, proxies)
-        for pool in pools:
+        budget = Budget(self.step)
+        changed = self._orphans(pools, proxies, budget)
+        self._report_foreign(pools, proxies)
+        floors: dict[tuple[str, str], PoolFloor] = {}
+        # Each sweep starts the step at another pool, so no pool waits behind a big one for long.
+        self._sweeps += 1
+        start = self._sweeps % len(pools) if pools else 0
+        for pool in [*pools[start:], *pools[:start]]:
             def step(pool: Pool = pool) -> None:
                 nonlocal changed
-                changed |= self._reconcile_pool(pool, proxies, health)
+                changed |= self._reconcile_pool(pool, proxies, health, budget, floors)
 
             def record_crash(signature: str, pool: Pool = pool) -> None:
                 self._write_status(pool, failed_status(
@@ -135,24 +193,33 @@ class PoolReconciler:
                 self.failed[key] = why
 
             self.containment.run(f"pool {pool.key}", pool.uid, step, failed=failed, record_crash=record_crash)
+        self.floors = floors
+        if budget.left <= 0:
+            log.info("pools: %d member creates and deletes this sweep (the step); the rest follow next sweep",
+                     self.step)
         return changed
 
     # -- one pool ------------------------------------------------------------------------------
 
-    def _reconcile_pool(self, pool: Pool, proxies: Sequence[Proxy], health: ProviderHealth) -> bool:
+    def _reconcile_pool(self, pool: Pool, proxies: Sequence[Proxy], health: ProviderHealth, budget: Budget,
+                        floors: dict[tuple[str, str], PoolFloor]) -> bool:
         members = [p for p in proxies if owned_by(p, pool)]
         if pool.deleting:
-            return self._delete_all(pool, members)
+            return self._delete_all(pool, members, budget)
         if FINALIZER not in pool.finalizers:
             pool = self._update_metadata(pool, lambda p: p.finalizers.append(FINALIZER))
-        spec, errors = _valid_spec(pool, health)
+        spec, errors = _valid_spec(pool)
         now = self.now()
         if spec is None:
             self._fail(pool, errors, len(members), now)
             return False
+        floors[(pool.namespace, pool.name)] = PoolFloor(pool.uid, spec.available_minimum)
         live = [p for p in members if not p.deleting]
         views = [Member.of(p, spec, now) for p in live]
         decision = decide(spec, views, _broken(spec, health), _previous_placements(pool), now)
+        # The step: what this sweep does of it (the status says what is left to do).
+        decision.creates = budget.take(interleaved(decision.creates))
+        decision.deletes = budget.take(decision.deletes)
         return self._apply(pool, spec, decision, live, views, now)
 
     def _fail(self, pool: Pool, errors: Sequence[str], members: int, now: float) -> None:
@@ -176,12 +243,14 @@ class PoolReconciler:
             self.pools.record_pool_event(pool, "Normal", "Rotating" if why == "rotation" else "Updating",
                                          f"member {name} is replaced ({why}); it stays until its successor is "
                                          "ready")
-        if decision.creates:
-            pool = self._create_members(pool, spec, decision.creates)
+        # Deletes before creates: ``decide`` used the surge the deletes free, so the other order
+        # would overshoot replicas + maxSurge between the two (and after a crash between them).
         for name in decision.deletes:
             self.pools.delete_proxy(pool.namespace, name)
             self.pools.record_pool_event(pool, "Normal", "MemberDeleted",
                                          f"member {name} deleted ({_deleted_why(by_name.get(name))})")
+        if decision.creates:
+            pool = self._create_members(pool, spec, decision.creates)
         status = pool_status(pool, spec, decision, views, pool.status, now)
         metrics.POOL_DESIRED.labels(namespace=pool.namespace, pool=pool.name).set(spec.replicas)
         metrics.POOL_READY.labels(namespace=pool.namespace, pool=pool.name).set(decision.ready)
@@ -219,16 +288,34 @@ class PoolReconciler:
         self.pools.record_pool_event(pool, "Normal", "MembersCreated", f"{len(placements)} member(s) created")
         return pool
 
-    def _orphans(self, pools: Sequence[Pool], proxies: Sequence[Proxy]) -> bool:
+    def _report_foreign(self, pools: Sequence[Pool], proxies: Sequence[Proxy]) -> None:
+        """A Proxy that carries a pool's label but was not created by a pool (no ProxyPool owner
+        reference): never adopted, scaled down or deleted, and reported on the pool once."""
+        seen: set[tuple[str, str]] = set()
+        for pool in pools:
+            for proxy in proxies:
+                if not foreign(proxy, pool):
+                    continue
+                seen.add((pool.uid, proxy.uid))
+                if (pool.uid, proxy.uid) in self._foreign:
+                    continue
+                message = (f"Proxy {proxy.key} carries the label {POOL_LABEL}={pool.name} but this pool did not "
+                           "create it (no ownerReference to it): it is not a member and is left alone; remove the "
+                           "label, or delete it and let the pool make its own")
+                log.warning("pool %s: %s", pool.key, message)
+                self.pools.record_pool_event(pool, "Warning", "ForeignProxy", message)
+        self._foreign = seen
+
+    def _orphans(self, pools: Sequence[Pool], proxies: Sequence[Proxy], budget: Budget) -> bool:
         """Members whose pool is gone (deleted before the controller saw it, or its record lost):
         deleted through their finalizer, as a garbage collector would; the emulator and the
         directory source have none, and a cluster's may be slow."""
         present = {(p.namespace, p.uid) for p in pools}
+        orphans = [p for p in proxies if (owner := controller_of(p)) is not None and not p.deleting
+                   and (p.namespace, owner) not in present]
         deleted = False
-        for proxy in proxies:
+        for proxy in budget.take(orphans):
             owner = controller_of(proxy)
-            if owner is None or proxy.deleting or (proxy.namespace, owner) in present:
-                continue
             try:
                 self.pools.delete_proxy(proxy.namespace, proxy.name)
             except StoreError as error:
@@ -238,12 +325,12 @@ class PoolReconciler:
             deleted = True
         return deleted
 
-    def _delete_all(self, pool: Pool, members: Sequence[Proxy]) -> bool:
-        """A deleting pool: its members go through their own deletion path; the pool's finalizer is
-        released once none is left (the emulator, like a cluster without GC, relies on this)."""
-        for member in members:
-            if not member.deleting:
-                self.pools.delete_proxy(member.namespace, member.name)
+    def _delete_all(self, pool: Pool, members: Sequence[Proxy], budget: Budget) -> bool:
+        """A deleting pool: its members go through their own deletion path, a step a sweep; the
+        pool's finalizer is released once none is left (the emulator, like a cluster without GC,
+        relies on this)."""
+        for member in budget.take([m for m in members if not m.deleting]):
+            self.pools.delete_proxy(member.namespace, member.name)
         if not members and FINALIZER in pool.finalizers:
             def drop(p: Pool) -> None:
                 p.finalizers = [f for f in p.finalizers if f != FINALIZER]

@@ -28,12 +28,14 @@ from egress_proxies.providers.errors import ErrorClass, ProviderError
 from egress_proxies.providers.runner import Runner
 from egress_proxies.resources import times
 from egress_proxies.resources.conditions import SERVING, find_condition
+from egress_proxies.resources.pool import quarantined
 from egress_proxies.resources.proxy import (
     FINALIZER,
     PHASE_DELETING,
     PHASE_FAILED,
     PHASE_PENDING,
     PHASE_PROVISIONING,
+    PHASE_QUARANTINED,
     PHASE_READY,
     Proxy,
 )
@@ -47,7 +49,7 @@ from egress_proxies.sweep.containment import Containment
 from egress_proxies.sweep.deletion import DeletePath
 from egress_proxies.sweep.garbage import GarbageCollector, GarbageSettings
 from egress_proxies.sweep.live import LivePath, LiveSettings
-from egress_proxies.sweep.pools import PoolReconciler, ProviderHealth
+from egress_proxies.sweep.pools import PoolReconciler, ProviderHealth, kept_in_discovery
 from egress_proxies.sweep.writer import ProxyWriter
 
 log = logging.getLogger(__name__)
@@ -304,7 +306,8 @@ class Reconciler:
         for proxy in final:
             phase = str(proxy.status.get("phase") or PHASE_PENDING)
             phases[phase] = phases.get(phase, 0) + 1
-        for phase in (PHASE_PENDING, PHASE_PROVISIONING, PHASE_READY, PHASE_DELETING, PHASE_FAILED):
+        for phase in (PHASE_PENDING, PHASE_PROVISIONING, PHASE_READY, PHASE_QUARANTINED, PHASE_DELETING,
+                      PHASE_FAILED):
             metrics.PROXIES.labels(phase=phase).set(phases.get(phase, 0))
         serving: dict[str, int] = {"True": 0, "False": 0, "Unknown": 0}
         for proxy in final:
@@ -312,8 +315,12 @@ class Reconciler:
             serving[state] = serving.get(state, 0) + 1
         for state, count in serving.items():
             metrics.SERVING.labels(serving=state).set(count)
-        # A deleting Proxy is never handed out, whatever its last phase: its instance is going.
-        self.last_ready = [p for p in final if p.status.get("phase") == PHASE_READY and not p.deleting]
+        # A deleting Proxy is never handed out, whatever its last phase: its instance is going. A
+        # quarantined one neither (still Ready only when its provider could not be listed), but for
+        # the members a pool still needs for its minReady (pools.kept_in_discovery).
+        self.last_ready = [p for p in final if p.status.get("phase") == PHASE_READY and not p.deleting
+                           and not quarantined(p)] + (
+            kept_in_discovery(final, self.pools.floors) if self.pools is not None else [])
 
     def _contain(self, proxy: Proxy, action: Callable[[], object], *, report: SweepReport) -> None:
         """Run one Proxy's step; whatever goes wrong stays with that Proxy."""

@@ -16,7 +16,8 @@ from typing import Any
 from egress_proxies.providers.client import Instance
 from egress_proxies.resources import times
 from egress_proxies.resources.conditions import PRIVATE, PROVIDER_LISTED, READY, SERVING, Wanted, find_condition
-from egress_proxies.resources.proxy import PHASE_PROVISIONING, PHASE_READY
+from egress_proxies.resources.pool import QUARANTINED
+from egress_proxies.resources.proxy import PHASE_PROVISIONING, PHASE_QUARANTINED, PHASE_READY
 from egress_proxies.serving.probe import ProbeOutcome
 
 # Status fields that describe one instance, dropped when another takes its place.
@@ -40,7 +41,8 @@ class Observation:
     ``probed``: the provider's instances are probed (``probe: none`` and the decision tests say
     no). ``outcome``: the latest probe of this instance at this address; None when it has not been
     probed yet. ``built_private``: the Private condition as the instance was built (None: no
-    access policy). ``credential_generation``: the credential it was built with, for status."""
+    access policy). ``credential_generation``: the credential it was built with, for status.
+    ``quarantined``: a crawler reported this instance unusable (``pool.quarantined``)."""
 
     instance: Instance
     port: int
@@ -48,6 +50,7 @@ class Observation:
     outcome: ProbeOutcome | None = None
     built_private: Wanted | None = None
     credential_generation: str | None = None
+    quarantined: bool = False
 
 
 @dataclass(frozen=True)
@@ -76,7 +79,29 @@ def with_known_address(status: Mapping[str, Any], instance: Instance) -> Instanc
 
 def judge(status: Mapping[str, Any], seen: Observation, now: str) -> Verdict:
     """The Proxy's next phase and conditions, from its current ``status`` and what was ``seen``;
-    ``now`` stamps when an instance first served (``status.readySince``)."""
+    ``now`` stamps when an instance first served (``status.readySince``). A quarantined instance
+    is ``Quarantined`` whatever else holds (its Serving and Private conditions still tell the
+    truth: ``serves`` reads them), until it is gone."""
+    verdict = _judge(status, seen, now)
+    if not seen.quarantined:
+        return verdict
+    where = f"instance {seen.instance.provider_id}"
+    still = "it still serves and " if verdict.phase == PHASE_READY else ""
+    message = f"a crawler quarantined {where}; {still}it is being replaced"
+    return dataclasses.replace(verdict, phase=PHASE_QUARANTINED, ready=("False", QUARANTINED, message))
+
+
+def serves(status: Mapping[str, Any]) -> bool:
+    """Whether the instance the status describes serves crawlers, whatever its phase says (a
+    quarantined one may: its pool keeps it listed while it needs it, ``pool.kept_listed``):
+    running with an address and, where probed, passing the probes without being open to strangers."""
+    serving = find_condition(status, SERVING)
+    if not status.get("endpoint") or find_condition(status, PRIVATE).get("reason") == "NotPrivate":
+        return False
+    return serving.get("status") == "True" or serving.get("reason") == UNVERIFIED
+
+
+def _judge(status: Mapping[str, Any], seen: Observation, now: str) -> Verdict:
     instance = seen.instance
     new_instance = status.get("providerID") != instance.provider_id
     if new_instance:

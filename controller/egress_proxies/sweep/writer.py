@@ -22,6 +22,7 @@ from egress_proxies.resources.proxy import (
     PHASE_FAILED,
     PHASE_PENDING,
     PHASE_PROVISIONING,
+    PHASE_QUARANTINED,
     PHASE_READY,
     Proxy,
 )
@@ -60,7 +61,7 @@ class ProxyWriter:
         if phase in (PHASE_PENDING, PHASE_FAILED) and not status.get("providerID"):
             status.pop("ip", None)
             status.pop("endpoint", None)
-        if phase not in (PHASE_READY, PHASE_PROVISIONING):
+        if phase not in (PHASE_READY, PHASE_PROVISIONING, PHASE_QUARANTINED):
             status.pop("endpoint", None)
         status["phase"] = phase
         status["observedGeneration"] = proxy.generation

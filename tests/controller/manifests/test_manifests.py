@@ -145,7 +145,8 @@ def test_crd_matches_the_controller_model() -> None:
     assert set(properties["spec"]["properties"]) == {*model.SPEC_FIELDS, "probe"}
     assert properties["spec"]["properties"]["port"]["default"] == model.DEFAULT_PORT
     assert properties["status"]["properties"]["phase"]["enum"] == [
-        model.PHASE_PENDING, model.PHASE_PROVISIONING, model.PHASE_READY, model.PHASE_DELETING, model.PHASE_FAILED]
+        model.PHASE_PENDING, model.PHASE_PROVISIONING, model.PHASE_READY, model.PHASE_QUARANTINED,
+        model.PHASE_DELETING, model.PHASE_FAILED]
 
 
 def test_crd_defaults_satisfy_their_own_schema() -> None:
@@ -202,7 +203,7 @@ def test_a_status_as_the_controller_writes_it_is_valid() -> None:
     }
     assert schema_errors(proxy) == []
     proxy["status"]["phase"] = "Running"
-    phases = "['Pending', 'Provisioning', 'Ready', 'Deleting', 'Failed']"
+    phases = "['Pending', 'Provisioning', 'Ready', 'Quarantined', 'Deleting', 'Failed']"
     assert schema_errors(proxy) == [f"status.phase: 'Running' is not one of {phases}"]
 
 

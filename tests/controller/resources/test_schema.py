@@ -67,7 +67,7 @@ def test_the_crd_defaults_are_the_controllers() -> None:
     assert parse_duration(spec["failoverAfter"]["default"]) == pools.DEFAULT_FAILOVER_AFTER
     assert (rotation["maxSurge"]["default"], rotation["maxUnavailable"]["default"], rotation["jitter"]["default"]) == (
         pools.DEFAULT_MAX_SURGE, pools.DEFAULT_MAX_UNAVAILABLE, pools.DEFAULT_JITTER)
-    parsed, errors = parse_spec({"placement": [{"provider": "a"}]}, ["a"])
+    parsed, errors = parse_spec({"placement": [{"provider": "a"}]})
     assert errors == [] and parsed is not None
     assert (parsed.replicas, parsed.placements[0].weight, parsed.failover_after_seconds, parsed.max_surge,
             parsed.max_unavailable, parsed.jitter) == (0, 1, 120.0, 1, 0, 0.1)

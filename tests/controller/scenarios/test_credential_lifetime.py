@@ -43,7 +43,7 @@ def tokens_file(path: Path) -> Path:
 
 def handed_out(controller: ControllerProcess) -> str:
     """The password discovery hands the crawlers' token (one Ready proxy)."""
-    code, body = controller.get("/v1/proxies.txt", f"Bearer {TOKEN}")
+    code, body = controller.http("GET", "/v1/proxies.txt", authorization=f"Bearer {TOKEN}")
     found = re.fullmatch(r"http://crawlers-[0-9a-f]{16}:([^@]+)@[0-9.]+:3128\n", body)
     assert code == 200 and found is not None, (code, body)
     return found.group(1)
@@ -119,12 +119,13 @@ def test_a_namespace_made_again_under_its_name_is_never_handed_the_old_password(
     kube.create_namespace("egress-proxies")  # the controller's own: its Lease and the credentials' Secrets
     first_uid = kube.create_namespace("crawlers")["metadata"]["uid"]
     objects.create_namespaced_custom_object(GROUP, VERSION, "crawlers", PLURAL, proxy_document("eu-1", "crawlers"))
-    with ControllerProcess("--source", "kubernetes", "--kubeconfig",
-                           str(write_kubeconfig(tmp_path / "kubeconfig", kube.url)), "--provider-config",
-                           str(testdriver_config), "--work-dir", str(tmp_path / "work"), "--interval", "1",
-                           # The credential grace stays the default (600 s), far longer than this
-                           # test: only the namespace's identity tells the two namespaces apart.
-                           "--discovery-tokens", str(tokens_file(tmp_path / "tokens.yaml"))) as controller:
+    with ControllerProcess(["--source", "kubernetes", "--kubeconfig",
+                            str(write_kubeconfig(tmp_path / "kubeconfig", kube.url)), "--provider-config",
+                            str(testdriver_config), "--work-dir", str(tmp_path / "work"), "--interval", "1",
+                            # The credential grace stays the default (600 s), far longer than this
+                            # test: only the namespace's identity tells the two namespaces apart.
+                            "--discovery-tokens", str(tokens_file(tmp_path / "tokens.yaml")),
+                            "--listen", "127.0.0.1:0"]) as controller:
         controller.wait_for(lambda: ready(objects, "crawlers", "eu-1"), 120, "eu-1 Ready")
         old_password = handed_out(controller)
         first_secret = credential_secret(core)
@@ -143,7 +144,7 @@ def test_a_namespace_made_again_under_its_name_is_never_handed_the_old_password(
         stored = credential_secret(core)
         assert old_password not in stored.values()  # not even kept as the previous credential
         assert (first_secret["namespaceIdentity"], stored["namespaceIdentity"]) == (first_uid, second_uid)
-    assert old_password not in controller.log() and new_password not in controller.log()
+    assert old_password not in controller.output() and new_password not in controller.output()
 
 
 # -- row 10, the directory source ------------------------------------------------------------------
@@ -154,10 +155,11 @@ def test_on_the_directory_source_a_credential_ends_a_grace_period_after_the_name
     proxies, stored = tmp_path / "proxies", tmp_path / "work" / "credentials" / "crawlers.yaml"
     proxies.mkdir()
     (proxies / "eu-1.yaml").write_text(yaml.safe_dump(proxy_document("eu-1", "crawlers")))
-    with ControllerProcess("--source", "directory", "--proxy-dir", str(proxies), "--provider-config",
-                           str(testdriver_config), "--work-dir", str(tmp_path / "work"), "--interval", "1",
-                           "--credential-grace", "2",
-                           "--discovery-tokens", str(tokens_file(tmp_path / "tokens.yaml"))) as controller:
+    with ControllerProcess(["--source", "directory", "--proxy-dir", str(proxies), "--provider-config",
+                            str(testdriver_config), "--work-dir", str(tmp_path / "work"), "--interval", "1",
+                            "--credential-grace", "2",
+                            "--discovery-tokens", str(tokens_file(tmp_path / "tokens.yaml")),
+                            "--listen", "127.0.0.1:0"]) as controller:
         controller.wait_for(lambda: recorded_status(proxies, "eu-1").get("phase") == "Ready", 120, "eu-1 Ready")
         old_password = handed_out(controller)
         # The namespace's identity here is the Proxy directory: a namespace is a name in it.

@@ -103,11 +103,11 @@ def test_empty_tokens_and_bad_entries_while_the_controller_runs(
     write_tokens(tokens, [team])
     (tmp_path / "proxies").mkdir()
     (tmp_path / "proxies" / "eu-1.yaml").write_text(yaml.safe_dump(proxy_document("eu-1")))
-    with ControllerProcess(*command(tmp_path, testdriver_config, tokens)) as controller:
+    with ControllerProcess([*command(tmp_path, testdriver_config, tokens), "--listen", "127.0.0.1:0"]) as controller:
         controller.wait_for(lambda: recorded_status(tmp_path / "proxies", "eu-1").get("phase") == "Ready", 180,
                             "the Proxy to be Ready")
         password = yaml.safe_load((tmp_path / "work" / "credentials" / "crawlers.yaml").read_text())["password"]
-        code, body = controller.get("/v1/proxies.txt", f"Bearer {TEAM_TOKEN}")
+        code, body = controller.http("GET", "/v1/proxies.txt", authorization=f"Bearer {TEAM_TOKEN}")
         assert code == 200
         assert re.fullmatch(rf"http://crawlers-[0-9a-f]{{16}}:{re.escape(password)}@[0-9.]+:3128\n", body)
 
@@ -116,15 +116,15 @@ def test_empty_tokens_and_bad_entries_while_the_controller_runs(
         write_tokens(tokens, [team, {"name": "empty", "namespaces": ["crawlers"], "sha256": EMPTY_SHA256},
                               {"name": "letters", "namespaces": "crawlers", "sha256": digest(OTHER_TOKEN)}])
         for authorization in ("Bearer ", "Bearer", "Bearer    ", "bearer \t"):
-            code, body = controller.get("/v1/proxies.txt", authorization)
+            code, body = controller.http("GET", "/v1/proxies.txt", authorization=authorization)
             assert (code, password in body) == (401, False), (authorization, code, body)
         # Row 12: `namespaces: crawlers` is no set of letters: that entry is refused as a whole.
-        assert controller.get("/v1/proxies", f"Bearer {OTHER_TOKEN}")[0] == 401
-        assert controller.get("/v1/proxies", f"Bearer {TEAM_TOKEN}")[0] == 200
+        assert controller.http("GET", "/v1/proxies", authorization=f"Bearer {OTHER_TOKEN}")[0] == 401
+        assert controller.http("GET", "/v1/proxies", authorization=f"Bearer {TEAM_TOKEN}")[0] == 200
         controller.wait_for(lambda: "entry[1] (empty): sha256: is the hash of an empty token" in controller.log()
                             and "entry[2] (letters): namespaces: must be a list" in controller.log(), 10,
                             "the ERROR naming the bad entries")
-    assert password not in controller.log()
+    assert password not in controller.output()
 
 
 def test_a_query_string_never_reaches_the_log(tmp_path: Path) -> None:
@@ -132,15 +132,15 @@ def test_a_query_string_never_reaches_the_log(tmp_path: Path) -> None:
     write_tokens(tokens, [{"name": "crawlers", "namespaces": ["crawlers"], "sha256": digest(TEAM_TOKEN)}])
     (tmp_path / "proxies").mkdir()
     # No provider config: the sweeps fail, the HTTP port serves all the same.
-    with ControllerProcess(*command(tmp_path, tmp_path / "providers.yaml", tokens), "--log-level",
-                           "DEBUG") as controller:
+    with ControllerProcess([*command(tmp_path, tmp_path / "providers.yaml", tokens), "--log-level",
+                            "DEBUG", "--listen", "127.0.0.1:0"]) as controller:
         # A token in a query string (where none is ever read) is no token, and is never logged.
-        code, _ = controller.get(f"/v1/proxies.txt?token={OTHER_TOKEN}&access_token={TEAM_TOKEN}")
+        code, _ = controller.http("GET", f"/v1/proxies.txt?token={OTHER_TOKEN}&access_token={TEAM_TOKEN}")
         assert code == 401
-        assert controller.get(f"/healthz?{OTHER_TOKEN}")[0] in (200, 503)
+        assert controller.http("GET", f"/healthz?{OTHER_TOKEN}")[0] in (200, 503)
         controller.wait_for(lambda: '"GET /v1/proxies.txt' in controller.log() and '"GET /healthz' in
                             controller.log(), 10, "the requests' log lines")
-    assert OTHER_TOKEN not in controller.log() and TEAM_TOKEN not in controller.log()
+    assert OTHER_TOKEN not in controller.output() and TEAM_TOKEN not in controller.output()
     assert '"GET /v1/proxies.txt" 401' in controller.log()  # the path, nothing after it
 
 

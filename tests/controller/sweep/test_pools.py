@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 import yaml
 
-from egress_proxies.resources.pool import SERIAL_ANNOTATION
+from egress_proxies.resources.pool import POOL_LABEL, QUARANTINE_ANNOTATION, SERIAL_ANNOTATION
 from egress_proxies.resources.proxy import FINALIZER, Proxy
 from egress_proxies.sources.directory import DirectoryStore
 from egress_proxies.sources.directory_pools import DirectoryPools
-from egress_proxies.sweep.pools import PoolReconciler, ProviderHealth
+from egress_proxies.sweep.pools import PoolFloor, PoolReconciler, ProviderHealth, kept_in_discovery
 
 HEALTHY = ProviderHealth(configured=("a", "b"), invalid={})
 SPEC: dict[str, Any] = {"replicas": 3, "template": {"cloudInit": "#cloud-config\n"},
@@ -128,10 +128,33 @@ def test_a_pool_whose_name_is_no_kubernetes_name_fails_before_a_member_is_writte
     assert pool.status["phase"] == "Failed" and field in pool.status["conditions"][0]["message"]
 
 
-def test_a_provider_not_configured_fails_the_pool(pools: Pools) -> None:
+def test_a_provider_not_configured_degrades_its_placement_and_the_pool_stays_valid(pools: Pools,
+                                                                                   caplog: pytest.LogCaptureFixture
+                                                                                   ) -> None:
+    """The provider config changes under a pool (a provider removed, or not added yet): its
+    placement is degraded like a failing one, with an Event naming the provider, and the others
+    carry the pool within maxSurge."""
     pools.write()
     pools.sweep(ProviderHealth(configured=("a",), invalid={}))
-    assert pools.members() == {} and pools.status()["phase"] == "Failed"
+    assert sorted(pools.members().values()) == ["a", "a", "a"]
+    status = pools.status()
+    assert status["phase"] != "Failed" and status["placements"][1]["state"] == "Degraded"
+    assert "provider b is not in the provider config (configured: a)" in status["placements"][1]["reason"]
+    assert "Warning: PlacementDegraded: placement[1] b: provider b is not in the provider config" in caplog.text
+
+
+def test_a_sweep_creates_at_most_a_step_of_members_spread_over_the_placements(pools: Pools) -> None:
+    pools.reconciler.step = 4
+    pools.write(spec={**SPEC, "replicas": 9})
+    pools.sweep()
+    assert sorted(pools.members().values()) == ["a", "a", "b", "b"]  # round-robin: both providers work
+    assert "5 to create" not in str(pools.status()["conditions"])  # the status says what is left
+    pools.sweep()
+    pools.sweep()
+    assert sorted(pools.members().values()) == ["a"] * 6 + ["b"] * 3
+    pools.write(spec={**SPEC, "replicas": 0})
+    pools.sweep()
+    assert len(pools.members()) == 5  # deletes go in steps too
 
 
 def test_a_placement_whose_provider_is_broken_sends_its_share_to_the_others(pools: Pools) -> None:
@@ -187,10 +210,41 @@ def test_a_crash_on_one_pool_is_recorded_on_it_and_the_others_go_on(pools: Pools
 
 @pytest.mark.parametrize(("health", "why"), [
     (ProviderHealth(("a",), {"a": "bad"}), "provider a cannot be used: its section of the provider config is invalid"),
-    (ProviderHealth(("b",), {}), "provider a is not configured"),
+    (ProviderHealth(("b",), {}), "provider a is not in the provider config (configured: b)"),
     (ProviderHealth(("a",), {}, {"a": ("host down", 59.0)}), None),  # not for long enough: members decide
     (ProviderHealth(("a",), {}, {"a": ("host down", 60.0)}), "provider a cannot be listed for 60 s (host down)"),
     (ProviderHealth(("a",), {}), None),
 ])
 def test_provider_health_says_why_a_placement_cannot_be_used(health: ProviderHealth, why: str | None) -> None:
     assert health.broken("a", failover_after=60.0) == why
+
+
+def member(name: str, phase: str, quarantined: bool = False, uid: str = "pool-uid",
+           serving: str = "True") -> Proxy:
+    """A member of pool eu as the sweep leaves it: its phase, and whether a crawler quarantined it."""
+    owner = {"kind": "ProxyPool", "name": "eu", "uid": uid, "controller": True}
+    provider_id = f"kvm://hosts/h1/domains/{name}"
+    return Proxy("crawlers", name, name, {"provider": "a"},
+                 status={"phase": phase, "providerID": provider_id, "endpoint": "192.0.2.1:3128",
+                         "conditions": [{"type": "Serving", "status": serving, "reason": "Serving"}]},
+                 annotations={QUARANTINE_ANNOTATION: provider_id} if quarantined else {},
+                 raw={"metadata": {"labels": {POOL_LABEL: "eu"}, "ownerReferences": [owner]}})
+
+
+@pytest.mark.parametrize(("proxies", "listed"), [
+    # A burst quarantined all four; the floor (2) keeps two listed, by name, until replacements serve.
+    ([member(f"eu-{i}", "Quarantined", quarantined=True) for i in range(4)], ["eu-0", "eu-1"]),
+    ([member("eu-0", "Quarantined", quarantined=True), member("eu-1", "Quarantined", quarantined=True),
+      member("eu-5", "Ready"), member("eu-6", "Provisioning")], ["eu-0"]),
+    ([member("eu-0", "Quarantined", quarantined=True), member("eu-5", "Ready"), member("eu-6", "Ready")], []),
+    # One that no longer serves is no use; one still Ready (its provider unlisted) still serves.
+    ([member("eu-0", "Quarantined", quarantined=True, serving="False"),
+      member("eu-1", "Ready", quarantined=True)], ["eu-1"]),
+    # Members of another pool of that name (an old uid) are not this pool's.
+    ([member("eu-0", "Quarantined", quarantined=True, uid="old-uid")], []),
+])
+def test_discovery_keeps_listing_quarantined_members_only_to_keep_min_ready(proxies: list[Proxy],
+                                                                            listed: list[str]) -> None:
+    floors = {("crawlers", "eu"): PoolFloor("pool-uid", 2)}
+    assert sorted(p.name for p in kept_in_discovery(proxies, floors)) == listed
+    assert kept_in_discovery(proxies, {}) == []  # no pool, no floor: nothing quarantined is listed

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from egress_proxies.resources.pool import QUARANTINE_ANNOTATION
+from egress_proxies.resources.pool import POOL_LABEL, QUARANTINE_ANNOTATION
 from egress_proxies.resources.proxy import FINALIZER
 from egress_proxies.sources.store import StoreError
+from egress_proxies.sweep.pools import PoolFloor
 from egress_proxies.sweep.quarantine import Quarantine, QuarantineError
 from support.controller_fakes import MemoryStore
 
@@ -23,8 +24,9 @@ def store_with_instance() -> MemoryStore:
 def test_it_marks_the_current_instance_with_one_event() -> None:
     store = store_with_instance()
     quarantine = Quarantine(store)
-    written = quarantine("crawlers", "eu-1", "403 from example.com", "token team-a")
-    assert written.annotations[QUARANTINE_ANNOTATION] == ID
+    outcome = quarantine("crawlers", "eu-1", "403 from example.com", "token team-a")
+    assert outcome.proxy.annotations[QUARANTINE_ANNOTATION] == ID
+    assert outcome.hidden and outcome.answer()["hidden"] is True  # a bare Proxy leaves discovery at once
     assert store.get("eu-1").annotations[QUARANTINE_ANNOTATION] == ID
     # Idempotent: asked again, no second Event.
     quarantine("crawlers", "eu-1", "again", "token team-a")
@@ -35,7 +37,7 @@ def test_it_marks_the_current_instance_with_one_event() -> None:
 def test_a_conflict_is_retried_on_the_fresh_object() -> None:
     store = store_with_instance()
     store.conflicts_to_inject = 2
-    assert Quarantine(store)("crawlers", "eu-1", "banned", "op").annotations[QUARANTINE_ANNOTATION] == ID
+    assert Quarantine(store)("crawlers", "eu-1", "banned", "op").proxy.annotations[QUARANTINE_ANNOTATION] == ID
 
 
 def test_a_proxy_that_keeps_changing_is_a_store_error() -> None:
@@ -61,3 +63,46 @@ def test_what_cannot_be_quarantined_is_told_as_an_http_status(setup: str, status
         Quarantine(store)("crawlers", "eu-1", "banned", "op")
     assert raised.value.status == status
     assert store.reasons() == []
+
+
+def pool_of_four() -> MemoryStore:
+    """Four Ready members of pool eu (uid pool-uid), each on its own instance."""
+    store = MemoryStore()
+    owner = {"apiVersion": "crawl.example.com/v1alpha1", "kind": "ProxyPool", "name": "eu", "uid": "pool-uid",
+             "controller": True}
+    for index in range(4):
+        store.add(f"eu-{index}", {"provider": "home-kvm"})
+        stored = store.objects[("crawlers", f"eu-{index}")]
+        stored.status = {"providerID": f"{ID}-{index}", "phase": "Ready"}
+        stored.raw = {"metadata": {"labels": {POOL_LABEL: "eu"}, "ownerReferences": [owner]}}
+    return store
+
+
+def test_a_pool_member_leaves_discovery_at_once_only_while_its_pool_keeps_min_ready() -> None:
+    """minReady 2 of 4: the first two leave at once, the next two stay listed until replaced,
+    whoever asks; asking again for one changes nothing."""
+    store = pool_of_four()
+    listed = store.list_proxies()[0]
+    quarantine = Quarantine(store, lambda: listed, lambda: {("crawlers", "eu"): PoolFloor("pool-uid", 2)})
+    outcomes = [quarantine("crawlers", f"eu-{index}", "banned", "token team-a") for index in range(4)]
+    assert [o.hidden for o in outcomes] == [True, True, False, False]
+    assert outcomes[3].answer()["detail"] == ("still listed: its pool crawlers/eu keeps 2 member(s) discoverable "
+                                              "(minReady) and would have 1 without it; it leaves discovery once its "
+                                              "replacement serves")
+    assert quarantine("crawlers", "eu-3", "again", "token team-a").hidden is False
+    assert [store.reasons(f"crawlers/eu-{i}") for i in range(4)] == [["Quarantined"]] * 4  # all the same
+
+
+def test_a_sweep_that_caught_up_is_what_counts_and_without_floors_everything_leaves() -> None:
+    store = pool_of_four()
+    listed = store.list_proxies()[0]
+    floors = {("crawlers", "eu"): PoolFloor("pool-uid", 3)}
+    quarantine = Quarantine(store, lambda: listed, lambda: floors)
+    assert quarantine("crawlers", "eu-0", "banned", "op").hidden is True
+    assert quarantine("crawlers", "eu-1", "banned", "op").hidden is False
+    # A sweep later: eu-0's replacement serves and eu-0 is no longer listed.
+    replacement = store.add("eu-4", {"provider": "home-kvm"})
+    replacement.raw = listed[0].raw
+    listed = [p for p in listed if p.name != "eu-0"] + [replacement]
+    assert quarantine("crawlers", "eu-2", "banned", "op").hidden is True  # eu-1, eu-3, eu-4 besides it
+    assert Quarantine(pool_of_four())("crawlers", "eu-0", "banned", "op").hidden is True  # a standby, a test

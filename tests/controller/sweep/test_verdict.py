@@ -11,7 +11,7 @@ import pytest
 from egress_proxies.providers.client import Instance
 from egress_proxies.resources.conditions import PRIVATE, PROVIDER_LISTED, SERVING
 from egress_proxies.serving.probe import ProbeOutcome, ProbeReason
-from egress_proxies.sweep.verdict import Observation, judge, with_known_address
+from egress_proxies.sweep.verdict import Observation, judge, serves, with_known_address
 
 NOW = "2026-12-06T10:00:00Z"
 PROBED_AT = datetime(2026, 12, 6, 9, 59, 50, tzinfo=UTC)
@@ -64,6 +64,14 @@ CASES = [
     ("auth none, serving", {}, Observation(RUNNING, 3128, probed=True, outcome=outcome(True, private=None),
                                            built_private=OPEN),
      "Ready", "Serving", ("True", "Serving"), "AuthDisabled"),
+    # Quarantined whatever else holds; Serving and Private still tell the truth (verdict.serves).
+    ("quarantined, serving", {}, Observation(RUNNING, 3128, probed=True, outcome=outcome(True),
+                                             built_private=BUILT_PRIVATE, quarantined=True),
+     "Quarantined", "Quarantined", ("True", "Serving"), "CredentialsRequired"),
+    ("quarantined, probe: none", {}, Observation(RUNNING, 3128, quarantined=True),
+     "Quarantined", "Quarantined", ("Unknown", "Unverified"), None),
+    ("quarantined, stopped", {}, Observation(Instance(ID, state="stopped"), 3128, quarantined=True),
+     "Quarantined", "Quarantined", ("False", "InstanceStopped"), None),
 ]
 
 
@@ -142,3 +150,20 @@ def test_a_ready_instance_keeps_its_address_when_the_provider_cannot_read_it() -
     # Not for another instance, nor for one that was never Ready.
     assert with_known_address(ready_status(providerID="other"), unknown).ip is None
     assert with_known_address({**ready_status(), "phase": "Provisioning"}, unknown).ip is None
+
+
+@pytest.mark.parametrize(("seen", "serves_now"), [
+    (Observation(RUNNING, 3128, probed=True, outcome=outcome(True), built_private=BUILT_PRIVATE, quarantined=True),
+     True),
+    (Observation(RUNNING, 3128, quarantined=True), True),  # probe: none, running with an address
+    (Observation(RUNNING, 3128, probed=True, outcome=outcome(True, private=False), quarantined=True), False),
+    (Observation(RUNNING, 3128, probed=True, outcome=outcome(False, ProbeReason.TIMEOUT), quarantined=True), False),
+    (Observation(Instance(ID, state="stopped"), 3128, quarantined=True), False),
+])
+def test_a_quarantined_instance_still_says_whether_it_serves(seen: Observation, serves_now: bool) -> None:
+    """What a pool needs to keep a quarantined member listed while its replacement boots."""
+    verdict = judge({}, seen, NOW)
+    status = {**verdict.fields, "conditions": [{"type": kind, "status": value[0], "reason": value[1]}
+                                               for kind, value in verdict.conditions.items() if value is not None]}
+    assert "it still serves" in verdict.ready[2] if serves_now else True
+    assert serves(status) is serves_now
