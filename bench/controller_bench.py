@@ -599,8 +599,9 @@ def print_results(r: Results) -> None:
         f"{when} {' '.join(f'{value:.2f}' for value in load)}" for when, load in r.loads.items()))
     if r.profile:
         say()
-        say("== cProfile of one more steady sweep (controller process only; waiting for the runner "
-            "shows as lock acquire, for the API as socket reads)")
+        say("== cProfile of one more steady sweep (the controller process: its main thread and the sweep's worker "
+            "threads merged; the main thread waiting for them shows as lock acquire, a worker waiting for the runner "
+            "as poll, for the API as socket reads)")
         say(r.profile)
 
 
