@@ -35,10 +35,12 @@ Run as root from the repository root (the test daemon needs a mount namespace):
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import contextlib
 import cProfile
 import io
 import itertools
+import json
 import os
 import pstats
 import resource
@@ -67,7 +69,7 @@ if str(TESTS) not in sys.path:
 from kubernetes import client  # noqa: E402
 from prometheus_client import REGISTRY  # noqa: E402
 
-from egress_proxies.providers.client import Target, check_config  # noqa: E402
+from egress_proxies.providers.client import ProviderClient, ProviderType, Target, check_config  # noqa: E402
 from egress_proxies.providers.runner import AnsibleRunner, Operation, OperationResult  # noqa: E402
 from egress_proxies.resources.proxy import GROUP, PHASE_READY, PLURAL, VERSION, Proxy, spec_hash  # noqa: E402
 from egress_proxies.sources.kube import KubeStore  # noqa: E402
@@ -77,6 +79,23 @@ from egress_proxies.sweep.reconcile import Reconciler, ReconcileSettings, SweepR
 from support.ansible_modules import collections_path  # noqa: E402
 from support.libvirt_daemon import LibvirtTestDaemon  # noqa: E402
 from support.provider_config import kvm_host, make_base_image, write_kubeconfig, write_kvm_config  # noqa: E402
+
+# The collection, for what the providers would have made (the listing figures' seeded instances).
+if collections_path() not in sys.path:
+    sys.path.insert(0, collections_path())
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.gcp.instances import (  # noqa: E402
+    user_data_metadata,
+)
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.gcp.labels import (  # noqa: E402
+    PORT_METADATA_KEY,
+    TAGS_METADATA_KEY,
+    encode_tags,
+)
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.instance import InstanceRequest  # noqa: E402
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.k8s.pods import build_pod  # noqa: E402
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.k8s.settings import (  # noqa: E402
+    KubernetesSettings,
+)
 
 MIB = 1024 * 1024
 KVM_PROVIDER = "lab"  # the KVM provider support.provider_config writes
@@ -101,6 +120,22 @@ TARGET_STEADY_SECONDS = 10.0
 TARGET_CALLS_PER_PROVIDER = 1
 TARGET_SPAWN_RATIO = 100.0
 TARGET_RSS_MIB = {1000: 200.0, 10000: 300.0}
+# Issue 32's table, for 10,000 KVM Proxies (--proxies 10000 --proxies-per-host 99 --batch-size
+# 250): the steady sweep and its parts, the controller's RSS, a fill from empty; and each
+# provider's one list call at that many instances.
+TABLE_PROXIES = 10000
+TARGET_TABLE_STEADY_SECONDS = 5.0
+TARGET_LIST_SECONDS = 3.0
+TARGET_CONTROLLER_SECONDS = 1.5
+TARGET_TABLE_RSS_MIB = 300.0
+TARGET_FILL_SECONDS = 180.0
+# The listing figures' own providers and instances, apart from the fleet's.
+LISTING_OWNER = "bench-listing"
+LISTING_NAMESPACE = "bench-listing"
+GCP_LISTING_PROVIDER = "gcp-listing"
+K8S_LISTING_PROVIDER = "k8s-listing"
+LISTING_IMAGE = "ubuntu/squid:6.6-24.04_beta"
+LIST_REPEATS = 3
 
 
 def rss_target_mib(proxies: int) -> float:
@@ -111,19 +146,31 @@ def rss_target_mib(proxies: int) -> float:
 # not count against the controller's RSS. Each serves until its stdin closes, so it also ends
 # when the bench dies without cleaning up. Both emulators disable Nagle themselves.
 KUBE_LAUNCHER = """
-import sys
+import json, sys
 from support.kube_emulator import KubeEmulator, proxy_crd
-# A cluster as the bench needs it: the Proxy CRD installed, the bench's namespaces made.
-emulator = KubeEmulator(port=0, namespaces=("egress", "bench", "bench-per-object"), crds=[proxy_crd()]).start()
+# A cluster as the seed file says: its namespaces made, the Proxy CRD installed (or not), its Pods
+# created and each reported running, as the scheduler and kubelet would.
+seed = json.loads(open(sys.argv[1]).read())
+emulator = KubeEmulator(port=0, namespaces=seed["namespaces"], crds=[proxy_crd()] if seed["crd"] else []).start()
+for number, pod in enumerate(seed["pods"]):
+    namespace = pod["metadata"]["namespace"]
+    emulator.create("pods", namespace, pod)
+    high, low = divmod(number, 250)
+    emulator.kubelet_run(namespace, pod["metadata"]["name"], pod_ip=f"10.245.{high}.{low + 1}")
 sys.stdout.write(emulator.url + "\\n")
 sys.stdout.flush()
 sys.stdin.read()
 emulator.stop()
 """
 COMPUTE_LAUNCHER = """
-import sys
+import json, sys
 from support.compute_emulator import ComputeEmulator
-with ComputeEmulator(project=sys.argv[1], zones=tuple(sys.argv[2:])) as emulator:
+# A project as the seed file says: its zones, and instances already running in them.
+seed = json.loads(open(sys.argv[1]).read())
+with ComputeEmulator(project=seed["project"], zones=tuple(seed["zones"])) as emulator:
+    for instance in seed["instances"]:
+        emulator.add_instance(instance["zone"], instance["name"], labels=instance["labels"],
+                              metadata=instance["metadata"])
     sys.stdout.write(emulator.endpoint + "\\n")
     sys.stdout.flush()
     sys.stdin.read()
@@ -221,6 +268,11 @@ class Phase:
 
     def by_provider(self) -> Counter[str]:
         return Counter(call.provider for call in self.calls)
+
+
+def seed_file(path: Path, document: dict[str, Any]) -> str:
+    path.write_text(json.dumps(document))
+    return str(path)
 
 
 @contextlib.contextmanager
@@ -408,6 +460,22 @@ def peak_rss_mib(who: int) -> float:
 
 
 @dataclass
+class ListingFigure:
+    """One provider's list call: the runner's own time of each call with ``instances`` listed,
+    and of one that lists none."""
+
+    provider: str
+    description: str
+    instances: int
+    seconds: list[float]
+    empty_seconds: float
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.seconds)
+
+
+@dataclass
 class Results:
     proxies: int
     sample: int
@@ -423,6 +491,9 @@ class Results:
     rss_self_mib: float = 0.0
     rss_children_mib: float = 0.0
     profile: str = ""
+    listings: list[ListingFigure] = field(default_factory=list)
+    # os.getloadavg() at points of the run: the machine's share of the figures.
+    loads: dict[str, tuple[float, float, float]] = field(default_factory=dict)
 
     @property
     def mixed(self) -> bool:
@@ -521,29 +592,116 @@ def print_results(r: Results) -> None:
         f"{ps.seconds * scale:.0f} s (extrapolated) vs {steady_median:.2f} s (measured)")
     row("time until all Ready from empty", f"{pe.seconds * scale / fe.seconds:.1f}x",
         f"{pe.seconds * scale:.0f} s (extrapolated) vs {fe.seconds:.0f} s (measured)")
+    print_listings(r)
+    print_table(r)
+    say()
+    say("== load average (1, 5, 15 min) of the machine: " + "; ".join(
+        f"{when} {' '.join(f'{value:.2f}' for value in load)}" for when, load in r.loads.items()))
     if r.profile:
         say()
-        say("== cProfile of one more steady sweep (controller process only; waiting for the runner "
-            "shows as lock acquire, for the API as socket reads)")
+        say("== cProfile of one more steady sweep (the controller process: its main thread and the sweep's worker "
+            "threads merged; the main thread waiting for them shows as lock acquire, a worker waiting for the runner "
+            "as poll, for the API as socket reads)")
         say(r.profile)
+
+
+def fleet_list_figure(r: Results) -> ListingFigure:
+    """The fleet's KVM list call in the steady sweeps (every instance of the fleet's KVM share)."""
+    return ListingFigure(KVM_PROVIDER, DESCRIPTIONS[KVM_PROVIDER].format(hosts=r.hosts), r.providers[KVM_PROVIDER],
+                         [p.list_seconds[KVM_PROVIDER] for p in r.steady], r.from_empty.list_seconds[KVM_PROVIDER])
+
+
+def print_listings(r: Results) -> None:
+    figures = [fleet_list_figure(r), *r.listings]
+    say()
+    say(f"== one list call per provider: the runner's own time, median of {LIST_REPEATS}, and with 0 instances "
+        f"(target <= {TARGET_LIST_SECONDS:.0f} s at {TABLE_PROXIES} instances)")
+    for figure in figures:
+        target = (f"{verdict(figure.median <= TARGET_LIST_SECONDS)}"
+                  + ("" if figure.instances == TABLE_PROXIES else f" (target is for {TABLE_PROXIES})"))
+        row(f"{figure.provider} ({figure.description})", f"{figure.median:.2f} s",
+            f"{figure.instances} instances [{', '.join(f'{t:.2f}' for t in figure.seconds)}]; "
+            f"{figure.empty_seconds:.2f} s with 0  {target}")
+    if not r.listings:
+        say("  (GCP and Kubernetes not measured: --list-instances 0)")
+
+
+def print_table(r: Results) -> None:
+    """Issue 32's table, each figure beside its target."""
+    steady = statistics.median(p.seconds for p in r.steady)
+    listed = statistics.median(max((c.seconds for c in p.calls), default=0.0) for p in r.steady)
+    fe = r.from_empty
+    empty = fe.list_seconds.get(KVM_PROVIDER, 0.0)
+    rows = [
+        ("steady sweep, median of 3", steady, f"{steady:.2f} s ({', '.join(f'{p.seconds:.2f}' for p in r.steady)})",
+         TARGET_TABLE_STEADY_SECONDS, "s"),
+        ("of which the one list runner call", listed, f"{listed:.2f} s ({empty:.2f} s with 0 instances)",
+         TARGET_LIST_SECONDS, "s"),
+        ("of which controller-side", steady - listed, f"{steady - listed:.2f} s", TARGET_CONTROLLER_SECONDS, "s"),
+        ("controller peak RSS", r.rss_self_mib, f"{r.rss_self_mib:.0f} MiB", TARGET_TABLE_RSS_MIB, "MiB"),
+        ("all Ready from empty", fe.seconds, f"{fe.seconds:.0f} s, {fe.spawns} runner calls", TARGET_FILL_SECONDS,
+         "s"),
+    ]
+    say()
+    fleet = "" if (r.proxies, r.mixed) == (TABLE_PROXIES, False) else (
+        f" (targets are for {TABLE_PROXIES} KVM Proxies; this run has {r.proxies}{' mixed' if r.mixed else ''})")
+    say(f"== issue 32's table{fleet}")
+    say("| figure | measured | target |")
+    say("|---|---|---|")
+    for label, value, shown, target, unit in rows:
+        say(f"| {label} | {shown} | <= {target:g} {unit}: **{verdict(value <= target)}** |")
 
 
 # -- the run ---------------------------------------------------------------------------------------
 
 
+@contextlib.contextmanager
+def profiled_workers(profiles: list[cProfile.Profile]) -> Iterator[None]:
+    """Profile what ThreadPoolExecutor workers run, too: a sweep lists and reconciles its
+    providers in worker threads, which cProfile (one thread's) would show only as the main
+    thread waiting. Wraps concurrent.futures' work item (private, fine for a bench)."""
+    work_item: Any = concurrent.futures.thread._WorkItem
+    original = work_item.run
+
+    def run(self: Any) -> None:
+        profiler = cProfile.Profile()
+        profiles.append(profiler)
+        profiler.enable()
+        try:
+            original(self)
+        finally:
+            profiler.disable()
+    work_item.run = run
+    try:
+        yield
+    finally:
+        work_item.run = original
+
+
 def profile_sweep(reconciler: Reconciler) -> str:
+    """One steady sweep's profile, the main thread's and its workers' merged: the workers' time
+    shows under their functions, and the main thread's waiting for them as lock acquire."""
+    workers: list[cProfile.Profile] = []
     profiler = cProfile.Profile()
-    profiler.enable()
-    checked(reconciler.sweep())
-    profiler.disable()
+    started = time.monotonic()
+    with profiled_workers(workers):
+        profiler.enable()
+        checked(reconciler.sweep())
+        profiler.disable()
     out = io.StringIO()
-    pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(20)
+    out.write(f"one steady sweep under the profiler: {time.monotonic() - started:.2f} s wall\n")
+    stats = pstats.Stats(profiler, stream=out)
+    for worker in workers:
+        stats.add(worker)
+    stats.sort_stats("tottime").print_stats(25)
+    stats.sort_stats("cumulative").print_stats("egress_proxies", 25)
     return out.getvalue()
 
 
 def extra_providers(stack: contextlib.ExitStack, work: Path, kube_url: str) -> list[dict[str, Any]]:
     """The GCP (Compute emulator, started here) and Kubernetes provider sections of the mixed fleet."""
-    compute_url = stack.enter_context(emulator_process(COMPUTE_LAUNCHER, GCP_PROJECT, *GCP_ZONES))
+    compute_url = stack.enter_context(emulator_process(COMPUTE_LAUNCHER, seed_file(
+        work / "compute-seed.json", {"project": GCP_PROJECT, "zones": GCP_ZONES, "instances": []})))
     kubeconfig = write_kubeconfig(work / "kubeconfig", kube_url)
     return [
         {"name": GCP_PROVIDER, "type": "gcp", "gcp": {
@@ -553,6 +711,65 @@ def extra_providers(stack: contextlib.ExitStack, work: Path, kube_url: str) -> l
         {"name": K8S_PROVIDER, "type": "kubernetes", "kubernetes": {
             "namespace": POD_NAMESPACE, "image": "ubuntu/squid:6.6-24.04_beta", "kubeconfig": str(kubeconfig)}},
     ]
+
+
+def listing_tags(number: int) -> dict[str, str]:
+    return {"crawl.example.com/owner": LISTING_OWNER, "crawl.example.com/proxy": f"{LISTING_NAMESPACE}/p-{number:05d}",
+            "crawl.example.com/uid": f"00000000-0000-4000-8000-{number:012d}",
+            "crawl.example.com/spec-hash": "0123456789abcdef"}
+
+
+def seeded_backends(stack: contextlib.ExitStack, work: Path, count: int) -> Path:
+    """A Compute emulator and a Kubernetes API emulator (processes of their own) holding ``count``
+    instances each of LISTING_OWNER, labelled, annotated and with the metadata the providers give
+    their own (built by the collection's code), and the provider config that lists them."""
+    names = [f"p-{LISTING_NAMESPACE}-p-{number:05d}-0a1b2c" for number in range(count)]
+    metadata = dict(user_data_metadata(CLOUD_INIT.encode(), "plain"))
+    instances = []
+    for number, name in enumerate(names):
+        labels, tags_json = encode_tags(listing_tags(number))
+        instances.append({"zone": GCP_ZONES[number % len(GCP_ZONES)], "name": name, "labels": labels,
+                          "metadata": {**metadata, TAGS_METADATA_KEY: tags_json, PORT_METADATA_KEY: "3128"}})
+    settings = KubernetesSettings(namespace=LISTING_NAMESPACE, image=LISTING_IMAGE)
+    pods = [build_pod(settings, InstanceRequest(name=name, user_data=b"", tags=listing_tags(number)), LISTING_NAMESPACE)
+            for number, name in enumerate(names)]
+    compute_url = stack.enter_context(emulator_process(COMPUTE_LAUNCHER, seed_file(
+        work / "listing-compute.json", {"project": GCP_PROJECT, "zones": GCP_ZONES, "instances": instances})))
+    kube_url = stack.enter_context(emulator_process(KUBE_LAUNCHER, seed_file(
+        work / "listing-kube.json", {"namespaces": [LISTING_NAMESPACE], "crd": False, "pods": pods})))
+    config = work / "listing-providers.yaml"
+    config.write_text(json.dumps({"owner": LISTING_OWNER, "providers": [
+        {"name": GCP_LISTING_PROVIDER, "type": "gcp", "probe": "none", "gcp": {
+            "project": GCP_PROJECT, "zones": list(GCP_ZONES), "machineTypes": {"small": "e2-small"},
+            "images": {"debian-12": "projects/debian-cloud/global/images/family/debian-12"},
+            "defaultMachineType": "small", "defaultImage": "debian-12", "apiEndpoint": compute_url}},
+        {"name": K8S_LISTING_PROVIDER, "type": "kubernetes", "probe": "none", "kubernetes": {
+            "namespace": LISTING_NAMESPACE, "image": LISTING_IMAGE,
+            "kubeconfig": str(write_kubeconfig(work / "listing-kubeconfig", kube_url))}}]}))
+    return config
+
+
+def timed_list(client: ProviderClient, owner: str, expected: int) -> float:
+    """One list call; the runner's own time of it."""
+    before = runner_seconds(client.name, "list")
+    listing = client.list_instances(owner)
+    if listing.error is not None or len(listing.instances) != expected:
+        raise BenchError(f"{client.name}: listed {len(listing.instances)} of {expected} ({listing.error})")
+    return runner_seconds(client.name, "list") - before
+
+
+def measure_listings(stack: contextlib.ExitStack, work: Path, runner: CountingRunner,
+                     count: int) -> list[ListingFigure]:
+    """The GCP and Kubernetes list calls with ``count`` instances each, LIST_REPEATS times, and
+    once for an owner with none."""
+    config = str(seeded_backends(stack, work, count))
+    figures = []
+    for name, kind, description in ((GCP_LISTING_PROVIDER, ProviderType.GCP, DESCRIPTIONS[GCP_PROVIDER]),
+                                    (K8S_LISTING_PROVIDER, ProviderType.KUBERNETES, DESCRIPTIONS[K8S_PROVIDER])):
+        client = ProviderClient(runner, config, name, kind)
+        seconds = [timed_list(client, LISTING_OWNER, count) for _ in range(LIST_REPEATS)]
+        figures.append(ListingFigure(name, description, count, seconds, timed_list(client, "nobody", 0)))
+    return figures
 
 
 def run(args: argparse.Namespace, stack: contextlib.ExitStack, shutdown: Shutdown) -> Results:
@@ -568,7 +785,8 @@ def run(args: argparse.Namespace, stack: contextlib.ExitStack, shutdown: Shutdow
 
     say(f"starting {results.hosts} libvirtd(s) (test driver) and the emulator(s) ...")
     daemons = [stack.enter_context(LibvirtTestDaemon()) for _ in range(results.hosts)]
-    url = stack.enter_context(emulator_process(KUBE_LAUNCHER))
+    url = stack.enter_context(emulator_process(KUBE_LAUNCHER, seed_file(work / "kube-seed.json", {
+        "namespaces": [POD_NAMESPACE, BATCH_NAMESPACE, PER_OBJECT_NAMESPACE], "crd": True, "pods": []})))
     api = stack.enter_context(client.ApiClient(client.Configuration(host=url)))
     objects = client.CustomObjectsApi(api)
     kubelet = KubeletStandIn(client.CoreV1Api(api), POD_NAMESPACE) if args.mixed else None
@@ -589,6 +807,7 @@ def run(args: argparse.Namespace, stack: contextlib.ExitStack, shutdown: Shutdow
     # for the per-object sample's instances too.
     settings = ReconcileSettings(gc_grace_seconds=10**9, batch_size=args.batch_size)
 
+    results.loads["start"] = os.getloadavg()
     say(f"creating {args.proxies} Proxies in the emulator ...")
     create_proxies(objects, BATCH_NAMESPACE, args.proxies, fleet)
     store = KubeStore(api, namespace=BATCH_NAMESPACE)
@@ -599,6 +818,7 @@ def run(args: argparse.Namespace, stack: contextlib.ExitStack, shutdown: Shutdow
     results.kubelet_pods = kubelet.marked if kubelet else 0
     say(f"  all Ready after {results.from_empty.seconds:.1f} s; {STEADY_SWEEPS} steady sweeps ...")
     results.steady = steady_sweeps(reconciler, runner, fleet, STEADY_SWEEPS)
+    results.loads["after the steady sweeps"] = os.getloadavg()
     if args.profile:
         results.profile = profile_sweep(reconciler)
 
@@ -623,6 +843,11 @@ def run(args: argparse.Namespace, stack: contextlib.ExitStack, shutdown: Shutdow
     # RUSAGE_CHILDREN holds only the runner processes (and qemu-img).
     results.rss_self_mib = peak_rss_mib(resource.RUSAGE_SELF)
     results.rss_children_mib = peak_rss_mib(resource.RUSAGE_CHILDREN)
+    if args.list_instances:
+        say(f"listing: {args.list_instances} instances each on a seeded Compute emulator and Kubernetes API "
+            "emulator ...")
+        results.listings = measure_listings(stack, work, runner, args.list_instances)
+        results.loads["after the listings"] = os.getloadavg()
     return results
 
 
@@ -643,7 +868,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--runner-timeout", type=int, default=1800, help="seconds per runner call")
     parser.add_argument("--max-sweeps", type=int, default=5, help="give up when not all Ready after this many")
     parser.add_argument("--profile", action="store_true", help="also cProfile one steady sweep (controller side)")
+    parser.add_argument("--list-instances", type=int, default=None,
+                        help="instances each of the GCP and Kubernetes list calls are measured with, on emulators "
+                             "seeded apart from the fleet (default: --proxies; 0: not measured)")
     args = parser.parse_args(argv)
+    if args.list_instances is None:
+        args.list_instances = args.proxies
     if min(args.proxies, args.per_object_sample, args.proxies_per_host, args.max_runners or 1) < 1:
         parser.error("--proxies, --per-object-sample, --proxies-per-host and --max-runners must be at least 1")
     return args

@@ -11,9 +11,10 @@ KVM and GCP; a node's address or a load balancer's for a Pod exposed through one
 
 from __future__ import annotations
 
+import concurrent.futures
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, TypeVar
 
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.errors import (
     PERMANENT,
@@ -31,6 +32,12 @@ DEFAULT_PORT = 3128
 # One rule for every provider: an RFC 1123 label fits a libvirt domain name, a GCE
 # instance name (which must also start with a letter) and a Pod name alike.
 NAME_RE = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+# Locations (KVM hosts, GCP zones, namespaces) a listing reads side by side: almost all of a
+# location's listing is waiting for its answers, so reading them one after another made a
+# listing's time the sum of every location's; more than this at once only opens more
+# connections than two cores can keep busy (measured in docs/performance.md).
+LISTING_PARALLELISM = 8
 
 OWNER_TAG = "crawl.example.com/owner"
 PROXY_TAG = "crawl.example.com/proxy"
@@ -141,3 +148,35 @@ class ListResult:
         raise failure_class("listing failed on %s: %s" % (what, "; ".join(
             "%s: %s" % (location, error) for location, error in sorted(self.failed_locations.items()))),
             details={"instances": instances, "failed_locations": failed})
+
+
+Location = TypeVar("Location")
+Listed = TypeVar("Listed")
+
+
+def list_locations(locations: Sequence[Location], name_of: Callable[[Location], str],
+                   list_one: Callable[[Location], List[Listed]]) -> Tuple[List[Listed], Dict[str, ProxyError]]:
+    """``list_one`` for every location, LISTING_PARALLELISM at a time: what they found, in the
+    order of ``locations``, and the locations that failed (by ``name_of``), each with its error.
+
+    A location that fails is recorded, never fatal to the others: the caller decides (a listing
+    with any failed location fails as a whole, so nothing is garbage-collected on a partial view,
+    ``ListResult.to_result``). Anything that is not a ProxyError is a bug and is raised."""
+    def attempt(location: Location) -> Tuple[List[Listed], Optional[ProxyError]]:
+        try:
+            return list_one(location), None
+        except ProxyError as error:
+            return [], error
+
+    if len(locations) <= 1:
+        outcomes = [attempt(location) for location in locations]
+    else:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=min(LISTING_PARALLELISM, len(locations))) as pool:
+            outcomes = list(pool.map(attempt, locations))
+    found: List[Listed] = []
+    failed: Dict[str, ProxyError] = {}
+    for location, (items, error) in zip(locations, outcomes):
+        if error is not None:
+            failed[name_of(location)] = error
+        found.extend(items)
+    return found, failed

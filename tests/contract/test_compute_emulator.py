@@ -214,6 +214,54 @@ def test_lists_page_with_max_results_and_page_token(emulator: ComputeEmulator, a
     assert len(api.call("GET", path)[1].get("items", {})) > 0  # default 500: one page
 
 
+def pages_of(api: Api, path: str, **params: Any) -> tuple[list[str], list[str]]:
+    """Every page's instance names (zone ZONES[0]) and the tokens that led to them."""
+    names: list[str] = []
+    tokens: list[str] = []
+    while True:
+        status, page = api.call("GET", path, **params, **({"pageToken": tokens[-1]} if tokens else {}))
+        assert status == 200, page
+        scoped = page["items"][f"zones/{ZONES[0]}"] if "aggregated" in path else {"instances": page.get("items", [])}
+        names += [i["name"] for i in scoped.get("instances", [])]
+        if "nextPageToken" not in page:
+            return names, tokens
+        tokens.append(page["nextPageToken"])
+
+
+@pytest.mark.parametrize("path", ["/aggregated/instances", f"/zones/{ZONES[0]}/instances"])
+def test_a_page_token_is_opaque_and_belongs_to_its_request(emulator: ComputeEmulator, api: Api, path: str) -> None:
+    # AIP-158 (https://google.aip.dev/158), which Compute's list methods follow: "Page tokens
+    # provided by APIs must be opaque (but URL-safe) strings, and must not be user-parseable",
+    # and "The user is expected to keep all other arguments to the RPC the same; if any arguments
+    # are different, the API should send an INVALID_ARGUMENT error."
+    for index in range(4):
+        emulator.add_instance(ZONES[0], f"p-{index}", labels={"team": "a"})
+    names, tokens = pages_of(api, path, maxResults=3, filter='(labels.team = "a")')
+    assert names == [f"p-{index}" for index in range(4)] and len(tokens) == 1
+    # Not an encoding of where the page ended: the same first page gets another token.
+    assert pages_of(api, path, maxResults=3, filter='(labels.team = "a")')[1] != tokens
+    # Another filter with that token, or a token nobody issued: 400 invalid.
+    status, error = api.call("GET", path, maxResults=3, filter='(labels.team = "b")', pageToken=tokens[0])
+    assert (status, error["error"]["errors"][0]["reason"]) == (400, "invalid")
+    assert "pageToken" in error["error"]["message"]
+    assert api.call("GET", path, maxResults=3, pageToken="b2Zmc2V0OjI=")[0] == 400
+    # The page size may change from page to page.
+    assert api.call("GET", path, maxResults=1, filter='(labels.team = "a")', pageToken=tokens[0])[0] == 200
+
+
+def test_a_page_goes_on_after_the_last_name_of_the_one_before(emulator: ComputeEmulator, api: Api) -> None:
+    for index in (0, 2, 4, 6):
+        emulator.add_instance(ZONES[0], f"p-{index}")
+    path = f"/zones/{ZONES[0]}/instances"
+    status, first = api.call("GET", path, maxResults=2)
+    assert [i["name"] for i in first["items"]] == ["p-0", "p-2"]
+    emulator.add_instance(ZONES[0], "p-1")  # before the page's end: not repeated, not shifted onto the next page
+    emulator.add_instance(ZONES[0], "p-5")
+    emulator.instances.pop((ZONES[0], "p-0"))
+    status, second = api.call("GET", path, maxResults=2, pageToken=first["nextPageToken"])
+    assert status == 200 and [i["name"] for i in second["items"]] == ["p-4", "p-5"]
+
+
 @pytest.mark.parametrize(
     ("fault_reason", "domain", "message"),
     [("rateLimitExceeded", "usageLimits", "Rate Limit Exceeded"),

@@ -597,6 +597,137 @@ def test_label_selectors_filter_watches(proxies: Proxies) -> None:
     assert summary(events) == [("ADDED", "a"), ("ADDED", "b"), ("DELETED", "a")]
 
 
+# --- paged lists -----------------------------------------------------------------------------
+# "Retrieving large results sets in chunks" (https://kubernetes.io/docs/reference/using-api/
+# api-concepts/#retrieving-large-results-sets-in-chunks) and ListOptions' limit/continue: at most
+# ``limit`` items and a ``continue`` token while there is more; every chunk of one list shows the
+# objects as they were at its first; a token expires after a short time (etcd compaction) and is
+# then answered 410 Gone, with a token for the rest of the list as it is now
+# (apiserver/pkg/storage/etcd3/errors.go, storage/continue.go).
+
+
+def pod_list(core: client.CoreV1Api, **options: Any) -> Obj:
+    """One list request for Pods in NS, as the JSON the server sent."""
+    response: Any = core.list_namespaced_pod(NS, _preload_content=False, **options)  # urllib3's, not a model
+    return cast(Obj, json.loads(response.data))
+
+
+def pod_pages(core: client.CoreV1Api, limit: int, first: str | None = None, **options: Any) -> list[Obj]:
+    """Every page of a list with ``limit``, from its first page or from the token ``first``."""
+    pages: list[Obj] = []
+    token = first
+    while True:
+        page = pod_list(core, limit=limit, **({"_continue": token} if token else {}), **options)
+        pages.append(page)
+        token = page["metadata"].get("continue")
+        if not token:
+            return pages
+
+
+def names_of(page: Obj) -> list[str]:
+    return [item["metadata"]["name"] for item in page["items"]]
+
+
+def error_status(caught: pytest.ExceptionInfo[ApiException]) -> Obj:
+    return cast(Obj, json.loads(caught.value.body or "{}"))
+
+
+def test_a_limited_list_comes_in_pages_in_key_order(core: client.CoreV1Api) -> None:
+    for index in (3, 0, 4, 1, 2):
+        core.create_namespaced_pod(NS, pod(f"p-{index}"))
+
+    pages = pod_pages(core, limit=2)
+
+    assert [names_of(page) for page in pages] == [["p-0", "p-1"], ["p-2", "p-3"], ["p-4"]]
+    assert [page["metadata"].get("remainingItemCount") for page in pages] == [3, 1, None]
+    assert len({page["metadata"]["resourceVersion"] for page in pages}) == 1
+    assert names_of(pod_list(core)) == [f"p-{index}" for index in range(5)]  # no limit: all in one
+
+
+def test_every_page_shows_the_list_as_it_was_at_the_first(core: client.CoreV1Api) -> None:
+    for index in range(4):
+        core.create_namespaced_pod(NS, pod(f"p-{index}", tier="edge"))
+    (first, *_) = pod_pages(core, limit=2)
+    token = first["metadata"]["continue"]
+
+    core.create_namespaced_pod(NS, pod("p-2a"))
+    core.patch_namespaced_pod("p-2", NS, {"metadata": {"labels": {"tier": "core"}}})
+    core.delete_namespaced_pod("p-3", NS)
+
+    rest = pod_pages(core, limit=2, first=token)
+    assert [names_of(page) for page in rest] == [["p-2", "p-3"]]
+    assert rest[0]["items"][0]["metadata"]["labels"] == {"tier": "edge"}
+    assert rest[0]["metadata"]["resourceVersion"] == first["metadata"]["resourceVersion"]
+    assert names_of(pod_list(core)) == ["p-0", "p-1", "p-2", "p-2a"]
+
+
+def test_with_a_selector_a_page_may_be_short_and_the_remaining_count_is_unset(core: client.CoreV1Api) -> None:
+    for index in range(6):
+        core.create_namespaced_pod(NS, pod(f"p-{index}", owner="us" if index in (0, 4, 5) else "them"))
+
+    pages = pod_pages(core, limit=2, label_selector="owner=us")
+
+    assert [names_of(page) for page in pages] == [["p-0", "p-4"], ["p-5"]]
+    assert all("remainingItemCount" not in page["metadata"] for page in pages)
+    # Keys are read until the page is full: one that ends on the last key has no token.
+    exact = pod_pages(core, limit=3, label_selector="owner=us")
+    assert [names_of(page) for page in exact] == [["p-0", "p-4", "p-5"]]
+
+
+def test_an_expired_continue_token_is_410_with_a_token_for_the_rest(kube: KubeEmulator,
+                                                                    core: client.CoreV1Api) -> None:
+    for index in range(4):
+        core.create_namespaced_pod(NS, pod(f"p-{index}"))
+    (first, *_) = pod_pages(core, limit=2)
+    core.create_namespaced_pod(NS, pod("p-9"))
+    kube.compact()  # etcd's compaction, past the first page's revision
+
+    with pytest.raises(ApiException) as caught:
+        pod_list(core, limit=2, _continue=first["metadata"]["continue"])
+
+    assert caught.value.status == 410
+    status = error_status(caught)
+    assert status["reason"] == "Expired"
+    assert status["message"].startswith("The provided continue parameter is too old to display a consistent list")
+    # That token lists the rest as it is now: inconsistent with the first page, as the message says.
+    rest = pod_pages(core, limit=2, first=status["metadata"]["continue"])
+    assert [names_of(page) for page in rest] == [["p-2", "p-3"], ["p-9"]]
+
+
+def test_a_long_enough_list_expires_when_the_history_moves_past_it() -> None:
+    with KubeEmulator(history_limit=3, namespaces=(NS,)) as kube, \
+            client.ApiClient(client.Configuration(host=kube.url)) as api:
+        core = client.CoreV1Api(api)
+        for index in range(3):
+            core.create_namespaced_pod(NS, pod(f"p-{index}"))
+        (first, *_) = pod_pages(core, limit=1)
+        for index in range(3):
+            core.patch_namespaced_pod(f"p-{index}", NS, {"metadata": {"labels": {"seen": "yes"}}})
+        # The three events since the first page are still in the history: its snapshot is too.
+        assert names_of(pod_list(core, limit=1, _continue=first["metadata"]["continue"])) == ["p-1"]
+        core.patch_namespaced_pod("p-0", NS, {"metadata": {"labels": {"seen": "twice"}}})
+        with pytest.raises(ApiException) as caught:
+            pod_list(core, limit=1, _continue=first["metadata"]["continue"])
+        assert caught.value.status == 410
+
+
+@pytest.mark.parametrize("token", ["not-a-token", "eyJ2IjoibWV0YS5rOHMuaW8vdjEiLCJydiI6MCwic3RhcnQiOiJwIn0"])
+def test_a_continue_token_the_server_did_not_make_is_400(core: client.CoreV1Api, token: str) -> None:
+    with pytest.raises(ApiException) as caught:
+        pod_list(core, limit=1, _continue=token)
+    assert caught.value.status == 400
+    assert "invalid continue token" in error_status(caught)["message"]
+
+
+def test_continue_with_a_resource_version_is_400(core: client.CoreV1Api) -> None:
+    for index in range(2):
+        core.create_namespaced_pod(NS, pod(f"p-{index}"))
+    (first, *_) = pod_pages(core, limit=1)
+    with pytest.raises(ApiException) as caught:
+        pod_list(core, limit=1, _continue=first["metadata"]["continue"], resource_version="5")
+    assert caught.value.status == 400
+
+
 # --- events, leases, discovery ---------------------------------------------------------------
 
 

@@ -45,6 +45,7 @@ from egress_proxies.sources.directory import DirectoryStore
 from egress_proxies.sweep.reconcile import Reconciler
 from support.ansible_modules import REPO, ModuleRun, collections_path, run_module
 from support.hypervisor_host import HypervisorHost
+from support.libvirt_daemon import private_state_dir
 from support.provider_config import OWNER_TAGS, BaseImage, kvm_host, make_base_image, write_kvm_config
 
 HOST = "hv"
@@ -537,6 +538,31 @@ def test_listing_with_one_host_down_fails_but_returns_what_it_saw(
     assert result["failed_locations"]["dead"]["error_class"] == "transient"
     assert "dead" in result["msg"]
     assert [i["provider_id"] for i in result["instances"]] == [provider_id(name)]
+
+
+def test_a_listed_domain_gets_its_address_from_its_networks_dhcp_lease(lab: Lab) -> None:
+    """The listing reads the network's leases once for the host (virNetworkGetDHCPLeases) and
+    matches them by MAC. The guest boots nothing (an empty image: no agent, no ARP entry), so a
+    lease is the only source of its address: libvirt's network driver reads the lease file its
+    dnsmasq helper keeps (``/var/lib/libvirt/dnsmasq/<bridge>.status``), written here."""
+    hv, name = lab.hv, "egp-leased"
+    network = hv.conn.networkLookupByName("default")
+    leases_dir = private_state_dir(hv.host.root / "state", "/var/lib/libvirt") / "dnsmasq"
+    status = leases_dir / f"{network.bridgeName()}.status"
+    address = f"{hv.host.guest_network_address.rsplit('.', 1)[0]}.77"
+    try:
+        succeeded(lab.create(name))
+        mac = ET.fromstring(hv.conn.lookupByName(name).XMLDesc(0)).find("./devices/interface/mac")
+        assert mac is not None
+        unleased = succeeded(lab.info(tags=OWNER_TAGS))["instances"]
+        assert [(i["name"], i["state"], i["ip"]) for i in unleased] == [(name, "running", None)]
+        status.write_text(json.dumps([{"ip-address": address, "mac-address": mac.get("address"), "hostname": name,
+                                       "expiry-time": int(time.time()) + 3600}]))
+        leased = succeeded(lab.info(tags=OWNER_TAGS))["instances"]
+        assert [(i["name"], i["state"], i["ip"]) for i in leased] == [(name, "running", address)]
+    finally:
+        status.unlink(missing_ok=True)
+        hv.remove_instance(name)
 
 
 # --- 6. and 7. failures that leave nothing behind, deletes that must succeed --------------------

@@ -6,7 +6,8 @@ get them wrong. Each rule cites its source in docs/gcp-provider.md ("Validated a
 and has a contract test in tests/contract/test_compute_emulator.py:
 
 - ``/compute/v1/projects/{p}/zones/{z}/instances``: POST insert, GET list (``filter``,
-  ``maxResults``/``pageToken`` paging);
+  ``maxResults``/``pageToken`` paging: at most 500 a page, opaque tokens valid only with the
+  request's other parameters unchanged, each page going on after the last name of the one before);
 - ``/compute/v1/projects/{p}/zones/{z}/instances/{name}``: GET, DELETE;
 - ``/compute/v1/projects/{p}/zones/{z}/operations/{op}``: GET, and ``.../wait``: POST, which
   holds the call until the operation is DONE or ``wait_hold_seconds`` (the real API: 2
@@ -49,11 +50,11 @@ endpoint so that the client sends a real token).
 
 from __future__ import annotations
 
-import base64
 import datetime
 import itertools
 import json
 import re
+import secrets
 import ssl
 import threading
 import time
@@ -281,6 +282,8 @@ class ComputeEmulator:
         self._unreachable: set[str] = set()
         self._retired: set[str] = set()
         self._stocked_out: dict[str, str] = {}
+        # Page tokens handed out: token -> (the request it belongs to, the last key of its page).
+        self._page_tokens: dict[str, tuple[Any, Any]] = {}
         self._ids = itertools.count(1000)
         self._server: ThreadingHTTPServer | None = None
         for zone in self.zones:
@@ -799,14 +802,14 @@ class ComputeEmulator:
         if sub_project != project or sub_name not in names:
             raise self._not_found(f"projects/{sub_project}/regions/{sub_region}/subnetworks/{sub_name}")
 
-    def _matching(self, zone: str, clauses: list[tuple[str, str]]) -> list[dict[str, Any]]:
-        found = []
-        for (where, _), instance in sorted(self.instances.items()):
-            if where != zone:
-                continue
-            values = {"name": instance["name"], **{"labels." + k: v for k, v in instance.get("labels", {}).items()}}
-            if all(values.get(key) == value for key, value in clauses):
-                found.append(instance)
+    def _matching(self, clauses: list[tuple[str, str]]) -> dict[str, list[dict[str, Any]]]:
+        """The instances the filter's clauses select, by zone, each zone's in name order ("By
+        default, results are returned in alphanumerical order based on the resource name")."""
+        found: dict[str, list[dict[str, Any]]] = {}
+        for (zone, name), instance in sorted(self.instances.items()):
+            labels = instance.get("labels", {})
+            if all((name if key == "name" else labels.get(key[len("labels."):])) == value for key, value in clauses):
+                found.setdefault(zone, []).append(instance)
         return found
 
     @staticmethod
@@ -822,32 +825,53 @@ class ComputeEmulator:
             position = match.end()
         return clauses
 
-    @staticmethod
-    def _page(query: dict[str, list[str]], total: int) -> tuple[int, int, str | None]:
-        """The [start, end) of this page and the next page's token, from maxResults and pageToken."""
+    def _page(self, query: dict[str, list[str]], keyed: list[tuple[Any, dict[str, Any]]],
+              scope: str) -> tuple[list[tuple[Any, dict[str, Any]]], str | None]:
+        """This page of ``keyed`` (sorted (key, item) pairs) and the next page's token.
+
+        maxResults: "The maximum number of results per page that should be returned ... Acceptable
+        values are 0 to 500, inclusive. (Default: 500)". pageToken: "Set pageToken to the
+        nextPageToken returned by a previous list request to get the next page of results." As
+        AIP-158 (https://google.aip.dev/158) has it, a token is opaque ("Base-64 encoding an
+        otherwise-transparent page token is not a sufficient obfuscation mechanism") and belongs
+        to its request: "The user is expected to keep all other arguments to the RPC the same; if
+        any arguments are different, the API should send an INVALID_ARGUMENT error". A page goes
+        on after the last key of the one before, so instances made or deleted between pages are
+        neither repeated nor skipped (the emulator's tokens do not expire).
+        """
         raw = query.get("maxResults", [str(MAX_RESULTS_LIMIT)])[0]
         if not raw.isdigit() or int(raw) > MAX_RESULTS_LIMIT:
             raise ApiError(400, f"Invalid value for field 'maxResults': '{raw}'. Must be less than or equal to 500")
         size = int(raw) or MAX_RESULTS_LIMIT
+        # What a token is bound to: everything the request says but its page size and token.
+        bound = (scope, tuple(sorted((name, tuple(values)) for name, values in query.items()
+                                     if name not in ("maxResults", "pageToken"))))
         token = query.get("pageToken", [""])[0]
-        start = 0
+        after = None
         if token:
-            try:
-                start = int(base64.urlsafe_b64decode(token.encode()).decode().removeprefix("offset:"))
-            except ValueError:
-                raise ApiError(400, f"Invalid value for field 'pageToken': '{token}'") from None
-        end = min(start + size, total)
-        following = base64.urlsafe_b64encode(f"offset:{end}".encode()).decode() if end < total else None
-        return start, end, following
+            issued = self._page_tokens.get(token)
+            if issued is None:
+                raise ApiError(400, f"Invalid value for field 'pageToken': '{token}'. Invalid page token.")
+            if issued[0] != bound:
+                raise ApiError(400, f"Invalid value for field 'pageToken': '{token}'. The page token was issued "
+                                    "for a request with different parameters.")
+            after = issued[1]
+        rest = [pair for pair in keyed if after is None or pair[0] > after]
+        page = rest[:size]
+        if len(rest) <= size:
+            return page, None
+        following = secrets.token_urlsafe(24)
+        self._page_tokens[following] = (bound, page[-1][0])
+        return page, following
 
     def _list(self, zone: str, query: dict[str, list[str]]) -> dict[str, Any]:
         if zone in self._unreachable:
             raise ApiError(503, f"The zone 'projects/{self.project}/zones/{zone}' is currently unavailable.")
-        found = self._matching(zone, self._parse_filter(query))
-        start, end, following = self._page(query, len(found))
+        found = self._matching(self._parse_filter(query)).get(zone, [])
+        page, following = self._page(query, [(instance["name"], instance) for instance in found], f"zones/{zone}")
         result: dict[str, Any] = {"kind": "compute#instanceList"}
-        if found[start:end]:
-            result["items"] = found[start:end]
+        if page:
+            result["items"] = [instance for _, instance in page]
         if following:
             result["nextPageToken"] = following
         return result
@@ -862,13 +886,14 @@ class ComputeEmulator:
             # results in case of failure." Without it a failing zone fails the call.
             raise ApiError(503, "Internal error. Please try again or contact Google Support. "
                                 f"(scopes unreachable: {', '.join('zones/' + z for z in unreachable)})")
-        flat = [(zone, instance) for zone in zones if zone not in unreachable
-                for instance in self._matching(zone, clauses)]
-        start, end, following = self._page(query, len(flat))
+        matching = self._matching(clauses)
+        keyed = [((index, instance["name"]), instance) for index, zone in enumerate(zones) if zone not in unreachable
+                 for instance in matching.get(zone, [])]
+        page, following = self._page(query, keyed, "aggregated")
         items: dict[str, Any] = {}
-        for zone in zones:
+        for index, zone in enumerate(zones):
             scope = f"zones/{zone}"
-            on_page = [instance for where, instance in flat[start:end] if where == zone]
+            on_page = [instance for (where, _), instance in page if where == index]
             if zone in unreachable:
                 items[scope] = {"warning": {"code": "UNREACHABLE", "message": f"Scope {scope} is unreachable.",
                                             "data": [{"key": "scope", "value": scope}]}}

@@ -24,7 +24,18 @@ patch, 422 below 0, 409 on a stale resourceVersion); JSON merge patch, JSON patc
 (applied as a JSON merge patch, which is exact for our kinds' maps but replaces lists where the
 real server merges them by key); finalizers with ``deletionTimestamp``; watch with replay from a
 ``resourceVersion``, ``ERROR`` 410 Expired once that version left the bounded history, and
-``timeoutSeconds``; discovery; fault injection.
+``timeoutSeconds``; paged lists (below); discovery; fault injection.
+
+Paged lists, as "Retrieving large results sets in chunks" in the API concepts
+(https://kubernetes.io/docs/reference/using-api/api-concepts/#retrieving-large-results-sets-in-chunks)
+and apiserver's etcd3 storage describe them: with ``limit`` a list answers at most that many items
+in storage key order and, while keys are left, a ``continue`` token (``storage/continue.go``'s
+format: the next key and the first page's resourceVersion); every page shows the objects as they
+were at the first page (read back from the event history, as etcd reads an older revision), with
+``remainingItemCount`` unless a selector was given. A token whose resourceVersion left the history
+(``compact``, or more writes than ``history_limit`` since the first page: etcd's compaction) is 410
+Expired with a token for the rest of the list as it is now (``etcd3/errors.go``); a token the
+server did not make, or one sent with a ``resourceVersion``, is 400.
 
 Besides the controller's kinds it serves what ``playbooks/deploy_controller.yml`` installs with
 ``kubernetes.core.k8s`` (ServiceAccounts, Services, Deployments, RBAC, CRDs), so that playbook is
@@ -70,14 +81,15 @@ fills in e.g. a Pod's ``terminationGracePeriodSeconds: 30`` or a Deployment's ``
 graceful deletion uses 30 when the Pod has none), Pod spec immutability on update, workload
 controllers (a Deployment's status changes only when a test writes it), a Secret's ``stringData``
 folding into ``data``, owner-reference garbage collection, CRD conversion and per-version schemas
-beyond the one each version declares, defaulting and pruning on read, pagination (``limit`` is
-ignored: every list returns everything), ``dryRun``, server-side apply (415), BOOKMARK events, and
-a status write to a Pod changing its labels (the real Pod status strategy allows it; here every
-status write changes only ``status``, as for custom resources).
+beyond the one each version declares, defaulting and pruning on read, the watch cache's own
+answers to lists (lists are served as from etcd), ``dryRun``, server-side apply (415), BOOKMARK
+events, and a status write to a Pod changing its labels (the real Pod status strategy allows it;
+here every status write changes only ``status``, as for custom resources).
 """
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
 import logging
@@ -235,12 +247,14 @@ class ApiError(Exception):
         self.reason = reason or _REASONS.get(code, HTTPStatus(code).phrase.replace(" ", ""))
         self.message = message
         self.details = details
+        # A 410 for an expired continue token carries the token for the rest of the list.
+        self.list_continue: str | None = None
 
     def status(self) -> Obj:
         body: Obj = {
             "kind": "Status",
             "apiVersion": "v1",
-            "metadata": {},
+            "metadata": {} if self.list_continue is None else {"continue": self.list_continue},
             "status": "Failure",
             "message": self.message,
             "reason": self.reason,
@@ -509,6 +523,65 @@ def json_patch(doc: Any, operations: Any) -> Any:
     return doc
 
 
+# --- paged lists -------------------------------------------------------------------------------
+
+# staging/src/k8s.io/apiserver/pkg/storage/etcd3/errors.go: the 410 for a continue token whose
+# snapshot was compacted away carries a token for the rest of the list at the latest version.
+_INCONSISTENT_CONTINUE = (
+    "The provided continue parameter is too old to display a consistent list result. You can start a new list "
+    "without the continue parameter, or use the continue token in this response to retrieve the remainder of the "
+    "results. Continuing with the provided token results in an inconsistent list - objects that were created, "
+    "modified, or deleted between the time the first chunk was returned and now may show up in the list.")
+
+
+def _list_limit(raw: str | None) -> int:
+    """``limit``: 0 (or none) lists everything in one answer."""
+    if raw in (None, ""):
+        return 0
+    assert raw is not None
+    if not raw.lstrip("-").isdigit():
+        raise ApiError(400, f"invalid limit {raw!r}: must be an integer")
+    return max(int(raw), 0)
+
+
+def _encode_continue(start: str, rv: int) -> str:
+    """staging/src/k8s.io/apiserver/pkg/storage/continue.go ``EncodeContinue``: the key to start
+    from (below the resource's prefix) and the resourceVersion of the list's snapshot, as JSON in
+    unpadded URL-safe base64."""
+    token = json.dumps({"v": "meta.k8s.io/v1", "rv": rv, "start": start}, separators=(",", ":"))
+    return base64.urlsafe_b64encode(token.encode()).decode().rstrip("=")
+
+
+def _decode_continue(token: str) -> tuple[str, int]:
+    """continue.go ``DecodeContinue``, refusing what it refuses as the handler does: 400
+    ``invalid continue token: continue key is not valid: ...``."""
+    def invalid(why: str) -> ApiError:
+        return ApiError(400, f"invalid continue token: continue key is not valid: {why}")
+
+    try:
+        decoded = json.loads(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)))
+    except ValueError:
+        raise invalid("not base64-encoded JSON") from None
+    if not isinstance(decoded, dict) or decoded.get("v") != "meta.k8s.io/v1":
+        raise invalid("server does not recognize this encoded version")
+    rv, start = decoded.get("rv"), decoded.get("start")
+    if not isinstance(rv, int) or isinstance(rv, bool) or rv == 0:
+        raise invalid("incorrect encoded start resourceVersion (version meta.k8s.io/v1)")
+    if not isinstance(start, str) or not start:
+        raise invalid("encoded start key empty (version meta.k8s.io/v1)")
+    if start.startswith("/") or ".." in start.split("/"):
+        raise invalid(start)
+    return start, rv
+
+
+def _expired_continue(start: str) -> ApiError:
+    """410 Expired, with ``metadata.continue`` set to a token for the rest of the list as it is
+    now (``handleCompactedErrorForPaging``: resourceVersion -1)."""
+    error = ApiError(410, _INCONSISTENT_CONTINUE, reason="Expired")
+    error.list_continue = _encode_continue(start, -1)
+    return error
+
+
 # --- the store -------------------------------------------------------------------------------
 
 
@@ -719,6 +792,12 @@ class KubeEmulator:
         metadata: Obj = {"name": name, **({"labels": dict(labels)} if labels else {})}
         return self._create(_Route(rtype, None, None, None),
                             {"apiVersion": "v1", "kind": "Namespace", "metadata": metadata})
+
+    def create(self, resource: str, namespace: str | None, obj: Obj) -> Obj:
+        """Create an object exactly as a POST would (validated, admitted, its ADDED event sent),
+        without a round trip: how a test or the bench fills the server with many objects.
+        ``resource`` is ``pods`` or ``proxies.crawl.example.com``."""
+        return self._create(_Route(self._type_by_key(resource), namespace, None, None), copy.deepcopy(obj))
 
     def install_crd(self, crd: Obj) -> Obj:
         """Create a CustomResourceDefinition (e.g. ``proxy_crd()``): its kind is served from then
@@ -1058,6 +1137,10 @@ class KubeEmulator:
                 "resources": resources}
 
     # -- verbs (all under the lock, so each is atomic and events keep resourceVersion order) --
+    # A stored object is never changed in place: every write stores a new object (a copy of the
+    # old one, changed), so an object once stored -- in ``_objects``, as an event's ``previous``,
+    # in a list being sent -- keeps its content. Paged lists read older versions back from the
+    # history (``_state_at``), and lists send stored objects without copying them.
 
     def _emit(self, rtype: ResourceType, etype: str, obj: Obj, previous: Obj | None) -> None:
         event = _Event(int(obj["metadata"]["resourceVersion"]), rtype, etype,
@@ -1269,13 +1352,70 @@ class KubeEmulator:
         with self._lock:
             return copy.deepcopy(self._stored(route))
 
-    def _list(self, flt: _Filter) -> Obj:
+    def _list(self, flt: _Filter, query: Mapping[str, str]) -> Obj:
+        """A list, in storage key order, paged as the real server pages it (module docstring,
+        "Paged lists"): ``limit`` items at most, and a ``continue`` token for the rest while there
+        is more; every page shows the objects as they were when the first page was served."""
+        limit = _list_limit(query.get("limit"))
+        token = query.get("continue") or ""
+        if token and query.get("resourceVersion") not in (None, "", "0"):
+            # etcd3/store.go GetList (storage.ValidateListOptions in later releases).
+            raise ApiError(400, "specifying resource version is not allowed when using continue")
         with self._lock:
-            items = [copy.deepcopy(o) for (key, _, _), o in sorted(self._objects.items())
-                     if key == flt.rtype.key and flt.matches(o)]
-            rv = str(self._rv)
+            start, rv = _decode_continue(token) if token else ("", self._rv)
+            if rv == -1:  # the token of a 410: the rest of the list as it is now (inconsistent)
+                rv = self._rv
+            if rv < self._history_floor:
+                raise _expired_continue(start)
+            state = self._state_at(flt.rtype, rv)
+            # Keys below the request's own prefix (a namespace's, or the whole resource's).
+            prefix = f"{flt.namespace}/" if flt.namespace is not None else ""
+            keys = sorted(key[len(prefix):] for key in state if key.startswith(prefix) and key[len(prefix):] >= start)
+            # As etcd3/store.go GetList reads: keys in order, until ``limit`` of them matched the
+            # selectors; there is more (a token) when any key is left after the last one read,
+            # matching or not, so a page may come back short or even empty with a token.
+            page: list[str] = []
+            read = 0
+            for key in keys:
+                if limit and len(page) == limit:
+                    break
+                read += 1
+                if flt.matches(state[prefix + key]):
+                    page.append(prefix + key)
+            # Not copied: a stored object is never changed in place (every write stores a new one,
+            # which the history relies on too), so these stay as they are while they are sent.
+            items = [state[key] for key in page]
+        metadata: Obj = {"resourceVersion": str(rv)}
+        if read < len(keys):
+            metadata["continue"] = _encode_continue(keys[read - 1] + "\x00", rv)
+            if not (flt.labels or flt.fields):
+                # ListMeta.remainingItemCount: "If the list request contained label or field
+                # selectors, then the number of remaining items is unknown and the field will be
+                # left unset and omitted during serialization."
+                metadata["remainingItemCount"] = len(keys) - read
         return {"kind": f"{flt.rtype.kind}List", "apiVersion": flt.rtype.api_version,
-                "metadata": {"resourceVersion": rv}, "items": items}
+                "metadata": metadata, "items": items}
+
+    def _state_at(self, rtype: ResourceType, rv: int) -> dict[str, Obj]:
+        """Every object of ``rtype`` as it was at resourceVersion ``rv`` (>= the history floor), by
+        its storage key below the resource's prefix (``<namespace>/<name>``, or ``<name>`` for a
+        cluster-scoped kind): the objects now, with every later event of the history undone, as
+        etcd answers a read at an older revision."""
+        def storage_key(obj: Obj) -> str:
+            meta = obj["metadata"]
+            return f"{meta['namespace']}/{meta['name']}" if rtype.namespaced else str(meta["name"])
+
+        state = {storage_key(obj): obj for (key, _, _), obj in self._objects.items() if key == rtype.key}
+        for event in reversed(self._history):
+            if event.rv <= rv:
+                break
+            if event.rtype.key != rtype.key:
+                continue
+            if event.previous is None:  # ADDED
+                state.pop(storage_key(event.obj), None)
+            else:  # MODIFIED, DELETED: what it was before
+                state[storage_key(event.previous)] = event.previous
+        return state
 
     def _scale(self, route: _Route, method: str, content_type: str, body: Any) -> Obj:
         """The scale subresource of a custom resource, as apiextensions-apiserver serves it
@@ -1715,7 +1855,7 @@ class _Handler(BaseHTTPRequestHandler):
             if query.get("watch", "").lower() in ("1", "true"):
                 self._watch(flt, query)
             else:
-                self._send_json(200, emulator._list(flt))
+                self._send_json(200, emulator._list(flt, query))
         elif route.subresource == "scale" and method in ("GET", "PUT", "PATCH"):
             self._send_json(200, emulator._scale(route, method, self.headers.get("Content-Type", ""), body))
         elif method == "GET":

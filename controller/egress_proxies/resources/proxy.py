@@ -5,6 +5,7 @@ Plain data, no I/O: every source (Kubernetes, a directory of YAML files) produce
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -203,11 +204,23 @@ class Proxy(CustomObject[dict[str, Any]]):
 
 def spec_hash(spec: dict[str, Any]) -> str:
     """A short, stable hash of the fields that shape the instance (label-safe: 16 hex)."""
-    shaping = {key: spec.get(key) for key in SPEC_FIELDS}
-    shaping["port"] = int(shaping["port"] or DEFAULT_PORT)
-    shaping["cloudInitEncoding"] = shaping["cloudInitEncoding"] or "plain"
-    shaping["auth"] = shaping["auth"] or "basic"
-    canonical = json.dumps(shaping, sort_keys=True, separators=(",", ":"))
+    shaping = tuple((key, tuple(value) if isinstance(value, list) else value)
+                    for key, value in ((key, spec.get(key)) for key in SPEC_FIELDS))
+    try:
+        return _hash_of_shaping(shaping)
+    except TypeError:  # a value that cannot be a cache key (an object where a string belongs)
+        return _hash_of_shaping.__wrapped__(shaping)
+
+
+@functools.lru_cache(maxsize=4096)
+def _hash_of_shaping(shaping: tuple[tuple[str, Any], ...]) -> str:
+    """``spec_hash`` of the shaping fields, remembered: a sweep hashes every Proxy's spec, and a
+    fleet has few distinct ones."""
+    fields: dict[str, Any] = {key: list(value) if isinstance(value, tuple) else value for key, value in shaping}
+    fields["port"] = int(fields["port"] or DEFAULT_PORT)
+    fields["cloudInitEncoding"] = fields["cloudInitEncoding"] or "plain"
+    fields["auth"] = fields["auth"] or "basic"
+    canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 

@@ -190,20 +190,33 @@ def validation_errors(proxy: Proxy) -> list[str]:
     return identity_errors(proxy.namespace, proxy.name) + spec_errors(proxy)
 
 
+def _what_validation_reads(validated: dict[str, Any]) -> Any:
+    """The part of a validated object its result can depend on: all of it but its metadata, of
+    which ``identity_errors`` reads the namespace and name and a CRD's schema may constrain only
+    ``name`` and ``generateName`` (a structural schema allows no other rule there), so
+    resourceVersion, managedFields and the rest are left out."""
+    metadata = validated.get("metadata")
+    if isinstance(metadata, dict):
+        metadata = {key: metadata[key] for key in ("namespace", "name", "generateName") if key in metadata}
+    return {**validated, "metadata": metadata}
+
+
 class ValidationMemo:
     """``validation_errors`` per Proxy, computed again only when what it validates has changed.
 
     Validating every Proxy on every sweep was most of the controller's own time in a 10,000-Proxy
-    sweep (docs/performance.md); a digest of the validated object costs a sixth of a validation.
-    Keyed by content, not by (uid, resourceVersion): the directory source's resourceVersion does
-    not move when a Proxy's file is edited. ``retain`` drops the Proxies a sweep no longer saw."""
+    sweep (docs/performance.md); a digest of what validation reads costs a fraction of a
+    validation. Keyed by content, not by (uid, resourceVersion): the directory source's
+    resourceVersion does not move when a Proxy's file is edited, and a status write moves the
+    Kubernetes one without changing anything validated. ``retain`` drops the Proxies a sweep no
+    longer saw."""
 
     def __init__(self) -> None:
         self._known: dict[str, tuple[bytes, list[str]]] = {}
 
     def errors(self, proxy: Proxy) -> list[str]:
-        validated = _as_object(proxy)
-        digest = hashlib.blake2b(json.dumps(validated, default=str).encode(), digest_size=16).digest()
+        read = _what_validation_reads(_as_object(proxy))
+        digest = hashlib.blake2b(json.dumps(read, default=str).encode(), digest_size=16).digest()
         known = self._known.get(proxy.uid)
         if known is not None and known[0] == digest:
             return list(known[1])

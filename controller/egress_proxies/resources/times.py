@@ -6,6 +6,8 @@ clocks, the directory source's ``creationTimestamp``. Every such stamp is writte
 from __future__ import annotations
 
 import datetime
+import functools
+import time
 
 STAMP_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
 
@@ -18,10 +20,16 @@ def now() -> datetime.datetime:
 def stamp(moment: datetime.datetime | float | None = None) -> str:
     """``moment`` (a datetime, or seconds since the epoch; None: now) as the API writes it."""
     if moment is None:
-        moment = now()
-    elif not isinstance(moment, datetime.datetime):
+        return _stamp_of_second(int(time.time()))
+    if not isinstance(moment, datetime.datetime):
         moment = datetime.datetime.fromtimestamp(moment, datetime.UTC)
     return moment.astimezone(datetime.UTC).strftime(STAMP_FORMAT)
+
+
+@functools.lru_cache(maxsize=4)
+def _stamp_of_second(second: int) -> str:
+    """Now's stamp, formatted once per second: a sweep asks for it twice per Proxy it looks at."""
+    return datetime.datetime.fromtimestamp(second, datetime.UTC).strftime(STAMP_FORMAT)
 
 
 def parse(text: object) -> datetime.datetime | None:

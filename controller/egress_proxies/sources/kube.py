@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import copy
 import json
 import logging
 import os
 import time
 from collections.abc import Callable, Collection, Iterator, Mapping
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import urllib3
 from kubernetes import client, config, watch
@@ -170,13 +169,27 @@ def _list_call(objects: client.CustomObjectsApi, namespace: str | None,
     return objects.list_namespaced_custom_object, (GROUP, VERSION, namespace, plural)
 
 
+JsonT = TypeVar("JsonT")
+
+
+def json_copy(value: JsonT) -> JsonT:
+    """A deep copy of JSON data (dicts, lists, immutable scalars), as everything read from or
+    written to the API is: what ``copy.deepcopy`` makes of it in a third of the time (no memo,
+    no dispatch by type), which counts when a sweep reads 10,000 Proxies."""
+    if isinstance(value, dict):
+        return cast(JsonT, {key: json_copy(item) for key, item in value.items()})
+    if isinstance(value, list):
+        return cast(JsonT, [json_copy(item) for item in value])
+    return value
+
+
 def _proxy(obj: Obj) -> Proxy:
     # The Proxy gets its own spec and status: a caller changing them in place (nested values
     # included) must not change the object a later PUT sends back. ``from_object`` copies their
     # top level only, and makes the metadata it keeps into new strings, lists and dicts, so only
     # these two are copied deeply, not the whole object (managedFields is most of a real one,
     # and a sweep reads every Proxy: docs/performance.md).
-    own = {**obj, "spec": copy.deepcopy(obj.get("spec")), "status": copy.deepcopy(obj.get("status"))}
+    own = {**obj, "spec": json_copy(obj.get("spec")), "status": json_copy(obj.get("status"))}
     proxy = Proxy.from_object(own)
     proxy.raw = obj
     return proxy
@@ -224,7 +237,7 @@ class KubeStore:
         the version the caller saw, that is a conflict like any other.
         """
         if proxy.raw is not None:
-            return copy.deepcopy(proxy.raw)
+            return json_copy(proxy.raw)
         fresh = self.get_proxy(proxy.namespace, proxy.name)
         if fresh.resource_version != proxy.resource_version:
             raise Conflict(f"proxy {proxy.key} changed since it was read (resourceVersion "
@@ -248,7 +261,7 @@ class KubeStore:
     def replace_status(self, proxy: Proxy) -> Proxy:
         body = self._as_read(proxy)
         body.setdefault("metadata", {})["resourceVersion"] = proxy.resource_version
-        body["status"] = copy.deepcopy(proxy.status)
+        body["status"] = json_copy(proxy.status)
         obj = bounded_call(f"updating status of proxy {proxy.key}", self.request_timeout,
                            self._objects.replace_namespaced_custom_object_status, GROUP, VERSION, proxy.namespace,
                            PLURAL, proxy.name, body, field_manager=self.field_manager)
@@ -321,7 +334,7 @@ class KubePools:
                 self._missing_logged = True
             return []
         self._missing_logged = False
-        return [Pool.from_object(copy.deepcopy(item)) for item in listing.get("items") or []]
+        return [Pool.from_object(json_copy(item)) for item in listing.get("items") or []]
 
     def _list_call(self) -> tuple[Callable[..., object], tuple[str, ...]]:
         return _list_call(self._objects, self.namespace, POOL_PLURAL)
@@ -353,7 +366,7 @@ class KubePools:
             pass  # gone already: what was asked
 
     def _body(self, pool: Pool) -> Obj:
-        body = copy.deepcopy(pool.raw) if pool.raw is not None else {
+        body = json_copy(pool.raw) if pool.raw is not None else {
             "apiVersion": API_VERSION, "kind": POOL_KIND, "metadata": {"name": pool.name, "namespace": pool.namespace},
             "spec": pool.spec}
         body.setdefault("metadata", {})["resourceVersion"] = pool.resource_version
@@ -370,15 +383,15 @@ class KubePools:
         obj = bounded_call(f"updating metadata of pool {pool.key}", self.request_timeout,
                            self._objects.replace_namespaced_custom_object, GROUP, VERSION, pool.namespace,
                            POOL_PLURAL, pool.name, body, field_manager=self.field_manager)
-        return Pool.from_object(copy.deepcopy(cast(Obj, obj)))
+        return Pool.from_object(json_copy(cast(Obj, obj)))
 
     def replace_pool_status(self, pool: Pool) -> Pool:
         body = self._body(pool)
-        body["status"] = copy.deepcopy(pool.status)
+        body["status"] = json_copy(pool.status)
         obj = bounded_call(f"updating status of pool {pool.key}", self.request_timeout,
                            self._objects.replace_namespaced_custom_object_status, GROUP, VERSION, pool.namespace,
                            POOL_PLURAL, pool.name, body, field_manager=self.field_manager)
-        return Pool.from_object(copy.deepcopy(cast(Obj, obj)))
+        return Pool.from_object(json_copy(cast(Obj, obj)))
 
     def record_pool_event(self, pool: Pool, event_type: str, reason: str, message: str) -> None:
         self._events.record_event(pool, event_type, reason, message)

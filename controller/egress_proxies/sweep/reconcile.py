@@ -302,25 +302,26 @@ class Reconciler:
         usable.append(self.writer.ensure_finalizer(proxy))
 
     def _publish(self, final: list[Proxy]) -> None:
+        """The phase and serving gauges, and the Proxies discovery hands out, in one pass."""
         phases: dict[str, int] = {}
+        serving: dict[str, int] = {"True": 0, "False": 0, "Unknown": 0}
+        ready = []
         for proxy in final:
             phase = str(proxy.status.get("phase") or PHASE_PENDING)
             phases[phase] = phases.get(phase, 0) + 1
+            state = str(find_condition(proxy.status, SERVING).get("status") or "Unknown")
+            serving[state] = serving.get(state, 0) + 1
+            # A deleting Proxy is never handed out, whatever its last phase: its instance is going.
+            # A quarantined one neither (still Ready only when its provider could not be listed).
+            if phase == PHASE_READY and not proxy.deleting and not quarantined(proxy):
+                ready.append(proxy)
         for phase in (PHASE_PENDING, PHASE_PROVISIONING, PHASE_READY, PHASE_QUARANTINED, PHASE_DELETING,
                       PHASE_FAILED):
             metrics.PROXIES.labels(phase=phase).set(phases.get(phase, 0))
-        serving: dict[str, int] = {"True": 0, "False": 0, "Unknown": 0}
-        for proxy in final:
-            state = str(find_condition(proxy.status, SERVING).get("status") or "Unknown")
-            serving[state] = serving.get(state, 0) + 1
         for state, count in serving.items():
             metrics.SERVING.labels(serving=state).set(count)
-        # A deleting Proxy is never handed out, whatever its last phase: its instance is going. A
-        # quarantined one neither (still Ready only when its provider could not be listed), but for
-        # the members a pool still needs for its minReady (pools.kept_in_discovery).
-        self.last_ready = [p for p in final if p.status.get("phase") == PHASE_READY and not p.deleting
-                           and not quarantined(p)] + (
-            kept_in_discovery(final, self.pools.floors) if self.pools is not None else [])
+        # But for the members a pool still needs for its minReady (pools.kept_in_discovery).
+        self.last_ready = ready + (kept_in_discovery(final, self.pools.floors) if self.pools is not None else [])
 
     def _contain(self, proxy: Proxy, action: Callable[[], object], *, report: SweepReport) -> None:
         """Run one Proxy's step; whatever goes wrong stays with that Proxy."""

@@ -7,14 +7,18 @@ Everything above this file sees plain dataclasses (``GceInstance``, ``InsertSpec
 and our three error classes; every SDK exception and every failed zone operation is
 classified by ``classify`` (one mapping, status code first, then the reason).
 
+Get, insert, delete and operations go through google-cloud-compute's clients (imported at
+their first use: ``_sdk``). Listings read the API's JSON pages themselves, with google-auth's
+AuthorizedSession and api-core's exceptions (``ComputeClient._pages`` says why).
+
 Bounded time: google-api-core retries some methods by itself (``get`` and
-``aggregatedList`` on 503 for up to 600 s). Every call here passes ``retry=None`` and
-an explicit ``timeout``. Operations are waited on with ``ZoneOperationsClient.wait``,
-which the server holds open for up to 2 minutes per call ("Waits for the specified
-Operation resource to return as DONE or for the request to approach the 2 minute
-deadline", zoneOperations.wait in the Compute API reference): each wait call's client
-timeout is that hold plus one request timeout, and no new call starts past the
-caller's deadline. Retrying is the controller's job (per-object backoff), not the module's.
+``aggregatedList`` on 503 for up to 600 s). Every SDK call here passes ``retry=None`` and
+an explicit ``timeout``; every list page has that timeout and is not retried. Operations
+are waited on with ``ZoneOperationsClient.wait``, which the server holds open for up to 2
+minutes per call ("Waits for the specified Operation resource to return as DONE or for the
+request to approach the 2 minute deadline", zoneOperations.wait in the Compute API
+reference): each wait call's client timeout is that hold plus one request timeout, and no
+new call starts past the caller's deadline. Retrying is the controller's job (per-object backoff), not the module's.
 
 Credentials: the service-account key file ``credentialsFile`` when configured (read at
 the first API call, so a Secret mounted later heals: missing is ``Transient``, not a
@@ -27,11 +31,13 @@ material is ever put in a message.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
+import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple, Type
+from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Set, Tuple, Type
 from urllib.parse import urlsplit
 
 try:
@@ -41,12 +47,16 @@ try:
     from google.api_core.client_options import ClientOptions
     from google.auth import exceptions as auth_exceptions
     from google.auth.credentials import AnonymousCredentials
-    from google.cloud import compute_v1
+    from google.auth.transport.requests import AuthorizedSession
     from google.oauth2 import service_account
 except ImportError:  # pragma: no cover - the modules report it via missing_required_lib
     HAS_GOOGLE = False
 else:
-    HAS_GOOGLE = True
+    # google-cloud-compute itself is imported where it is first used (``_sdk``).
+    try:
+        HAS_GOOGLE = importlib.util.find_spec("google.cloud.compute_v1") is not None
+    except ModuleNotFoundError:  # pragma: no cover - no google.cloud at all
+        HAS_GOOGLE = False
 
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.errors import (
     NotFound,
@@ -55,10 +65,14 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.errors import
     Transient,
 )
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.gcp.settings import GcpSettings
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.instance import list_locations
 
 SCOPES = ("https://www.googleapis.com/auth/compute",)
 # One HTTP request (get, insert, delete, one list page).
 REQUEST_TIMEOUT_SECONDS = 30.0
+# Instances per list page: maxResults' largest value, and its default ("Acceptable values are 0
+# to 500, inclusive. (Default: 500)", instances.list and instances.aggregatedList).
+LIST_PAGE_SIZE = 500
 # zoneOperations.wait: the server holds each call open until the operation is DONE or
 # "the request approaches the 2 minute deadline" (Compute API reference).
 SERVER_WAIT_HOLD_SECONDS = 120.0
@@ -71,6 +85,8 @@ WAIT_CALL_TIMEOUT_SECONDS = SERVER_WAIT_HOLD_SECONDS + REQUEST_TIMEOUT_SECONDS
 # the run fails transient; the retry finds the instance by name (or finds it gone).
 OPERATION_TIMEOUT_SECONDS = 240.0
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+# Where the API is when the config names no apiEndpoint (InstancesClient.DEFAULT_ENDPOINT).
+DEFAULT_API_HOST = "compute.googleapis.com"
 
 
 def operation_deadline() -> float:
@@ -337,23 +353,23 @@ def load_credentials(settings: GcpSettings) -> Any:
     return credentials
 
 
-def _metadata_dict(instance: Any) -> Dict[str, str]:
-    return {item.key: item.value for item in instance.metadata.items}
-
-
-def _to_gce_instance(instance: Any) -> GceInstance:
+def _to_gce_instance(instance: Mapping[str, Any]) -> GceInstance:
+    """What the provider needs of an ``Instance``, from the resource's JSON: as a listing reads it
+    from the API, and as the SDK's ``get`` answer gives it back (``Message.to_dict`` with the
+    JSON field names)."""
     nat_ip = internal_ip = None
-    if instance.network_interfaces:
-        nic = instance.network_interfaces[0]
-        internal_ip = nic.network_i_p or None
-        for access in nic.access_configs:
-            if access.nat_i_p:
-                nat_ip = access.nat_i_p
-                break
+    interfaces = instance.get("networkInterfaces") or []
+    if interfaces:
+        internal_ip = interfaces[0].get("networkIP") or None
+        nat_ip = next((access["natIP"] for access in interfaces[0].get("accessConfigs") or [] if access.get("natIP")),
+                      None)
+    items = (instance.get("metadata") or {}).get("items") or []
     return GceInstance(
-        name=instance.name, zone=instance.zone.rsplit("/", 1)[-1], status=instance.status,
-        labels=dict(instance.labels), metadata=_metadata_dict(instance), nat_ip=nat_ip, internal_ip=internal_ip,
-        creation_timestamp=instance.creation_timestamp or None, network_tags=tuple(instance.tags.items))
+        name=str(instance.get("name") or ""), zone=str(instance.get("zone") or "").rsplit("/", 1)[-1],
+        status=str(instance.get("status") or ""), labels=dict(instance.get("labels") or {}),
+        metadata={str(item.get("key") or ""): str(item.get("value") or "") for item in items}, nat_ip=nat_ip,
+        internal_ip=internal_ip, creation_timestamp=instance.get("creationTimestamp") or None,
+        network_tags=tuple((instance.get("tags") or {}).get("items") or ()))
 
 
 def _to_rule(found: Any) -> FirewallRule:
@@ -366,10 +382,27 @@ def _to_rule(found: Any) -> FirewallRule:
 
 
 def _firewall_resource(rule: FirewallRule) -> Any:
+    compute_v1 = _sdk()
     return compute_v1.Firewall(
         name=rule.name, network=rule.network, direction=rule.direction, priority=rule.priority,
         source_ranges=list(rule.source_ranges), target_tags=list(rule.target_tags), description=rule.description,
         allowed=[compute_v1.Allowed(I_p_protocol=protocol, ports=list(ports)) for protocol, ports in rule.allowed])
+
+
+
+def api_base_url(api_endpoint: Optional[str]) -> str:
+    """The URL the API's paths go under: ``apiEndpoint`` (https unless it names a scheme, as the
+    SDK's REST transport reads it), else the SDK's default host."""
+    endpoint = (api_endpoint or DEFAULT_API_HOST).rstrip("/")
+    return endpoint if endpoint.startswith(("http://", "https://")) else "https://" + endpoint
+
+
+def _sdk() -> Any:
+    """google-cloud-compute, imported at its first use: its generated package takes 1-2 s to
+    import (more than listing a few hundred instances takes), and the call made most often, a
+    listing (one per sweep and provider), does not use it; get, insert and delete do."""
+    from google.cloud import compute_v1
+    return compute_v1
 
 
 def _scope_zone(scope: str) -> str:
@@ -381,20 +414,44 @@ class ComputeClient:
 
     def __init__(self, settings: GcpSettings) -> None:
         self.project = settings.project
-        credentials = load_credentials(settings)
-        options = ClientOptions(api_endpoint=settings.api_endpoint) if settings.api_endpoint else None
-        self.instances = compute_v1.InstancesClient(credentials=credentials, client_options=options,
-                                                    transport="rest")
-        self.operations = compute_v1.ZoneOperationsClient(credentials=credentials, client_options=options,
-                                                          transport="rest")
-        self.firewalls = compute_v1.FirewallsClient(credentials=credentials, client_options=options, transport="rest")
-        self.global_operations = compute_v1.GlobalOperationsClient(credentials=credentials, client_options=options,
-                                                                   transport="rest")
+        self._credentials = load_credentials(settings)
+        self._options = ClientOptions(api_endpoint=settings.api_endpoint) if settings.api_endpoint else None
+        self._sdk_clients: Dict[str, Any] = {}
+        self._sdk_lock = threading.Lock()
+        # The listing's own HTTP session (``_pages``), with the same credentials.
+        self.session = AuthorizedSession(self._credentials)  # type: ignore[no-untyped-call]
+        self.base_url = "%s/compute/v1/projects/%s" % (api_base_url(settings.api_endpoint), self.project)
+
+    def _sdk_client(self, kind: str) -> Any:
+        """One of the SDK's clients (``InstancesClient``, ``FirewallsClient``, ...), made at its first use and
+        shared by the run's threads from then on."""
+        with self._sdk_lock:
+            if kind not in self._sdk_clients:
+                self._sdk_clients[kind] = getattr(_sdk(), kind)(credentials=self._credentials,
+                                                                client_options=self._options, transport="rest")
+            return self._sdk_clients[kind]
+
+    @property
+    def instances(self) -> Any:
+        return self._sdk_client("InstancesClient")
+
+    @property
+    def operations(self) -> Any:
+        return self._sdk_client("ZoneOperationsClient")
+
+    @property
+    def firewalls(self) -> Any:
+        return self._sdk_client("FirewallsClient")
+
+    @property
+    def global_operations(self) -> Any:
+        return self._sdk_client("GlobalOperationsClient")
 
     def close(self) -> None:
         """Close the HTTP sessions (the clients keep connections open otherwise)."""
-        for client in (self.instances, self.operations, self.firewalls, self.global_operations):
-            client.transport.close()  # type: ignore[no-untyped-call]
+        for sdk_client in self._sdk_clients.values():
+            sdk_client.transport.close()
+        self.session.close()  # type: ignore[no-untyped-call]
 
     def get(self, zone: str, name: str) -> GceInstance:
         """The instance; NotFound when it does not exist, or its zone does not."""
@@ -404,7 +461,7 @@ class ComputeClient:
                                        timeout=REQUEST_TIMEOUT_SECONDS)
         except _api_errors() as error:
             raise classify_exception(error, context) from error
-        return _to_gce_instance(found)
+        return _to_gce_instance(_sdk().Instance.to_dict(found, preserving_proto_field_name=False))
 
     def find(self, zone: str, name: str) -> Optional[GceInstance]:
         """``get``, with a missing instance as None."""
@@ -421,6 +478,7 @@ class ComputeClient:
         missing; a zone out of capacity is ``StockOut``.
         """
         context = "creating instance %s in zone %s" % (spec.name, spec.zone)
+        compute_v1 = _sdk()
         nic = compute_v1.NetworkInterface(network=spec.network)
         if spec.subnetwork:
             nic.subnetwork = spec.subnetwork
@@ -480,6 +538,7 @@ class ComputeClient:
         may answer at once when loaded) is followed by a pause, doubling up to the last, so an
         early-answering server is polled with backoff rather than in a tight loop."""
         started = time.monotonic()
+        compute_v1 = _sdk()
         pause = FIRST_POLL_PAUSE_SECONDS
         while operation.status != compute_v1.Operation.Status.DONE:
             if time.monotonic() >= deadline:
@@ -530,7 +589,7 @@ class ComputeClient:
 
     def firewall_rules(self, project: str) -> List[FirewallRule]:
         """Every firewall rule of the project (paged)."""
-        request = compute_v1.ListFirewallsRequest(project=project)
+        request = _sdk().ListFirewallsRequest(project=project)
         try:
             return [_to_rule(found) for page in self.firewalls.list(
                 request=request, retry=None, timeout=REQUEST_TIMEOUT_SECONDS).pages for found in page.items]
@@ -573,57 +632,79 @@ class ComputeClient:
     def list_instances(self, list_filter: str, zones: Iterable[str]) -> AggregatedListing:
         """Instances matching ``list_filter`` in ``zones``; a zone that cannot be listed fails alone.
 
-        One aggregatedList (paged) when all is well. google-cloud-compute 1.57 cannot ask
-        for ``returnPartialSuccess``, and without it one unreachable zone fails the whole
-        aggregated call; so a transient failure of that call is followed by one
-        ``instances.list`` per zone, and a zone then fails only if its own listing does.
-        A configured zone the aggregated answer does not mention (the API lists every zone
-        it knows, an empty one with ``NO_RESULTS_ON_PAGE``) is listed on its own too: a
-        zone that does not exist then fails ``permanent`` instead of looking empty.
-        Zones not asked for are ignored.
+        One aggregatedList, LIST_PAGE_SIZE instances a page, each page's ``nextPageToken`` sent
+        back with the request otherwise unchanged (``_pages``), when all is well. Without
+        ``returnPartialSuccess`` (google-cloud-compute 1.57 cannot ask for it, so the listing
+        does not either) one unreachable zone fails the whole aggregated call; so a transient
+        failure of that call is followed by one paged ``instances.list`` per zone, zones side by
+        side, and a zone then fails only if its own listing does. A configured zone the
+        aggregated answer does not mention (the API lists every zone it knows, an empty one with
+        ``NO_RESULTS_ON_PAGE``) is listed on its own too: a zone that does not exist then fails
+        ``permanent`` instead of looking empty. Zones not asked for are ignored.
         """
         wanted = list(dict.fromkeys(zones))
-        listing = AggregatedListing()
-        seen: Set[str] = set()
-        request = compute_v1.AggregatedListInstancesRequest(project=self.project, filter=list_filter)
         try:
-            for page in self.instances.aggregated_list(request=request, retry=None,
-                                                       timeout=REQUEST_TIMEOUT_SECONDS).pages:
-                for scope, scoped in page.items.items():
-                    zone = _scope_zone(scope)
-                    if zone not in wanted:
-                        continue
-                    seen.add(zone)
-                    # proto-plus annotates this field "Warning", which mypy reads as the builtin.
-                    warning: Any = scoped.warning
-                    if "warning" in scoped and warning.code not in HARMLESS_SCOPE_WARNINGS:
-                        listing.failed_zones[zone] = Transient("listing zone %s: %s: %s" % (
-                            zone, warning.code, warning.message))
-                    listing.instances.extend(_to_gce_instance(found) for found in scoped.instances)
-                for scope in page.unreachables:
-                    zone = scope.split("/", 1)[-1]
-                    if zone in wanted and zone not in listing.failed_zones:
-                        listing.failed_zones[zone] = Transient("listing zone %s: unreachable" % zone)
+            listing, seen = self._aggregated(list_filter, wanted)
         except _api_errors() as error:
             failure = classify_exception(error, "listing instances (aggregated)")
             if not isinstance(failure, Transient):  # forbidden, bad filter: every zone would say the same
                 return AggregatedListing([], dict.fromkeys(wanted, failure))
             listing, seen = AggregatedListing(), set()
-        for zone in wanted:
-            if zone in seen:
-                continue
-            try:
-                listing.instances.extend(self._list_zone(zone, list_filter))
-            except ProxyError as error:
-                listing.failed_zones[zone] = error
+        found, failed = list_locations([zone for zone in wanted if zone not in seen], str,
+                                       lambda zone: self._list_zone(zone, list_filter))
+        listing.instances.extend(found)
+        listing.failed_zones.update(failed)
         return listing
+
+    def _pages(self, path: str, list_filter: str) -> Iterator[Dict[str, Any]]:
+        """Every page of a list method under the project, as the API's JSON.
+
+        The SDK's REST transport reads every answer into protobuf messages through protobuf's
+        ``json_format``, in Python: for a listing of 10,000 instances that was more than half of
+        the module's time (docs/performance.md). A listing reads only a few fields, so it asks
+        for the pages itself, with the SDK's own parts: google-auth's AuthorizedSession (the
+        session the transport uses, same credentials) and api-core's ``from_http_response`` for
+        an error answer (the exception the transport raises, so ``classify`` sees the same).
+        """
+        params: Dict[str, Any] = {"filter": list_filter, "maxResults": LIST_PAGE_SIZE}
+        while True:
+            response = self.session.get("%s/%s" % (self.base_url, path), params=params,
+                                        timeout=REQUEST_TIMEOUT_SECONDS)
+            if response.status_code >= 400:
+                raise api_exceptions.from_http_response(response)  # type: ignore[no-untyped-call]
+            page = response.json()
+            yield page
+            if not page.get("nextPageToken"):
+                return
+            params["pageToken"] = page["nextPageToken"]
+
+    def _aggregated(self, list_filter: str, wanted: List[str]) -> Tuple[AggregatedListing, Set[str]]:
+        """Every page of the aggregated list: the instances of the ``wanted`` zones, the zones that
+        failed in it (a scope warning, ``unreachables``) and the zones it answered for."""
+        listing = AggregatedListing()
+        seen: Set[str] = set()
+        for page in self._pages("aggregated/instances", list_filter):
+            for scope, scoped in (page.get("items") or {}).items():
+                zone = _scope_zone(scope)
+                if zone not in wanted:
+                    continue
+                seen.add(zone)
+                warning = scoped.get("warning") or {}
+                if warning and warning.get("code") not in HARMLESS_SCOPE_WARNINGS:
+                    listing.failed_zones[zone] = Transient("listing zone %s: %s: %s" % (
+                        zone, warning.get("code"), warning.get("message")))
+                listing.instances.extend(_to_gce_instance(found) for found in scoped.get("instances") or [])
+            for scope in page.get("unreachables") or []:
+                zone = scope.split("/", 1)[-1]
+                if zone in wanted and zone not in listing.failed_zones:
+                    listing.failed_zones[zone] = Transient("listing zone %s: unreachable" % zone)
+        return listing, seen
 
     def _list_zone(self, zone: str, list_filter: str) -> List[GceInstance]:
         context = "listing zone %s" % zone
-        request = compute_v1.ListInstancesRequest(project=self.project, zone=zone, filter=list_filter)
         try:
-            return [_to_gce_instance(found) for page in self.instances.list(
-                request=request, retry=None, timeout=REQUEST_TIMEOUT_SECONDS).pages for found in page.items]
+            return [_to_gce_instance(found) for page in self._pages("zones/%s/instances" % zone, list_filter)
+                    for found in page.get("items") or []]
         except _api_errors() as error:
             failure = classify_exception(error, context, missing="permanent")
             if UNKNOWN_ZONE_MARKER in str(failure):

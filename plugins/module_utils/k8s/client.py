@@ -63,6 +63,13 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.k8s.settings 
 # transient long before the controller's runner timeout kills the whole run.
 REQUEST_TIMEOUT = (5.0, 20.0)
 CONNECT_RETRIES = 2
+# Pods per list request: the chunk size kubectl and client-go's reflector use. One unpaged list
+# of thousands of Pods is tens of MB in one answer the server builds in memory and must send
+# within REQUEST_TIMEOUT; in pages each answer is bounded.
+LIST_PAGE_SIZE = 500
+# A paged list starts again from its first page when its continue token expired (410) between
+# two pages, this many times at most; then the listing fails transient.
+LIST_ATTEMPTS = 3
 IN_CLUSTER_ENV = "KUBERNETES_SERVICE_HOST"
 
 # Answers that retrying cannot change: the request itself (400, 405, 413, 415, 422) or our
@@ -80,6 +87,12 @@ class AlreadyExists(Transient):
     """409 AlreadyExists on create. The caller reads the existing object to decide whether
     it is ours (idempotent success) or someone else's (permanent); left unhandled it is
     transient, like any conflict."""
+
+
+class Expired(Transient):
+    """410 Expired on a list's next page: its continue token outlived the snapshot it pointed at
+    (etcd compacted it, after a few minutes). ``list_pods`` starts the list again; left
+    unhandled it is transient."""
 
 
 def _status_message(error: Any) -> str:
@@ -106,9 +119,9 @@ def classify(error: BaseException, context: str) -> ProxyError:
     """Map anything the client raised to our classes; whatever is not recognised is transient.
 
     404 -> NotFound (a pod, or its whole namespace, is gone); 409 AlreadyExists ->
-    AlreadyExists (create decides); PERMANENT_STATUSES -> Permanent; every other status
-    (5xx, 429, 409 Conflict, 410) -> Transient. Connection errors and timeouts are
-    transient; a TLS certificate the kubeconfig's CA does not accept is permanent.
+    AlreadyExists (create decides); 410 -> Expired (a list starts again); PERMANENT_STATUSES ->
+    Permanent; every other status (5xx, 429, 409 Conflict) -> Transient. Connection errors and
+    timeouts are transient; a TLS certificate the kubeconfig's CA does not accept is permanent.
     """
     if isinstance(error, ProxyError):
         return error
@@ -123,6 +136,8 @@ def classify(error: BaseException, context: str) -> ProxyError:
         if quota is not None:
             return Transient("%s (the namespace's ResourceQuota %s is used up; it frees as Pods go, or raise its "
                              "limit)" % (message, quota.group(1)))
+        if code == 410:
+            return Expired(message)
         if code in PERMANENT_STATUSES:
             return Permanent(message)
         if code == 0 and "CERTIFICATE_VERIFY_FAILED" in message:  # the client's wrapping of an SSLError
@@ -211,10 +226,36 @@ class KubeClient:
                           namespace, body=body)
 
     def list_pods(self, namespace: str, label_selector: str) -> List[Dict[str, Any]]:
-        document = self._call("listing pods in namespace %s" % namespace, self.core.list_namespaced_pod, namespace,
-                              label_selector=label_selector)
-        items = document.get("items") or []
-        return [item for item in items if isinstance(item, dict)]
+        """Every Pod the selector selects (``_list``)."""
+        return self._list("listing pods in namespace %s" % namespace, self.core.list_namespaced_pod, namespace,
+                          label_selector)
+
+    def _list(self, context: str, method: Any, namespace: str, label_selector: str) -> List[Dict[str, Any]]:
+        """Every object ``method`` lists, LIST_PAGE_SIZE per request (``limit`` and ``continue``).
+
+        The pages of one list are one consistent snapshot, as long as its continue token lives;
+        a token that expired between two pages (410) starts the list again from its first page,
+        since pages from two snapshots could miss an object or hold one twice."""
+        for _attempt in range(LIST_ATTEMPTS):
+            try:
+                return self._list_pages(context, method, namespace, label_selector)
+            except Expired:
+                continue
+        raise Transient("%s: the list's continue token expired before its last page, %d times in a row; will "
+                        "retry" % (context, LIST_ATTEMPTS))
+
+    def _list_pages(self, context: str, method: Any, namespace: str, label_selector: str) -> List[Dict[str, Any]]:
+        found: List[Dict[str, Any]] = []
+        token: Optional[str] = None
+        while True:
+            paging: Dict[str, Any] = {"limit": LIST_PAGE_SIZE}
+            if token:
+                paging["_continue"] = token
+            document = self._call(context, method, namespace, label_selector=label_selector, **paging)
+            found.extend(item for item in document.get("items") or [] if isinstance(item, dict))
+            token = (document.get("metadata") or {}).get("continue")
+            if not token:
+                return found
 
     # -- the Service of a Pod (NodePort and LoadBalancer exposure) ----------------------------------
 
@@ -231,6 +272,6 @@ class KubeClient:
                           namespace)
 
     def list_services(self, namespace: str, label_selector: str) -> List[Dict[str, Any]]:
-        document = self._call("listing services in namespace %s" % namespace, self.core.list_namespaced_service,
-                              namespace, label_selector=label_selector)
-        return [item for item in document.get("items") or [] if isinstance(item, dict)]
+        """Every Service the selector selects (``_list``)."""
+        return self._list("listing services in namespace %s" % namespace, self.core.list_namespaced_service,
+                          namespace, label_selector)

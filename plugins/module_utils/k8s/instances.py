@@ -14,7 +14,7 @@ A Pod is one object, so every operation is one or two API calls and idempotent b
   namespace) is ``Permanent`` naming ``location``;
 - delete: GET, refuse a Pod that is not ours, DELETE with a uid precondition; gone = success;
 - get: GET; 404 (the Pod or its whole namespace is gone) = ``NotFound``;
-- list: one label-selected LIST per configured namespace, failures recorded per namespace.
+- list: a label-selected, paged LIST per configured namespace, failures recorded per namespace.
 
 With a Service exposure (NodePort, LoadBalancer) each Pod has a Service of its name (pods.py
 ``build_service``): create makes it after the Pod (and again when the Pod exists without it),
@@ -29,7 +29,6 @@ from typing import Any, Dict, List, Optional, Tuple
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.errors import (
     NotFound,
     Permanent,
-    ProxyError,
     Transient,
 )
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.instance import (
@@ -37,6 +36,7 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.instance impo
     Instance,
     InstanceRequest,
     ListResult,
+    list_locations,
     matches_tags,
 )
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.k8s.client import AlreadyExists, KubeClient
@@ -217,24 +217,23 @@ class K8sProvider:
     # -- list ------------------------------------------------------------------------------
 
     def list(self, tags: Dict[str, str]) -> ListResult:
-        """Every Pod of ours carrying ``tags`` in every configured namespace.
+        """Every Pod of ours carrying ``tags`` in every configured namespace, namespaces side by
+        side (``list_locations``), each in pages (``client.list_pods``).
 
         The label selector narrows by the label-safe tags; the annotation (the full tags)
         decides. A namespace that fails is recorded, not fatal to the others.
         """
         selector = label_selector(tags)
-        instances: List[Instance] = []
-        failed: Dict[str, ProxyError] = {}
-        for namespace in self.settings.locations:
+
+        def list_namespace(namespace: str) -> List[Instance]:
             try:
                 pods = self.client.list_pods(namespace, selector)
                 services = self.client.list_services(namespace, selector) if self.exposed else []
             except NotFound:
-                continue  # no such namespace (the real server lists one as empty): no Pods there
-            except ProxyError as error:
-                failed[namespace] = error
-                continue
+                return []  # no such namespace (the real server lists one as empty): no Pods there
             by_name = {(service.get("metadata") or {}).get("name"): service for service in services}
-            instances.extend(pod_instance(pod, self.settings.exposure, by_name.get(pod["metadata"].get("name")))
-                             for pod in pods if is_managed(pod) and matches_tags(pod_tags(pod), tags))
+            return [pod_instance(pod, self.settings.exposure, by_name.get(pod["metadata"].get("name")))
+                    for pod in pods if is_managed(pod) and matches_tags(pod_tags(pod), tags)]
+
+        instances, failed = list_locations(self.settings.locations, str, list_namespace)
         return ListResult(instances, failed)

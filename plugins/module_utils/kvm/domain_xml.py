@@ -17,6 +17,8 @@ from typing import Dict, List, Optional
 METADATA_NS = "https://crawl.example.com/egress-proxies/v1alpha1"
 METADATA_PREFIX = "egress"
 GUEST_AGENT_CHANNEL = "org.qemu.guest_agent.0"
+# A tag name in our namespace, as ElementTree spells it.
+_QUALIFIED = "{%s}%%s" % METADATA_NS
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,9 @@ class DomainInfo:
     tags: Dict[str, str]
     created: Optional[str]
     macs: List[str]
+    # The libvirt networks its interfaces are attached to (``<interface type='network'>``):
+    # where a listing reads the DHCP leases of its MACs.
+    networks: List[str] = field(default_factory=list)
     port: Optional[int] = None
 
 
@@ -117,16 +122,27 @@ def _backend_random() -> ET.Element:
 
 
 def parse_domain_xml(xml: str) -> DomainInfo:
+    # Child by child with plain tag names: ElementTree answers those in C, where a path
+    # expression goes through ElementPath in Python (a listing parses one XML per domain).
     root = ET.fromstring(xml)
     name = root.findtext("name") or ""
-    macs = [mac.get("address", "").lower() for mac in root.findall("./devices/interface/mac")]
-    instance = root.find("./metadata/{%s}instance" % METADATA_NS)
+    macs: List[str] = []
+    networks: List[str] = []
+    devices = root.find("devices")
+    for interface in devices.findall("interface") if devices is not None else ():
+        mac = interface.find("mac")
+        if mac is not None:
+            macs.append(mac.get("address", "").lower())
+        source = interface.find("source")
+        if interface.get("type") == "network" and source is not None and source.get("network"):
+            networks.append(source.get("network", ""))
+    metadata = root.find("metadata")
+    instance = metadata.find(_QUALIFIED % "instance") if metadata is not None else None
     if instance is None:
-        return DomainInfo(name=name, ours=False, tags={}, created=None, macs=macs)
-    tags = {
-        tag.get("key", ""): tag.text or ""
-        for tag in instance.findall("./{%s}tags/{%s}tag" % (METADATA_NS, METADATA_NS))
-    }
-    port = instance.findtext("{%s}port" % METADATA_NS) or ""
-    return DomainInfo(name=name, ours=True, tags=tags, created=instance.findtext("{%s}created" % METADATA_NS),
-                      macs=macs, port=int(port) if port.isdigit() else None)
+        return DomainInfo(name=name, ours=False, tags={}, created=None, macs=macs, networks=networks)
+    tags_element = instance.find(_QUALIFIED % "tags")
+    tagged = tags_element.findall(_QUALIFIED % "tag") if tags_element is not None else []
+    tags = {tag.get("key", ""): tag.text or "" for tag in tagged}
+    port = instance.findtext(_QUALIFIED % "port") or ""
+    return DomainInfo(name=name, ours=True, tags=tags, created=instance.findtext(_QUALIFIED % "created"),
+                      macs=macs, networks=networks, port=int(port) if port.isdigit() else None)

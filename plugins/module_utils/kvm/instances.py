@@ -34,7 +34,6 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.cloudinit imp
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.errors import (
     NotFound,
     Permanent,
-    ProxyError,
 )
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.instance import (
     OWNER_TAG,
@@ -43,9 +42,14 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.instance impo
     ListResult,
     choose_key,
     endpoint_of,
+    list_locations,
     matches_tags,
 )
-from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.addresses import domain_ip
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.addresses import (
+    domain_ip,
+    leased_addresses,
+    listed_ip,
+)
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.connection import (
     KvmConnections,
     classify,
@@ -94,6 +98,11 @@ def _state_names() -> Dict[int, str]:
         libvirt.VIR_DOMAIN_CRASHED: "error",
         libvirt.VIR_DOMAIN_PMSUSPENDED: "stopped",
     }
+
+
+def state_name(code: Optional[int]) -> str:
+    """The contract's state for a libvirt domain state; one libvirt does not document is an error."""
+    return _state_names().get(code, "error") if code is not None else "error"
 
 
 class KvmProvider:
@@ -151,23 +160,23 @@ class KvmProvider:
                 return None
             raise classify(error, "looking up domain %s" % name) from error
 
-    def _describe(self, host: KvmHost, domain: Any, with_ip: bool = True) -> Instance:
+    def _describe(self, host: KvmHost, domain: Any) -> Instance:
+        """One domain as an Instance: its XML, its state and (running) its IP, each its own call."""
         try:
             info = parse_domain_xml(domain.XMLDesc(0))
         except libvirt.libvirtError as error:
             raise classify(error, "reading domain on host %s" % host.name) from error
-        return self._instance(host, domain, info, with_ip)
-
-    def _instance(self, host: KvmHost, domain: Any, info: DomainInfo, with_ip: bool) -> Instance:
         try:
-            state = _state_names().get(domain.state(0)[0], "error")
+            state = state_name(domain.state(0)[0])
         except libvirt.libvirtError as error:
             raise classify(error, "reading state of domain %s on host %s" % (info.name, host.name)) from error
-        ip = domain_ip(domain, info.macs) if with_ip and state == "running" else None
-        return Instance(
-            provider_id=format_provider_id("kvm", host.name, info.name),
-            name=info.name, location=host.name, state=state, ip=ip, endpoint=endpoint_of(ip, info.port),
-            tags=info.tags, created=info.created)
+        return self._instance(host, info, state, domain_ip(domain, info.macs) if state == "running" else None)
+
+    @staticmethod
+    def _instance(host: KvmHost, info: DomainInfo, state: str, ip: Optional[str]) -> Instance:
+        return Instance(provider_id=format_provider_id("kvm", host.name, info.name), name=info.name,
+                        location=host.name, state=state, ip=ip, endpoint=endpoint_of(ip, info.port), tags=info.tags,
+                        created=info.created)
 
     # -- get / list ------------------------------------------------------------------------
 
@@ -182,15 +191,18 @@ class KvmProvider:
             raise NotFound("domain %s does not exist on KVM host %s" % (parsed.name, host.name))
         return self._describe(host, domain)
 
-    def _matching_domains(self, host: KvmHost, tags: Dict[str, str]) -> List[Tuple[Any, DomainInfo]]:
-        """Our domains on ``host`` carrying ``tags``, with their parsed XML (one read each)."""
+    def _matching_domains(self, host: KvmHost, tags: Dict[str, str]) -> List[Tuple[Any, DomainInfo, str]]:
+        """Our domains on ``host`` carrying ``tags``, each with its parsed XML and its state.
+
+        One call answers every domain's state (``getAllDomainStats``, which lists them too),
+        then one XML read per domain: our tags live only in the XML."""
         connection = self.connections.open(host)
         try:
-            domains = connection.listAllDomains(0)
+            domains = connection.getAllDomainStats(libvirt.VIR_DOMAIN_STATS_STATE, 0)
         except libvirt.libvirtError as error:
             raise classify(error, "listing domains on host %s" % host.name) from error
         found = []
-        for domain in domains:
+        for domain, stats in domains:
             try:
                 info = parse_domain_xml(domain.XMLDesc(0))
             except libvirt.libvirtError as error:
@@ -199,32 +211,29 @@ class KvmProvider:
                 raise classify(error, "reading domain on host %s" % host.name) from error
             # Without our metadata a domain is never ours, and never touched.
             if info.ours and matches_tags(info.tags, tags):
-                found.append((domain, info))
+                found.append((domain, info, state_name(stats.get("state.state"))))
         return found
 
-    def _our_domains(self, host: KvmHost, tags: Dict[str, str], with_ip: bool) -> List[Instance]:
-        found = []
-        for domain, info in self._matching_domains(host, tags):
-            try:
-                found.append(self._instance(host, domain, info, with_ip))
-            except NotFound:
-                continue  # undefined meanwhile
-        return found
+    def _listed(self, host: KvmHost, tags: Dict[str, str]) -> List[Instance]:
+        """Our instances on one host: a few calls for the host (the domains with their states,
+        each network's leases) and one XML read per domain; a running domain no lease covers is
+        also asked for its address on its own (``addresses.listed_ip``)."""
+        found = self._matching_domains(host, tags)
+        running = [info for _domain, info, state in found if state == "running"]
+        leases = leased_addresses(self.connections.open(host), (n for info in running for n in info.networks))
+        return [self._instance(host, info, state, listed_ip(domain, info.macs, leases) if state == "running" else None)
+                for domain, info, state in found]
 
     def list(self, tags: Dict[str, str]) -> ListResult:
-        """Every instance carrying ``tags`` on every configured host, in one pass.
+        """Every instance carrying ``tags`` on every configured host, hosts side by side
+        (``list_locations``: one connection per host, as for everything else in a run).
 
         A host that fails is recorded, not fatal to the others: the caller decides
         (the module fails the run so the controller never garbage-collects on a
         partial list, but still gets the instances it could see).
         """
-        instances: List[Instance] = []
-        failed: Dict[str, ProxyError] = {}
-        for host in self.settings.hosts:
-            try:
-                instances.extend(self._our_domains(host, tags, with_ip=True))
-            except ProxyError as error:
-                failed[host.name] = error
+        instances, failed = list_locations(self.settings.hosts, lambda host: host.name,
+                                           lambda host: self._listed(host, tags))
         return ListResult(instances, failed)
 
     # -- create ----------------------------------------------------------------------------

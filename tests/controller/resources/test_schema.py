@@ -170,3 +170,40 @@ def test_only_a_proxy_requires_its_spec_to_be_an_object() -> None:
     assert (pool.spec, pool.defect) == (["a"], None)
     assert parse_spec(pool.spec)[1][0].startswith("spec: must be an object {")
     assert pool.raw == {"spec": ["a"]}  # a write sends back what it does not change
+
+
+@pytest.mark.parametrize("crd", [proxy_schema, pool_schema], ids=["Proxy", "ProxyPool"])
+def test_no_crd_constrains_metadata_beyond_what_the_memo_digests(crd: Any) -> None:
+    """ValidationMemo digests only a Proxy's name and generateName of its metadata: a structural
+    schema may constrain nothing else there, and these CRDs constrain nothing at all."""
+    metadata = crd()["properties"].get("metadata", {})
+    assert set(metadata) <= {"type"} and set(metadata.get("properties", {})) <= {"name", "generateName"}
+
+
+def proxy_object(spec: dict[str, Any], **metadata: Any) -> Proxy:
+    obj = {"apiVersion": "crawl.example.com/v1alpha1", "kind": "Proxy", "spec": spec,
+           "metadata": {"name": "eu-1", "namespace": "crawlers", "uid": "u-1", **metadata}}
+    proxy = Proxy.from_object(obj)
+    proxy.raw = obj
+    return proxy
+
+
+def test_the_memo_validates_again_when_the_spec_changes_not_when_only_metadata_moves(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    validated: list[dict[str, Any]] = []
+    real = schema.validation_errors
+
+    def counting(proxy: Proxy) -> list[str]:
+        validated.append(proxy.spec)
+        return real(proxy)
+
+    monkeypatch.setattr(schema, "validation_errors", counting)
+    memo = schema.ValidationMemo()
+    good = {"provider": "home-kvm", "cloudInit": "#cloud-config\n"}
+    assert memo.errors(proxy_object(good, resourceVersion="1")) == []
+    # A status write, a label, managedFields: the resourceVersion and metadata move, the result cannot.
+    assert memo.errors(proxy_object(good, resourceVersion="2", labels={"team": "a"},
+                                    managedFields=[{"manager": "kubectl"}])) == []
+    assert len(validated) == 1
+    (error,) = memo.errors(proxy_object({**good, "port": "abc"}, resourceVersion="3"))
+    assert error.startswith("spec.port:") and len(validated) == 2

@@ -1,15 +1,19 @@
-"""Instance names, ports and tags as every provider validates them, and tag matching."""
+"""Instance names, ports and tags as every provider validates them, tag matching, and listing
+locations side by side."""
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import pytest
 
-from ansible_collections.crawl.egress_proxies.plugins.module_utils.errors import PERMANENT, Permanent
+from ansible_collections.crawl.egress_proxies.plugins.module_utils import instance as instance_module
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.errors import PERMANENT, Permanent, Transient
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.instance import (
     Instance,
     endpoint_of,
+    list_locations,
     matches_tags,
     validate_name,
     validate_port,
@@ -143,3 +147,30 @@ def test_an_endpoint_is_host_and_port_with_brackets_for_ipv6() -> None:
     assert endpoint_of("2001:db8::7", 3128) == "[2001:db8::7]:3128"
     assert endpoint_of("lb.example.com", 3128) == "lb.example.com:3128"
     assert endpoint_of(None, 3128) is None and endpoint_of("192.0.2.10", None) is None
+
+
+def test_locations_are_listed_side_by_side_in_their_order_and_a_failure_stays_with_its_location() -> None:
+    # Every location waits at the barrier until LISTING_PARALLELISM of them have arrived: only
+    # listings that run at the same time get past it.
+    locations = [f"h{index}" for index in range(instance_module.LISTING_PARALLELISM)]
+    together = threading.Barrier(len(locations), timeout=10)
+
+    def list_one(location: str) -> list[str]:
+        together.wait()
+        if location == "h1":
+            raise Transient("host h1 does not answer")
+        return [f"{location}-a", f"{location}-b"]
+
+    found, failed = list_locations(locations, lambda location: location, list_one)
+    assert found == [f"{location}-{suffix}" for location in locations if location != "h1" for suffix in "ab"]
+    assert list(failed) == ["h1"] and isinstance(failed["h1"], Transient)
+
+
+def test_a_bug_while_listing_a_location_is_raised() -> None:
+    def list_one(location: str) -> list[str]:
+        if location == "h2":
+            raise KeyError("a bug")
+        return [location]
+
+    with pytest.raises(KeyError):
+        list_locations(["h1", "h2", "h3"], str, list_one)

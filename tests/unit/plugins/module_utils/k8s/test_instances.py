@@ -25,6 +25,7 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.errors import
     Transient,
 )
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.instance import InstanceRequest
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.k8s import client as kube_client
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.k8s.client import KubeClient
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.k8s.instances import K8sProvider
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.k8s.pods import (
@@ -275,6 +276,69 @@ def test_list_selects_by_label_and_decides_by_the_tags_annotation(provider: K8sP
     assert len(lists) == 4  # one per configured namespace per listing, never all namespaces
     assert all(path.startswith(("/api/v1/namespaces/egress/pods?", "/api/v1/namespaces/crawl-b/pods?"))
                for path in lists)
+
+
+def make_pods(provider: K8sProvider, count: int, first: int = 0) -> list[str]:
+    names = [f"eu-{index:02d}" for index in range(first, first + count)]
+    for name in names:
+        provider.create(InstanceRequest(name=name, user_data=b"", tags={**OWNER, "crawl.example.com/proxy": name}),
+                        check_mode=False)
+    return names
+
+
+def list_requests(kube: KubeEmulator, namespace: str = "egress") -> list[str]:
+    return [path for method, path in kube.requests() if method == "GET" and path.startswith(
+        f"/api/v1/namespaces/{namespace}/pods?")]
+
+
+def test_a_listing_reads_pods_in_pages(provider: K8sProvider, kube: KubeEmulator,
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kube_client, "LIST_PAGE_SIZE", 2)
+    names = make_pods(provider, 5)
+    listed = provider.list(dict(OWNER))
+    assert sorted(i.name for i in listed.instances) == names and listed.failed_locations == {}
+    pages = list_requests(kube)
+    assert len(pages) == 3 and all("limit=2" in path for path in pages)
+    assert ["continue=" in path for path in pages] == [False, True, True]
+
+
+def test_a_continue_token_that_expired_between_pages_starts_the_list_again(
+        provider: K8sProvider, kube: KubeEmulator, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server's 410 Expired for a token whose snapshot is gone (tests/contract/
+    test_kube_emulator.py): the pages read so far belong to that snapshot, so the list is read
+    again from its first page instead of being continued from another one."""
+    monkeypatch.setattr(kube_client, "LIST_PAGE_SIZE", 2)
+    names = make_pods(provider, 5)
+    real_list = provider.client.core.list_namespaced_pod
+    compacted: list[bool] = []
+
+    def compact_after_the_first_page(*args: Any, **kwargs: Any) -> Any:
+        answer = real_list(*args, **kwargs)
+        if not compacted:
+            compacted.append(True)
+            make_pods(provider, 1, first=5)  # a write after the first page
+            kube.compact()
+        return answer
+    monkeypatch.setattr(provider.client.core, "list_namespaced_pod", compact_after_the_first_page)
+
+    listed = provider.list(dict(OWNER))
+    assert sorted(i.name for i in listed.instances) == [*names, "eu-05"]
+    pages = list_requests(kube)
+    # The first page, the 410 for its token, then the whole list again (three pages of six).
+    assert ["continue=" in path for path in pages] == [False, True, False, True, True]
+
+
+def test_a_list_that_expires_every_time_fails_transient(provider: K8sProvider, kube: KubeEmulator,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kube_client, "LIST_PAGE_SIZE", 2)
+    make_pods(provider, 3)
+    kube.fail_next("GET", r"/namespaces/egress/pods\?.*continue=", 410, count=kube_client.LIST_ATTEMPTS,
+                   reason="Expired", message="The provided continue parameter is too old")
+    listed = provider.list(dict(OWNER))
+    assert list(listed.failed_locations) == ["egress"]
+    failure = listed.failed_locations["egress"]
+    assert failure.error_class == TRANSIENT and "expired before its last page, 3 times" in str(failure)
+    assert len(list_requests(kube)) == 2 * kube_client.LIST_ATTEMPTS
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,6 @@
-"""A domain's IP: agent, then leases, then ARP; matched on the domain's MACs; no loopback or link-local."""
+"""A domain's IP: agent, then leases, then ARP; matched on the domain's MACs; no loopback or link-local.
+In a listing, each network's leases once per host, and only the domains they do not cover asked
+on their own (agent, then ARP)."""
 
 from __future__ import annotations
 
@@ -7,7 +9,12 @@ from typing import Any
 import libvirt
 import pytest
 
-from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.addresses import domain_ip, usable_address
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.addresses import (
+    domain_ip,
+    leased_addresses,
+    listed_ip,
+    usable_address,
+)
 
 AGENT = libvirt.VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_AGENT
 LEASE = libvirt.VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_LEASE
@@ -130,3 +137,83 @@ def test_interfaces_without_addresses_are_tolerated() -> None:
     domain = FakeDomain({AGENT: {"eth0": {"hwaddr": MAC, "addrs": None}, "eth1": {"hwaddr": MAC}},
                          LEASE: {"vnet0": {"hwaddr": MAC, "addrs": [{"addr": None}, {"addr": "192.0.2.50"}]}}})
     assert domain_ip(domain, [MAC]) == "192.0.2.50"
+
+
+def unsupported() -> libvirt.libvirtError:
+    error = libvirt.libvirtError("this function is not supported by the connection driver: virNetworkGetDHCPLeases")
+    error.err = (libvirt.VIR_ERR_NO_SUPPORT, libvirt.VIR_FROM_NETWORK, str(error), libvirt.VIR_ERR_ERROR,
+                 None, None, None, -1, -1)
+    return error
+
+
+class FakeNetwork:
+    def __init__(self, leases: list[dict[str, Any]] | libvirt.libvirtError) -> None:
+        self.leases = leases
+        self.calls = 0
+
+    def DHCPLeases(self) -> list[dict[str, Any]]:
+        self.calls += 1
+        if isinstance(self.leases, libvirt.libvirtError):
+            raise self.leases
+        return self.leases
+
+
+class FakeConnection:
+    """Answers networkLookupByName as libvirt does: the network, or VIR_ERR_NO_NETWORK."""
+
+    def __init__(self, networks: dict[str, FakeNetwork]) -> None:
+        self.networks = networks
+        self.looked_up: list[str] = []
+
+    def networkLookupByName(self, name: str) -> FakeNetwork:
+        self.looked_up.append(name)
+        if name not in self.networks:
+            error = libvirt.libvirtError(f"Network not found: no network with matching name '{name}'")
+            error.err = (libvirt.VIR_ERR_NO_NETWORK, libvirt.VIR_FROM_NETWORK, str(error), libvirt.VIR_ERR_ERROR,
+                         None, None, None, -1, -1)
+            raise error
+        return self.networks[name]
+
+
+def lease(mac: str | None, address: str) -> dict[str, Any]:
+    """One entry of virNetworkGetDHCPLeases, as the Python binding returns it."""
+    return {"iface": "virbr0", "expirytime": 1767225600, "type": 0, "mac": mac, "iaid": None, "ipaddr": address,
+            "prefix": 24, "hostname": None, "clientid": None}
+
+
+def test_each_network_is_asked_once_for_every_lease_on_it() -> None:
+    default = FakeNetwork([lease(MAC.upper(), "192.0.2.10"), lease(MAC, "2001:db8::10"),
+                           lease("52:54:00:00:00:02", "192.0.2.11"), lease(None, "2001:db8::99")])
+    proxies = FakeNetwork([lease("52:54:00:00:00:03", "192.0.2.12")])
+    connection = FakeConnection({"default": default, "proxies": proxies})
+    leases = leased_addresses(connection, ["default", "proxies", "default", "default"])
+    assert connection.looked_up == ["default", "proxies"] and default.calls == 1
+    assert leases == {MAC: ["192.0.2.10", "2001:db8::10"], "52:54:00:00:00:02": ["192.0.2.11"],
+                      "52:54:00:00:00:03": ["192.0.2.12"]}
+
+
+def test_a_network_without_leases_adds_nothing() -> None:
+    """Not defined on the host, or a driver without lease support (libvirt's test driver): its
+    domains are asked one by one instead; the listing does not fail."""
+    connection = FakeConnection({"default": FakeNetwork(unsupported())})
+    assert leased_addresses(connection, ["default", "gone"]) == {}
+
+
+def test_a_leased_domain_is_not_asked() -> None:
+    domain = FakeDomain({AGENT: {"eth0": interface(MAC, "192.0.2.99")}})
+    leases = {MAC: ["2001:db8::10", "192.0.2.10"], "52:54:00:00:00:02": ["192.0.2.11"]}
+    assert listed_ip(domain, [MAC.upper()], leases) == "192.0.2.10"
+    assert domain.asked == []
+
+
+def test_a_domain_no_lease_covers_is_asked_agent_then_arp_never_its_leases_again() -> None:
+    domain = FakeDomain({AGENT: agent_unavailable(), LEASE: {"vnet0": interface(MAC, "192.0.2.99")},
+                         ARP: {"vnet0": interface(MAC, "192.0.2.30")}})
+    assert listed_ip(domain, [MAC], {"52:54:00:00:00:02": ["192.0.2.11"]}) == "192.0.2.30"
+    assert domain.asked == [AGENT, ARP]
+
+
+def test_a_lease_with_only_unusable_addresses_is_no_answer() -> None:
+    domain = FakeDomain({AGENT: {"eth0": interface(MAC, "192.0.2.10")}})
+    assert listed_ip(domain, [MAC], {MAC: ["169.254.3.3", "fe80::1"]}) == "192.0.2.10"
+    assert domain.asked == [AGENT]

@@ -70,6 +70,22 @@ def test_macs_are_read_and_lowercased() -> None:
     assert info.macs == ["52:54:00:ab:cd:ef"]
 
 
+def test_the_networks_of_its_network_interfaces_are_read() -> None:
+    """Where a listing reads the leases of its MACs: the source of each ``type='network'``
+    interface; a bridge or direct interface names no libvirt network."""
+    assert parse_domain_xml(build_domain_xml(spec())).networks == ["default"]
+    mixed = (
+        "<domain type='kvm'><name>two-nics</name><devices>"
+        "<interface type='bridge'><mac address='52:54:00:00:00:01'/><source bridge='br0'/></interface>"
+        "<interface type='network'><mac address='52:54:00:00:00:02'/><source network='proxies'/></interface>"
+        "<interface type='network'><mac address='52:54:00:00:00:03'/></interface>"
+        "</devices></domain>"
+    )
+    info = parse_domain_xml(mixed)
+    assert info.networks == ["proxies"]
+    assert info.macs == ["52:54:00:00:00:01", "52:54:00:00:00:02", "52:54:00:00:00:03"]
+
+
 def test_a_domain_without_our_metadata_is_not_ours() -> None:
     foreign = (
         "<domain type='kvm'><name>someone-elses-vm</name>"
