@@ -8,8 +8,10 @@ test_scrapy_crawl.py.
 
 from __future__ import annotations
 
+import ast
 import json
 import os
+import re
 import subprocess
 import sys
 from collections import Counter
@@ -139,3 +141,18 @@ def test_a_ban_detector_a_dead_proxy_and_the_crawl_still_gets_every_page(squids:
             assert Counter(r["peer"] for r in requests if not r["banned"]).keys() <= set(squids.addresses)
     finally:
         discovery.stop()
+
+
+def test_the_crawler_docs_show_valid_python_and_every_setting() -> None:
+    """docs/crawlers.md: its code (the example spider included) parses, and its settings table
+    names exactly the settings the middleware reads."""
+    text = (HERE.parents[1] / "docs" / "crawlers.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+    assert len(blocks) >= 4
+    for block in blocks:
+        ast.parse(block)
+    spider = next(block for block in blocks if "class BooksSpider" in block)
+    source = (HERE.parents[1] / "clients" / "python" / "egress_proxies_client" / "scrapy_middleware.py").read_text()
+    read = set(re.findall(r'"(EGRESS_PROXIES_[A-Z_]+)"', source))
+    table = set(re.findall(r"^\| `(EGRESS_PROXIES_[A-Z_]+)` \|", text, re.M))
+    assert table == read and set(re.findall(r'"(EGRESS_PROXIES_[A-Z_]+)"', spider)) <= read

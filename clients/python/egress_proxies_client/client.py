@@ -273,8 +273,12 @@ class ProxyClient:
             self._wake.clear()
             if self._stop.is_set():
                 return
+            started = time.monotonic()
             self.refresh()
-            delay = self.refresh_seconds * self._rng.uniform(1.0 - JITTER, 1.0 + JITTER)
+            # From start to start, so a slow answer does not stretch the cadence; but at least half
+            # an interval of rest, so a controller that answers slowly is not asked back to back.
+            interval = self.refresh_seconds * self._rng.uniform(1.0 - JITTER, 1.0 + JITTER)
+            delay = max(interval - (time.monotonic() - started), self.refresh_seconds / 2)
 
     # -- quarantine -----------------------------------------------------------------------------
 

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import email.utils
 import http.client
+import importlib.metadata
 import json
 import time
 from dataclasses import dataclass
 from urllib.parse import quote, urlsplit
 
-USER_AGENT = "egress-proxies-client/0.1.0"
+try:
+    USER_AGENT = f"egress-proxies-client/{importlib.metadata.version('egress-proxies-client')}"
+except importlib.metadata.PackageNotFoundError:  # run from a source tree without installing it
+    USER_AGENT = "egress-proxies-client"
 # The controller refuses reasons longer than this (docs/contract.md, "Quarantine").
 MAX_REASON = 512
 
