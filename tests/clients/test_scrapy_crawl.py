@@ -49,7 +49,7 @@ from support.banning_site import BanningSite
 from support.kube_emulator import KubeEmulator, proxy_crd
 from support.provider_config import write_kubeconfig, write_kubernetes_config
 from support.squid import NetworkNamespace, TargetServer
-from support.squid_kubelet import SquidKubelet
+from support.squid_kubelet import SquidKubelet, squid_kubelet
 from support.waiting import wait_for
 
 # Mostly the controller's module runs (ansible-runner): 70 s to 3 pool members and 100 s to the
@@ -135,7 +135,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
     with NetworkNamespace() as ns, TargetServer(ns) as probe_target, \
             BanningSite(ns, pages=PAGES, ban_after=BAN_AFTER, delay=SLOW) as site, \
             KubeEmulator(crds=[proxy_crd(), pool_crd], namespaces=[NAMESPACE, POD_NAMESPACE, "egress-proxies"]) \
-            as kube, SquidKubelet(kube, ns, POD_NAMESPACE) as kubelet, \
+            as kube, squid_kubelet(kube, ns, POD_NAMESPACE) as kubelet, \
             client.ApiClient(client.Configuration(host=kube.url)) as api:
         controller = start_controller(kube, ns, probe_target, work)
         try:
@@ -165,7 +165,7 @@ def crawl(lab: Lab, directory: Path) -> subprocess.Popen[str]:
     """``scrapy runspider`` of tests/clients/site_spider.py on the site, through the pool."""
     with (directory / "scrapy.log").open("w") as log:
         return subprocess.Popen(
-            [str(BIN / "scrapy"), "runspider", str(SPIDER), "-a", f"start_url={lab.site.url}",
+            [str(BIN / "scrapy"), "runspider", str(SPIDER), "-a", f"start_url={lab.site.url('/')}",
              "-a", f"stats_path={directory / 'stats.json'}",
              "-s", f"EGRESS_PROXIES_URL=http://127.0.0.1:{lab.controller.port}",
              "-s", f"EGRESS_PROXIES_TOKEN={CRAWLER_TOKEN}", "-s", f"EGRESS_PROXIES_POOL={NAMESPACE}/{POOL}",
@@ -240,9 +240,9 @@ def test_the_squid_kubelet_runs_the_providers_pods_with_their_own_config(lab: La
     (member, *_) = lab.discovery()
     plain = urllib.request.build_opener(urllib.request.ProxyHandler({"http": f"http://{member['endpoint']}"}))
     with pytest.raises(urllib.error.HTTPError) as refused:
-        plain.open(lab.site.url, timeout=5)
+        plain.open(lab.site.url("/"), timeout=5)
     refused.value.close()
     assert refused.value.code == 407
     credentials = urllib.request.build_opener(urllib.request.ProxyHandler({"http": member["url"]}))
-    with credentials.open(f"{lab.site.url}page/{PAGES - 1}", timeout=5) as answer:
+    with credentials.open(lab.site.url(f"/page/{PAGES - 1}"), timeout=5) as answer:
         assert answer.status == 200

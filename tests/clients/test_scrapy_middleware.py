@@ -73,7 +73,7 @@ def crawl(discovery: DiscoveryServer, site: BanningSite, directory: Path, *setti
     arguments = [f"EGRESS_PROXIES_URL={discovery.url}", f"EGRESS_PROXIES_TOKEN={CRAWLER_TOKEN}",
                  "EGRESS_PROXIES_NAMESPACE=crawlers", *settings]
     result = subprocess.run(
-        [str(BIN / "scrapy"), "runspider", str(HERE / "site_spider.py"), "-a", f"start_url={site.url}",
+        [str(BIN / "scrapy"), "runspider", str(HERE / "site_spider.py"), "-a", f"start_url={site.url('/')}",
          "-a", f"stats_path={stats_path}", *(word for setting in arguments for word in ("-s", setting))],
         # The ban detector is named by its import path: tests/clients is where it is found.
         env={**os.environ, "PYTHONPATH": str(HERE)}, capture_output=True, text=True, timeout=120, check=False)

@@ -11,20 +11,17 @@ The ban: the first client address to ask for more than ``ban_after`` pages gets 
 (403) from then on, for every page, with the body ``banned: solve this captcha`` (a site that says
 it with a 200 is what a crawler's own ban detector is for); only that one address is ever banned
 (so a crawl can finish through the others).
-Every request is recorded (time, peer, path, status) and readable with :meth:`requests`.
+Every request is recorded (time, peer, path, status) and readable with :meth:`requests`. The
+root page is ``url("/")``.
 """
 
 from __future__ import annotations
 
-import json
-import subprocess
 import sys
 from pathlib import Path
-from types import TracebackType
-from typing import IO, Any, Self
 
-from .libvirt_daemon import stop_process_group, tcp_port_accepts, wait_until
-from .squid import NetworkNamespace
+from .libvirt_daemon import tcp_port_accepts, wait_until
+from .squid import NetworkNamespace, TargetServer
 
 SITE_PORT = 8080
 
@@ -84,35 +81,20 @@ Server((address, port), Site).serve_forever()
 """
 
 
-class BanningSite:
-    """The site, inside ``netns`` on an address of its own (a context manager)."""
+class BanningSite(TargetServer):
+    """The site, inside ``netns`` on an address of its own (a context manager): a TargetServer
+    with the site's pages instead of the probe targets (it has no CONNECT port). Each of its
+    ``requests()`` has ``time`` (epoch seconds), ``peer``, ``path``, ``status`` and ``banned``."""
 
     def __init__(self, netns: NetworkNamespace, pages: int, ban_after: int, delay: float = 0.0,
                  ban_status: int = 403, start_timeout: float = 20.0) -> None:
-        self.netns = netns
+        super().__init__(netns, start_timeout)
+        self.http_port = SITE_PORT
         self.pages = pages
         self.ban_after = ban_after
         self.delay = delay
         self.ban_status = ban_status
-        self.start_timeout = start_timeout
-        self.address = ""
-        self._process: subprocess.Popen[bytes] | None = None
-        self._out: IO[bytes] | None = None
-        self._log = Path()
         self._delay_file = Path()
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.address}:{SITE_PORT}/"
-
-    def requests(self) -> list[dict[str, Any]]:
-        """Every request so far, oldest first: ``time`` (epoch seconds), ``peer``, ``path``, ``status``,
-        ``banned`` (the answer was the ban)."""
-        try:
-            text = self._log.read_text()
-        except FileNotFoundError:
-            return []
-        return [json.loads(line) for line in text.splitlines()]
 
     def set_delay(self, seconds: float) -> None:
         """How long each answer waits from now on."""
@@ -130,27 +112,11 @@ class BanningSite:
         self.set_delay(self.delay)
         self._out = open(directory / "site.out", "ab")  # noqa: SIM115 -- closed in stop()
         self._process = self.netns.spawn(
-            [sys.executable, "-c", SITE_SERVER, self.address, str(SITE_PORT), str(self.pages), str(self.ban_after),
-             str(self.ban_status), str(self._delay_file), str(self._log)], self._out)
+            [sys.executable, "-c", SITE_SERVER, self.address, str(self.http_port), str(self.pages),
+             str(self.ban_after), str(self.ban_status), str(self._delay_file), str(self._log)], self._out)
         try:
-            wait_until(lambda: tcp_port_accepts(self.address, SITE_PORT), what=f"the site on {self.address}",
+            wait_until(lambda: tcp_port_accepts(self.address, self.http_port), what=f"the site on {self.address}",
                        timeout=self.start_timeout, process=self._process, logs=[directory / "site.out"])
         except BaseException:
             self.stop()
             raise
-
-    def stop(self) -> None:
-        if self._process is not None:
-            stop_process_group(self._process, timeout=5.0)
-            self._process = None
-        if self._out is not None:
-            self._out.close()
-            self._out = None
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.stop()

@@ -31,10 +31,11 @@ import shutil
 import threading
 import time
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 from .kube_emulator import KubeEmulator
 from .libvirt_daemon import DaemonStartError
@@ -55,8 +56,19 @@ class RunningPod:
     started: float
 
 
+@contextmanager
+def squid_kubelet(kube: KubeEmulator, netns: NetworkNamespace, namespace: str) -> Iterator[SquidKubelet]:
+    """A started :class:`SquidKubelet`, stopped with every squid it runs on the way out."""
+    kubelet = SquidKubelet(kube, netns, namespace)
+    kubelet.start()
+    try:
+        yield kubelet
+    finally:
+        kubelet.stop()
+
+
 class SquidKubelet:
-    """Runs the managed Pods of ``namespace`` as real squids in ``netns``; a context manager.
+    """Runs the managed Pods of ``namespace`` as real squids in ``netns`` (``start``, ``stop``).
 
     ``pods`` maps a Pod's name to what runs for it; ``errors`` collects Pods that could not be
     started (a test asserts it stays empty)."""
@@ -92,14 +104,6 @@ class SquidKubelet:
             squid.terminate()
         for squid in squids:
             squid.stop()
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.stop()
 
     # -- the loop ---------------------------------------------------------------------------------
 
