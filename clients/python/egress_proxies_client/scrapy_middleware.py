@@ -12,11 +12,11 @@ sets ``request.meta["proxy"]`` to its address and the ``Proxy-Authorization`` he
 credentials. A response that is a ban (its status in ``EGRESS_PROXIES_BAN_CODES``, or
 ``EGRESS_PROXIES_BAN_DETECTOR`` says so) is reported: the proxy is handed out no more, the
 controller is asked to quarantine it, and the request is sent again through another proxy, up to
-``EGRESS_PROXIES_BAN_RETRIES`` times. A request that already has ``meta["proxy"]`` set by someone
-else is left alone. With no proxy listed, a request waits up to ``EGRESS_PROXIES_EMPTY_WAIT``
-seconds for one and is then dropped (``IgnoreRequest``); it is sent without a proxy only with
-``EGRESS_PROXIES_ALLOW_DIRECT = True``. Everything is counted in the crawl's stats under
-``egress_proxies/``. docs/crawlers.md has every setting.
+``EGRESS_PROXIES_BAN_RETRIES`` times. A request whose ``meta["proxy"]`` someone else set (to a
+proxy, or to None: no proxy, as Scrapy reads it) is left alone. With no proxy listed, a request
+waits up to ``EGRESS_PROXIES_EMPTY_WAIT`` seconds for one and is then dropped (``IgnoreRequest``);
+it is sent without a proxy only with ``EGRESS_PROXIES_ALLOW_DIRECT = True``. Everything is counted
+in the crawl's stats under ``egress_proxies/``. docs/crawlers.md has every setting.
 """
 
 from __future__ import annotations
@@ -145,8 +145,8 @@ class EgressProxiesMiddleware:
 
     async def process_request(self, request: Request) -> None:
         self._record_outcomes()
-        if request.meta.get("proxy") is not None and PROXY_META not in request.meta:
-            return  # a proxy someone else chose
+        if "proxy" in request.meta and PROXY_META not in request.meta:
+            return  # a proxy someone else chose, or None: this request goes without one on purpose
         proxy = self._pick(request) or await self._wait_for_proxy(request)
         if proxy is None:  # EGRESS_PROXIES_ALLOW_DIRECT
             self._unassign(request)
