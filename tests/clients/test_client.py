@@ -220,10 +220,10 @@ def test_an_empty_list_raises_instead_of_handing_out_nothing(tmp_path: Path, cli
             client.pick()
         threading.Timer(0.3, discovery.add, ("eu-0", "10.20.0.1")).start()
         assert client.pick(wait=5).name == "eu-0"  # waits for the list to fill
-        client.set_aside(client.pick(), 0.5)
+        client.set_aside(client.pick(), 2.0)
         with pytest.raises(NoProxyAvailable, match="1 set aside"):
             client.pick()
-        time.sleep(0.6)
+        time.sleep(2.1)
         assert client.pick().name == "eu-0"
     finally:
         discovery.stop()
@@ -232,10 +232,11 @@ def test_an_empty_list_raises_instead_of_handing_out_nothing(tmp_path: Path, cli
 def test_clients_started_together_refresh_spread_out(discovery: DiscoveryServer, clients: list[ProxyClient]) -> None:
     """No thundering herd: the first background refresh of each falls anywhere in the interval."""
     moments: dict[int, list[float]] = {n: [] for n in range(20)}
-    start = time.monotonic()
     for n in range(20):
         clients.append(ProxyClient(discovery.url, CRAWLER_TOKEN, namespace="crawlers", refresh_seconds=2.0,
                                    on_refresh=lambda _, n=n: moments[n].append(time.monotonic())))  # type: ignore[misc]
-    wait_for(lambda: all(len(times) >= 2 for times in moments.values()), 10, "every client's first background refresh")
-    background = sorted(times[1] for times in moments.values())
-    assert background[-1] - background[0] >= 0.8 and background[-1] - start < 2.5 + 1.0
+    wait_for(lambda: all(len(times) >= 2 for times in moments.values()), 30, "every client's first background refresh")
+    # From each client's start-up read to its first refresh: uniform over the 2 s interval, so 20
+    # clients spread over most of it (a loaded machine adds delay, never uniformity).
+    offsets = sorted(times[1] - times[0] for times in moments.values())
+    assert offsets[-1] - offsets[0] >= 0.8 and offsets[0] < 1.0, offsets
