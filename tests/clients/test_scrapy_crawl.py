@@ -144,7 +144,9 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
                 "metadata": {"name": POOL, "namespace": NAMESPACE},
                 "spec": {"replicas": REPLICAS, "placement": [{"provider": "cluster"}]}})
             found = Lab(ns, site, kube, kubelet, controller, api)
-            wait_for(lambda: len(found.discovery()) == REPLICAS, 120, f"{REPLICAS} pool members in discovery",
+            # 20-70 s at load 8-14 on 2 cores (measured): a config check, a list and a create through
+            # ansible-runner, the Pods started, a list, a probe round, a sweep.
+            wait_for(lambda: len(found.discovery()) == REPLICAS, 300, f"{REPLICAS} pool members in discovery",
                      diagnostics=lambda: controller.tail() + f"\nkubelet errors: {kubelet.errors}")
             yield found
         finally:
