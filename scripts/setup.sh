@@ -117,16 +117,18 @@ make_venv() {
 install_requirements() {
     # The stamp holds the hash of what pip installs from: pip runs again only when it changes.
     local stamp=$VENV/.requirements.sha256 digest
-    digest=$(cat "$ROOT/requirements.txt" "$ROOT/requirements-test.txt" "$ROOT/constraints.txt" "$ROOT/controller/pyproject.toml" |
-        sha256sum | cut -d' ' -f1)
+    digest=$(cat "$ROOT/requirements.txt" "$ROOT/requirements-test.txt" "$ROOT/constraints.txt" "$ROOT/controller/pyproject.toml" \
+        "$ROOT/clients/python/pyproject.toml" | sha256sum | cut -d' ' -f1)
     if [[ -f $stamp && $(<"$stamp") == "$digest" ]]; then
         return
     fi
-    echo "setup.sh: installing requirements-test.txt and the controller into .venv"
+    echo "setup.sh: installing requirements-test.txt, the controller and the crawler client into .venv"
     quietly "$VENV/bin/python" -m pip install --disable-pip-version-check -r "$ROOT/requirements-test.txt" \
         -c "$ROOT/constraints.txt"
     # Editable, so the `egress-proxies` command runs this tree; its dependencies are the pins above.
     quietly "$VENV/bin/python" -m pip install --disable-pip-version-check --no-deps -e "$ROOT/controller"
+    # The crawler's client (egress-proxies-client) the same way; its Scrapy is pinned above.
+    quietly "$VENV/bin/python" -m pip install --disable-pip-version-check --no-deps -e "$ROOT/clients/python"
     echo "$digest" >"$stamp"
 }
 
@@ -182,6 +184,6 @@ link_collection
 make_current_venv
 "$ROOT/.venv-current/bin/python" -c 'import ansible, ansible_runner, libvirt, yaml, kubernetes, egress_proxies' ||
     die "the .venv-current cannot import its requirements"
-"$VENV/bin/python" -c 'import ansible, ansible_runner, libvirt, pycdlib, yaml, kubernetes, prometheus_client, egress_proxies' ||
+"$VENV/bin/python" -c 'import ansible, ansible_runner, libvirt, pycdlib, yaml, kubernetes, prometheus_client, egress_proxies, egress_proxies_client.scrapy_middleware' ||
     die "the .venv cannot import its requirements"
 echo "setup.sh: ready (.venv: Python $(python_version "$VENV/bin/python"))"

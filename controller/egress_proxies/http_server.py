@@ -5,14 +5,17 @@ Started by ``cli`` next to ``loop.Controller``. Routes:
 - ``/healthz`` and ``/readyz``: ``SweepHealth.alive()`` / ``ready()``, 200 ``ok`` or 503 with the
   reason. Unauthenticated, for the kubelet.
 - ``/metrics``: the Prometheus registry. Unauthenticated, for scrapers.
-- ``/v1/pools/{namespace}/{name}/proxies[.txt]``: the same, for one ProxyPool's members.
+- ``/v1/pools/{namespace}/{name}/proxies[.txt]``: the same, for one ProxyPool's members, and
+  ``/v1/namespaces/{namespace}/proxies[.txt]`` for one namespace; 403 for a token without it.
 - ``POST /v1/proxies/{namespace}/{name}/quarantine`` with ``{"reason": "..."}``: a crawler reports
   the proxy's current instance unusable (banned); it leaves discovery at once and is replaced
   (``pool_reconcile.Quarantine``). Same tokens and scopes as discovery, rate-limited per token.
 - ``/v1/proxies`` (JSON) and ``/v1/proxies.txt`` (``ip:port`` lines): the Ready proxies, for
   crawlers. Always behind ``Authorization: Bearer <DISCOVERY_TOKEN>``: the list is a map of
   egress addresses, so it is never served unauthenticated -- without a configured token the
-  endpoint answers 503 rather than opening up.
+  endpoint answers 503 rather than opening up. Every discovery answer carries an ``ETag`` (a hash
+  of its body); a GET with a matching ``If-None-Match`` gets ``304 Not Modified`` without the body,
+  so crawlers polling every few seconds fetch the list only when it changed.
 
 An asyncio server on one thread, stdlib only: four routes do not justify a framework. A
 client costs no thread while it sends its request, so a slow one (a byte a second) holds
@@ -447,6 +450,7 @@ class ControllerHTTPServer:
         else:
             response = await loop.run_in_executor(None, self._respond, urlsplit(target).path,
                                                   headers.get("Authorization"), peer)
+            response = _not_modified(response, headers.get("If-None-Match"))
         # The path only, never the query string: a client may put anything there (a token pasted
         # into a URL by mistake), and only the Authorization header is ever read for one.
         log.debug('%s "%s %s" %d', peer, method, urlsplit(target).path, response[0])
@@ -455,9 +459,10 @@ class ControllerHTTPServer:
     @staticmethod
     async def _write(writer: asyncio.StreamWriter, response: Response) -> None:
         code, content_type, body, extra = response
+        # A 304 has no content, and its Content-Length would have to be the 200's (RFC 9110, 8.6).
+        content = [f"Content-Type: {content_type}", f"Content-Length: {len(body)}"] if code != 304 else []
         lines = [f"HTTP/1.1 {code} {HTTPStatus(code).phrase}", "Server: egress-proxies",
-                 f"Date: {email.utils.formatdate(usegmt=True)}", f"Content-Type: {content_type}",
-                 f"Content-Length: {len(body)}",
+                 f"Date: {email.utils.formatdate(usegmt=True)}", *content,
                  # Discovery answers are per-client secrets and probes must never be answered by a cache.
                  "Cache-Control: no-store", "Connection: close",
                  *(f"{name}: {value}" for name, value in extra.items())]
@@ -477,7 +482,9 @@ class ControllerHTTPServer:
             return self._discovery(authorization, peer, as_text=path.endswith(".txt"))
         parts = path.split("/")
         if len(parts) == 6 and parts[:3] == ["", "v1", "pools"] and parts[5] in ("proxies", "proxies.txt"):
-            return self._discovery(authorization, peer, as_text=parts[5].endswith(".txt"), pool=(parts[3], parts[4]))
+            return self._discovery(authorization, peer, as_text=parts[5].endswith(".txt"), within=(parts[3], parts[4]))
+        if len(parts) == 5 and parts[:3] == ["", "v1", "namespaces"] and parts[4] in ("proxies", "proxies.txt"):
+            return self._discovery(authorization, peer, as_text=parts[4].endswith(".txt"), within=(parts[3], None))
         if path.endswith("/quarantine") and path.startswith("/v1/proxies/"):
             return 405, _TEXT, b"POST a JSON body {\"reason\": \"...\"}\n", {"Allow": "POST"}
         return 404, _TEXT, b"not found\n", {}
@@ -499,14 +506,16 @@ class ControllerHTTPServer:
         return recent is not None and recent == provider_id
 
     def _discovery(self, header: str | None, peer: str, as_text: bool,
-                   pool: tuple[str, str] | None = None) -> Response:
+                   within: tuple[str, str | None] | None = None) -> Response:
+        """The Ready proxies the token may see; ``within``: (namespace, pool name or None for the
+        whole namespace)."""
         if not self.discovery_enabled:
             return 503, _TEXT, DISABLED_MESSAGE.encode(), {}
         authorized, namespaces = self.scope(header)
         if not authorized:
             return self._refused(header, peer, "discovery")
-        if pool is not None and namespaces is not None and pool[0] not in namespaces:
-            return 403, _TEXT, f"this token does not cover namespace {pool[0]}\n".encode(), {}
+        if within is not None and namespaces is not None and within[0] not in namespaces:
+            return 403, _TEXT, f"this token does not cover namespace {within[0]}\n".encode(), {}
         ready = self.ready_proxies()
         with self._quarantine_lock:
             # Forget what the sweeps have caught up with: a Proxy gone, or on another instance now.
@@ -514,7 +523,8 @@ class ControllerHTTPServer:
             self._quarantined = {key: provider_id for key, provider_id in self._quarantined.items()
                                  if current.get(key) == provider_id}
         proxies = sorted((p for p in ready if (namespaces is None or p.namespace in namespaces)
-                          and (pool is None or (p.namespace == pool[0] and pool_of(p) == pool[1]))
+                          and (within is None or (p.namespace == within[0]
+                                                  and within[1] in (None, pool_of(p))))
                           and not self.hidden(p)),
                          key=lambda p: (p.namespace, p.name))
         entries = [proxy_entry(proxy) for proxy in proxies]
@@ -523,8 +533,10 @@ class ControllerHTTPServer:
                 entry["url"] = self.proxy_url(proxy)
         if as_text:
             lines = [entry.get("url") or f"{entry['ip']}:{entry['port']}" for entry in entries if entry["ip"]]
-            return 200, _TEXT, "".join(f"{line}\n" for line in lines).encode(), {}
-        return 200, "application/json", json.dumps({"proxies": entries}).encode(), {}
+            body, content_type = "".join(f"{line}\n" for line in lines).encode(), _TEXT
+        else:
+            body, content_type = json.dumps({"proxies": entries}).encode(), "application/json"
+        return 200, content_type, body, {"ETag": f'"{hashlib.sha256(body).hexdigest()[:32]}"'}
 
 
     def _respond_post(self, path: str, authorization: str | None, peer: str, body: bytes) -> Response:
@@ -590,6 +602,19 @@ class _Bucket:
             self.tokens -= 1
             return 0
         return max(1, math.ceil((1 - self.tokens) / self.rate)) if self.rate > 0 else 3600
+
+
+def _not_modified(response: Response, if_none_match: str | None) -> Response:
+    """304 for a GET whose ``If-None-Match`` names the answer's ETag (weak comparison, ``*`` matching
+    any, RFC 9110, 13.1.2); any other answer as it is."""
+    code, content_type, _, extra = response
+    etag = extra.get("ETag")
+    if code != 200 or etag is None or if_none_match is None:
+        return response
+    candidates = {tag.strip().removeprefix("W/") for tag in if_none_match.split(",")}
+    if etag in candidates or "*" in candidates:
+        return 304, content_type, b"", extra
+    return response
 
 
 def _is_quarantine(path: str) -> bool:

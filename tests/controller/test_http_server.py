@@ -1,9 +1,11 @@
 """The controller's HTTP port against a real server on 127.0.0.1: probes that follow the sweep
-loop's health, the metrics page, and the discovery endpoint's bearer-token guard."""
+loop's health, the metrics page, and the discovery endpoint's bearer-token guard, its conditional
+answers (ETag, 304) and its namespace route."""
 
 from __future__ import annotations
 
 import hashlib
+import http.client
 import json
 import logging
 import os
@@ -16,6 +18,7 @@ from collections.abc import Callable, Iterator
 from email.message import Message
 from pathlib import Path
 from typing import Any
+from unittest.mock import ANY
 
 import pytest
 import yaml
@@ -531,3 +534,62 @@ def test_a_non_get_request_is_refused(serve: ServerFactory) -> None:
     with socket.create_connection(("127.0.0.1", server.port), timeout=5) as conn:
         conn.sendall(b"POST /healthz HTTP/1.1\r\nContent-Length: 0\r\n\r\n")
         assert conn.recv(1024).startswith(b"HTTP/1.1 501 ")
+
+
+# -- conditional discovery and the namespace route (issue 31) --------------------------------------
+
+
+def raw_get(server: ControllerHTTPServer, path: str, token: str = TOKEN,
+            if_none_match: str | None = None) -> tuple[int, Message, bytes]:
+    """One GET with http.client, which hands back a 304 as it came (urllib raises on it)."""
+    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=5)
+    try:
+        headers = {"Authorization": f"Bearer {token}"}
+        if if_none_match is not None:
+            headers["If-None-Match"] = if_none_match
+        connection.request("GET", path, headers=headers)
+        response = connection.getresponse()
+        return response.status, response.headers, response.read()
+    finally:
+        connection.close()
+
+
+def test_discovery_answers_304_while_the_list_is_unchanged() -> None:
+    proxies = list(READY)
+    server = ControllerHTTPServer(SweepHealth(INTERVAL), lambda: list(proxies), TOKEN)
+    server.start("127.0.0.1", 0)
+    try:
+        code, headers, body = raw_get(server, "/v1/proxies")
+        etag = headers["ETag"]
+        assert code == 200 and etag.startswith('"') and etag.endswith('"') and body
+        assert raw_get(server, "/v1/proxies")[1]["ETag"] == etag  # the same list, the same tag
+        for if_none_match in (etag, f"W/{etag}", f'"other", {etag}', "*"):
+            code, headers, body = raw_get(server, "/v1/proxies", if_none_match=if_none_match)
+            assert (code, body, headers["ETag"]) == (304, b"", etag), if_none_match
+            assert headers["Content-Length"] is None and headers["Cache-Control"] == "no-store"
+        assert raw_get(server, "/v1/proxies", if_none_match='"other"')[0] == 200
+        assert raw_get(server, "/v1/proxies.txt")[1]["ETag"] != etag  # another representation
+        # A wrong token learns nothing, not even that the list is unchanged.
+        assert raw_get(server, "/v1/proxies", token="wrong", if_none_match=etag)[0] == 401
+        proxies.pop()
+        code, headers, body = raw_get(server, "/v1/proxies", if_none_match=etag)
+        assert code == 200 and headers["ETag"] != etag and len(json.loads(body)["proxies"]) == 1
+    finally:
+        server.stop()
+
+
+def test_one_namespace_is_listed_for_a_token_that_covers_it(tmp_path: Path) -> None:
+    tokens = tmp_path / "tokens.yaml"
+    tokens.write_text(f"- {{name: others, namespaces: [others], sha256: {hashlib.sha256(b'others').hexdigest()}}}\n")
+    server = ControllerHTTPServer(SweepHealth(INTERVAL), lambda: list(READY), TOKEN, token_scopes=TokenScopes(tokens))
+    server.start("127.0.0.1", 0)
+    try:
+        code, _, body = raw_get(server, "/v1/namespaces/crawlers/proxies")
+        assert code == 200 and [p["name"] for p in json.loads(body)["proxies"]] == ["eu-1", "eu-2"]
+        assert raw_get(server, "/v1/namespaces/others/proxies.txt") == (200, ANY, b"")
+        code, _, body = raw_get(server, "/v1/namespaces/crawlers/proxies", token="others")
+        assert (code, body) == (403, b"this token does not cover namespace crawlers\n")
+        assert raw_get(server, "/v1/namespaces/others/proxies", token="others")[0] == 200
+        assert raw_get(server, "/v1/namespaces/crawlers/proxies", token="wrong")[0] == 401
+    finally:
+        server.stop()

@@ -135,7 +135,8 @@ def test_the_installed_modules_create_and_list_a_proxy(installed_collection: Ins
 
 def test_one_version_everywhere() -> None:
     """galaxy.yml's version is the release: the newest CHANGELOG entry, the controller package, the
-    image tag the Deployment runs, and the artifact and image names the README tells users to use."""
+    crawler client package, the image tag the Deployment runs, and the artifact and image names the
+    README tells users to use."""
     version = GALAXY["version"]
     changelog = (REPO / "CHANGELOG.md").read_text()
     newest = re.search(r"^## (\S+) - (\d{4}-\d{2}-\d{2})$", changelog, re.M)
@@ -145,6 +146,7 @@ def test_one_version_everywhere() -> None:
 
     assert newest is not None and newest.group(1) == version
     assert tomllib.loads((REPO / "controller" / "pyproject.toml").read_text())["project"]["version"] == version
+    assert tomllib.loads((REPO / "clients" / "python" / "pyproject.toml").read_text())["project"]["version"] == version
     assert container["image"].rpartition(":")[2] == version
     assert set(re.findall(r"crawl-egress_proxies-(\d[^\s/]*?)\.tar\.gz", readme)) == {version}
     assert set(re.findall(r"egress-proxies-controller:(\d\S*)", readme)) == {version}

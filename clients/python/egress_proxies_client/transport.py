@@ -1,0 +1,127 @@
+"""HTTP to the controller: one request per connection (the controller closes each one), stdlib only."""
+
+from __future__ import annotations
+
+import email.utils
+import http.client
+import importlib.metadata
+import json
+import time
+from dataclasses import dataclass
+from urllib.parse import quote, urlsplit
+
+try:
+    USER_AGENT = f"egress-proxies-client/{importlib.metadata.version('egress-proxies-client')}"
+except importlib.metadata.PackageNotFoundError:  # run from a source tree without installing it
+    USER_AGENT = "egress-proxies-client"
+# The controller refuses reasons longer than this (docs/contract.md, "Quarantine").
+MAX_REASON = 512
+
+
+class ControllerUnreachable(Exception):
+    """No answer: the connection failed, timed out or broke (the message says which)."""
+
+
+@dataclass(frozen=True)
+class Answer:
+    status: int
+    body: bytes
+    etag: str | None = None
+    retry_after: float | None = None
+
+    def text(self) -> str:
+        """The body as one line, for an error message (the controller's refusals are short text)."""
+        return " ".join(self.body.decode("utf-8", "replace").split())[:300]
+
+
+@dataclass(frozen=True)
+class Scope:
+    """What a client lists: every namespace of its token, one namespace, or one ProxyPool."""
+
+    namespace: str | None = None
+    pool: str | None = None
+
+    @property
+    def path(self) -> str:
+        if self.pool is not None and self.namespace is not None:
+            return f"/v1/pools/{quote(self.namespace, safe='')}/{quote(self.pool, safe='')}/proxies"
+        if self.namespace is not None:
+            return f"/v1/namespaces/{quote(self.namespace, safe='')}/proxies"
+        return "/v1/proxies"
+
+    def __str__(self) -> str:
+        if self.pool is not None:
+            return f"pool {self.namespace}/{self.pool}"
+        return f"namespace {self.namespace}" if self.namespace is not None else "every namespace of the token"
+
+
+class Controller:
+    """The controller's base URL and a crawler token; ``get`` and ``post`` answer or raise
+    ``ControllerUnreachable``. The token only ever travels in the Authorization header."""
+
+    def __init__(self, url: str, token: str, timeout: float) -> None:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"url: {url!r} is not the controller's http:// or https:// address "
+                             "(e.g. http://egress-proxies.egress-proxies.svc:8080)")
+        if parts.username or parts.password or parts.query or parts.fragment:
+            raise ValueError("url: the controller's address takes no credentials, query or fragment; "
+                             "the token goes in token=")
+        if not token or token != token.strip():
+            raise ValueError("token: empty, or surrounded by whitespace (a token file read with its newline?)")
+        self.url = url.rstrip("/")
+        self._https = parts.scheme == "https"
+        self._host = parts.hostname
+        self._port = parts.port
+        self._prefix = parts.path.rstrip("/")
+        self._authorization = f"Bearer {token}"
+        self.timeout = timeout
+
+    def get(self, path: str, etag: str | None = None) -> Answer:
+        headers = {"If-None-Match": etag} if etag else {}
+        return self._request("GET", path, None, headers)
+
+    def post_quarantine(self, namespace: str, name: str, reason: str) -> Answer:
+        body = json.dumps({"reason": reason}).encode()
+        path = f"/v1/proxies/{quote(namespace, safe='')}/{quote(name, safe='')}/quarantine"
+        return self._request("POST", path, body, {"Content-Type": "application/json"})
+
+    def _request(self, method: str, path: str, body: bytes | None, headers: dict[str, str]) -> Answer:
+        connection: http.client.HTTPConnection
+        if self._https:
+            connection = http.client.HTTPSConnection(self._host, self._port, timeout=self.timeout)
+        else:
+            connection = http.client.HTTPConnection(self._host, self._port, timeout=self.timeout)
+        try:
+            connection.request(method, self._prefix + path, body=body, headers={
+                "Authorization": self._authorization, "User-Agent": USER_AGENT, "Accept": "application/json",
+                **headers})
+            response = connection.getresponse()
+            data = response.read()
+        except (OSError, http.client.HTTPException) as error:
+            raise ControllerUnreachable(f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+                                        ) from None
+        finally:
+            connection.close()
+        return Answer(response.status, data, response.headers.get("ETag"),
+                      retry_after_seconds(response.headers.get("Retry-After")))
+
+
+def retry_after_seconds(value: str | None, now: float | None = None) -> float | None:
+    """``Retry-After`` as seconds from now: delay-seconds or an HTTP-date (RFC 9110, 10.2.3)."""
+    if value is None:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        moment = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, moment.timestamp() - (time.time() if now is None else now))
+
+
+def reason_text(reason: str) -> str:
+    """A quarantine reason the controller accepts: one line, 1-512 characters."""
+    text = " ".join(reason.split()) or "banned"
+    return text[:MAX_REASON]

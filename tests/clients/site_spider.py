@@ -1,0 +1,52 @@
+"""The spider the crawl tests run with ``scrapy runspider``: every page of
+tests/support/banning_site.py's tree, through EgressProxiesMiddleware.
+
+Arguments (``-a``): ``start_url``, the site's root; ``stats_path``, where the crawl's stats are
+written as JSON when it closes. Everything else comes from ``-s`` settings (EGRESS_PROXIES_*).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import scrapy
+from scrapy.http import Response, TextResponse
+
+
+def page_says_banned(request: scrapy.Request, response: Response) -> str | None:  # noqa: ARG001 -- the detector's signature
+    """A ban detector (EGRESS_PROXIES_BAN_DETECTOR) for a site that bans with a 200 and a captcha page."""
+    return "captcha page" if b"captcha" in response.body else None
+
+
+class SiteSpider(scrapy.Spider):
+    name = "site"
+    custom_settings = {  # noqa: RUF012 -- Scrapy's own class attribute
+        "DOWNLOADER_MIDDLEWARES": {"egress_proxies_client.scrapy_middleware.EgressProxiesMiddleware": 740},
+        "TELNETCONSOLE_ENABLED": False,
+        "REMOTE_CONTROL_ENABLED": False,
+        "LOG_LEVEL": "INFO",
+        "CONCURRENT_REQUESTS": 4,
+        "CONCURRENT_REQUESTS_PER_DOMAIN": 4,
+        "DOWNLOAD_TIMEOUT": 20,
+    }
+
+    def __init__(self, start_url: str, stats_path: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.start_url = start_url
+        self.stats_path = Path(stats_path)
+
+    async def start(self) -> AsyncIterator[scrapy.Request]:
+        yield scrapy.Request(self.start_url)
+
+    def parse(self, response: Response) -> Iterator[dict[str, Any] | scrapy.Request]:
+        assert isinstance(response, TextResponse), response  # the site serves HTML
+        proxy = response.meta.get("egress_proxy")
+        yield {"url": response.url, "proxy": proxy.key if proxy is not None else None}
+        yield from response.follow_all(css="a::attr(href)", callback=self.parse)
+
+    def closed(self, reason: str) -> None:
+        stats = self.crawler.stats.get_stats()
+        self.stats_path.write_text(json.dumps({"reason": reason, **stats}, default=str))
