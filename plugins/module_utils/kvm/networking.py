@@ -164,7 +164,8 @@ def reserve_address(network: Any, host: KvmHost, name: str) -> Reservation:
                 "%s: no address left to reserve in the DHCP range of the network %r on host %s (each proxy that is "
                 "published or has a source address holds one); widen the range with the kvm_hypervisor role or "
                 "delete proxies" % (host.at("network"), facts.name, host.name))
-        wanted = Reservation(mac="52:54:00:%02x:%02x:%02x" % tuple(random.randrange(256) for _ in range(3)),
+        host_part = random.randrange(1 << 24)  # a MAC in QEMU's locally administered 52:54:00 prefix
+        wanted = Reservation(mac="52:54:00:%02x:%02x:%02x" % (host_part >> 16, (host_part >> 8) & 255, host_part & 255),
                              name=name, address=free[0])
         try:
             network.update(libvirt.VIR_NETWORK_UPDATE_COMMAND_ADD_LAST, libvirt.VIR_NETWORK_SECTION_IP_DHCP_HOST,
