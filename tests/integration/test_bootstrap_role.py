@@ -266,3 +266,50 @@ def test_allow_redefine_refuses_a_pool_with_volumes_and_a_network_with_a_vm(
     assert network.XMLDesc(libvirt.VIR_NETWORK_XML_INACTIVE) == network_before
     assert network.isActive()
     assert domain.state()[0] == libvirt.VIR_DOMAIN_RUNNING
+
+
+# --- network modes (docs/kvm-provider.md, "Networking"); nat with publishing: the molecule scenario ---
+
+
+def test_a_route_network_is_defined_for_a_routed_prefix_and_kept(host: HypervisorHost,
+                                                                 conn: libvirt.virConnect) -> None:
+    bootstrap(host, kvm_hypervisor_network_forward_mode="route")
+    xml = conn.networkLookupByName("default").XMLDesc()
+    assert "<forward mode='route'/>" in xml and f"<ip address='{host.guest_network_address}'" in xml
+    again = bootstrap(host, kvm_hypervisor_network_forward_mode="route")
+    assert "changed=0" in again.stdout, again.stdout[-2000:]
+
+
+def test_a_bridge_network_names_an_existing_host_bridge_only(host: HypervisorHost, conn: libvirt.virConnect) -> None:
+    missing = bootstrap(host, check=False, kvm_hypervisor_network_forward_mode="bridge",
+                        kvm_hypervisor_network_bridge="br-lan")
+    assert not missing.ok
+    assert "kvm_hypervisor_network_bridge: 'br-lan' is not a bridge on hypervisor" in missing.stdout
+    assert conn.listAllNetworks() == []
+
+    subprocess.run(["ip", "-n", host.namespace, "link", "add", "br-lan", "type", "bridge"], check=True)
+    try:
+        bootstrap(host, kvm_hypervisor_network_forward_mode="bridge", kvm_hypervisor_network_bridge="br-lan")
+        xml = conn.networkLookupByName("default").XMLDesc()
+        assert "<forward mode='bridge'/>" in xml and "<bridge name='br-lan'/>" in xml and "<ip" not in xml
+    finally:
+        subprocess.run(["ip", "-n", host.namespace, "link", "del", "br-lan"], check=False)
+
+
+@pytest.mark.parametrize(("role_vars", "problem"), [
+    ({"kvm_hypervisor_network_forward_mode": "route", "kvm_hypervisor_public_address": "10.213.0.1",
+      "kvm_hypervisor_publish_ports": "40000-40009"},
+     ("kvm_hypervisor_publish_ports and kvm_hypervisor_source_addresses: only with "
+      "kvm_hypervisor_network_forward_mode nat (it is route")),
+    ({"kvm_hypervisor_network_forward_mode": "nat", "kvm_hypervisor_public_address": "host.example",
+      "kvm_hypervisor_publish_ports": "40000-40009"},
+     "kvm_hypervisor_public_address: 'host.example' is not an IPv4 address"),
+    ({"kvm_hypervisor_network_forward_mode": "nat", "kvm_hypervisor_public_address": "10.213.0.1",
+      "kvm_hypervisor_publish_ports": "40009-40000"},
+     "kvm_hypervisor_publish_ports: '40009-40000' is not a port range"),
+])
+def test_networking_variables_that_do_not_fit_change_nothing(host: HypervisorHost, conn: libvirt.virConnect,
+                                                             role_vars: dict[str, Any], problem: str) -> None:
+    run = bootstrap(host, check=False, **role_vars)
+    assert not run.ok and problem in run.stdout, run.stdout[-3000:]
+    assert conn.listAllNetworks() == [] and conn.listAllStoragePools() == []

@@ -26,11 +26,14 @@ host with ``playbooks/bootstrap_hypervisor.yml`` and :func:`bootstrap` runs that
 For molecule (and by hand) the host can outlive the Python process that made it::
 
     cd tests && python -m support.hypervisor_host up --state FILE [--inventory FILE]
+    cd tests && python -m support.hypervisor_host restart-libvirtd --state FILE
     cd tests && python -m support.hypervisor_host down --state FILE
 
 ``up`` leaves the daemons running and writes what ``down`` needs to the state file; ``down``
 kills every process in the namespace, removes namespace, veth pair and files, and marks the
-state file stopped (a missing or stopped state file is nothing to do).
+state file stopped (a missing or stopped state file is nothing to do); ``restart-libvirtd``
+restarts libvirtd (what an operator does after the role installs a hook on a host whose libvirtd
+the role does not manage).
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ import libvirt
 
 from .libvirt_daemon import (
     DaemonStartError,
+    log_tail,
     private_mounts_script,
     private_state_dir,
     stop_process_group,
@@ -62,12 +66,18 @@ from .libvirt_daemon import (
     unix_socket_accepts,
     wait_until,
 )
+from .waiting import wait_for
 
 # Seen from our side only: the veth pair uses 10.213.<n>.0/30 and the isolated libvirt network
 # inside the namespace uses 10.214.<n>.0/24, where <n> is the first free slot.
 VETH_PREFIX = "10.213"
 GUEST_NETWORK_PREFIX = "10.214"
+# Additional addresses of the host (on its end of the veth pair, /32 each, routed nowhere): the
+# source addresses a publishing nat network gives its guests.
+SOURCE_ADDRESS_PREFIX = "10.218"
 SLOTS = range(1, 255)
+# The host ports a publishing nat network publishes proxies on.
+PUBLISH_PORTS = "40000-40009"
 
 REPO = Path(__file__).resolve().parents[2]
 BOOTSTRAP_PLAYBOOK = REPO / "playbooks" / "bootstrap_hypervisor.yml"
@@ -322,6 +332,25 @@ class HypervisorHost:
         self._connection = libvirt.open(self.uri())
         self.startup_seconds = time.monotonic() - started
 
+    def restart_libvirtd(self) -> None:
+        """Stop libvirtd and start it again in the host's namespaces, as an operator restarts it
+        after installing a hook script (libvirtd looks for hooks when it starts only); reopens
+        :attr:`connection`. Running domains keep running (libvirtd reconnects to them)."""
+        pid_file = self.root / "libvirtd.pid"
+        pid = int(pid_file.read_text().strip())
+        os.kill(pid, signal.SIGTERM)
+        wait_for(lambda: not Path(f"/proc/{pid}").exists(), 30, "libvirtd to stop")
+        self.run_in_namespace(["libvirtd", "--daemon", "--pid-file", str(pid_file)])
+        libvirt_socket = f"/proc/{self._pid}/root/run/libvirt/libvirt-sock"
+        wait_for(lambda: unix_socket_accepts(libvirt_socket), self.start_timeout, "libvirtd to answer again",
+                 diagnostics=lambda: log_tail([self.root / "libvirtd.log"]))
+        if self._connection is not None:
+            try:
+                self._connection.close()
+            except libvirt.libvirtError:
+                pass  # its daemon is gone
+            self._connection = libvirt.open(self.uri())
+
     def _create_veth_pair(self) -> None:
         outside, inside, ns = self._veth_outside, self._veth_inside, self.namespace
         _run(
@@ -498,8 +527,10 @@ class HypervisorHost:
             "ansible_python_interpreter": "/usr/bin/python3",  # the one with python3-libvirt
             "ansible_become": False,  # already root (and the machine has no sudo)
             # Not the role's: the private half of kvm_hypervisor_controller_public_key, for
-            # whoever connects as the controller afterwards (molecule's verify, a provider config).
+            # whoever connects as the controller afterwards (molecule's verify, a provider config),
+            # and the namespace, where a verification reads the host's firewall.
             "hypervisor_controller_key_file": str(self.controller_key_file),
+            "hypervisor_namespace": self.namespace,
             "kvm_hypervisor_manage_service": False,
             "kvm_hypervisor_update_apt_cache": False,
             "kvm_hypervisor_user": "root",
@@ -520,6 +551,18 @@ class HypervisorHost:
         host_vars.update(role_vars)
         host_vars = {name: value for name, value in host_vars.items() if value is not None}
         return {INVENTORY_GROUP: {"hosts": {INVENTORY_HOST: host_vars}}}
+
+    def publishing_role_vars(self, source_addresses: int = 2) -> dict[str, Any]:
+        """Role variables for a nat network that publishes proxies on :attr:`address` (ports
+        PUBLISH_PORTS) and gives each a source address of its own: ``source_addresses`` additional
+        addresses, added to the host's end of the veth pair first (the role checks the host has them)."""
+        sources = [f"{SOURCE_ADDRESS_PREFIX}.{self.slot}.{n}" for n in range(1, source_addresses + 1)]
+        present = _run(["ip", "-n", self.namespace, "-4", "-o", "address", "show"]).stdout
+        for address in sources:
+            if f" {address}/" not in present:
+                _run(["ip", "-n", self.namespace, "address", "add", f"{address}/32", "dev", self._veth_inside])
+        return {"kvm_hypervisor_network_forward_mode": "nat", "kvm_hypervisor_public_address": self.address,
+                "kvm_hypervisor_publish_ports": PUBLISH_PORTS, "kvm_hypervisor_source_addresses": sources}
 
     # --- inside the host --------------------------------------------------------------
 
@@ -634,14 +677,15 @@ def bootstrap(host: HypervisorHost, *, check: bool = True, check_mode: bool = Fa
 # --- command line: a host that outlives the process, for molecule ------------------------------
 
 
-def _up(state: Path, inventory: Path | None) -> None:
+def _up(state: Path, inventory: Path | None, publishing: bool) -> None:
     host = HypervisorHost()
     host.start()
     try:
         host.save_state(state)
         if inventory is not None:
+            role_vars = host.publishing_role_vars() if publishing else {}
             inventory.parent.mkdir(parents=True, exist_ok=True)
-            inventory.write_text(json.dumps(host.bootstrap_inventory(), indent=2) + "\n")
+            inventory.write_text(json.dumps(host.bootstrap_inventory(**role_vars), indent=2) + "\n")
     except BaseException:
         host.stop()
         raise
@@ -665,6 +709,14 @@ def _down(state: Path) -> None:
     sys.stdout.write(f"hypervisor host {namespace} stopped and removed\n")
 
 
+def _restart_libvirtd(state: Path) -> None:
+    host = HypervisorHost.attach(state)
+    if host is None:
+        raise SystemExit(f"the hypervisor host of {state} is not running")
+    host.restart_libvirtd()
+    sys.stdout.write(f"libvirtd of hypervisor host {host.namespace} restarted\n")
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m support.hypervisor_host",
@@ -674,11 +726,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     up = commands.add_parser("up", help="start a host; write its state (and an Ansible inventory)")
     up.add_argument("--state", type=Path, required=True, help="where to write the host's state")
     up.add_argument("--inventory", type=Path, help="where to write the bootstrap inventory (JSON)")
+    up.add_argument("--publishing", action="store_true",
+                    help="the inventory's network is nat, publishing proxies and giving them source addresses")
     down = commands.add_parser("down", help="stop the host a state file describes and remove it")
     down.add_argument("--state", type=Path, required=True, help="the state file `up` wrote")
+    restart = commands.add_parser("restart-libvirtd", help="restart the host's libvirtd (it runs new hooks then)")
+    restart.add_argument("--state", type=Path, required=True, help="the state file `up` wrote")
     args = parser.parse_args(argv)
     if args.command == "up":
-        _up(args.state, args.inventory)
+        _up(args.state, args.inventory, args.publishing)
+    elif args.command == "restart-libvirtd":
+        _restart_libvirtd(args.state)
     else:
         _down(args.state)
 

@@ -149,6 +149,7 @@ class PoolSpec:
     jitter: float = DEFAULT_JITTER
     min_ready: int | None = None
     failover_after_seconds: float = DEFAULT_FAILOVER_AFTER
+    distinct_egress_ips: bool = False
 
     def member_spec(self, index: int) -> dict[str, Any]:
         placement = self.placements[index]
@@ -217,7 +218,8 @@ def parse_spec(spec: Any) -> tuple[PoolSpec | None, list[str]]:
                     max_age_seconds=max_age, max_surge=int(surge), max_unavailable=int(unavailable),
                     jitter=float(rotation.get("jitter", DEFAULT_JITTER)),
                     min_ready=None if min_ready is None else int(min_ready),
-                    failover_after_seconds=DEFAULT_FAILOVER_AFTER if failover is None else failover), []
+                    failover_after_seconds=DEFAULT_FAILOVER_AFTER if failover is None else failover,
+                    distinct_egress_ips=bool(spec.get("distinctEgressIPs", False))), []
 
 
 def _min_ready_errors(spec: Mapping[str, Any]) -> list[str]:
@@ -404,6 +406,7 @@ class Decision:
     recovered: list[int] = field(default_factory=list)
     newly_degraded: list[int] = field(default_factory=list)
     shortfall: int = 0  # replicas the caps cannot place
+    shared_egress: dict[str, str] = field(default_factory=dict)  # member name -> whose egress address it shares
 
 
 def _placement_state(previous: Mapping[str, Any] | None, placement: Placement, broken: str | None,
@@ -647,6 +650,7 @@ def decide(spec: PoolSpec, members: Sequence[Member], broken: Mapping[int, str],
     ``broken``: placements whose provider cannot be used now, with why. ``previous``: the
     placement rows of the last status (the failover clocks)."""
     members = _vouched(members, broken)
+    members, shared_egress = _distinct_egress(members) if spec.distinct_egress_ips else (list(members), {})
     grouped, strays = _grouped(members, len(spec.placements))
     rows = _placement_rows(spec, grouped, broken, previous, now)
     degraded, newly_degraded, recovered = _health_changes(rows, previous)
@@ -665,7 +669,22 @@ def decide(spec: PoolSpec, members: Sequence[Member], broken: Mapping[int, str],
                     deletes=deletes + _deletes(spec, kept, kept_strays, shares, retire, ready_left), retire=retire,
                     placements=_final_rows(rows, grouped, shares), desired=shares.desired, ready=ready,
                     members=len(members), degraded=degraded, recovered=recovered, newly_degraded=newly_degraded,
-                    shortfall=spec.replicas - sum(shares.desired))
+                    shortfall=spec.replicas - sum(shares.desired), shared_egress=shared_egress)
+
+
+def _distinct_egress(members: Sequence[Member]) -> tuple[list[Member], dict[str, str]]:
+    """With distinctEgressIPs: of the ready members leaving from one egress address, the one
+    Ready longest keeps counting ready; the others are not ready for the pool (so no
+    rotation starts and readyReplicas says what the origins see) until they get one of their own."""
+    holders: dict[str, str] = {}
+    shared: dict[str, str] = {}
+    for member in sorted(members, key=lambda m: (-(m.ready_age or 0.0), m.created, m.name)):
+        if not member.ready or not member.egress_ip:
+            continue
+        holder = holders.setdefault(member.egress_ip, member.name)
+        if holder != member.name:
+            shared[member.name] = f"leaves from {member.egress_ip}, as {holder} does"
+    return [dataclasses.replace(m, ready=False, ready_age=None) if m.name in shared else m for m in members], shared
 
 
 def pool_status(pool: Pool, spec: PoolSpec, decision: Decision, members: Sequence[Member],
@@ -689,6 +708,8 @@ def pool_status(pool: Pool, spec: PoolSpec, decision: Decision, members: Sequenc
             f"placement[{i}] {spec.placements[i].label}: {decision.degraded[i]}" for i in degraded))
             if degraded else ("False", "AllPlacementsServing", "every placement can serve")),
     }
+    if spec.distinct_egress_ips:
+        conditions["DistinctEgressIPs"] = _distinct_egress_condition(decision.shared_egress)
     if decision.shortfall:
         conditions["Available"] = (conditions["Available"][0], conditions["Available"][1],
                                    conditions["Available"][2] + f"; the placements' max allow only "
@@ -701,6 +722,15 @@ def pool_status(pool: Pool, spec: PoolSpec, decision: Decision, members: Sequenc
         "selector": pool.selector, "observedGeneration": pool.generation,
         "conditions": merge_conditions(previous.get("conditions"), conditions, stamp, pool.generation),
     }
+
+
+def _distinct_egress_condition(shared: Mapping[str, str]) -> tuple[str, str, str]:
+    if not shared:
+        return "True", "EgressIPsDistinct", "every ready member leaves from an egress address of its own"
+    return "False", "EgressIPShared", (
+        "; ".join(f"{name} {why}" for name, why in sorted(shared.items()))
+        + ": not counted ready until it leaves from an address of its own (give its host more source addresses, "
+        "or place the pool where each proxy gets one: KVM route or bridge hosts, more hosts)")
 
 
 def failed_status(pool: Pool, errors: Sequence[str], members: int, now: float) -> dict[str, Any]:

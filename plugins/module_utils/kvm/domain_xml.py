@@ -12,13 +12,27 @@ from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 METADATA_NS = "https://crawl.example.com/egress-proxies/v1alpha1"
 METADATA_PREFIX = "egress"
 GUEST_AGENT_CHANNEL = "org.qemu.guest_agent.0"
 # A tag name in our namespace, as ElementTree spells it.
 _QUALIFIED = "{%s}%%s" % METADATA_NS
+
+
+@dataclass(frozen=True)
+class GuestNetwork:
+    """What the host's hook (roles/kvm_hypervisor) forwards to and translates for one guest,
+    recorded in its metadata: the address reserved for it on the host's network (its MAC gets
+    it by DHCP), the host address and port it is published on, the address it leaves from.
+    Listing reads them back, so a crawler is told what the hook set up."""
+
+    address: str
+    mac: str
+    published_address: Optional[str] = None
+    published_port: Optional[int] = None
+    source_address: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -34,6 +48,7 @@ class DomainSpec:
     tags: Dict[str, str] = field(default_factory=dict)
     created: str = ""
     port: int = 3128
+    guest_network: Optional[GuestNetwork] = None
 
 
 @dataclass(frozen=True)
@@ -49,6 +64,19 @@ class DomainInfo:
     # where a listing reads the DHCP leases of its MACs.
     networks: List[str] = field(default_factory=list)
     port: Optional[int] = None
+    guest_network: Optional[GuestNetwork] = None
+
+    @property
+    def network(self) -> Optional[str]:
+        """The libvirt network its (first) interface is on."""
+        return self.networks[0] if self.networks else None
+
+    @property
+    def published(self) -> Optional[Tuple[str, int]]:
+        found = self.guest_network
+        if found is None or found.published_address is None or found.published_port is None:
+            return None
+        return found.published_address, found.published_port
 
 
 def _sub(parent: ET.Element, tag: str, text: Optional[str] = None, **attrib: str) -> ET.Element:
@@ -58,11 +86,19 @@ def _sub(parent: ET.Element, tag: str, text: Optional[str] = None, **attrib: str
     return element
 
 
-def metadata_element(tags: Dict[str, str], created: str, port: int) -> ET.Element:
+def metadata_element(tags: Dict[str, str], created: str, port: int,
+                     guest_network: Optional[GuestNetwork] = None) -> ET.Element:
     ET.register_namespace(METADATA_PREFIX, METADATA_NS)
     root = ET.Element("{%s}instance" % METADATA_NS)
     _sub(root, "{%s}created" % METADATA_NS, created)
     _sub(root, "{%s}port" % METADATA_NS, str(port))
+    if guest_network is not None:
+        _sub(root, "{%s}guest" % METADATA_NS, address=guest_network.address, mac=guest_network.mac)
+        if guest_network.published_address is not None and guest_network.published_port is not None:
+            _sub(root, "{%s}published" % METADATA_NS, address=guest_network.published_address,
+                 port=str(guest_network.published_port))
+        if guest_network.source_address is not None:
+            _sub(root, "{%s}source" % METADATA_NS, address=guest_network.source_address)
     tags_element = _sub(root, "{%s}tags" % METADATA_NS)
     for key in sorted(tags):
         _sub(tags_element, "{%s}tag" % METADATA_NS, tags[key], key=key)
@@ -73,7 +109,7 @@ def build_domain_xml(spec: DomainSpec) -> str:
     domain = ET.Element("domain", type=spec.domain_type)
     _sub(domain, "name", spec.name)
     metadata = _sub(domain, "metadata")
-    metadata.append(metadata_element(spec.tags, spec.created, spec.port))
+    metadata.append(metadata_element(spec.tags, spec.created, spec.port, spec.guest_network))
     _sub(domain, "memory", str(spec.memory_mib), unit="MiB")
     _sub(domain, "vcpu", str(spec.vcpus))
     os_element = _sub(domain, "os")
@@ -104,6 +140,8 @@ def build_domain_xml(spec: DomainSpec) -> str:
     _sub(seed, "readonly")
 
     interface = _sub(devices, "interface", type="network")
+    if spec.guest_network is not None:
+        _sub(interface, "mac", address=spec.guest_network.mac)  # what its address is reserved for
     _sub(interface, "source", network=spec.network)
     _sub(interface, "model", type="virtio")
 
@@ -145,4 +183,19 @@ def parse_domain_xml(xml: str) -> DomainInfo:
     tags = {tag.get("key", ""): tag.text or "" for tag in tagged}
     port = instance.findtext(_QUALIFIED % "port") or ""
     return DomainInfo(name=name, ours=True, tags=tags, created=instance.findtext(_QUALIFIED % "created"),
-                      macs=macs, networks=networks, port=int(port) if port.isdigit() else None)
+                      macs=macs, networks=networks, port=int(port) if port.isdigit() else None,
+                      guest_network=_guest_network(instance))
+
+
+def _guest_network(instance: ET.Element) -> Optional[GuestNetwork]:
+    guest = instance.find(_QUALIFIED % "guest")
+    if guest is None or not guest.get("address") or not guest.get("mac"):
+        return None
+    published = instance.find(_QUALIFIED % "published")
+    port = published.get("port", "") if published is not None else ""
+    source = instance.find(_QUALIFIED % "source")
+    return GuestNetwork(
+        address=guest.get("address", ""), mac=guest.get("mac", "").lower(),
+        published_address=published.get("address") if published is not None and port.isdigit() else None,
+        published_port=int(port) if port.isdigit() else None,
+        source_address=source.get("address") if source is not None else None)

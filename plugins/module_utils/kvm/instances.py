@@ -15,6 +15,7 @@ found and removed by name:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime
 import io
 import threading
@@ -34,6 +35,7 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.cloudinit imp
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.errors import (
     NotFound,
     Permanent,
+    ProxyError,
 )
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.instance import (
     OWNER_TAG,
@@ -67,6 +69,14 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.images im
     ensure_base_volume,
     lookup_volume,
     volume_xml,
+)
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.networking import (
+    check_mode,
+    claim,
+    lookup_network,
+    network_facts,
+    release_address,
+    reserve_address,
 )
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.settings import KvmHost, KvmSettings
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.provider_id import (
@@ -121,6 +131,9 @@ class KvmProvider:
         # by side spread instead of all seeing the same emptiest host.
         self._placement_lock = threading.Lock()
         self._placed: Dict[str, List[int]] = {}
+        # Items of one run claiming published ports and source addresses on one hypervisor take
+        # turns (other runs are caught by networking.claim's check after defining).
+        self._claim_locks: Dict[str, threading.Lock] = {}
 
     def close(self) -> None:
         self.connections.close()
@@ -162,10 +175,7 @@ class KvmProvider:
 
     def _describe(self, host: KvmHost, domain: Any) -> Instance:
         """One domain as an Instance: its XML, its state and (running) its IP, each its own call."""
-        try:
-            info = parse_domain_xml(domain.XMLDesc(0))
-        except libvirt.libvirtError as error:
-            raise classify(error, "reading domain on host %s" % host.name) from error
+        info = self._info(host, domain)
         try:
             state = state_name(domain.state(0)[0])
         except libvirt.libvirtError as error:
@@ -174,8 +184,12 @@ class KvmProvider:
 
     @staticmethod
     def _instance(host: KvmHost, info: DomainInfo, state: str, ip: Optional[str]) -> Instance:
+        # A published guest is dialled at the host's address and port (the hook's forwarding), once
+        # it has an address of its own to be forwarded to.
+        published = info.published
+        endpoint = endpoint_of(*published) if published is not None and ip else endpoint_of(ip, info.port)
         return Instance(provider_id=format_provider_id("kvm", host.name, info.name), name=info.name,
-                        location=host.name, state=state, ip=ip, endpoint=endpoint_of(ip, info.port), tags=info.tags,
+                        location=host.name, state=state, ip=ip, endpoint=endpoint, tags=info.tags,
                         created=info.created)
 
     # -- get / list ------------------------------------------------------------------------
@@ -191,8 +205,9 @@ class KvmProvider:
             raise NotFound("domain %s does not exist on KVM host %s" % (parsed.name, host.name))
         return self._describe(host, domain)
 
-    def _matching_domains(self, host: KvmHost, tags: Dict[str, str]) -> List[Tuple[Any, DomainInfo, str]]:
-        """Our domains on ``host`` carrying ``tags``, each with its parsed XML and its state.
+    def _recorded(self, host: KvmHost) -> List[Tuple[Any, DomainInfo, str]]:
+        """Every domain with our metadata on ``host``'s hypervisor (whichever host entry, network
+        or owner it belongs to), with its parsed XML and its state.
 
         One call answers every domain's state (``getAllDomainStats``, which lists them too),
         then one XML read per domain: our tags live only in the XML."""
@@ -210,7 +225,7 @@ class KvmProvider:
                     continue  # undefined between listing and reading: not there any more
                 raise classify(error, "reading domain on host %s" % host.name) from error
             # Without our metadata a domain is never ours, and never touched.
-            if info.ours and matches_tags(info.tags, tags):
+            if info.ours:
                 found.append((domain, info, state_name(stats.get("state.state"))))
         return found
 
@@ -223,6 +238,25 @@ class KvmProvider:
         leases = leased_addresses(self.connections.open(host), (n for info in running for n in info.networks))
         return [self._instance(host, info, state, listed_ip(domain, info.macs, leases) if state == "running" else None)
                 for domain, info, state in found]
+
+    def _holds(self, host: KvmHost, info: DomainInfo) -> bool:
+        """Whether ``host`` is the entry a domain is listed under. Entries naming the same URI are
+        one hypervisor's networks: a domain belongs to the entry of its network (the first such),
+        else to the first entry of that URI, so every domain is listed exactly once."""
+        siblings = self._sharing(host)
+        if len(siblings) == 1:
+            return True
+        owner = next((h for h in siblings if h.network == info.network), siblings[0])
+        return owner is host
+
+    def _sharing(self, host: KvmHost) -> List[KvmHost]:
+        """The host entries naming ``host``'s URI (itself included): one hypervisor."""
+        return [h for h in self.settings.hosts if h.uri == host.uri]
+
+    def _matching_domains(self, host: KvmHost, tags: Dict[str, str]) -> List[Tuple[Any, DomainInfo, str]]:
+        """Our domains listed under ``host`` carrying ``tags``, with their parsed XML and state."""
+        return [(domain, info, state) for domain, info, state in self._recorded(host)
+                if matches_tags(info.tags, tags) and self._holds(host, info)]
 
     def list(self, tags: Dict[str, str]) -> ListResult:
         """Every instance carrying ``tags`` on every configured host, hosts side by side
@@ -244,9 +278,16 @@ class KvmProvider:
         hosts = [self._host(request.location)] if request.location else list(self.settings.hosts)
         for host in hosts:
             domain = self._find_domain(self.connections.open(host), request.name)
-            if domain is not None:
+            if domain is not None and (request.location or len(self._sharing(host)) == 1
+                                       or self._holds(host, self._info(host, domain))):
                 return host, domain
         return None, None
+
+    def _info(self, host: KvmHost, domain: Any) -> DomainInfo:
+        try:
+            return parse_domain_xml(domain.XMLDesc(0))
+        except libvirt.libvirtError as error:
+            raise classify(error, "reading domain on host %s" % host.name) from error
 
     def _place(self, request: InstanceRequest) -> KvmHost:
         """The requested host, else the one with the fewest of our instances (config order breaks ties).
@@ -257,7 +298,10 @@ class KvmProvider:
         if request.location:
             return self._host(request.location)
         owner = request.tags.get(OWNER_TAG, "")
-        hosts = list(self.settings.hosts)
+        # A host whose networking fields are wrong takes no new proxies; the others do.
+        hosts = [h for h in self.settings.hosts if not h.networking_errors]
+        if not hosts:
+            raise Permanent("no host can take a new proxy: %s" % "; ".join(self.settings.location_errors))
         with self._placement_lock:
             counts = self._placed.get(owner)
             if counts is None:
@@ -285,6 +329,8 @@ class KvmProvider:
 
     def create(self, request: InstanceRequest, check_mode: bool) -> Tuple[bool, Instance]:
         host, domain = self.plan_create(request)
+        if domain is None:
+            self._check_networking(host)
         if domain is not None:
             changed = False
             if domain.isActive() == 0 and not check_mode:
@@ -298,6 +344,43 @@ class KvmProvider:
             return True, Instance(provider_id=format_provider_id("kvm", host.name, request.name),
                                   name=request.name, location=host.name, state="pending", tags=dict(request.tags))
         return True, self._build(host, request)
+
+    def _check_networking(self, host: KvmHost) -> None:
+        """Before anything is made on ``host``: its networking fields are sound and its network
+        does what they say (Permanent, naming the field; nothing that runs is touched)."""
+        if host.networking_errors:
+            raise Permanent("host %s takes no new proxies until its networking is fixed: %s" % (
+                host.name, "; ".join(host.networking_errors)))
+        network = lookup_network(self.connections.open(host), host)
+        if network is None:
+            raise Permanent("%s: the libvirt network %r does not exist on host %s; define it (the kvm_hypervisor "
+                            "role does) or name another" % (host.at("network"), host.network, host.name))
+        check_mode(host, network_facts(network, host))
+
+    def _define(self, connection: Any, host: KvmHost, request: InstanceRequest, spec: DomainSpec) -> Any:
+        """Define the domain of ``spec``; on a host that fixes guest addresses, with an address
+        reserved on its network and a published port and source address of its own."""
+        if not host.networking.fixes_guest_addresses:
+            return self._define_xml(connection, host, spec)
+        network = lookup_network(connection, host)
+        if network is None:
+            raise Permanent("%s: the libvirt network %r does not exist on host %s" % (
+                host.at("network"), host.network, host.name))
+        reservation = reserve_address(network, host, request.name)
+        with self._placement_lock:
+            lock = self._claim_locks.setdefault(host.uri, threading.Lock())
+        with lock:
+            domain, _guest = claim(
+                host, reservation, request.name, lambda: [info for _d, info, _s in self._recorded(host)],
+                lambda guest: self._define_xml(connection, host, dataclasses.replace(spec, guest_network=guest)))
+        return domain
+
+    @staticmethod
+    def _define_xml(connection: Any, host: KvmHost, spec: DomainSpec) -> Any:
+        try:
+            return connection.defineXML(build_domain_xml(spec))
+        except libvirt.libvirtError as error:
+            raise classify(error, "defining domain %s on host %s" % (spec.name, host.name)) from error
 
     def _build(self, host: KvmHost, request: InstanceRequest) -> Instance:
         machine = self.settings.machine_types[request.machine_type or self.settings.default_machine_type]
@@ -320,14 +403,10 @@ class KvmProvider:
                                                      io.BytesIO(seed), len(seed))
             created_volumes.append(seed_volume)
             created = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-            xml = build_domain_xml(DomainSpec(
+            domain = self._define(connection, host, request, DomainSpec(
                 name=request.name, domain_type=host.domain_type, vcpus=machine.vcpus, memory_mib=machine.memory_mib,
                 machine=machine.machine, overlay_path=overlay.path(), seed_path=seed_volume.path(),
                 network=host.network, tags=dict(request.tags), created=created, port=request.port))
-            try:
-                domain = connection.defineXML(xml)
-            except libvirt.libvirtError as error:
-                raise classify(error, "defining domain %s on host %s" % (request.name, host.name)) from error
             try:
                 domain.create()
             except libvirt.libvirtError as error:
@@ -339,6 +418,8 @@ class KvmProvider:
             for volume in created_volumes:
                 with contextlib.suppress(libvirt.libvirtError):
                     volume.delete(0)
+            with contextlib.suppress(ProxyError):
+                release_address(connection, host, request.name, host.network)
             raise
         self.log("created domain %s on KVM host %s" % (request.name, host.name))
         return self._describe(host, domain)
@@ -378,10 +459,15 @@ class KvmProvider:
         connection = self.connections.open(host)
         changed = False
         domain = self._find_domain(connection, parsed.name)
+        network = host.network
         if domain is not None:
             changed = True
+            network = self._info(host, domain).network or host.network
             if not check_mode:
                 self._remove_domain(domain, parsed.name, host)
+        # Its reserved address goes with it (its port and source address went with its metadata).
+        if not check_mode and release_address(connection, host, parsed.name, network):
+            changed = True
         return self._remove_volumes(connection, host, parsed.name, check_mode) or changed
 
     def _remove_domain(self, domain: Any, name: str, host: KvmHost) -> None:

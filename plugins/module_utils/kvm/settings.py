@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Tuple
 from urllib.parse import unquote, urlsplit
 
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.config_reader import (
@@ -23,6 +23,10 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.config_reader
 
 DOMAIN_TYPES = ("kvm", "qemu")
 IMAGE_FORMATS = ("qcow2", "raw")
+# How a host's libvirt network reaches the world (docs/kvm-provider.md, "Networking"): behind the
+# host's address (nat), routed to it (route), or on a bridge to its LAN (bridge).
+NETWORK_MODES = ("nat", "route", "bridge")
+PORT_RANGE_RE = re.compile(r"^([0-9]{1,5})-([0-9]{1,5})$")
 
 # Names that become parts of identifiers: providerIDs are split on "/", cached base
 # volumes are named base-<key>.<format> and the image-cache lock key embeds both.
@@ -39,12 +43,42 @@ class SshSettings:
 
 
 @dataclass(frozen=True)
+class HostNetworking:
+    """How a host's network reaches the world, and so what a crawler dials and where a proxy's
+    requests leave from (docs/kvm-provider.md, "Networking").
+
+    ``publish_ports`` (nat only): each guest is published on ``public_address`` at a port of this
+    range, by the host's hook (roles/kvm_hypervisor); ``source_addresses`` (nat only): each guest
+    leaves from one of these host addresses instead of the host's own."""
+
+    mode: str = "nat"
+    public_address: Optional[str] = None
+    publish_ports: Optional[Tuple[int, int]] = None
+    source_addresses: Tuple[str, ...] = ()
+
+    @property
+    def fixes_guest_addresses(self) -> bool:
+        """The host's hook forwards to (or translates for) each guest by address, so the provider
+        reserves one per guest on the network, and records it on the domain."""
+        return self.publish_ports is not None or bool(self.source_addresses)
+
+
+@dataclass(frozen=True)
 class KvmHost:
     name: str
     uri: str
     pool: str = "default"
     network: str = "default"
     domain_type: str = "kvm"
+    networking: HostNetworking = field(default_factory=HostNetworking)
+    networking_errors: Tuple[str, ...] = ()
+    """What is wrong with this host's networking fields: only this host cannot take new
+    proxies (its running ones are listed and deleted as ever)."""
+    path: str = field(default="", compare=False)
+    """Its field path in the provider config (``providers[0].kvm.hosts[1]``), for messages."""
+
+    def at(self, key: str) -> str:
+        return "%s.%s" % (self.path, key) if self.path else key
 
 
 @dataclass(frozen=True)
@@ -84,6 +118,11 @@ class KvmSettings:
             if host.name == name:
                 return host
         return None
+
+    @property
+    def location_errors(self) -> Tuple[str, ...]:
+        """Errors that make single hosts unusable for new proxies, not the whole section."""
+        return tuple(error for host in self.hosts for error in host.networking_errors)
 
 
 # --- KVM host URIs: host keys can never be switched off ---------------------------------------
@@ -255,7 +294,7 @@ def _hosts(reader: Reader, errors: Errors) -> List[KvmHost]:
         host = errors.read(Reader, raw, "%s[%d]" % (reader.at("hosts"), index))
         if host is None:
             continue
-        host.only(errors, "name", "uri", "pool", "network", "domainType")
+        host.only(errors, "name", "uri", "pool", "network", "domainType", *NETWORKING_FIELDS)
         name = errors.read(
             host.string, "name", pattern=IDENTIFIER_RE,
             rule=IDENTIFIER_RULE + ", because it becomes part of providerIDs (kvm://hosts/<name>/domains/...); "
@@ -276,10 +315,74 @@ def _hosts(reader: Reader, errors: Errors) -> List[KvmHost]:
         pool = errors.read(host.string, "pool", "default")
         network = errors.read(host.string, "network", "default")
         domain_type = errors.read(host.choice, "domainType", DOMAIN_TYPES, "kvm")
+        networking_errors = Errors()
+        networking = _networking(host, networking_errors)
         if name is not None and uri is not None and pool is not None and network is not None \
                 and domain_type is not None:
-            hosts.append(KvmHost(name=name, uri=uri, pool=pool, network=network, domain_type=domain_type))
+            hosts.append(KvmHost(name=name, uri=uri, pool=pool, network=network, domain_type=domain_type,
+                                 networking=networking, networking_errors=tuple(networking_errors.messages),
+                                 path=host.path))
     return hosts
+
+
+NETWORKING_FIELDS = ("networkMode", "publicAddress", "publishPorts", "sourceAddresses")
+
+
+def _networking(host: Reader, errors: Errors) -> HostNetworking:
+    """A host's networking fields. Their errors are the host's own (``KvmHost.networking_errors``):
+    a mistake here keeps new proxies off this host only, and touches nothing that runs."""
+    mode = errors.read(host.choice, "networkMode", NETWORK_MODES, "nat") or "nat"
+    public = _address(errors, host.data["publicAddress"], host.at("publicAddress")) if host.has(
+        "publicAddress") else None
+    ports = _port_range(host, errors) if host.has("publishPorts") else None
+    sources = _source_addresses(host, errors) if host.has("sourceAddresses") else ()
+    for key in ("publishPorts", "sourceAddresses"):
+        if host.has(key) and mode != "nat":
+            errors.add("%s: only with networkMode nat (this host's is %s, where every guest has an address of its "
+                       "own that crawlers dial and requests leave from); remove it" % (host.at(key), mode))
+    if host.has("publishPorts") != host.has("publicAddress"):
+        missing, given = ("publicAddress", "publishPorts") if host.has("publishPorts") else (
+            "publishPorts", "publicAddress")
+        errors.add("%s: required with %s (publishing needs the host's public address and a port range, as the "
+                   "kvm_hypervisor role's hook has them)" % (host.at(missing), given))
+    return HostNetworking(mode=mode, public_address=public, publish_ports=ports, source_addresses=sources)
+
+
+def _address(errors: Errors, value: Any, where: str) -> Optional[str]:
+    """An IPv4 address of the host (what crawlers dial, or what requests leave from)."""
+    try:
+        address = ipaddress.ip_address(value) if isinstance(value, str) else None
+    except ValueError:
+        address = None
+    if not isinstance(address, ipaddress.IPv4Address) or address.is_loopback or address.is_multicast \
+            or address.is_unspecified or address.is_link_local:
+        errors.add("%s: %r is not an IPv4 address of the host (such as 203.0.113.10); the hook forwards and "
+                   "translates IPv4 only" % (where, value))
+        return None
+    return str(address)
+
+
+def _source_addresses(host: Reader, errors: Errors) -> Tuple[str, ...]:
+    sources: List[str] = []
+    for index, value in enumerate(errors.read(host.non_empty_list, "sourceAddresses") or []):
+        where = "%s[%d]" % (host.at("sourceAddresses"), index)
+        found = _address(errors, value, where)
+        if found is not None and found in sources:
+            errors.add("%s: %s is listed twice; each proxy gets an address of its own" % (where, found))
+        elif found is not None:
+            sources.append(found)
+    return tuple(sources)
+
+
+def _port_range(host: Reader, errors: Errors) -> Optional[Tuple[int, int]]:
+    value = host.data["publishPorts"]
+    found = PORT_RANGE_RE.fullmatch(value) if isinstance(value, str) else None
+    first, last = (int(found.group(1)), int(found.group(2))) if found else (0, 0)
+    if not found or not 1 <= first <= last <= 65535:
+        errors.add("%s: %r is not a port range first-last within 1-65535 (such as \"40000-40999\"), as the role's "
+                   "kvm_hypervisor_publish_ports" % (host.at("publishPorts"), value))
+        return None
+    return first, last
 
 
 def _images(reader: Reader, errors: Errors) -> Dict[str, KvmImage]:

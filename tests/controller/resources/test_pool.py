@@ -108,7 +108,7 @@ DURATION_HINT = 'must be a duration such as "90s", "5m", "6h" or "1h30m" (units 
                                       "lower spec.minReady or raise spec.replicas")),
     ({"failoverAfter": 120}, f"spec.failoverAfter: {DURATION_HINT} (got 120)"),
     ({"replica": 3}, ("spec: unknown field(s) replica; allowed: replicas, template, placement, rotation, minReady, "
-                      "failoverAfter")),
+                      "failoverAfter, distinctEgressIPs")),
 ])
 def test_a_malformed_spec_names_the_field_and_the_fix(change: dict[str, Any], expected: str) -> None:
     spec, errors = parse_spec({**GOOD_SPEC, **change})
@@ -119,7 +119,8 @@ def test_a_malformed_spec_names_the_field_and_the_fix(change: dict[str, Any], ex
 @pytest.mark.parametrize("spec", [None, [], "replicas: 3"])
 def test_a_spec_that_is_no_object_says_what_it_holds(spec: Any) -> None:
     assert parse_spec(spec) == (None, [
-        (f"spec: must be an object {{replicas?, template?, placement, rotation?, minReady?, failoverAfter?}} "
+        (f"spec: must be an object {{replicas?, template?, placement, rotation?, minReady?, failoverAfter?, "
+         f"distinctEgressIPs?}} "
         f"(got {spec!r})")])
 
 
@@ -464,3 +465,41 @@ def test_quarantine_names_one_instance() -> None:
     assert quarantined(proxy)
     proxy.status["providerID"] = "kvm://hosts/h/domains/y"  # its replacement is not quarantined
     assert not quarantined(proxy)
+
+
+# -- distinct egress addresses ------------------------------------------------------------------------
+
+def test_distinct_egress_ips_is_a_typed_field_off_by_default() -> None:
+    assert parse_spec(GOOD_SPEC)[0] == dataclasses.replace(parse_spec(GOOD_SPEC)[0] or pool_spec(),
+                                                          distinct_egress_ips=False)
+    typed, errors = parse_spec({**GOOD_SPEC, "distinctEgressIPs": True})
+    assert errors == [] and typed is not None and typed.distinct_egress_ips
+    _, errors = parse_spec({**GOOD_SPEC, "distinctEgressIPs": "yes"})
+    assert any(e.startswith("spec.distinctEgressIPs") for e in errors), errors
+
+
+def test_members_sharing_an_egress_address_wait_not_ready_with_a_reason() -> None:
+    spec = pool_spec(replicas=3, distinct_egress_ips=True)
+    members = [Member("m-1", 0, ready=True, ready_age=300.0, egress_ip="198.51.100.7", created=1.0),
+               Member("m-2", 0, ready=True, ready_age=100.0, egress_ip="198.51.100.7", created=2.0),
+               Member("m-3", 1, ready=True, ready_age=50.0, egress_ip="198.51.100.8", created=3.0)]
+    decision = decide(spec, members, {}, [], 1_000_000.0)
+    # The one Ready longest keeps its address; the other counts as not ready, and nothing rotates.
+    assert decision.shared_egress == {"m-2": "leaves from 198.51.100.7, as m-1 does"}
+    assert decision.ready == 2 and decision.retire == {} and decision.deletes == []
+    status = pool_status(Pool("ns", "eu", "uid", {}), spec, decision, members, {}, 1_000_000.0)
+    condition = next(c for c in status["conditions"] if c["type"] == "DistinctEgressIPs")
+    assert (condition["status"], condition["reason"]) == ("False", "EgressIPShared")
+    assert "m-2 leaves from 198.51.100.7, as m-1 does" in condition["message"]
+    assert status["readyReplicas"] == 2 and status["egressIPs"] == 2
+
+    # Without the field, the same members are all ready and the condition is not there.
+    plain = decide(dataclasses.replace(spec, distinct_egress_ips=False), members, {}, [], 1_000_000.0)
+    assert plain.ready == 3 and plain.shared_egress == {}
+
+    # Once it leaves from an address of its own (another source address, another host), it counts.
+    moved = [*members[:1], dataclasses.replace(members[1], egress_ip="198.51.100.9"), members[2]]
+    settled = decide(spec, moved, {}, [], 1_000_000.0)
+    assert settled.ready == 3 and settled.shared_egress == {}
+    status = pool_status(Pool("ns", "eu", "uid", {}), spec, settled, moved, {}, 1_000_000.0)
+    assert {c["type"]: c["reason"] for c in status["conditions"]}["DistinctEgressIPs"] == "EgressIPsDistinct"

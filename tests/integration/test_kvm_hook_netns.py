@@ -1,0 +1,231 @@
+"""The kvm_hypervisor role's qemu hook (roles/kvm_hypervisor/files/egress-proxies-hook) for real:
+run as libvirtd runs it, inside a hypervisor's network namespace with libvirt's NAT rules, while
+a "guest" namespace on the host's bridge and an "outside" namespace on its uplink send real
+traffic through the rules it adds and removes.
+
+    outside (10.242.0.2) --uplink-- host (public 10.242.0.1; sources 10.243.0.1-2) --bridge-- guest (10.241.0.20)
+
+The outside namespace reaches the host only over the uplink, with a route to the source addresses
+via the host: a crawler there dials the published port; an echo server there says which address
+a guest's connection came from. Everything stays inside the three namespaces the test creates.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+HOOK = REPO / "roles" / "kvm_hypervisor" / "files" / "egress-proxies-hook"
+NETWORK = "default"
+BRIDGE = "virbr9"
+GUEST_NET = "10.241.0.0/24"
+GUEST = "10.241.0.20"
+GUEST_MAC = "52:54:00:00:00:20"
+PUBLIC = "10.242.0.1"
+OUTSIDE = "10.242.0.2"
+SOURCES = ["10.243.0.1", "10.243.0.2"]
+PORTS = (40000, 40009)
+PROXY_PORT = 3128
+ECHO_PORT = 8080
+
+# A TCP server that answers every connection with the address it came from, then closes it: the
+# guest's "proxy" (what the crawler reached it from) and the outside's echo (what a site sees).
+PEER_SERVER = """
+import socket, sys
+server = socket.socket(); server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+server.bind(("0.0.0.0", int(sys.argv[1]))); server.listen(8)
+while True:
+    connection, peer = server.accept()
+    connection.sendall(peer[0].encode()); connection.close()
+"""
+PEER_CLIENT = """
+import socket, sys
+try:
+    with socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=2) as connection:
+        print(connection.recv(64).decode())
+except OSError as error:
+    print("unreachable: %s" % error)
+"""
+# libvirt's rules for a NAT network (what `iptables-save` shows on a Debian host with
+# virbr0): guests leave masqueraded; from outside, only replies reach them.
+LIBVIRT_NAT_RULES = [
+    ["-t", "nat", "-A", "POSTROUTING", "-s", GUEST_NET, "!", "-d", GUEST_NET, "-j", "MASQUERADE"],
+    ["-A", "FORWARD", "-d", GUEST_NET, "-o", BRIDGE, "-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED",
+     "-j", "ACCEPT"],
+    ["-A", "FORWARD", "-s", GUEST_NET, "-i", BRIDGE, "-j", "ACCEPT"],
+    ["-A", "FORWARD", "-o", BRIDGE, "-j", "REJECT"],
+    ["-A", "FORWARD", "-i", BRIDGE, "-j", "REJECT"],
+]
+
+
+def run(*cmd: str, stdin: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(cmd, input=stdin, capture_output=True, text=True, check=False)
+    if check and result.returncode != 0:
+        raise AssertionError(f"{shlex.join(cmd)}: {result.stderr.strip()}")
+    return result
+
+
+class Hypervisor:
+    """The three namespaces, and the hook run inside the host's as libvirtd runs it."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        tag = f"ephk{os.getpid()}"
+        self.host, self.guest, self.outside = f"{tag}-host", f"{tag}-guest", f"{tag}-out"
+        self.servers: list[subprocess.Popen[bytes]] = []
+
+    def start(self) -> None:
+        for namespace in (self.host, self.guest, self.outside):
+            run("ip", "netns", "add", namespace)
+            run("ip", "-n", namespace, "link", "set", "lo", "up")
+        host, guest, outside = self.host, self.guest, self.outside
+        run("ip", "-n", host, "link", "add", BRIDGE, "type", "bridge")
+        run("ip", "-n", host, "address", "add", "10.241.0.1/24", "dev", BRIDGE)
+        run("ip", "-n", host, "link", "add", "vnet0", "type", "veth", "peer", "name", "eth0", "netns", guest)
+        run("ip", "-n", host, "link", "set", "vnet0", "master", BRIDGE)
+        run("ip", "-n", host, "link", "add", "uplink", "type", "veth", "peer", "name", "eth0", "netns", outside)
+        run("ip", "-n", host, "address", "add", f"{PUBLIC}/24", "dev", "uplink")
+        for source in SOURCES:
+            run("ip", "-n", host, "address", "add", f"{source}/32", "dev", "uplink")
+        for link in (BRIDGE, "vnet0", "uplink"):
+            run("ip", "-n", host, "link", "set", link, "up")
+        run("ip", "netns", "exec", host, "sysctl", "-qw", "net.ipv4.ip_forward=1")
+        run("ip", "-n", guest, "address", "add", f"{GUEST}/24", "dev", "eth0")
+        run("ip", "-n", guest, "link", "set", "eth0", "address", GUEST_MAC, "up")
+        run("ip", "-n", guest, "route", "add", "default", "via", "10.241.0.1")
+        run("ip", "-n", outside, "address", "add", f"{OUTSIDE}/24", "dev", "eth0")
+        run("ip", "-n", outside, "link", "set", "eth0", "up")
+        # The upstream routing an operator sets up for source addresses; nothing routes the guest network.
+        run("ip", "-n", outside, "route", "add", "10.243.0.0/24", "via", PUBLIC)
+        for rule in LIBVIRT_NAT_RULES:
+            self.iptables(*rule)
+        self.serve(guest, PROXY_PORT)
+        self.serve(outside, ECHO_PORT)
+        config_dir = self.root / "etc-libvirt" / "hooks" / "egress-proxies"
+        config_dir.mkdir(parents=True)
+        # What the role writes (roles/kvm_hypervisor/vars/main.yml, kvm_hypervisor_hook_config).
+        (config_dir / f"{NETWORK}.json").write_text(json.dumps({
+            "network": NETWORK, "bridge": BRIDGE, "bridge_address": "10.241.0.1", "netmask": "255.255.255.0",
+            "public_address": PUBLIC, "publish_ports": list(PORTS), "source_addresses": SOURCES}))
+
+    def serve(self, namespace: str, port: int) -> None:
+        server = subprocess.Popen(["ip", "netns", "exec", namespace, sys.executable, "-c", PEER_SERVER, str(port)])
+        self.servers.append(server)
+        deadline = time.monotonic() + 10
+        while self.peer(namespace, "127.0.0.1", port).startswith("unreachable"):
+            assert time.monotonic() < deadline and server.poll() is None, f"server in {namespace} did not start"
+            time.sleep(0.1)
+
+    def stop(self) -> None:
+        for server in self.servers:
+            server.kill()
+            server.wait()
+        for namespace in (self.host, self.guest, self.outside):
+            run("ip", "netns", "del", namespace, check=False)
+
+    def iptables(self, *arguments: str) -> None:
+        run("ip", "netns", "exec", self.host, "iptables", "-w", *arguments)
+
+    def rules(self) -> str:
+        return run("ip", "netns", "exec", self.host, "iptables-save").stdout
+
+    def peer(self, namespace: str, address: str, port: int) -> str:
+        """What a server at ``address:port`` says a connection from ``namespace`` came from."""
+        return run("ip", "netns", "exec", namespace, sys.executable, "-c", PEER_CLIENT, address,
+                   str(port)).stdout.strip()
+
+    def hook(self, domain: str, operation: str, sub_operation: str, xml: str) -> subprocess.CompletedProcess[str]:
+        """The hook as libvirtd runs it, in the host's namespace, seeing the role's configuration at
+        /etc/libvirt/hooks/egress-proxies (a private mount: the machine's own /etc is not touched)."""
+        script = (f"mount --bind {shlex.quote(str(self.root / 'etc-libvirt'))} /etc/libvirt && "
+                  "mount -t tmpfs tmpfs /run && exec /usr/bin/python3 \"$@\"")
+        return run("ip", "netns", "exec", self.host, "unshare", "--mount", "sh", "-c", script, "hook", str(HOOK),
+                   domain, operation, sub_operation, "-", stdin=xml, check=False)
+
+
+def domain_xml(name: str, *, port: int = 40003, source: str | None = SOURCES[1], guest: str = GUEST,
+               metadata: bool = True) -> str:
+    """A domain as the KVM provider defines it on a host that publishes proxies (domain_xml.py)."""
+    published = f"<egress:published address='{PUBLIC}' port='{port}'/>" if port else ""
+    sourced = f"<egress:source address='{source}'/>" if source else ""
+    instance = (f"<metadata><egress:instance xmlns:egress='https://crawl.example.com/egress-proxies/v1alpha1'>"
+                f"<egress:port>{PROXY_PORT}</egress:port><egress:guest address='{guest}' mac='{GUEST_MAC}'/>"
+                f"{published}{sourced}</egress:instance></metadata>") if metadata else ""
+    return (f"<domain type='kvm'><name>{name}</name>{instance}<devices><interface type='network'>"
+            f"<mac address='{GUEST_MAC}'/><source network='{NETWORK}'/></interface></devices></domain>")
+
+
+@pytest.fixture(scope="module")
+def hypervisor(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hypervisor]:
+    if os.geteuid() != 0:
+        pytest.skip("network namespaces need root")
+    found = Hypervisor(tmp_path_factory.mktemp("hook"))
+    try:
+        found.start()
+        yield found
+    finally:
+        found.stop()
+
+
+def ours(rules: str) -> list[str]:
+    return [line for line in rules.splitlines() if "egress-proxies:" in line]
+
+
+def test_a_published_guest_is_reached_and_leaves_from_its_source_while_it_runs(hypervisor: Hypervisor) -> None:
+    # Before: libvirt's NAT network alone, unreachable from outside, leaving as the host.
+    assert hypervisor.peer(hypervisor.outside, PUBLIC, 40003).startswith("unreachable")
+    assert hypervisor.peer(hypervisor.guest, OUTSIDE, ECHO_PORT) == PUBLIC
+
+    started = hypervisor.hook("p-1", "started", "begin", domain_xml("p-1"))
+    assert started.returncode == 0, started.stderr
+    # The crawler outside dials public:port and reaches the guest's proxy port, from its own address.
+    assert hypervisor.peer(hypervisor.outside, PUBLIC, 40003) == OUTSIDE
+    # The site outside sees the guest's source address, not the host's.
+    assert hypervisor.peer(hypervisor.guest, OUTSIDE, ECHO_PORT) == SOURCES[1]
+    # The host's other ports stay unpublished.
+    assert hypervisor.peer(hypervisor.outside, PUBLIC, 40004).startswith("unreachable")
+
+    # libvirtd restarted while it runs: the same rules, not twice.
+    before = ours(hypervisor.rules())
+    assert len(before) == 3, before
+    assert hypervisor.hook("p-1", "reconnect", "begin", domain_xml("p-1")).returncode == 0
+    assert ours(hypervisor.rules()) == before
+    rules = hypervisor.rules()
+    for chain in ("PREROUTING", "OUTPUT", "POSTROUTING", "FORWARD"):
+        jumps = [line for line in rules.splitlines() if line.startswith(f"-A {chain} ")]
+        assert jumps[0].startswith(f"-A {chain} -j EGRESS-PROXIES-"), jumps  # ahead of libvirt's rules
+
+    # Destroyed (libvirt runs "stopped end" then "release end"): its rules go, and it is as before.
+    for operation in ("stopped", "release"):
+        assert hypervisor.hook("p-1", operation, "end", domain_xml("p-1")).returncode == 0
+    assert ours(hypervisor.rules()) == []
+    assert hypervisor.peer(hypervisor.outside, PUBLIC, 40003).startswith("unreachable")
+    assert hypervisor.peer(hypervisor.guest, OUTSIDE, ECHO_PORT) == PUBLIC
+
+
+@pytest.mark.parametrize(("xml", "named"), [
+    (domain_xml("bad", port=22), "22 is not the host's public address 10.242.0.1 with a port of 40000-40009"),
+    (domain_xml("bad", source="10.242.0.1"), "source address 10.242.0.1 is not one of the host's source addresses"),
+    (domain_xml("bad", guest="10.9.9.9"), "guest address 10.9.9.9 is not a guest's address in 10.241.0.0/24"),
+])
+def test_a_domain_asking_for_more_than_the_role_configured_does_not_start(hypervisor: Hypervisor, xml: str,
+                                                                          named: str) -> None:
+    refused = hypervisor.hook("bad", "started", "begin", xml)
+    assert refused.returncode == 1
+    assert "domain bad" in refused.stderr and named in refused.stderr, refused.stderr
+    assert ours(hypervisor.rules()) == []
+
+
+def test_domains_that_are_not_published_proxies_are_left_alone(hypervisor: Hypervisor) -> None:
+    unrelated = hypervisor.hook("someone-elses", "started", "begin", domain_xml("x", metadata=False))
+    assert unrelated.returncode == 0 and unrelated.stderr == ""
+    assert ours(hypervisor.rules()) == []
