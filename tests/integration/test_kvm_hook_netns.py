@@ -167,7 +167,8 @@ def domain_xml(name: str, *, port: int = 40003, source: str | None = SOURCES[1],
 @pytest.fixture(scope="module")
 def hypervisor(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hypervisor]:
     if os.geteuid() != 0:
-        pytest.skip("network namespaces need root")
+        pytest.fail("the hook's test needs root (network namespaces); run the tests as root, as CI does",
+                    pytrace=False)
     found = Hypervisor(tmp_path_factory.mktemp("hook"))
     try:
         found.start()
