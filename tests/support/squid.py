@@ -208,7 +208,49 @@ class NetworkNamespace:
 _HTTP_PORT_LINE = re.compile(r"^\s*http_port\s", re.MULTILINE)
 
 
-class Squid:
+class NamespacedProcess:
+    """One process a test runs inside a ``NetworkNamespace``, its output in a log file: ``launch``
+    starts it (from a subclass's ``start``), ``stop`` ends its process group (safe to repeat);
+    a context manager."""
+
+    stop_timeout = 5.0
+
+    def __init__(self, netns: NetworkNamespace) -> None:
+        self.netns = netns
+        self._process: subprocess.Popen[bytes] | None = None
+        self._out: IO[bytes] | None = None
+
+    @property
+    def pid(self) -> int:
+        """The process (0 when stopped)."""
+        return self._process.pid if self._process is not None else 0
+
+    def launch(self, args: Sequence[str], log: Path) -> subprocess.Popen[bytes]:
+        self._out = open(log, "ab")  # noqa: SIM115 -- closed in stop()
+        self._process = self.netns.spawn(args, self._out)
+        return self._process
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        if self._process is not None:
+            stop_process_group(self._process, timeout=self.stop_timeout)
+            self._process = None
+        if self._out is not None:
+            self._out.close()
+            self._out = None
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+
+
+class Squid(NamespacedProcess):
     """One ``squid -N`` in ``netns`` with ``config`` (see the module docstring); a context manager.
 
     ``address`` defaults to the namespace's :attr:`~NetworkNamespace.address`; ``ports`` are the
@@ -218,15 +260,14 @@ class Squid:
 
     def __init__(self, netns: NetworkNamespace, config: str, *, port: int = 3128, ports: Sequence[int] = (),
                  address: str | None = None, name: str = "squid", start_timeout: float = 30.0) -> None:
-        self.netns = netns
+        super().__init__(netns)
         self.config = config
         self.address = address or netns.address
         self.ports = tuple(ports) or (port,)
         self.name = name
         self.start_timeout = start_timeout
         self.startup_seconds = 0.0
-        self._process: subprocess.Popen[bytes] | None = None
-        self._out: IO[bytes] | None = None
+        self.stop_timeout = 10.0
 
     @property
     def port(self) -> int:
@@ -243,11 +284,6 @@ class Squid:
     @property
     def running(self) -> bool:
         return self._process is not None and self._process.poll() is None
-
-    @property
-    def pid(self) -> int:
-        """The squid process (0 when stopped)."""
-        return self._process.pid if self._process is not None else 0
 
     def cache_log(self) -> str:
         return _read(self.directory / "cache.log")
@@ -283,15 +319,14 @@ class Squid:
         self.config_path.write_text(self.render_config())
         for log_name in ("cache.log", "access.log"):
             (self.directory / log_name).unlink(missing_ok=True)  # a restart reads only its own lines
-        self._out = open(self.directory / "squid.out", "ab")  # noqa: SIM115 -- closed in stop()
-        self._process = self.netns.spawn([SQUID, "-N", "-f", str(self.config_path)], self._out)
+        process = self.launch([SQUID, "-N", "-f", str(self.config_path)], self.directory / "squid.out")
         logs = [self.directory / "cache.log", self.directory / "squid.out"]
         remaining = self.start_timeout
         try:
             for port in self.ports:
                 remaining -= wait_until(_accepts(self.address, port),
                                         what=f"squid {self.name} on {self.address}:{port}", timeout=remaining,
-                                        process=self._process, logs=logs)
+                                        process=process, logs=logs)
         except BaseException:
             self.stop()
             raise
@@ -303,22 +338,6 @@ class Squid:
         if self._process is not None and self._process.poll() is None:
             os.killpg(self._process.pid, signal.SIGTERM)
 
-    def stop(self) -> None:
-        """SIGTERM squid (and its helpers, one process group) and wait for it; safe to repeat."""
-        if self._process is not None:
-            stop_process_group(self._process, timeout=10.0)
-            self._process = None
-        if self._out is not None:
-            self._out.close()
-            self._out = None
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.stop()
 
 
 def _accepts(address: str, port: int) -> Callable[[], bool]:
@@ -411,26 +430,19 @@ Server((address, http_port), Handler).serve_forever()
 """
 
 
-class TargetServer:
+class TargetServer(NamespacedProcess):
     """The origin side of a proxy test, inside ``netns`` on an address of its own (a context manager)."""
 
     def __init__(self, netns: NetworkNamespace, start_timeout: float = 20.0) -> None:
-        self.netns = netns
+        super().__init__(netns)
         self.start_timeout = start_timeout
         self.address = ""
         self.http_port = TARGET_HTTP_PORT
         self.connect_port = TARGET_CONNECT_PORT
-        self._process: subprocess.Popen[bytes] | None = None
-        self._out: IO[bytes] | None = None
         self._log = Path()
 
     def url(self, path: str) -> str:
         return f"http://{self.address}:{self.http_port}{path}"
-
-    @property
-    def pid(self) -> int:
-        """The server process (0 when stopped)."""
-        return self._process.pid if self._process is not None else 0
 
     @property
     def connect_target(self) -> str:
@@ -451,32 +463,14 @@ class TargetServer:
         directory = self.netns.root / f"targets-{self.address}"
         directory.mkdir()
         self._log = directory / "requests.jsonl"
-        self._out = open(directory / "server.out", "ab")  # noqa: SIM115 -- closed in stop()
-        self._process = self.netns.spawn(
-            [sys.executable, "-c", TARGET_SERVER, self.address, str(self.http_port), str(self.connect_port),
-             str(self._log)], self._out)
+        process = self.launch([sys.executable, "-c", TARGET_SERVER, self.address, str(self.http_port),
+                               str(self.connect_port), str(self._log)], directory / "server.out")
         remaining = self.start_timeout
         try:
             for port in (self.http_port, self.connect_port):
                 remaining -= wait_until(_accepts(self.address, port),
                                         what=f"target server on {self.address}:{port}", timeout=remaining,
-                                        process=self._process, logs=[directory / "server.out"])
+                                        process=process, logs=[directory / "server.out"])
         except BaseException:
             self.stop()
             raise
-
-    def stop(self) -> None:
-        if self._process is not None:
-            stop_process_group(self._process, timeout=5.0)
-            self._process = None
-        if self._out is not None:
-            self._out.close()
-            self._out = None
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.stop()
