@@ -25,7 +25,8 @@ records the time). Rounds are driven one after the other by the monitor's own ro
 
 Printed per round: wall time until the last healthy probe ended (target <= 10 s) and until the
 last probe of the round ended, the probes started, the prober's CPU (the bench process: event
-loop and verdict thread; target <= 5 s), outcomes by reason; for the first round (every
+loop and verdict thread; target <= 5 s; user and system apart), outcomes by reason, how often
+the probe target was asked directly; for the first round (every
 instance new, the hung ones mixed in, every probe full) and for a round in which every healthy
 instance's verdict changes (the probe target's key changed and back): each healthy verdict's
 delay from its probe's start, p50/p99/max (target: within its check timeout + 1 s). Then the
@@ -163,6 +164,11 @@ class TimedProber(Prober):
     def __init__(self, allowed_networks: list[str]) -> None:
         super().__init__(allowed_networks=allowed_networks)
         self.spans: dict[str, list[tuple[float, float]]] = {}
+        self.destination_checks = 0
+
+    async def check_destination(self, destination: ProbeDestination) -> str | None:
+        self.destination_checks += 1
+        return await super().check_destination(destination)
 
     async def probe_one(self, target: ProbeTarget, *, full: bool = True) -> ProbeOutcome:
         started = time.monotonic()
@@ -180,9 +186,10 @@ def verdict(label: str, value: float, target: float, unit: str = "s") -> str:
     return f"{label} {value:.2f} {unit} (target <= {target:g} {unit}: {'PASS' if value <= target else 'MISS'})"
 
 
-def cpu_seconds() -> float:
+def cpu_seconds() -> tuple[float, float]:
+    """(user, system) CPU seconds of this process so far."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
+    return usage.ru_utime, usage.ru_stime
 
 
 def parse() -> argparse.Namespace:
@@ -226,10 +233,14 @@ class Bench:
     def round(self, number: int, out: object) -> None:
         destinations = monitor_module._Destinations(self.prober)  # one per round, as a round starts one
         written_before = {k: len(v) for k, v in self.written.items()}
-        cpu, started = cpu_seconds(), time.monotonic()
+        checks_before = self.prober.destination_checks
+        (user, system), started = cpu_seconds(), time.monotonic()
         asyncio.run(self.monitor._round(PROVIDER, destinations))
         time.sleep(1.0)  # the verdict thread's last writes
-        wall, cpu = time.monotonic() - started, cpu_seconds() - cpu - 0.0
+        wall, (user_after, system_after) = time.monotonic() - started, cpu_seconds()
+        user, system = user_after - user, system_after - system
+        cpu = user + system
+        asked = self.prober.destination_checks - checks_before
         this = {k: spans[-1] for k, spans in self.prober.spans.items() if spans[-1][0] >= started}
         healthy_end = max((end for k, (_, end) in this.items() if k in self.healthy), default=started)
         reasons = Counter(str(o.reason) for k in this if (o := self.monitor.outcome(k)) is not None)
@@ -237,7 +248,8 @@ class Bench:
                   and len(self.written.get(k, [])) > written_before.get(k, 0)]
         lines = [f"round {number}: {len(this)} probes started, {len(delays)} healthy verdicts written; "
                  + verdict("healthy done in", healthy_end - started, 10.0) + f"; all done in {wall - 1.0:.2f} s; "
-                 + verdict("prober CPU", cpu, 5.0), f"  reasons: {dict(reasons)}"]
+                 + verdict("prober CPU", cpu, 5.0) + f" ({user:.2f} user, {system:.2f} system)",
+                 f"  reasons: {dict(reasons)}; the probe target asked directly {asked} time(s)"]
         if delays:
             lines.append(f"  healthy verdict delay from its probe's start: p50 {percentile(delays, 0.5):.3f} s, "
                          f"p99 {percentile(delays, 0.99):.3f} s, max {max(delays):.3f} s "

@@ -14,10 +14,12 @@ every interval, so one provider's hung instances never delay another's verdicts:
   their own), so hung ones do not hold up the healthy ones either. A new instance is probed at
   once, not an interval later.
 - **A verdict is written when its own probe ends**: an outcome that changes queues that Proxy's
-  ``write_verdict`` for the verdict thread (status and discovery), not for the next sweep.
+  ``write_verdict`` for the verdict thread (status and discovery), not for the next sweep; the
+  outcomes that change within ``VERDICT_BATCH_SECONDS`` of each other are written together.
 - **The probe target is asked directly** (``Prober.check_destination``) at the start of each
-  round and again after any probe failed: while it does not answer, the outcome is ``Unknown``
-  (``ProbeTargetUnreachable``) and no probe is sent through a proxy.
+  round and again after a probe failed of an instance not already failing: while it does not
+  answer, the outcome is ``Unknown`` (``ProbeTargetUnreachable``) and no probe is sent through a
+  proxy. (An instance already failing fails either way: the next round's check tells an outage.)
 - **Every proxy failing at once** (no probe of a provider passes in a round while at least two
   instances that had served fail) is a provider-wide failure, not theirs
   (``provider_failing_since``): the failure outcomes of instances that had served are held until
@@ -36,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import hashlib
 import logging
 import threading
@@ -43,6 +46,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+
+from prometheus_client import Counter, Histogram
 
 from egress_proxies import metrics
 from egress_proxies.providers.client import Instance, ProbeSettings
@@ -64,6 +69,8 @@ log = logging.getLogger(__name__)
 FULL_EVERY = 6
 # The lane of instances whose last probe failed gets this share of a provider's concurrency.
 SUSPECT_SHARE = 4  # one quarter
+# How long the verdict thread lets changed outcomes gather before writing them.
+VERDICT_BATCH_SECONDS = 0.05
 
 
 def probe_target(settings: ProbeSettings, proxy: Proxy, instance: Instance, key: bytes,
@@ -340,8 +347,10 @@ class ServingMonitor:
                 or record.probes % max(1, self.full_every) == 0)
         started = self.prober.clock()
         outcome = await self.prober.probe_one(item.target, full=full)
-        if not outcome.serving and outcome.reason is not ProbeReason.NOT_ALLOWED:
-            # Was it the proxy, or the probe target? Ask the target itself.
+        already_failing = record is not None and record.failing_since is not None
+        if not outcome.serving and outcome.reason is not ProbeReason.NOT_ALLOWED and not already_failing:
+            # Was it the proxy, or the probe target? Ask the target itself. (An instance already
+            # failing stays so either way; the next round's own check tells an outage then.)
             problem = await destinations.problem(item.target.destination, after=started)
             if problem is not None:
                 outcome = unknown_outcome(ProbeReason.PROBE_TARGET_UNREACHABLE, problem, outcome.probed_at)
@@ -351,9 +360,7 @@ class ServingMonitor:
         self._record(key, item, outcome, state)
 
     def _record(self, key: str, item: Watched, outcome: ProbeOutcome, state: _Round) -> None:
-        metrics.PROBES.labels(provider=item.provider, reason=outcome.reason.value).inc()
-        if outcome.latency_seconds is not None:
-            metrics.PROBE_SECONDS.labels(provider=item.provider).observe(outcome.latency_seconds)
+        _count(item.provider, outcome)
         with self._lock:
             current = self._watched.get(key)
             if current is None or current.target != item.target:
@@ -380,8 +387,7 @@ class ServingMonitor:
             # The instances held in discovery are judged on their own again.
             for key, watched in self._watched.items():
                 if watched.provider == state.provider:
-                    self._pending[key] = None
-            self._verdicts.notify_all()
+                    self._queue(key)
 
     def _end_round(self, state: _Round) -> None:
         with self._lock:
@@ -395,9 +401,8 @@ class ServingMonitor:
                             "a bounded time", state.provider, state.turned)
             for key, outcome in state.held:
                 self._store(key, self._records.get(key) or ProbeRecord(), outcome)
-                self._pending[key] = None  # the hold's end is judged again each round
+                self._queue(key)  # the hold's end is judged again each round
             state.held.clear()
-            self._verdicts.notify_all()
 
     def _store(self, key: str, record: ProbeRecord, outcome: ProbeOutcome) -> None:
         """Keep ``outcome`` (the lock held) and queue the verdict when it changes what is written."""
@@ -412,8 +417,14 @@ class ServingMonitor:
         self._unprobed.discard(key)
         if previous is None or (previous.serving, previous.reason, previous.private, previous.egress_ip) != (
                 outcome.serving, outcome.reason, outcome.private, outcome.egress_ip):
-            self._pending[key] = None
+            self._queue(key)
+
+    def _queue(self, key: str) -> None:
+        """Queue ``key``'s verdict (the lock held); the verdict thread is woken when the queue was
+        empty: waking it per verdict would hand it the GIL thousands of times a round."""
+        if not self._pending:
             self._verdicts.notify_all()
+        self._pending[key] = None
 
     # -- verdicts ------------------------------------------------------------------------------
 
@@ -431,6 +442,8 @@ class ServingMonitor:
             with self._verdicts:
                 if not self._pending:
                     self._verdicts.wait(timeout=1.0)
+            # The verdicts of probes ending together are written together.
+            stopping.wait(VERDICT_BATCH_SECONDS)
             self._write_pending()
 
 
@@ -443,3 +456,20 @@ def _write_all(writes: Sequence[Callable[[], None]]) -> None:
             log.exception("writing a probe verdict failed (the next sweep writes it)")
     if writes:
         log.debug("wrote %d probe verdict(s) in %.2f s", len(writes), time.monotonic() - started)
+
+
+@functools.cache
+def _counter(provider: str, reason: ProbeReason) -> Counter:
+    return metrics.PROBES.labels(provider=provider, reason=reason.value)
+
+
+@functools.cache
+def _latency(provider: str) -> Histogram:
+    return metrics.PROBE_SECONDS.labels(provider=provider)
+
+
+def _count(provider: str, outcome: ProbeOutcome) -> None:
+    """One probe in the metrics (the labelled series looked up once each: a round has thousands)."""
+    _counter(provider, outcome.reason).inc()
+    if outcome.latency_seconds is not None:
+        _latency(provider).observe(outcome.latency_seconds)

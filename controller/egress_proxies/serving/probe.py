@@ -58,6 +58,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import enum
+import functools
 import ipaddress
 import json
 import logging
@@ -169,11 +170,24 @@ class ProbeDestination:
         if not self.check_timeout > 0:
             raise ProbeConfigError(f"check_timeout must be positive, got {self.check_timeout}")
 
-    @property
+    @functools.cached_property
     def tunnel_path(self) -> str:
         """What the CONNECT check asks for through the tunnel: the HTTP URL's path and query."""
         parts = urlsplit(self.http_url)
         return (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+
+    @functools.cached_property
+    def tunnel_host(self) -> str:
+        """The Host of a request through the tunnel: the CONNECT target's host."""
+        return _connect_target_parts(self.connect, "connect")[0] if self.connect else ""
+
+    def host_of(self, url: str) -> str:
+        """The Host header of a request for ``url`` (one of this destination's URLs), worked out once."""
+        return self._hosts[url]
+
+    @functools.cached_property
+    def _hosts(self) -> dict[str, str]:
+        return {url: _http_url_parts(url, "url")[0] for url in (self.http_url, self.egress_echo_url) if url}
 
 
 @dataclass(frozen=True)
@@ -391,7 +405,9 @@ class Prober:
         try:
             nonce = new_nonce()
             what = "GET " + destination.http_url
-            response = await connection.request(_get_request(with_nonce(destination.http_url, nonce), identity), what)
+            response = await connection.request(
+                _get_request(with_nonce(destination.http_url, nonce), destination.host_of(destination.http_url),
+                             identity), what)
             latency.append(response.seconds)
             self._expect(target, response, what, identity, destination.expected_status,
                          ProbeReason.UNEXPECTED_STATUS)
@@ -411,7 +427,8 @@ class Prober:
         nonce = new_nonce()
         what = "GET " + destination.egress_echo_url
         response = await self._later_check(
-            connection, _get_request(with_nonce(destination.egress_echo_url, nonce), auth), what,
+            connection, _get_request(with_nonce(destination.egress_echo_url, nonce),
+                                     destination.host_of(destination.egress_echo_url), auth), what,
             ProbeReason.EGRESS_ECHO_FAILED, keep_body=True)
         self._expect(target, response, what, auth, 200, ProbeReason.EGRESS_ECHO_FAILED)
         return _echoed_address(destination, nonce, response.body, f"{what} through {target.endpoint}")
@@ -424,9 +441,8 @@ class Prober:
         response = await self._later_check(connection, _connect_request(destination.connect, auth), what,
                                            ProbeReason.CONNECT_FAILED, tunnel=True)
         self._expect(target, response, what, auth, 200, ProbeReason.CONNECT_FAILED)
-        host, _ = _connect_target_parts(destination.connect, "connect")
         nonce = new_nonce()
-        inner = _origin_request(host, with_nonce(destination.tunnel_path, nonce), close=True)
+        inner = _origin_request(destination.tunnel_host, with_nonce(destination.tunnel_path, nonce), close=True)
         through = f"{what} through {target.endpoint}, then GET through the tunnel"
         response = await self._later_check(connection, inner, through, ProbeReason.CONNECT_FAILED, retry=False)
         if response.status != destination.expected_status:
@@ -461,7 +477,7 @@ class Prober:
             if echo:
                 _echoed_address(destination, nonce, response.body, what)
             else:
-                _expect_proof(destination, nonce, response, ProbeReason.PROBE_TARGET_UNREACHABLE, what)
+                _expect_proof(destination, nonce, response, ProbeReason.TARGET_NOT_REACHED, what)
         except _CheckFailed as failure:
             raise _CheckFailed(ProbeReason.PROBE_TARGET_UNREACHABLE,
                                f"ProbeTargetUnreachable: {failure.message} (is probe.keyFile the key the probe "
@@ -507,13 +523,14 @@ class Prober:
             return False, "NOT private: the proxy served the checks without credentials"
         destination = target.destination
         made_up = ProbeCredentials.made_up().header_value()
-        checks = [(f"GET {destination.http_url} without credentials", _get_request(destination.http_url, None),
+        host = destination.host_of(destination.http_url)
+        checks = [(f"GET {destination.http_url} without credentials", _get_request(destination.http_url, host, None),
                    False)]
         if destination.connect is not None:
             checks.append((f"CONNECT {destination.connect} without credentials",
                            _connect_request(destination.connect, None), True))
         checks.append((f"GET {destination.http_url} with a made-up user and password",
-                       _get_request(destination.http_url, made_up), False))
+                       _get_request(destination.http_url, host, made_up), False))
         refused: list[str] = []
         # A connection of its own that never carried valid credentials: a proxy that authenticates
         # connections rather than requests must not count an earlier login for these.
@@ -698,11 +715,10 @@ def _request_lines(first: str, host: str, auth: str | None, *extra: str) -> byte
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
 
-def _get_request(url: str, auth: str | None) -> bytes:
-    """A GET in absolute form, for a proxy."""
-    netloc, _ = _http_url_parts(url, "url")
+def _get_request(url: str, host: str, auth: str | None) -> bytes:
+    """A GET of ``url`` (whose Host is ``host``) in absolute form, for a proxy."""
     # A cached answer would prove nothing about the way out (see the module docstring).
-    return _request_lines(f"GET {url} HTTP/1.1", netloc, auth, "Accept: */*", "Cache-Control: no-cache",
+    return _request_lines(f"GET {url} HTTP/1.1", host, auth, "Accept: */*", "Cache-Control: no-cache",
                           "Pragma: no-cache")
 
 

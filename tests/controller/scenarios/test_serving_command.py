@@ -139,9 +139,9 @@ def test_a_probe_target_outage_empties_nothing_and_replaces_nothing_and_liars_ne
         return Placement(world.address(pod["metadata"]["name"]), "liar" if name == "five-liar" else "forward")
 
     command, kubelet = lab(providers, place, proxies)
-    wait_for(lambda: command.discovery() == sorted(good), 120, "the six honest proxies in discovery",
+    wait_for(lambda: command.discovery() == sorted(good), 300, "the six honest proxies in discovery",
              interval=0.5, diagnostics=lambda: command.log_text()[-3000:])
-    wait_for(lambda: serving(command, "five-liar") == ("False", "TargetNotReached"), 30, "the liar found out",
+    wait_for(lambda: serving(command, "five-liar") == ("False", "TargetNotReached"), 120, "the liar found out",
              interval=0.5)
     assert "egressIP" not in command.status("five-liar")
     instances = len(kubelet.pods())
@@ -165,7 +165,7 @@ def test_a_probe_target_outage_empties_nothing_and_replaces_nothing_and_liars_ne
     assert created == 0  # nothing replaced
     assert set(verdicts.values()) == {("Unknown", "ProbeTargetUnreachable")}, verdicts
     assert liar_phase != "Ready"
-    wait_for(lambda: all(serving(command, name) == ("True", "Serving") for name in good), 30,
+    wait_for(lambda: all(serving(command, name) == ("True", "Serving") for name in good), 120,
              "every honest proxy serving again", interval=0.5)
     assert serving(command, "five-liar") == ("False", "TargetNotReached")
     assert len(kubelet.pods()) == instances
@@ -225,16 +225,16 @@ def test_each_provider_is_probed_on_its_own_terms_and_each_verdict_when_its_prob
         return Placement(good_address)
 
     command, _ = lab(providers, place, proxies)
-    seen = watch_ready(command, good, 240)
+    seen = watch_ready(command, good, 400)
     assert sorted(seen) == sorted(good), command.log_text()[-3000:]
     latencies = sorted(seen[name] - first_probe(world, good_address, 5000 + i) for i, name in enumerate(good))
     figures.append(f"good verdicts beside 100 hung: {latencies[0]:.2f}-{latencies[-1]:.2f} s from each probe's start")
     assert latencies[-1] <= 2.0, latencies  # its own check timeout (5 s) + 1 s is the bound; it takes ms
-    wait_for(lambda: serving(command, "quick-0")[1] == "Timeout", 60, "the 1 s timeout honoured", interval=0.5)
+    wait_for(lambda: serving(command, "quick-0")[1] == "Timeout", 180, "the 1 s timeout honoured", interval=0.5)
     assert "within 1s" in command.condition("quick-0", "Serving")["message"]
-    wait_for(lambda: command.phase("patient-0") == "Ready", 90, "a 7 s answer serving under a 20 s timeout",
+    wait_for(lambda: command.phase("patient-0") == "Ready", 300, "a 7 s answer serving under a 20 s timeout",
              interval=0.5)
-    wait_for(lambda: command.phase("good-slow") == "Ready", 60, "the slow one serving too", interval=0.5)
+    wait_for(lambda: command.phase("good-slow") == "Ready", 180, "the slow one serving too", interval=0.5)
     assert all(command.phase(f"hung-{i}") != "Ready" for i in range(100))
     broken = command.condition("broken-0", "Ready")
     assert broken["reason"] == "ProviderConfigInvalid"
@@ -245,13 +245,15 @@ def test_each_provider_is_probed_on_its_own_terms_and_each_verdict_when_its_prob
 
 
 def test_a_flapping_proxy_is_not_replaced_and_discovery_follows_the_probe_not_the_sweep(
-        world: World, lab: Callable[..., tuple[Command, Kubelet]], tmp_path: Path, figures: list[str]) -> None:
+        world: World, lab: Callable[..., tuple[Command, Kubelet]], tmp_path: Path, figures: list[str],
+        request: pytest.FixtureRequest) -> None:
     """Row 8. A proxy up 6 s, down 6 s, with unhealthyAfterSeconds 30, while every sweep takes 20 s
     or more (another provider's API never answers, so its listing waits out its timeout). It never
     goes 30 s without a success, so it is never replaced; and discovery lists it exactly while
     the probe finds it serving, within a probe interval (1 s) and a probe of each change. Before:
     verdicts came with the sweep, 20 s late, and the proxy was replaced."""
     tarpit = socket.create_server(("127.0.0.1", 0), backlog=64)  # accepts (the kernel does), never answers
+    request.addfinalizer(tarpit.close)
     stuck = world.provider("stuck", tmp_path, unhealthyAfterSeconds=30)
     stuck["kubernetes"]["kubeconfig"] = str(write_kubeconfig(tmp_path / "stuck-kubeconfig",
                                                              f"http://127.0.0.1:{tarpit.getsockname()[1]}"))
@@ -261,13 +263,12 @@ def test_a_flapping_proxy_is_not_replaced_and_discovery_follows_the_probe_not_th
     command, kubelet = lab(providers, lambda _: Placement(flappy, "flap", {"period": 6}),
                            {"flappy-0": {"provider": "flappy"}, "stuck-0": {"provider": "stuck"}},
                            probe_interval=1.0)
-    wait_for(lambda: "flappy-0" in command.discovery(), 120, "the flapping proxy serving once", interval=0.25)
+    wait_for(lambda: "flappy-0" in command.discovery(), 300, "the flapping proxy serving once", interval=0.25)
     samples: list[tuple[float, bool]] = []
     deadline = time.monotonic() + 50
     while time.monotonic() < deadline:
         samples.append((time.time(), "flappy-0" in command.discovery()))
         time.sleep(0.25)
-    tarpit.close()
     late = [when for when, listed in samples if listed != (int(when / 6) % 2 == 0) and when % 6 > 3.0]
     instances = len(pods_of(kubelet, "flappy-0"))
     figures.append(f"flapping 6/6 s for 50 s: discovery > 3 s behind the proxy at {len(late)} of {len(samples)} "
@@ -290,7 +291,7 @@ def test_a_proxy_whose_instances_never_serve_has_at_most_two(
     closed = world.address("never")
     command, kubelet = lab([world.provider("never", tmp_path, unhealthyAfterSeconds=30, startupSeconds=30)],
                            lambda _: Placement(closed, "closed"), {"never-0": {"provider": "never"}})
-    wait_for(lambda: len(pods_of(kubelet, "never-0")) == 1, 120, "its first instance", interval=0.5)
+    wait_for(lambda: len(pods_of(kubelet, "never-0")) == 1, 300, "its first instance", interval=0.5)
     (first,) = [p for p in kubelet.pods() if proxy_of(p) == "never-0"]
     leftover = json.loads(json.dumps(first))
     leftover["metadata"] = {k: v for k, v in first["metadata"].items()
@@ -298,14 +299,14 @@ def test_a_proxy_whose_instances_never_serve_has_at_most_two(
     leftover.pop("status", None)
     with client.ApiClient(client.Configuration(host=world.kube.url)) as api:
         client.CoreV1Api(api).create_namespaced_pod(first["metadata"]["namespace"], leftover)
-    wait_for(lambda: serving(command, "never-0")[0] == "False", 60, "the first probe failing", interval=0.5)
+    wait_for(lambda: serving(command, "never-0")[0] == "False", 180, "the first probe failing", interval=0.5)
     most = 0
-    deadline = time.monotonic() + 90
+    deadline = time.monotonic() + 300
     while time.monotonic() < deadline and "replacing instance" not in command.log_text():
         most = max(most, len(pods_of(kubelet, "never-0")))
         time.sleep(0.25)
     assert "replacing instance" in command.log_text(), command.log_text()[-3000:]
-    wait_for(lambda: "p-crawlers-never-0-left" not in pods_of(kubelet, "never-0"), 60, "the leftover deleted",
+    wait_for(lambda: "p-crawlers-never-0-left" not in pods_of(kubelet, "never-0"), 180, "the leftover deleted",
              interval=0.25)
     for _ in range(40):
         most = max(most, len(pods_of(kubelet, "never-0")))
@@ -334,14 +335,14 @@ def test_privacy_and_identity_are_probed_and_an_answer_never_leaks(
     providers = [world.provider("private", tmp_path), world.provider("unprobed", tmp_path, probe="none")]
     proxies = {name: {"provider": "unprobed" if name == "unverified" else "private"} for name in addresses}
     command, kubelet = lab(providers, lambda pod: Placement(*addresses[proxy_of(pod)]), proxies)
-    wait_for(lambda: command.phase("arp-b") == "Ready", 120, "the honest instance Ready", interval=0.5)
-    wait_for(lambda: command.condition("fake-auth", "Private").get("reason") == "NotPrivate", 60,
+    wait_for(lambda: command.phase("arp-b") == "Ready", 300, "the honest instance Ready", interval=0.5)
+    wait_for(lambda: command.condition("fake-auth", "Private").get("reason") == "NotPrivate", 180,
              "the any-password proxy found out", interval=0.5)
-    wait_for(lambda: serving(command, "echoer") == ("False", "BadResponse"), 60, "the echoer failing",
+    wait_for(lambda: serving(command, "echoer") == ("False", "BadResponse"), 180, "the echoer failing",
              interval=0.5)
-    wait_for(lambda: serving(command, "arp-a") == ("False", "ProxyAuthenticationRequired"), 60,
+    wait_for(lambda: serving(command, "arp-a") == ("False", "ProxyAuthenticationRequired"), 180,
              "the other instance's answer refused", interval=0.5)
-    wait_for(lambda: command.phase("unverified") == "Ready", 60, "the unprobed proxy Ready", interval=0.5)
+    wait_for(lambda: command.phase("unverified") == "Ready", 180, "the unprobed proxy Ready", interval=0.5)
     private = command.condition("unverified", "Private")
     assert (private["status"], private["reason"]) == ("Unknown", "Unverified")
     time.sleep(3)  # a few more probes of each

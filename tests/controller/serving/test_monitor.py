@@ -161,6 +161,9 @@ def test_a_failure_is_the_proxys_only_when_the_target_answers_after_it() -> None
     assert outcome is not None and outcome.reason is ProbeReason.TIMEOUT
     record = watching.monitor.record(target("192.0.2.10").key)
     assert record is not None and record.last_success is not None and record.failing_since is not None
+    # Failing again: nothing to tell apart (it is failing either way); the round's check only.
+    watching.monitor.probe_now()
+    assert watching.prober.checks == checks + 3
 
 
 def test_the_failure_clock_is_reset_by_every_success() -> None:
