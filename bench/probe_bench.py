@@ -26,11 +26,12 @@ records the time). Rounds are driven one after the other by the monitor's own ro
 Printed per round: wall time until the last healthy probe ended (target <= 10 s) and until the
 last probe of the round ended, the probes started, the prober's CPU (the bench process: event
 loop and verdict thread; target <= 5 s; user and system apart), outcomes by reason, how often
-the probe target was asked directly; for the first round (every
-instance new, the hung ones mixed in, every probe full) and for a round in which every healthy
-instance's verdict changes (the probe target's key changed and back): each healthy verdict's
-delay from its probe's start, p50/p99/max (target: within its check timeout + 1 s). Then the
-process's peak RSS (target <= 300 MiB for the whole controller; this is the probing part).
+the probe target was asked directly; for the first round (every instance new, the hung ones
+mixed in, every probe full) and for a round in which every healthy instance's verdict changes
+(the controller's key changed: the target's proofs fail the direct check, every verdict goes
+Unknown and nothing is probed; then back, every probe full): each healthy verdict's delay from
+its probe's start, p50/p99/max (target: within its check timeout + 1 s). Then the process's peak
+RSS (target <= 300 MiB for the whole controller; this is the probing part).
 
 Run as root (the namespace) from the repository root:
 ``.venv/bin/python bench/probe_bench.py [--endpoints 10000] [--hung-percent 10] [--rounds 4]``.
@@ -295,8 +296,9 @@ def main() -> int:
         bench = Bench(TimedProber([ns.network, "127.0.0.0/8"]), targets, healthy)
         for number in range(1, args.rounds + 1):
             bench.round(number, out)
-        # Every healthy verdict changes at once: the key both sides hold changes (a rotation seen
-        # by the controller first), then back. The second of these rounds writes every verdict.
+        # Every healthy verdict changes at once: the controller's key changes (a rotation it sees
+        # first), so the direct check fails and every verdict goes Unknown (nothing probed), then
+        # back. The second of these rounds writes every verdict, each when its (full) probe ends.
         bench.monitor.watch({t.key: replace(w, target=replace(t, destination=replace(destination, proof_key=b"x" * 32)))
                              for t, w in ((t, bench.monitor._watched[t.key]) for t in targets)},
                             {PROVIDER: bench.monitor._settings[PROVIDER]})

@@ -173,6 +173,45 @@ def test_a_probe_target_outage_empties_nothing_and_replaces_nothing_and_liars_ne
     assert "replacing instance" not in log and "Traceback" not in log
 
 
+def test_every_proxy_of_a_provider_failing_at_once_stays_in_discovery_for_a_bounded_time(
+        world: World, lab: Callable[..., tuple[Command, Kubelet]], tmp_path: Path, figures: list[str]) -> None:
+    """Row 1's second half. Every proxy of a provider hangs at once while the probe target answers
+    the controller (their way out is down, not they): for unhealthyAfterSeconds (30) from the
+    first failure they stay Ready (ProviderWideFailure) and in discovery, and none is replaced;
+    after it they are judged one by one (replaced, make before break). Before: discovery kept
+    nothing when every proxy failed at once (row 1)."""
+    probe = {"timeoutSeconds": 2, "unhealthyAfterSeconds": 30, "startupSeconds": 30}
+    names = ["wide-0", "wide-1", "wide-2"]
+    command, kubelet = lab([world.provider("wide", tmp_path, **probe)],
+                           lambda pod: Placement(world.address(pod["metadata"]["name"])),
+                           {name: {"provider": "wide"} for name in names})
+    wait_for(lambda: command.discovery() == names, 300, "the three proxies in discovery", interval=0.5,
+             diagnostics=lambda: command.log_text()[-3000:])
+    instances = len(kubelet.pods())
+    for pod in kubelet.pods():
+        placement = kubelet.placed[pod["metadata"]["name"]]
+        world.fakes.mode(placement.address, pod["spec"]["containers"][0]["ports"][0]["containerPort"], "hang")
+    hung = time.monotonic()
+    wait_for(lambda: {command.condition(n, "Ready").get("reason") for n in names} == {"ProviderWideFailure"}, 30,
+             "the provider-wide failure seen", interval=0.25, diagnostics=lambda: command.log_text()[-3000:])
+    listed: list[list[str]] = []
+    while time.monotonic() < hung + 24:
+        listed.append(command.discovery())
+        time.sleep(0.5)
+    created = len(kubelet.pods()) - instances
+    wait_for(lambda: "replacing instance" in command.log_text(), 120, "a replacement once the hold ended",
+             interval=0.25)
+    replaced_after = time.monotonic() - hung
+    figures.append(f"every proxy of a provider hung: discovery held {min(map(len, listed))}-"
+                   f"{max(map(len, listed))} of 3 over {len(listed)} looks in 24 s, {created} instance(s) "
+                   f"created meanwhile; the first replaced {replaced_after:.0f} s after they hung")
+    assert all(found == names for found in listed), listed
+    assert created == 0
+    assert replaced_after >= 30, replaced_after  # the hold is bounded by unhealthyAfterSeconds, not shorter
+    wait_for(lambda: all(command.phase(n) == "Ready" and serving(command, n)[0] == "True" for n in names), 240,
+             "every Proxy serving on its successor", interval=0.5)
+
+
 # -- rows 5-7: each provider on its own terms; a verdict when its own probe ends -------------------
 
 
