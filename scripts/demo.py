@@ -224,6 +224,20 @@ def tail(path: Path, lines: int = 25) -> str:
         return "(none)"
 
 
+def start_probe_target(demo: Path, namespace: str, stack: ExitStack) -> None:
+    """The probe target (and the crawler's web server) in ``namespace``, with a new key in
+    ``demo/probe.key`` (the file the provider config names); stopped by ``stack``."""
+    key = demo / "probe.key"
+    key.write_text(secrets.token_urlsafe(32) + "\n")
+    key.chmod(0o600)
+    egress_proxies = str(Path(sys.executable).parent / "egress-proxies")
+    server = subprocess.Popen(
+        ["ip", "netns", "exec", namespace, egress_proxies, "probe-target", "--key-file", str(key),
+         "--listen", f"0.0.0.0:{WEB_PORT}", "--listen", f"0.0.0.0:{TUNNEL_PORT}"],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    stack.callback(stop_process_group, server)
+
+
 def real(demo: Path, stack: ExitStack) -> int:
     timeline = Timeline()
     started = time.monotonic()
@@ -238,15 +252,7 @@ def real(demo: Path, stack: ExitStack) -> int:
     timeline.add("hypervisor bootstrap (playbook)", run.seconds)
     say(f"   bootstrapped in {run.seconds:.0f} s: {' '.join(run.stdout.strip().splitlines()[-1].split())}")
 
-    key = demo / "probe.key"
-    key.write_text(secrets.token_urlsafe(32) + "\n")
-    key.chmod(0o600)
-    egress_proxies = str(Path(sys.executable).parent / "egress-proxies")
-    server = subprocess.Popen(
-        ["ip", "netns", "exec", host.namespace, egress_proxies, "probe-target", "--key-file", str(key),
-         "--listen", f"0.0.0.0:{WEB_PORT}", "--listen", f"0.0.0.0:{TUNNEL_PORT}"],
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    stack.callback(stop_process_group, server)
+    start_probe_target(demo, host.namespace, stack)
     web_url = f"http://{host.guest_network_address}:{WEB_PORT}/"
 
     proxies, work = demo / "proxies", demo / "work"
