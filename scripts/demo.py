@@ -65,7 +65,6 @@ sys.path.insert(0, str(ROOT / "tests"))
 from support.guest_image import BUILD_SCRIPT, CACHE_ROOT, cache_key, guest_image  # noqa: E402
 from support.hypervisor_host import HypervisorHost, bootstrap  # noqa: E402
 from support.libvirt_daemon import LibvirtTestDaemon, stop_process_group  # noqa: E402
-from support.no_content_server import NO_CONTENT_SERVER  # noqa: E402
 
 EXAMPLE = ROOT / "controller" / "examples" / "proxy-kvm-squid.yaml"
 PROVIDER, LOCATION = "home-kvm", "beelink"  # what the example Proxies name
@@ -76,10 +75,10 @@ DISCOVERY_PORT = 8080
 READY_TIMEOUT = 900.0  # per step; a guest serves ~35 s after it starts on a quiet machine, 10 min at load 12
 TEAM = "crawlers-team"
 
-# Answers every GET with 204 (``/ip``: the caller's address, the probe's egress echo); runs inside
-# the namespace, where the guests reach it on their bridge. Written to a file in the demo's
+# The web server the crawler's curl fetches from and the probe target in one: the project's own
+# ``egress-proxies probe-target`` (204 for any path, ``/echo`` the caller's address), inside the
+# namespace, where the guests reach it on their bridge; its key file lives in the demo's
 # directory, so every process the demo starts names that directory (how leftovers are found).
-WEB_SERVER = NO_CONTENT_SERVER
 
 
 class DemoFailed(Exception):
@@ -152,9 +151,9 @@ def provider_config(path: Path, host: HypervisorHost, known_hosts: Path, image: 
         "providers": [{
             "name": PROVIDER, "type": "kvm",
             # Everything the probe fetches is served inside the namespace, on the guests' bridge.
-            "probe": {"httpUrl": f"http://{bridge}:{WEB_PORT}/generate_204", "expectStatus": 204,
-                      "connect": f"{bridge}:{TUNNEL_PORT}", "egressEchoUrl": f"http://{bridge}:{WEB_PORT}/ip",
-                      "timeoutSeconds": 5,
+            "probe": {"httpUrl": f"http://{bridge}:{WEB_PORT}/generate_204",
+                      "keyFile": str(path.with_name("probe.key")), "connect": f"{bridge}:{TUNNEL_PORT}",
+                      "egressEchoUrl": f"http://{bridge}:{WEB_PORT}/echo", "timeoutSeconds": 5,
                       # Under software emulation on a loaded machine a guest may take minutes
                       # to boot: no replacement of a guest that is merely slow within the demo.
                       "unhealthyAfterSeconds": 1800},
@@ -227,6 +226,20 @@ def tail(path: Path, lines: int = 25) -> str:
         return "(none)"
 
 
+def start_probe_target(demo: Path, namespace: str, stack: ExitStack) -> None:
+    """The probe target (and the crawler's web server) in ``namespace``, with a new key in
+    ``demo/probe.key`` (the file the provider config names); stopped by ``stack``."""
+    key = demo / "probe.key"
+    key.write_text(secrets.token_urlsafe(32) + "\n")
+    key.chmod(0o600)
+    egress_proxies = str(Path(sys.executable).parent / "egress-proxies")
+    server = subprocess.Popen(
+        ["ip", "netns", "exec", namespace, egress_proxies, "probe-target", "--key-file", str(key),
+         "--listen", f"0.0.0.0:{WEB_PORT}", "--listen", f"0.0.0.0:{TUNNEL_PORT}"],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    stack.callback(stop_process_group, server)
+
+
 def real(demo: Path, stack: ExitStack) -> int:
     timeline = Timeline()
     started = time.monotonic()
@@ -241,12 +254,7 @@ def real(demo: Path, stack: ExitStack) -> int:
     timeline.add("hypervisor bootstrap (playbook)", run.seconds)
     say(f"   bootstrapped in {run.seconds:.0f} s: {' '.join(run.stdout.strip().splitlines()[-1].split())}")
 
-    server_script = demo / "web_server.py"
-    server_script.write_text(WEB_SERVER)
-    server = subprocess.Popen(["ip", "netns", "exec", host.namespace, sys.executable, str(server_script),
-                               str(WEB_PORT), str(TUNNEL_PORT)], stdin=subprocess.DEVNULL,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    stack.callback(stop_process_group, server)
+    start_probe_target(demo, host.namespace, stack)
     web_url = f"http://{host.guest_network_address}:{WEB_PORT}/"
 
     proxies, work = demo / "proxies", demo / "work"

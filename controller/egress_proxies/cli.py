@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import importlib.metadata
 import logging
 import os
@@ -30,6 +31,7 @@ from egress_proxies.loop import ChangeFeed, Controller, Elector, LoopSettings
 from egress_proxies.providers import client as providers_module
 from egress_proxies.providers.runner import AnsibleRunner
 from egress_proxies.resources.proxy import PHASE_READY, Proxy
+from egress_proxies.serving import proof, target
 from egress_proxies.serving.credentials import GRACE_SECONDS, Credentials, FileSecrets, SecretBackend
 from egress_proxies.serving.monitor import ServingMonitor
 from egress_proxies.serving.probe import ProbeConfigError, Prober
@@ -406,8 +408,34 @@ def serve(settings: Settings, pieces: Pieces, scopes: TokenScopes) -> int:
     return 0
 
 
+def probe_target_main(argv: list[str]) -> int:
+    """``egress-proxies probe-target``: serve what the probes reach through every proxy."""
+    parser = argparse.ArgumentParser(
+        prog="egress-proxies probe-target",
+        description="Serve the probe target: the 204, echo and tunnel endpoints only it can answer the "
+                    "controller's probes with (docs/operations.md, 'Running the probe target').")
+    parser.add_argument("--listen", type=_listen, action="append", default=None, metavar="HOST:PORT",
+                        help="an address to serve plain HTTP on (repeatable; default 0.0.0.0:80 and 0.0.0.0:443, "
+                             "443 being where the CONNECT check tunnels to)")
+    parser.add_argument("--key-file", type=Path, required=True,
+                        help="the shared key, the same file as the provider config's probe.keyFile")
+    parser.add_argument("--log-level", type=str.upper, choices=["DEBUG", "INFO", "WARNING", "ERROR"], default="INFO")
+    args = parser.parse_args(argv)
+    logs.configure(args.log_level, "text")
+    try:
+        key = proof.read_key(str(args.key_file))
+    except (OSError, ValueError) as error:
+        log.error("--key-file: %s", error if isinstance(error, ValueError) else error.strerror)
+        return 2
+    asyncio.run(target.run(key, args.listen or [("0.0.0.0", 80), ("0.0.0.0", 443)]))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
-    settings = parse_args(argv)
+    arguments = sys.argv[1:] if argv is None else argv
+    if arguments[:1] == ["probe-target"]:
+        return probe_target_main(arguments[1:])
+    settings = parse_args(arguments)
     runner = AnsibleRunner(settings.work_dir, timeout_seconds=settings.runner_timeout_seconds,
                            max_concurrent=settings.max_runners, keep_artifacts=settings.keep_artifacts)
     if settings.check_config:

@@ -149,8 +149,8 @@ class Controller:
             self.health.set_leader(True)
         monitor = self.reconciler.monitor
         if monitor is not None:
-            # Probes run beside the sweeps, never inside them; a changed outcome wakes the sweep.
-            monitor.on_change = self.trigger
+            # Probes run beside the sweeps, never inside them; a changed outcome writes its verdict
+            # on the monitor's own thread.
             threads.append(threading.Thread(target=self._guarded("probe", lambda: monitor.run(self.stopping)),
                                             name="probe", daemon=True))
         for thread in threads:
@@ -234,12 +234,12 @@ class Controller:
                     # A new term: serve the stored Ready Proxies until this term's first sweep
                     # is done (it may take minutes when it creates instances).
                     self.refresh_stored_view()
-                before = self.reconciler.last_ready
+                before = self.reconciler.published
                 self.sweep_once()
                 with self._view_lock:
                     # Only a sweep that got as far as computing the Ready list replaces the stored
                     # view (one whose listing failed leaves last_ready as it was: maybe empty).
-                    if self.reconciler.last_ready is not before:
+                    if self.reconciler.published != before:
                         self._serving_sweep = self._leader.is_set()
             else:
                 self.refresh_stored_view()

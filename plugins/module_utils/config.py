@@ -68,14 +68,30 @@ PROVIDER_TYPES = tuple(_SECTION_PARSERS)
 LABEL_VALUE_RE = re.compile(r"^[a-z0-9]([a-z0-9_-]{0,61}[a-z0-9])?$")
 
 
-# What "serving" is checked against when a provider says nothing: a generate_204 URL and an
-# HTTPS CONNECT to a well-known host, the checks crawler teams use themselves. Every one of them
-# can be pointed at a self-hosted target; nothing in the controller depends on these hosts.
-DEFAULT_PROBE_HTTP_URL = "http://connectivitycheck.gstatic.com/generate_204"
-DEFAULT_PROBE_CONNECT = "www.google.com:443"
-PROBE_KEYS = ("httpUrl", "expectStatus", "connect", "egressEchoUrl", "timeoutSeconds", "unhealthyAfterSeconds",
-              "startupSeconds")
+# What the probe is checked against is the operator's own probe target (``egress-proxies
+# probe-target``, docs/operations.md): only it can answer the probe's nonces, with the key both
+# sides read from ``keyFile``. No public default can, so a provider without a ``probe`` section has
+# no target: its proxies are never Ready until one is named (the controller says so in their
+# Serving condition), and nothing else about the provider changes.
+PROBE_KEYS = ("httpUrl", "keyFile", "expectStatus", "connect", "egressEchoUrl", "timeoutSeconds",
+              "unhealthyAfterSeconds", "startupSeconds", "concurrency", "roundSeconds")
 HOST_PORT_RE = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):([0-9]{1,5})$")
+_URL_HOST_RE = re.compile(r"^http://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+)(:[0-9]+)?(/\S*)?$")
+# The HTTPS port a probe target's tunnel listens on: squid tunnels to 443 only (SSL_ports).
+PROBE_TUNNEL_PORT = 443
+# (default, minimum, maximum) of each numeric probe setting.
+PROBE_NUMBERS = {
+    "expectStatus": (204, 100, 599),
+    # Seconds for one check through the proxy (connecting included).
+    "timeoutSeconds": (5, 1, 60),
+    "unhealthyAfterSeconds": (300, 30, 86400),
+    "startupSeconds": (900, 30, 86400),
+    # Probes of this provider in flight at once (its own share: another provider's never wait).
+    "concurrency": (200, 1, 10000),
+    # How long one round of this provider may start probes; the ones it did not start wait for
+    # the next round (their last verdict stands).
+    "roundSeconds": (30, 5, 3600),
+}
 
 
 # Where crawlers may connect from when neither the provider nor the Proxy says: private, CGNAT
@@ -89,24 +105,29 @@ class ProbeSettings:
     """How the controller checks that this provider's proxies serve (a request through each).
 
     ``enabled`` False is ``probe: none``: the controller cannot reach the instances (a NAT'd
-    network, the libvirt test driver's made-up addresses) and reports them unverified."""
+    network, the libvirt test driver's made-up addresses) and reports them unverified.
+    ``http_url`` None (no ``probe`` section): probed, but no probe target is named yet."""
 
     enabled: bool = True
-    http_url: str = DEFAULT_PROBE_HTTP_URL
+    http_url: Optional[str] = None
+    key_file: Optional[str] = None
     expect_status: int = 204
-    connect: Optional[str] = DEFAULT_PROBE_CONNECT
+    connect: Optional[str] = None
     egress_echo_url: Optional[str] = None
     timeout_seconds: int = 5
     unhealthy_after_seconds: int = 300
     # How long a new instance may take to serve for the first time (boot, cloud-init installing
     # squid) before "not serving" counts against it: a booting instance is not a dead one.
     startup_seconds: int = 900
+    concurrency: int = 200
+    round_seconds: int = 30
 
     def as_dict(self) -> Dict[str, Any]:
-        return {"enabled": self.enabled, "httpUrl": self.http_url, "expectStatus": self.expect_status,
-                "connect": self.connect, "egressEchoUrl": self.egress_echo_url,
+        return {"enabled": self.enabled, "httpUrl": self.http_url, "keyFile": self.key_file,
+                "expectStatus": self.expect_status, "connect": self.connect, "egressEchoUrl": self.egress_echo_url,
                 "timeoutSeconds": self.timeout_seconds, "unhealthyAfterSeconds": self.unhealthy_after_seconds,
-                "startupSeconds": self.startup_seconds}
+                "startupSeconds": self.startup_seconds, "concurrency": self.concurrency,
+                "roundSeconds": self.round_seconds}
 
 
 @dataclass(frozen=True)
@@ -248,7 +269,7 @@ def _parse_networks(item: Reader, errors: Errors, key: str, default: Tuple[str, 
 
 
 def _parse_probe(item: Reader, errors: Errors) -> Optional[ProbeSettings]:
-    """``probe``: absent (the defaults), ``none`` (unverified), or a mapping of PROBE_KEYS."""
+    """``probe``: absent (no target named yet), ``none`` (unverified), or a mapping of PROBE_KEYS."""
     value = item.data.get("probe")
     if value is None:
         return ProbeSettings()
@@ -261,35 +282,46 @@ def _parse_probe(item: Reader, errors: Errors) -> Optional[ProbeSettings]:
         return None
     reader.only(errors, *PROBE_KEYS)
     url_rule = "must be an http:// URL (the check sends a plain-HTTP request through the proxy)"
-    http_url = errors.read(reader.string, "httpUrl", DEFAULT_PROBE_HTTP_URL, pattern=re.compile(r"^http://\S+$"),
-                           rule=url_rule)
+    http_url = errors.read(reader.string, "httpUrl", pattern=_URL_HOST_RE,
+                           rule=url_rule + "; name your probe target (egress-proxies probe-target)")
+    key_file = errors.read(reader.absolute_path, "keyFile", True)
     echo = None
     if reader.has("egressEchoUrl"):
-        echo = errors.read(reader.string, "egressEchoUrl", pattern=re.compile(r"^http://\S+$"), rule=url_rule)
-    connect: Optional[str] = DEFAULT_PROBE_CONNECT
-    if "connect" in reader.data and reader.data["connect"] in (None, "none"):
-        connect = None
-    elif reader.has("connect"):
-        connect = errors.read(reader.string, "connect", pattern=HOST_PORT_RE,
-                              rule="must be host:port (the HTTPS CONNECT check's target), or none")
-
-    def number(key: str, default: int, minimum: int, maximum: int) -> int:
-        if not reader.has(key):
-            return default
-        found = errors.read(reader.integer, key, minimum)
-        if found is not None and found > maximum:
-            errors.add("%s: must be at most %d, got %d" % (reader.at(key), maximum, found))
-        return found if found is not None else default
-
-    status = number("expectStatus", 204, 100, 599)
-    timeout = number("timeoutSeconds", 5, 1, 60)
-    unhealthy = number("unhealthyAfterSeconds", 300, 30, 86400)
-    startup = number("startupSeconds", 900, 30, 86400)
-    if len(errors) > before or http_url is None:
+        echo = errors.read(reader.string, "egressEchoUrl", pattern=_URL_HOST_RE, rule=url_rule)
+    connect = _probe_connect(reader, errors, http_url)
+    numbers = {key: _probe_number(reader, errors, key) for key in PROBE_NUMBERS}
+    if numbers["roundSeconds"] < numbers["timeoutSeconds"]:
+        errors.add("%s: must be at least timeoutSeconds (%d), got %d: a round must have time for one check" % (
+            reader.at("roundSeconds"), numbers["timeoutSeconds"], numbers["roundSeconds"]))
+    if len(errors) > before or http_url is None or key_file is None:
         return None
-    return ProbeSettings(enabled=True, http_url=http_url, expect_status=status, connect=connect,
-                         egress_echo_url=echo, timeout_seconds=timeout, unhealthy_after_seconds=unhealthy,
-                         startup_seconds=startup)
+    return ProbeSettings(enabled=True, http_url=http_url, key_file=key_file, expect_status=numbers["expectStatus"],
+                         connect=connect, egress_echo_url=echo, timeout_seconds=numbers["timeoutSeconds"],
+                         unhealthy_after_seconds=numbers["unhealthyAfterSeconds"],
+                         startup_seconds=numbers["startupSeconds"], concurrency=numbers["concurrency"],
+                         round_seconds=numbers["roundSeconds"])
+
+
+def _probe_connect(reader: Reader, errors: Errors, http_url: Optional[str]) -> Optional[str]:
+    """``connect``: host:port of the CONNECT check, ``none``, or (absent) the httpUrl's host on 443."""
+    if "connect" in reader.data and reader.data["connect"] in (None, "none"):
+        return None
+    if reader.has("connect"):
+        return errors.read(reader.string, "connect", pattern=HOST_PORT_RE,
+                           rule="must be host:port (the HTTPS CONNECT check's target), or none")
+    match = _URL_HOST_RE.fullmatch(http_url or "")
+    return "%s:%d" % (match.group(1), PROBE_TUNNEL_PORT) if match else None
+
+
+def _probe_number(reader: Reader, errors: Errors, key: str) -> int:
+    default, minimum, maximum = PROBE_NUMBERS[key]
+    if not reader.has(key):
+        return default
+    found = errors.read(reader.integer, key, minimum)
+    if found is not None and found > maximum:
+        errors.add("%s: must be at most %d, got %d" % (reader.at(key), maximum, found))
+        return default
+    return found if found is not None else default
 
 
 def validate_provider_config(document: Any) -> ConfigReport:

@@ -122,7 +122,8 @@ providers:
     probe:
       description:
         - How the controller checks that this provider's proxies serve (the C(probe) field, defaults filled in).
-        - "C(enabled) is false for C(probe: none)."
+        - "C(enabled) is false for C(probe: none); C(httpUrl) and C(keyFile) are null when the provider names no
+          probe target (no C(probe) field)."
       type: dict
     backend_errors:
       description:

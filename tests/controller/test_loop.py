@@ -45,7 +45,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 class FakeReconciler:
-    """What the loop needs of ``Reconciler``: ``sweep()``, ``last_ready`` and ``monitor`` (none: no probing).
+    """What the loop needs of ``Reconciler``: ``sweep()``, ``last_ready``, ``published`` (the sweeps
+    that set it) and ``monitor`` (none: no probing).
 
     ``block`` holds a sweep until set; ``fail`` makes the next sweep raise; ``ready`` is what a
     finished sweep found Ready (a new list each sweep, as the real one assigns).
@@ -54,6 +55,7 @@ class FakeReconciler:
     def __init__(self, ready: Callable[[], list[Proxy]] = list) -> None:
         self.ready = ready
         self.last_ready: list[Proxy] = []
+        self.published = 0
         self.monitor = None
         self.block = threading.Event()
         self.block.set()
@@ -68,6 +70,7 @@ class FakeReconciler:
             if self.fail is not None:
                 raise self.fail
             self.last_ready = list(self.ready())
+            self.published += 1
             self.sweeps += 1
             return SweepReport()
         finally:

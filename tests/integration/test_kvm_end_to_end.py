@@ -8,8 +8,11 @@ the key the bootstrap authorized and the host key it printed. The guest is the D
 ``tests/support/guest_image`` builds (cached per machine): cloud-init, squid and, in one
 variant, qemu-guest-agent; nothing is fetched at boot.
 
-Ready means serving: the controller probes every running guest *through its squid* (a 204 URL,
-a CONNECT to port 443 and an egress echo, all served inside the host's namespace). The guests'
+Ready means serving: the controller probes every running guest *through its squid* against the
+project's own probe target (``egress-proxies probe-target``, inside the host's namespace): a 204
+URL, a CONNECT to port 443 with a request through the tunnel, and an egress echo, each carrying a
+fresh nonce only the target can answer with its key, each logging in as the guest's own probe
+identity, and the privacy check with a made-up user and password. The guests'
 network is isolated inside the host's namespace, reachable from nowhere else -- which is where
 the test's own curl runs, so the controller runs there too (``ip netns exec``), with
 ``--probe-allow`` limited to the guests' /24; it reaches the Kubernetes API emulator through a
@@ -33,6 +36,7 @@ import hashlib
 import json
 import math
 import os
+import secrets
 import socket
 import subprocess
 import sys
@@ -60,7 +64,6 @@ from support.guest_image import guest_image
 from support.hypervisor_host import HypervisorHost, bootstrap
 from support.kube_emulator import KubeEmulator, proxy_crd
 from support.libvirt_daemon import stop_process_group, wait_until
-from support.no_content_server import NO_CONTENT_SERVER
 from support.provider_config import OWNER, BaseImage, kvm_host, write_kubeconfig, write_kvm_config
 
 pytestmark = pytest.mark.timeout(1800)
@@ -158,17 +161,28 @@ def bootstrapped(timings: Timings) -> Iterator[Bootstrapped]:
 
 
 @pytest.fixture(scope="module")
-def web_url(bootstrapped: Bootstrapped) -> Iterator[str]:
-    """The 204 server inside the host's namespace, listening on the guests' bridge too."""
+def probe_key(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The key the probe target and the controller share (the provider's probe.keyFile)."""
+    path = tmp_path_factory.mktemp("probe-key") / "key"
+    path.write_text(secrets.token_urlsafe(32) + "\n")
+    path.chmod(0o600)
+    return path
+
+
+@pytest.fixture(scope="module")
+def web_url(bootstrapped: Bootstrapped, probe_key: Path) -> Iterator[str]:
+    """The project's probe target inside the host's namespace, listening on the guests' bridge
+    too: what the controller's nonce probes reach through each guest's squid (the 204 URL, the
+    tunnel port 443, the echo), and the crawler's curl fetches from (204 for any path)."""
     host = bootstrapped.host
     server = subprocess.Popen(
-        ["ip", "netns", "exec", host.namespace, sys.executable, "-c", NO_CONTENT_SERVER, str(WEB_PORT),
-         str(TUNNEL_PORT)],
+        ["ip", "netns", "exec", host.namespace, str(Path(sys.executable).parent / "egress-proxies"), "probe-target",
+         "--key-file", str(probe_key), "--listen", f"0.0.0.0:{WEB_PORT}", "--listen", f"0.0.0.0:{TUNNEL_PORT}"],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         wait_until(lambda: host.run_in_namespace(["curl", "-s", "-o", "/dev/null", f"http://127.0.0.1:{WEB_PORT}/"],
                                                  check=False).returncode == 0,
-                   what="the 204 server", timeout=30, process=server, logs=[])
+                   what="the probe target", timeout=30, process=server, logs=[])
         yield f"http://{host.guest_network_address}:{WEB_PORT}/"
     finally:
         stop_process_group(server)
@@ -404,7 +418,7 @@ class Lab:
 
 @pytest.fixture(scope="module")
 def lab(bootstrapped: Bootstrapped, images: dict[str, BaseImage], kube_module: KubeEmulator, timings: Timings,
-        web_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
+        web_url: str, probe_key: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
     host = bootstrapped.host
     directory = tmp_path_factory.mktemp("e2e")
     # The controller's own copy of the key the role authorized, so the negative step can take
@@ -417,8 +431,8 @@ def lab(bootstrapped: Bootstrapped, images: dict[str, BaseImage], kube_module: K
     # the CONNECT target (port 443 there) and the egress echo (the address squid connects from).
     # The bridge is an internal address: the provider opens it on purpose (allowedDestinations).
     bridge = host.guest_network_address
-    probe = {"httpUrl": f"http://{bridge}:{WEB_PORT}/generate_204", "expectStatus": 204,
-             "connect": f"{bridge}:{TUNNEL_PORT}", "egressEchoUrl": f"http://{bridge}:{WEB_PORT}/ip",
+    probe = {"httpUrl": f"http://{bridge}:{WEB_PORT}/generate_204", "keyFile": str(probe_key),
+             "connect": f"{bridge}:{TUNNEL_PORT}", "egressEchoUrl": f"http://{bridge}:{WEB_PORT}/echo",
              "timeoutSeconds": 5, "unhealthyAfterSeconds": UNHEALTHY_AFTER}
     config = write_kvm_config(
         directory / "providers.yaml", [kvm_host(HOST, f"qemu+ssh://root@{host.address}/system")],
@@ -528,6 +542,11 @@ def _serving(lab: Lab, name: str, domain: libvirt.virDomain, running: float) -> 
     assert status["endpoint"] == f"{status['ip']}:{SQUID_PORT}"
     serving = lab.condition(name, "Serving")
     assert serving["status"] == "True" and serving["reason"] == "Serving", serving
+    # Through real squid with the delivered policy: the target's proofs of the nonces came back,
+    # the tunnel included, and strangers (none, made-up credentials) were refused.
+    assert "reached the probe target" in serving["message"], serving
+    private = lab.condition(name, "Private")
+    assert (private["status"], private["reason"]) == ("True", "CredentialsRequired"), private
     # squid fetched the echo URL from the guest's own address: that is the proxy's egress.
     assert status["egressIP"] == status["ip"], status
     assert status["probe"]["lastProbeTime"] and status["probe"]["latencySeconds"] >= 0, status

@@ -8,8 +8,11 @@ scripted failures. The real edges are tested for real elsewhere.
 
 from __future__ import annotations
 
+import asyncio
 import copy
+import datetime
 import itertools
+import time
 import uuid
 from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -23,6 +26,7 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.squid_access 
 from egress_proxies.providers.errors import ErrorClass
 from egress_proxies.providers.runner import AnsibleRunner, Operation, OperationResult
 from egress_proxies.resources.proxy import FINALIZER, Proxy
+from egress_proxies.serving.probe import ProbeDestination, ProbeOutcome, ProbeReason, ProbeTarget
 from egress_proxies.sources.store import Conflict, Gone, WatchEvent
 
 
@@ -153,6 +157,8 @@ class FakeRunner:
     backend_errors: dict[str, list[str]] = field(default_factory=dict)
     # The access policy version the collection's modules deliver (provider_config_info's).
     policy_version: str = POLICY_VERSION
+    # Every provider's probe settings as the validator reports them (None: probe: none).
+    probe: dict[str, Any] | None = None
 
     def run(self, provider: str, verb: str, operations: Sequence[Operation]) -> list[OperationResult]:
         if operations and operations[0].module == "provider_config_info":
@@ -235,7 +241,7 @@ class FakeRunner:
         in the end-to-end tests and in tests/integration/test_provider_config_info.py)."""
         document = yaml.safe_load(Path(op.args["provider_config"]).read_text())
         # Not probed unless a test says otherwise: the fake's instances have made-up addresses.
-        probe = ProbeSettings(enabled=False).as_dict()
+        probe = self.probe if self.probe is not None else ProbeSettings(enabled=False).as_dict()
         asked = bool(op.args.get("check_backends"))
         providers = [{"name": p["name"], "type": p["type"], "valid": p["name"] not in self.invalid_providers,
                       "errors": self.invalid_providers.get(p["name"], []), "probe": dict(probe),
@@ -265,3 +271,55 @@ class RecordingRunner:
     def verbs(self) -> list[str]:
         """The verbs of provider calls (the config check is not a provider call)."""
         return [verb for _, verb, _ in self.calls if verb != "check"]
+
+
+def probe_settings(key_file: Path, **overrides: Any) -> dict[str, Any]:
+    """A provider's probe settings as the collection's validator returns them, naming a probe
+    target (never contacted: a ``ScriptedProber`` answers) and a key file, written here."""
+    if not key_file.exists():
+        key_file.write_text("k" * 32 + "\n")
+    settings = ProbeSettings(enabled=True, http_url="http://probe.test/generate_204", key_file=str(key_file))
+    return {**settings.as_dict(), "connect": None, **overrides}
+
+
+class ScriptedProber:
+    """The prober's interface (``probe_one``, ``check_destination``, ``clock``, ``now``) played
+    from a script, by the target's host: ``serving`` (True, or a failure reason), ``private``
+    (False: serves without credentials too), ``delay`` (seconds a probe takes); ``target_down``:
+    the probe target does not answer the controller directly; ``error``: raised by every probe."""
+
+    def __init__(self, now: datetime.datetime | None = None) -> None:
+        self.serving: dict[str, bool | ProbeReason] = {}
+        self.private: dict[str, bool] = {}
+        self.delay: dict[str, float] = {}
+        self.probed: list[tuple[str, bool]] = []  # (host, full)
+        self.targets: list[ProbeTarget] = []
+        self.checks = 0
+        self.destinations: set[ProbeDestination] = set()
+        self.target_down = False
+        self.error: Exception | None = None
+        self.clock = time.monotonic
+        self._now = now
+
+    def now(self) -> datetime.datetime:
+        return self._now or datetime.datetime.now(datetime.UTC)
+
+    async def probe_one(self, target: ProbeTarget, *, full: bool = True) -> ProbeOutcome:
+        if self.error is not None:
+            raise self.error
+        started = self.now()
+        self.probed.append((target.host, full))
+        self.targets.append(target)
+        await asyncio.sleep(self.delay.get(target.host, 0.0))
+        state = self.serving.get(target.host, True)
+        if state is True:
+            private = self.private.get(target.host, True) if full else None
+            return ProbeOutcome(True, ProbeReason.SERVING, "ok", 0.012, "198.51.100.7" if full else None, private,
+                                "scripted" if full else "not checked", started, full)
+        reason = state if isinstance(state, ProbeReason) else ProbeReason.TIMEOUT
+        return ProbeOutcome(False, reason, f"{reason} at {target.endpoint}", None, None, None, "", started, full)
+
+    async def check_destination(self, destination: ProbeDestination) -> str | None:
+        self.checks += 1
+        self.destinations.add(destination)
+        return "ProbeTargetUnreachable: Timeout: nothing answers" if self.target_down else None

@@ -255,30 +255,36 @@ class NetworkNamespace(_Started):
             self._root = None
 
 
-class _Server(_Started):
-    """One process of a test's inside a namespace, started by a subclass's start(); a context
-    manager that stops it (its process group) and closes its output."""
+class NamespacedProcess(_Started):
+    """One process a test runs inside a ``NetworkNamespace``, its output in a log file: ``launch``
+    (or ``_run``, which also waits until it is ready) starts it from a subclass's ``start``;
+    ``stop`` ends its process group and closes its output (safe to repeat); a context manager."""
 
-    netns: NetworkNamespace
-    start_timeout: float
+    start_timeout: float = 20.0
     stop_timeout = 5.0
 
-    def __init__(self) -> None:
+    def __init__(self, netns: NetworkNamespace) -> None:
+        self.netns = netns
         self._process: subprocess.Popen[bytes] | None = None
         self._out: IO[bytes] | None = None
 
     @property
     def pid(self) -> int:
-        """The server process (0 when stopped)."""
+        """The process (0 when stopped)."""
         return self._process.pid if self._process is not None else 0
+
+    def launch(self, args: Sequence[str], log: Path, env: Mapping[str, str] | None = None) -> subprocess.Popen[bytes]:
+        """Spawn ``args`` in the namespace, its output to ``log``."""
+        self._out = open(log, "ab")  # noqa: SIM115 -- closed in stop()
+        self._process = self.netns.spawn(args, self._out, env=env)
+        return self._process
 
     def _run(self, args: Sequence[str], output: Path, ready: Callable[[], bool], what: str,
              logs: Sequence[Path] = ()) -> None:
-        """Spawn ``args`` in the namespace, its output to ``output``; wait until ``ready``."""
-        self._out = open(output, "ab")  # noqa: SIM115 -- closed in stop()
-        self._process = self.netns.spawn(args, self._out)
+        """``launch``, then wait until ``ready`` (stopped again when it never is)."""
+        process = self.launch(args, output)
         try:
-            wait_until(ready, what=what, timeout=self.start_timeout, process=self._process, logs=[output, *logs])
+            wait_until(ready, what=what, timeout=self.start_timeout, process=process, logs=[output, *logs])
         except BaseException:
             self.stop()
             raise
@@ -297,7 +303,7 @@ _HTTP_PORT_LINE = re.compile(r"^\s*http_port\s", re.MULTILINE)
 _VISIBLE_HOSTNAME_LINE = re.compile(r"^\s*visible_hostname\s", re.MULTILINE)
 
 
-class Squid(_Server):
+class Squid(NamespacedProcess):
     """One ``squid -N`` in ``netns`` with ``config`` (see the module docstring); a context manager.
     Stopping it (SIGTERM to squid and its helpers, one process group) takes 2 s however idle.
 
@@ -311,8 +317,7 @@ class Squid(_Server):
     def __init__(self, netns: NetworkNamespace, config: str, *, port: int = 3128, ports: Sequence[int] = (),
                  address: str | None = None, name: str = "squid", start_timeout: float = 30.0,
                  extra: str = "", launcher: Sequence[str] = (), env: Mapping[str, str] | None = None) -> None:
-        super().__init__()
-        self.netns = netns
+        super().__init__(netns)
         self.config = config
         self.address = address or netns.address
         self.ports = tuple(ports) or (port,)
@@ -374,16 +379,15 @@ class Squid(_Server):
         self.config_path.write_text(self.render_config())
         for log_name in ("cache.log", "access.log"):
             (self.directory / log_name).unlink(missing_ok=True)  # a restart reads only its own lines
-        self._out = open(self.directory / "squid.out", "ab")  # noqa: SIM115 -- closed in stop()
-        self._process = self.netns.spawn([*self.launcher, SQUID, "-N", "-f", str(self.config_path)], self._out,
-                                         env=self.env)
+        process = self.launch([*self.launcher, SQUID, "-N", "-f", str(self.config_path)],
+                              self.directory / "squid.out", env=self.env)
         logs = [self.directory / "cache.log", self.directory / "squid.out"]
         remaining = self.start_timeout
         try:
             for port in self.ports:
                 remaining -= wait_until(_accepts(self.address, port),
                                         what=f"squid {self.name} on {self.address}:{port}", timeout=remaining,
-                                        process=self._process, logs=logs)
+                                        process=process, logs=logs)
         except BaseException:
             self.stop()
             raise
@@ -542,7 +546,7 @@ server.serve_forever()
 """
 
 
-class TargetServer(_Server):
+class TargetServer(NamespacedProcess):
     """The origin side of a proxy test, inside ``netns`` on an address of its own (a context manager).
 
     ``address`` (default: a new one of the namespace's /24) is added to the namespace; ``ftp_port``
@@ -551,8 +555,7 @@ class TargetServer(_Server):
     def __init__(self, netns: NetworkNamespace, start_timeout: float = 20.0, *, address: str | None = None,
                  http_port: int = TARGET_HTTP_PORT, connect_port: int = TARGET_CONNECT_PORT,
                  ftp_port: int = 0) -> None:
-        super().__init__()
-        self.netns = netns
+        super().__init__(netns)
         self.start_timeout = start_timeout
         self.address = ""
         self._wanted_address = address
@@ -590,14 +593,13 @@ class TargetServer(_Server):
                   f"target server on {self.address}")
 
 
-class DnsServer(_Server):
+class DnsServer(NamespacedProcess):
     """dnsmasq inside ``netns`` on ``address``:53 answering only ``names`` (name -> addresses;
     every other name: REFUSED, no upstream), logging each query (a context manager)."""
 
     def __init__(self, netns: NetworkNamespace, names: Mapping[str, Sequence[str]], address: str = "127.0.0.1",
                  start_timeout: float = 20.0) -> None:
-        super().__init__()
-        self.netns = netns
+        super().__init__(netns)
         self.names = dict(names)
         self.address = address
         self.start_timeout = start_timeout

@@ -300,26 +300,31 @@ class ProviderClient:
 class ProbeSettings:
     """A provider's ``probe`` as ``provider_config_info`` returns it: validated by the collection,
     every default filled in there (docs/contract.md, "provider_config_info"), so this only types
-    the wire form and adds no default of its own."""
+    the wire form and adds no default of its own. ``http_url`` and ``key_file`` are None when the
+    provider names no probe target (no ``probe`` section)."""
 
     enabled: bool
-    http_url: str
+    http_url: str | None
+    key_file: str | None
     expect_status: int
     connect: str | None
     egress_echo_url: str | None
     timeout_seconds: float
     unhealthy_after_seconds: float
     startup_seconds: float
+    concurrency: int
+    round_seconds: float
 
     @classmethod
     def from_result(cls, data: Mapping[str, Any]) -> ProbeSettings:
         """Raises KeyError (a missing field) or ValueError/TypeError (a wrong type): a module that
         does not speak this contract."""
-        return cls(enabled=bool(data["enabled"]), http_url=str(data["httpUrl"]),
+        return cls(enabled=bool(data["enabled"]), http_url=data["httpUrl"] or None, key_file=data["keyFile"] or None,
                    expect_status=int(data["expectStatus"]), connect=data["connect"] or None,
                    egress_echo_url=data["egressEchoUrl"] or None, timeout_seconds=float(data["timeoutSeconds"]),
                    unhealthy_after_seconds=float(data["unhealthyAfterSeconds"]),
-                   startup_seconds=float(data["startupSeconds"]))
+                   startup_seconds=float(data["startupSeconds"]), concurrency=int(data["concurrency"]),
+                   round_seconds=float(data["roundSeconds"]))
 
 
 class ConfigUnreadable(Exception):

@@ -125,7 +125,10 @@ _Dumper.add_representer(_Unsafe, lambda dumper, data: dumper.represent_scalar("!
 
 def _unsafe(value: Any) -> Any:
     if isinstance(value, str):
-        return _Unsafe(value)
+        # Only a string with a brace can hold a template. Ansible's loader reads an !unsafe scalar
+        # of digits as an int even when quoted (a spec-hash tag such as 2937465012345678 reached
+        # the module as a number), while a plain string is dumped quoted and stays a string.
+        return _Unsafe(value) if "{" in value or "%" in value else value
     if isinstance(value, dict):
         return {str(key): _unsafe(item) for key, item in value.items()}
     if isinstance(value, list | tuple):

@@ -1,53 +1,56 @@
-"""Probing a proxy *through itself*: does traffic sent to this endpoint actually go out?
+"""Probing a proxy *through itself*: does traffic sent to this endpoint reach the probe target?
 
 "The instance runs and has an IP" is not what a crawler needs; this module answers the question
-a crawler would ask, from the controller, for many proxies at once:
+a crawler would ask, from the controller, for many proxies at once. Every check goes to the
+operator's own probe target (``ProbeDestination``: its URLs and the key of ``proof``) and
+carries a fresh nonce; an answer counts only with the target's proof of that nonce, so an
+endpoint that answers by itself (a 204 of its own, a CONNECT 200 that goes nowhere, an echo
+with an invented address) never passes:
 
-1. **HTTP check** -- ``GET <http_url>`` in absolute form through the proxy (what a crawler's plain
-   HTTP request is), expecting ``expected_status`` (a ``generate_204``-style URL answers 204).
-   It proves the proxy accepts our request (with our credentials) and fetched the URL from its
-   own side. ``Cache-Control: no-cache`` keeps a caching proxy from answering out of its cache
-   (a 204 is cacheable by default), which would prove nothing about the way out.
-2. **Egress echo** (when ``egress_echo_url`` is set) -- ``GET`` of a URL whose body is the
-   caller's address, as the origin sees it: that is the proxy's egress address
-   (``ProbeOutcome.egress_ip``), which may differ from the address we connect to (NAT, a
-   ``tcp_outgoing_address``). Any self-hosted service works: plain-text body, or a JSON object
-   with ``ip`` (ipify style) or ``origin`` (httpbin style).
-3. **CONNECT check** (when ``connect_target`` is set) -- ``CONNECT host:port`` through the proxy,
-   expecting ``200``. Squid sends that 200 only after its own TCP connection to ``host:port`` is
-   up (a refused port gets 503, tested), so it proves the proxy allows tunnels from us to that
-   port and can reach it. Nothing is sent through the tunnel: no TLS handshake, so it says
-   nothing about certificates or the origin's TLS stack -- only that HTTPS traffic has a way out.
-4. **Privacy** (when ``expect_private``) -- the proxy must refuse a request that carries no
-   credentials with 407 (or 403). With credentials configured, the HTTP check and the CONNECT
-   check are each sent once more without them; without credentials configured, the checks
-   above were already credential-less, so a proxy that served them is not private. Privacy is
-   reported in ``ProbeOutcome.private`` and does not change ``serving``: an open proxy does
-   serve, it is just not fit to be handed out (the caller decides that).
+1. **HTTP check** -- ``GET <http_url>?<nonce>`` in absolute form through the proxy (what a
+   crawler's plain HTTP request is), expecting ``expected_status`` and the proof in
+   ``PROOF_HEADER``. It authenticates with the instance's own identity when the target has one
+   (``ProbeTarget.identity``: a user only that instance's squid knows), so an answer from another
+   instance at this address (an address found by ARP that belongs to another guest) is a 407,
+   not "serving". ``Cache-Control: no-cache`` keeps a caching proxy out of the way.
+2. **Egress echo** (full probes, when ``egress_echo_url`` is set) -- ``GET <echo>?<nonce>``,
+   whose JSON body is ``{"ip": <the caller's address>, "proof": proof(key, nonce, ip)}``: the
+   proxy's egress address (``ProbeOutcome.egress_ip``), which may differ from the address we
+   connect to (NAT, ``tcp_outgoing_address``), and cannot be invented.
+3. **CONNECT check** (when ``connect`` is set) -- ``CONNECT host:port`` through the proxy,
+   expecting ``200``, then a plain ``GET <path>?<nonce>`` sent *through the tunnel* to the probe
+   target's tunnel port (it speaks plain HTTP there; squid tunnels to 443 only), expecting the
+   proof back: the tunnel reached the target, not just a proxy willing to say 200.
+4. **Privacy** (full probes, when ``expect_private``) -- on a connection of its own that never
+   carried credentials: the HTTP check and the CONNECT check without credentials, then the HTTP
+   check with a made-up user and password; each must be refused (407, or 403). A proxy that lets
+   any of them through (a drop-in accepting any password, an ``http_access allow`` before the
+   policy) is not private. Reported in ``ProbeOutcome.private``; it does not change
+   ``serving``: an open proxy does serve, it is just not fit to be handed out.
 
-Checks 1-3 run in that order (the CONNECT check last: a tunnel that opens ends the connection
-they share) and the first failure ends the probe of that proxy; the privacy check runs beside
-them on a connection of its own and counts only when the proxy serves. ``reason`` says *how* the
-proxy failed when the proxy itself failed (``ConnectionRefused``, ``Timeout``,
-``ProxyAuthenticationRequired`` -- a 407 is never healthy --, ``UnexpectedStatus`` for the HTTP
-check's status), and *which* check failed when the proxy answered the HTTP check but not a later
-one (``ConnectFailed``, ``EgressEchoFailed``); ``message`` carries the details
-("UnexpectedStatus 403: ..."). Reasons are CamelCase without spaces, valid Kubernetes condition
-reasons as they stand.
+Checks 1-3 run in that order on one kept-alive connection (a tunnel ends it) and the first
+failure ends the probe; the privacy check runs beside them. A *full* probe runs all four; the
+others (``probe_one(full=False)``) only 1 and 3, which is what a round mostly needs (egress
+address and privacy change rarely; ``monitor`` decides which probe is full).
 
-Only the proxy endpoint is ever connected to; the URLs and the CONNECT target are fetched by the
-proxy, from its side. ``Prober(allowed_networks=...)`` refuses (``NotAllowed``, nothing sent) an
-endpoint outside the given networks. Where a provider's instances are not reachable from the
-controller, or libvirt's test driver stands in with made-up addresses, the provider is not
-probed at all (``probe: none`` in the provider config, wired by the reconciler): the prober
-only ever sees targets that the caller decided are real and reachable.
+``reason`` says *how* the proxy failed (``ConnectionRefused``, ``Timeout``,
+``ProxyAuthenticationRequired`` -- a 407 is never healthy --, ``UnexpectedStatus``,
+``TargetNotReached`` for an answer without a valid proof), and *which* check failed when the
+HTTP check passed but a later one did not (``ConnectFailed``, ``EgressEchoFailed``). A message
+never carries bytes of the answer beyond its status code (an endpoint may echo what we sent,
+credentials included): the reason and fixed words say the rest.
 
+``check_destination`` asks the probe target directly, not through any proxy (its HTTP URL, its
+tunnel port, its echo): the monitor tells a target that does not answer from proxies that fail
+with it (``ProbeTargetUnreachable``: nothing is known of the proxy then).
+
+Only the proxy endpoint and the probe target are ever connected to. ``Prober(allowed_networks=
+...)`` refuses (``NotAllowed``, nothing sent) an endpoint outside the given networks; providers
+whose instances the controller cannot reach say ``probe: none`` and are never probed.
 Credentials go into ``Proxy-Authorization`` only; they are never in a repr, a message or a log.
 
-Protocol: raw HTTP/1.1 over ``asyncio.open_connection``, persistent connections: the checks
-with credentials share one connection, the privacy checks another that never carried any
-(``_Connection``). Five short exchanges per proxy do not need an HTTP client library; the
-figures are in docs/performance.md (bench/probe_bench.py).
+Protocol: raw HTTP/1.1 over ``asyncio.open_connection``, persistent connections
+(``_Connection``); the figures are in docs/performance.md (bench/probe_bench.py).
 """
 
 from __future__ import annotations
@@ -55,16 +58,20 @@ from __future__ import annotations
 import asyncio
 import base64
 import enum
+import functools
 import ipaddress
 import json
 import logging
+import secrets
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import TypeVar
 from urllib.parse import urlsplit
 
 from egress_proxies.resources import times
+from egress_proxies.serving.proof import PROOF_HEADER, new_nonce, proves, with_nonce
 
 log = logging.getLogger(__name__)
 
@@ -73,9 +80,10 @@ _MAX_HEADER_BYTES = 16 * 1024
 _MAX_BODY_BYTES = 4 * 1024
 # A refusal's error page (squid's 407 page is ~3.5 KiB) is read past to keep the connection.
 _MAX_DISCARD_BYTES = 64 * 1024
-_USER_AGENT = "egress-proxies-probe/1"
+_USER_AGENT = "egress-proxies-probe/2"
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+T = TypeVar("T")
 
 
 class ProbeConfigError(ValueError):
@@ -88,16 +96,26 @@ class ProbeReason(enum.StrEnum):
     SERVING = "Serving"
     # The proxy endpoint itself:
     CONNECTION_REFUSED = "ConnectionRefused"  # nothing listens at host:port
-    TIMEOUT = "Timeout"  # no (complete) answer within the check timeout or the round's deadline
+    TIMEOUT = "Timeout"  # no (complete) answer within the check timeout
     UNREACHABLE = "Unreachable"  # any other connection error (no route, host unreachable, reset)
     BAD_RESPONSE = "BadResponse"  # the answer is not HTTP, or the connection closed mid-answer
     PROXY_AUTHENTICATION_REQUIRED = "ProxyAuthenticationRequired"  # 407 on any check
     UNEXPECTED_STATUS = "UnexpectedStatus"  # the HTTP check's status is not the expected one
+    TARGET_NOT_REACHED = "TargetNotReached"  # the HTTP check's answer has no valid proof of its nonce
     # A later check, once the HTTP check passed:
     CONNECT_FAILED = "ConnectFailed"
     EGRESS_ECHO_FAILED = "EgressEchoFailed"
     # Never contacted: the endpoint is outside Prober(allowed_networks=...).
     NOT_ALLOWED = "NotAllowed"
+    # Nothing is known of the proxy (the Serving condition is Unknown): the probe target does not
+    # answer the controller directly, or the provider names none.
+    PROBE_TARGET_UNREACHABLE = "ProbeTargetUnreachable"
+    PROBE_NOT_CONFIGURED = "ProbeNotConfigured"
+
+    @property
+    def unknown(self) -> bool:
+        """The probe says nothing about the proxy (neither success nor failure)."""
+        return self in (ProbeReason.PROBE_TARGET_UNREACHABLE, ProbeReason.PROBE_NOT_CONFIGURED)
 
 
 @dataclass(frozen=True)
@@ -119,45 +137,86 @@ class ProbeCredentials:
         token = base64.b64encode(f"{self.user}:{self.password}".encode()).decode("ascii")
         return f"Basic {token}"
 
+    @classmethod
+    def made_up(cls) -> ProbeCredentials:
+        """A user and password no proxy of ours knows: a private proxy refuses them."""
+        return cls(f"probe-{secrets.token_hex(6)}", secrets.token_urlsafe(18))
+
+
+@dataclass(frozen=True)
+class ProbeDestination:
+    """The probe target the checks reach through a proxy: ``http_url`` (an ``http://`` URL; it
+    answers ``expected_status`` with the proof), ``connect`` (``host:port`` of its tunnel port
+    for the CONNECT check; None: no CONNECT check), ``egress_echo_url`` (None: no egress
+    address), ``proof_key`` (the shared key), and ``check_timeout``, seconds for one check."""
+
+    http_url: str
+    proof_key: bytes = field(repr=False)
+    expected_status: int = 204
+    connect: str | None = None
+    egress_echo_url: str | None = None
+    check_timeout: float = 5.0
+
+    def __post_init__(self) -> None:
+        _http_url_parts(self.http_url, "http_url")
+        if not self.proof_key:
+            raise ProbeConfigError("proof_key must be the probe target's key (probe.keyFile), not empty")
+        if not 100 <= self.expected_status <= 599:
+            raise ProbeConfigError(f"expected_status must be an HTTP status (100-599), got {self.expected_status}")
+        if self.connect is not None:
+            _connect_target_parts(self.connect, "connect_target")
+        if self.egress_echo_url is not None:
+            _http_url_parts(self.egress_echo_url, "egress_echo_url")
+        if not self.check_timeout > 0:
+            raise ProbeConfigError(f"check_timeout must be positive, got {self.check_timeout}")
+
+    @functools.cached_property
+    def tunnel_path(self) -> str:
+        """What the CONNECT check asks for through the tunnel: the HTTP URL's path and query."""
+        parts = urlsplit(self.http_url)
+        return (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+
+    @functools.cached_property
+    def tunnel_host(self) -> str:
+        """The Host of a request through the tunnel: the CONNECT target's host."""
+        return _connect_target_parts(self.connect, "connect")[0] if self.connect else ""
+
+    def host_of(self, url: str) -> str:
+        """The Host header of a request for ``url`` (one of this destination's URLs), worked out once."""
+        return self._hosts[url]
+
+    @functools.cached_property
+    def _hosts(self) -> dict[str, str]:
+        return {url: _http_url_parts(url, "url")[0] for url in (self.http_url, self.egress_echo_url) if url}
+
 
 @dataclass(frozen=True)
 class ProbeTarget:
-    """One proxy endpoint and what to check through it.
+    """One proxy endpoint and the destination to check through it.
 
-    ``key`` identifies the target in the result (the Proxy's uid). ``host`` is the address the
-    controller connects to (an IP address; a name only without an allowlist), ``port`` the
-    proxy port. ``http_url`` is an ``http://`` URL (the HTTPS path is the CONNECT check),
-    ``connect_target`` a ``host:port`` for the CONNECT check (None: no CONNECT check),
-    ``egress_echo_url`` an ``http://`` URL whose body is the caller's address (None: no egress
-    address). ``expect_private``: also verify that a request without credentials is refused.
+    ``key`` identifies the target in the result. ``host`` is the address the controller
+    connects to (an IP address; a name only without an allowlist), ``port`` the proxy port.
+    ``credentials``: the namespace's (None: the proxy is open); ``identity``: the instance's own
+    user (None: none, the HTTP check uses ``credentials``). ``expect_private``: also verify that
+    requests without valid credentials are refused.
     """
 
     key: str
     host: str
     port: int
-    http_url: str
-    expected_status: int = 204
-    connect_target: str | None = None
-    egress_echo_url: str | None = None
+    destination: ProbeDestination
     credentials: ProbeCredentials | None = field(default=None, repr=False)
+    identity: ProbeCredentials | None = field(default=None, repr=False)
     expect_private: bool = False
 
     def __post_init__(self) -> None:
         where = f"probe target {self.key!r}"
         if not self.key:
-            raise ProbeConfigError("probe target key must be non-empty (the Proxy's uid)")
+            raise ProbeConfigError("probe target key must be non-empty (the instance's providerID and address)")
         if not self.host or any(ch in self.host for ch in " /\r\n"):
             raise ProbeConfigError(f"{where}: host must be the proxy's address, got {self.host!r}")
         if not 0 < self.port < 65536:
             raise ProbeConfigError(f"{where}: port must be 1-65535, got {self.port}")
-        _http_url_parts(self.http_url, f"{where}: http_url")
-        if not 100 <= self.expected_status <= 599:
-            raise ProbeConfigError(f"{where}: expected_status must be an HTTP status (100-599), "
-                                   f"got {self.expected_status}")
-        if self.connect_target is not None:
-            _connect_target_parts(self.connect_target, f"{where}: connect_target")
-        if self.egress_echo_url is not None:
-            _http_url_parts(self.egress_echo_url, f"{where}: egress_echo_url")
 
     @property
     def endpoint(self) -> str:
@@ -169,13 +228,14 @@ class ProbeOutcome:
     """What one probe of one proxy found.
 
     ``serving``: every configured check passed. ``reason``/``message``: see ``ProbeReason``;
-    the message never holds credentials. ``latency_seconds``: the HTTP check, from opening the
-    connection to the proxy to the end of the response headers (None when it got no answer).
-    ``egress_ip``: from the egress echo, None without one. ``private`` (only with
-    ``expect_private``): True when requests without credentials were refused (407/403; also
-    when the probe itself had none and got 407), False when the proxy served one, None when not
-    checked (``expect_private`` off, or the proxy is not serving) or inconclusive;
-    ``privacy_message`` says which. ``probed_at``: when the probe of this proxy started (UTC).
+    the message never holds credentials nor bytes of the answer. ``latency_seconds``: the HTTP
+    check, from opening the connection to the proxy to the end of the response headers (None
+    when it got no answer). ``egress_ip``: from the egress echo, None without one. ``private``
+    (only with ``expect_private``): True when requests without valid credentials were refused
+    (407/403), False when the proxy served one, None when not checked (``expect_private`` off, a
+    probe that was not full, the proxy not serving) or inconclusive; ``privacy_message`` says
+    which. ``probed_at``: when the probe of this proxy started (UTC). ``full``: the egress echo
+    and the privacy check ran (see the module docstring).
     """
 
     serving: bool
@@ -186,6 +246,14 @@ class ProbeOutcome:
     private: bool | None
     privacy_message: str
     probed_at: datetime
+    full: bool = True
+
+
+def unknown_outcome(reason: ProbeReason, message: str, probed_at: datetime) -> ProbeOutcome:
+    """An outcome that says nothing of the proxy (``reason`` is one of the unknown ones)."""
+    return ProbeOutcome(serving=False, reason=reason, message=message, latency_seconds=None, egress_ip=None,
+                        private=None, privacy_message="not checked: the probe target is the problem",
+                        probed_at=probed_at, full=False)
 
 
 class _CheckFailed(Exception):
@@ -203,35 +271,36 @@ class _Response:
     seconds: float
 
 
-class Prober:
-    """Probes many proxies concurrently; see the module docstring for the checks.
+async def run_workers(items: Iterable[T], workers: int, deadline_at: float, work: Callable[[T], Awaitable[None]],
+                      clock: Callable[[], float] = time.monotonic) -> int:
+    """``work`` on each item, ``workers`` at a time, in order; an item not started by
+    ``deadline_at`` (on ``clock``) is not started at all. A started one runs to its end (each
+    check has its own timeout). Returns how many were started."""
+    queue = iter(items)
+    started = 0
 
-    ``concurrency``: proxies probed at once (each holds one connection at a time, two with
-    ``expect_private`` and credentials: the privacy check runs beside the others).
-    ``check_timeout``: seconds for one check, connecting included. ``deadline``: seconds for a
-    whole ``probe_all``; proxies not finished by then are reported ``Timeout``.
+    async def worker() -> None:
+        nonlocal started
+        for item in queue:
+            if clock() >= deadline_at:
+                return
+            started += 1
+            await work(item)
+
+    await asyncio.gather(*(worker() for _ in range(max(1, workers))))
+    return started
+
+
+class Prober:
+    """Probes proxies (``probe_one``, or ``probe_all`` for a batch) and asks probe targets
+    directly (``check_destination``); see the module docstring for the checks.
+
     ``allowed_networks``: when given, only endpoints whose ``host`` is an address inside one of
     these networks are contacted; others are reported ``NotAllowed`` without any traffic.
     """
 
-    def __init__(
-        self,
-        *,
-        concurrency: int = 200,
-        check_timeout: float = 5.0,
-        deadline: float = 30.0,
-        allowed_networks: Sequence[str | Network] | None = None,
-        clock: Callable[[], float] = time.monotonic,
-        now: Callable[[], datetime] = times.now,
-    ) -> None:
-        if concurrency < 1:
-            raise ProbeConfigError(f"probe concurrency must be at least 1, got {concurrency}")
-        if check_timeout <= 0 or deadline <= 0:
-            raise ProbeConfigError(f"probe check_timeout and deadline must be positive, got {check_timeout} "
-                                   f"and {deadline}")
-        self.concurrency = concurrency
-        self.check_timeout = check_timeout
-        self.deadline = deadline
+    def __init__(self, *, allowed_networks: Sequence[str | Network] | None = None,
+                 clock: Callable[[], float] = time.monotonic, now: Callable[[], datetime] = times.now) -> None:
         self.allowed_networks: tuple[Network, ...] | None = None
         if allowed_networks is not None:
             try:
@@ -239,119 +308,180 @@ class Prober:
             except ValueError as err:
                 raise ProbeConfigError(f"probe allowed_networks: {err} (write networks as CIDR, e.g. "
                                        "10.0.0.0/8)") from err
-        self._clock = clock
-        self._now = now
+        self.clock = clock
+        self.now = now
 
     # -- entry points ------------------------------------------------------------------------
 
-    def probe_all(self, targets: Iterable[ProbeTarget]) -> dict[str, ProbeOutcome]:
-        """Probe every target; blocks the calling (non-async) thread on an event loop of its own.
-
-        Never raises for a target's failure: every key gets an outcome.
-        """
+    def probe_all(self, targets: Iterable[ProbeTarget], *, concurrency: int = 200,
+                  deadline: float = 30.0) -> dict[str, ProbeOutcome]:
+        """Full probes of every target, ``concurrency`` at a time; blocks the calling (non-async)
+        thread on an event loop of its own. Targets not started within ``deadline`` seconds get no
+        outcome. Never raises for a target's failure."""
         try:
             asyncio.get_running_loop()
         except RuntimeError:
-            return asyncio.run(self.probe_all_async(targets))
+            return asyncio.run(self.probe_all_async(targets, concurrency=concurrency, deadline=deadline))
         # Blocking inside a running loop would stall every other task on it.
         raise RuntimeError("Prober.probe_all() was called from a running event loop; await probe_all_async()")
 
-    async def probe_all_async(self, targets: Iterable[ProbeTarget]) -> dict[str, ProbeOutcome]:
+    async def probe_all_async(self, targets: Iterable[ProbeTarget], *, concurrency: int = 200,
+                              deadline: float = 30.0) -> dict[str, ProbeOutcome]:
         """Probe every target on the running loop; the same contract as ``probe_all``."""
+        if concurrency < 1 or deadline <= 0:
+            raise ProbeConfigError(f"probe concurrency must be at least 1 and the deadline positive, got "
+                                   f"{concurrency} and {deadline}")
         unique: dict[str, ProbeTarget] = {}
         for target in targets:
             if target.key in unique:
                 raise ProbeConfigError(f"probe target key {target.key!r} appears twice; keys must be unique")
             unique[target.key] = target
-        if not unique:
-            return {}
-        semaphore = asyncio.Semaphore(self.concurrency)
-        started_at = self._now()
-
-        async def bounded(target: ProbeTarget) -> ProbeOutcome:
-            async with semaphore:
-                return await self.probe_one(target)
-
-        tasks = {key: asyncio.ensure_future(bounded(target)) for key, target in unique.items()}
-        done, pending = await asyncio.wait(tasks.values(), timeout=self.deadline)
-        for task in pending:
-            task.cancel()
-        if pending:
-            await asyncio.wait(pending)
         results: dict[str, ProbeOutcome] = {}
-        for key, task in tasks.items():
-            if task in done and not task.cancelled():
-                results[key] = task.result()
-            else:
-                results[key] = _outcome(
-                    ProbeReason.TIMEOUT,
-                    f"Timeout: the probe round's deadline of {self.deadline:g}s passed before this proxy's probe "
-                    f"finished ({len(unique)} proxies, {self.concurrency} at a time)",
-                    started_at)
-        failed = sum(1 for outcome in results.values() if not outcome.serving)
-        log.debug("probed %d proxies: %d serving, %d not", len(results), len(results) - failed, failed)
+
+        async def one(target: ProbeTarget) -> None:
+            results[target.key] = await self.probe_one(target)
+
+        await run_workers(unique.values(), concurrency, self.clock() + deadline, one, self.clock)
         return results
 
-    async def probe_one(self, target: ProbeTarget) -> ProbeOutcome:
-        """Probe one target on the running loop (no deadline beyond the per-check timeouts)."""
-        probed_at = self._now()
+    async def probe_one(self, target: ProbeTarget, *, full: bool = True) -> ProbeOutcome:
+        """Probe one target on the running loop; ``full`` adds the egress echo and the privacy check."""
+        probed_at = self.now()
         refusal = self._refusal(target)
         if refusal:
-            return _outcome(ProbeReason.NOT_ALLOWED, refusal, probed_at)
-        auth = target.credentials.header_value() if target.credentials else None
-        latency: float | None = None
-        egress_ip: str | None = None
-        # The privacy check has a connection of its own, so it runs beside the others: a probe
-        # takes three round trips, not five. Its answer counts only if the proxy serves.
-        privacy_check = asyncio.ensure_future(self._privacy(target)) if target.expect_private else None
-        # The checks share one kept-alive connection; the CONNECT check goes last because a
-        # tunnel that opens ends the connection's life as an HTTP one.
-        connection = _Connection(self, target)
+            return _failed(ProbeReason.NOT_ALLOWED, refusal, probed_at, None, full)
+        privacy_check = (asyncio.ensure_future(self._privacy(target)) if full and target.expect_private
+                         else None)
+        latency: list[float] = []
         try:
-            what = "GET " + target.http_url
-            response = await connection.request(_get_request(target.http_url, auth), what)
-            latency = response.seconds
-            self._expect(target, response, what, auth, target.expected_status, ProbeReason.UNEXPECTED_STATUS)
-            if target.egress_echo_url is not None:
-                what = "GET " + target.egress_echo_url
-                response = await self._later_check(connection, _get_request(target.egress_echo_url, auth), what,
-                                                   ProbeReason.EGRESS_ECHO_FAILED, keep_body=True)
-                self._expect(target, response, what, auth, 200, ProbeReason.EGRESS_ECHO_FAILED)
-                egress_ip = _echoed_address(response.body, f"{what} through {target.endpoint}")
-            if target.connect_target is not None:
-                what = "CONNECT " + target.connect_target
-                response = await self._later_check(connection, _connect_request(target.connect_target, auth), what,
-                                                   ProbeReason.CONNECT_FAILED, tunnel=True)
-                self._expect(target, response, what, auth, 200, ProbeReason.CONNECT_FAILED)
+            egress_ip = await self._serving_checks(target, full, latency)
         except _CheckFailed as failure:
             if privacy_check is not None:
                 privacy_check.cancel()
                 await asyncio.wait([privacy_check])  # its connection closes before we return
-            private: bool | None = None
-            privacy = "not checked: the proxy is not serving"
-            if (target.expect_private and target.credentials is None
-                    and failure.reason is ProbeReason.PROXY_AUTHENTICATION_REQUIRED):
-                private, privacy = True, "a request without credentials got 407"
-            return ProbeOutcome(serving=False, reason=failure.reason, message=failure.message,
-                                latency_seconds=latency, egress_ip=None, private=private,
-                                privacy_message=privacy, probed_at=probed_at)
+            return _failed(failure.reason, failure.message, probed_at, latency[0] if latency else None, full)
         except BaseException:
-            # Cancelled by the round's deadline: the privacy check goes with it.
+            # Cancelled (the controller stopping): the privacy check goes with it.
             if privacy_check is not None:
                 privacy_check.cancel()
             raise
-        finally:
-            connection.close()
         private, privacy = await privacy_check if privacy_check is not None else (None, "not checked")
-        message = f"serving: GET {target.http_url} through {target.endpoint} answered {target.expected_status}"
-        if target.connect_target is not None:
-            message += f", CONNECT {target.connect_target} answered 200"
+        destination = target.destination
+        message = (f"serving: GET {destination.http_url} through {target.endpoint} answered "
+                   f"{destination.expected_status} from the probe target")
+        if destination.connect is not None:
+            message += f", CONNECT {destination.connect} reached it"
         if egress_ip is not None:
             message += f", egress address {egress_ip}"
-        return ProbeOutcome(serving=True, reason=ProbeReason.SERVING, message=message, latency_seconds=latency,
-                            egress_ip=egress_ip, private=private, privacy_message=privacy, probed_at=probed_at)
+        return ProbeOutcome(serving=True, reason=ProbeReason.SERVING, message=message,
+                            latency_seconds=latency[0] if latency else None, egress_ip=egress_ip, private=private,
+                            privacy_message=privacy, probed_at=probed_at, full=full)
+
+    async def check_destination(self, destination: ProbeDestination) -> str | None:
+        """Ask the probe target directly (no proxy): None when its HTTP URL, its tunnel port and
+        its echo answer with valid proofs, else why not (never bytes of the answer)."""
+        checks: list[tuple[str, str, int]] = [(destination.http_url, "", 0)]
+        if destination.connect is not None:
+            host, port = _connect_target_parts(destination.connect, "connect")
+            checks.append((destination.http_url, host, port))
+        if destination.egress_echo_url is not None:
+            checks.append((destination.egress_echo_url, "", 0))
+        for url, host, port in checks:
+            try:
+                await self._direct(destination, url, host, port)
+            except _CheckFailed as failure:
+                return failure.message
+        return None
 
     # -- the checks ----------------------------------------------------------------------------
+
+    async def _serving_checks(self, target: ProbeTarget, full: bool, latency: list[float]) -> str | None:
+        """Checks 1-3 on one kept-alive connection; returns the egress address (None without echo)."""
+        destination = target.destination
+        auth = target.credentials.header_value() if target.credentials else None
+        identity = target.identity.header_value() if target.identity else auth
+        connection = _Connection(self, target.host, target.port, destination.check_timeout)
+        egress_ip: str | None = None
+        try:
+            nonce = new_nonce()
+            what = "GET " + destination.http_url
+            response = await connection.request(
+                _get_request(with_nonce(destination.http_url, nonce), destination.host_of(destination.http_url),
+                             identity), what)
+            latency.append(response.seconds)
+            self._expect(target, response, what, identity, destination.expected_status,
+                         ProbeReason.UNEXPECTED_STATUS)
+            _expect_proof(destination, nonce, response, ProbeReason.TARGET_NOT_REACHED,
+                          f"{what} through {target.endpoint}")
+            if full and destination.egress_echo_url is not None:
+                egress_ip = await self._echo(connection, target, auth)
+            if destination.connect is not None:
+                await self._tunnel(connection, target, auth)
+        finally:
+            connection.close()
+        return egress_ip
+
+    async def _echo(self, connection: _Connection, target: ProbeTarget, auth: str | None) -> str:
+        destination = target.destination
+        assert destination.egress_echo_url is not None  # called only with an echo URL
+        nonce = new_nonce()
+        what = "GET " + destination.egress_echo_url
+        response = await self._later_check(
+            connection, _get_request(with_nonce(destination.egress_echo_url, nonce),
+                                     destination.host_of(destination.egress_echo_url), auth), what,
+            ProbeReason.EGRESS_ECHO_FAILED, keep_body=True)
+        self._expect(target, response, what, auth, 200, ProbeReason.EGRESS_ECHO_FAILED)
+        return _echoed_address(destination, nonce, response.body, f"{what} through {target.endpoint}")
+
+    async def _tunnel(self, connection: _Connection, target: ProbeTarget, auth: str | None) -> None:
+        """CONNECT, then the probe target's proof from the other end of the tunnel."""
+        destination = target.destination
+        assert destination.connect is not None  # called only with a CONNECT target
+        what = "CONNECT " + destination.connect
+        response = await self._later_check(connection, _connect_request(destination.connect, auth), what,
+                                           ProbeReason.CONNECT_FAILED, tunnel=True)
+        self._expect(target, response, what, auth, 200, ProbeReason.CONNECT_FAILED)
+        nonce = new_nonce()
+        inner = _origin_request(destination.tunnel_host, with_nonce(destination.tunnel_path, nonce), close=True)
+        through = f"{what} through {target.endpoint}, then GET through the tunnel"
+        response = await self._later_check(connection, inner, through, ProbeReason.CONNECT_FAILED, retry=False)
+        if response.status != destination.expected_status:
+            raise _CheckFailed(ProbeReason.CONNECT_FAILED, f"ConnectFailed: {through} answered {response.status}, "
+                                                           f"expected {destination.expected_status}")
+        _expect_proof(destination, nonce, response, ProbeReason.CONNECT_FAILED, through)
+
+    async def _direct(self, destination: ProbeDestination, url: str, host: str, port: int) -> None:
+        """One request straight to the probe target: ``url`` at its own host, or (``host``) its
+        path at the tunnel port ``host:port``; raises _CheckFailed with the target as the problem."""
+        parts = urlsplit(url)
+        connection = _Connection(self, host or str(parts.hostname), port or parts.port or 80,
+                                 destination.check_timeout, direct=True)
+        nonce = new_nonce()
+        path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        echo = not host and url == destination.egress_echo_url
+        what = f"GET {path if host else url} (the probe target, asked directly{' at its tunnel port' if host else ''})"
+        try:
+            response = await connection.request(_origin_request(host or parts.netloc, with_nonce(path, nonce)),
+                                                what, keep_body=echo)
+        except _CheckFailed as failure:
+            raise _CheckFailed(ProbeReason.PROBE_TARGET_UNREACHABLE,
+                               f"ProbeTargetUnreachable: {failure.message}") from None
+        finally:
+            connection.close()
+        expected = 200 if echo else destination.expected_status
+        if response.status != expected:
+            raise _CheckFailed(ProbeReason.PROBE_TARGET_UNREACHABLE,
+                               f"ProbeTargetUnreachable: {what} at {connection.endpoint} answered {response.status}, "
+                               f"expected {expected}")
+        try:
+            if echo:
+                _echoed_address(destination, nonce, response.body, what)
+            else:
+                _expect_proof(destination, nonce, response, ProbeReason.TARGET_NOT_REACHED, what)
+        except _CheckFailed as failure:
+            raise _CheckFailed(ProbeReason.PROBE_TARGET_UNREACHABLE,
+                               f"ProbeTargetUnreachable: {failure.message} (is probe.keyFile the key the probe "
+                               "target was started with?)") from None
 
     def _refusal(self, target: ProbeTarget) -> str | None:
         if self.allowed_networks is None:
@@ -372,7 +502,8 @@ class Prober:
             return
         through = f"{what} through {target.endpoint}"
         if response.status == 407:
-            sent = ("with the configured credentials: they are wrong or not (yet) known to the proxy" if auth
+            sent = ("with the configured credentials: they are wrong or not (yet) known to the proxy, or another "
+                    "instance answers at this address" if auth
                     else "without credentials, and the proxy requires them: configure the probe's credentials")
             raise _CheckFailed(ProbeReason.PROXY_AUTHENTICATION_REQUIRED,
                                f"ProxyAuthenticationRequired: {through} answered 407 {sent}")
@@ -380,38 +511,45 @@ class Prober:
                                    f"expected {expected}")
 
     async def _later_check(self, connection: _Connection, request: bytes, what: str, reason: ProbeReason,
-                           *, keep_body: bool = False, tunnel: bool = False) -> _Response:
+                           *, keep_body: bool = False, tunnel: bool = False, retry: bool = True) -> _Response:
         """A check after the HTTP check passed: its transport failure is that check's failure."""
         try:
-            return await connection.request(request, what, keep_body=keep_body, tunnel=tunnel)
+            return await connection.request(request, what, keep_body=keep_body, tunnel=tunnel, retry=retry)
         except _CheckFailed as failure:
             raise _CheckFailed(reason, f"{reason}: {failure.message}") from None
 
     async def _privacy(self, target: ProbeTarget) -> tuple[bool | None, str]:
         if target.credentials is None:
             return False, "NOT private: the proxy served the checks without credentials"
-        checks = [("GET " + target.http_url, _get_request(target.http_url, None), False)]
-        if target.connect_target is not None:
-            checks.append(("CONNECT " + target.connect_target, _connect_request(target.connect_target, None), True))
+        destination = target.destination
+        made_up = ProbeCredentials.made_up().header_value()
+        host = destination.host_of(destination.http_url)
+        checks = [(f"GET {destination.http_url} without credentials", _get_request(destination.http_url, host, None),
+                   False)]
+        if destination.connect is not None:
+            checks.append((f"CONNECT {destination.connect} without credentials",
+                           _connect_request(destination.connect, None), True))
+        checks.append((f"GET {destination.http_url} with a made-up user and password",
+                       _get_request(destination.http_url, host, made_up), False))
         refused: list[str] = []
-        # A connection of its own that never carried credentials: a proxy that authenticates
+        # A connection of its own that never carried valid credentials: a proxy that authenticates
         # connections rather than requests must not count an earlier login for these.
-        connection = _Connection(self, target)
+        connection = _Connection(self, target.host, target.port, destination.check_timeout)
         try:
             for what, request, tunnel in checks:
                 try:
                     response = await connection.request(request, what, tunnel=tunnel)
                 except _CheckFailed as failure:
-                    return None, f"inconclusive: {what} without credentials: {failure.message}"
+                    return None, f"inconclusive: {failure.message}"
                 if response.status not in (403, 407):
                     # Anything but a refusal means the proxy let the request through its access
                     # rules (a 502 or 503 is the proxy trying the origin on our behalf).
-                    return False, (f"NOT private: {what} without credentials through {target.endpoint} answered "
-                                   f"{response.status}, not 407 or 403")
+                    return False, (f"NOT private: {what} through {target.endpoint} answered {response.status}, "
+                                   "not 407 or 403")
                 refused.append(f"{what} {response.status}")
         finally:
             connection.close()
-        return True, "requests without credentials refused (" + ", ".join(refused) + ")"
+        return True, "requests without valid credentials refused (" + ", ".join(refused) + ")"
 
 
 class _Stale(Exception):
@@ -419,27 +557,40 @@ class _Stale(Exception):
 
 
 class _Connection:
-    """Requests to one proxy over one HTTP/1.1 persistent connection, reopened when it ends.
+    """Requests to one endpoint over one HTTP/1.1 persistent connection, reopened when it ends.
 
     Reuse is what keeps a round cheap: connecting and closing dominate a check's CPU on the
     controller's side (kernel work, measured with bench/probe_bench.py), so the checks of one
     proxy share a connection unless the proxy ends it (``Connection: close``, a body delimited by
-    the end of the connection, a tunnel). Like any HTTP client, a request that meets a reused
-    connection already closed by the proxy is sent again once, on a new one.
+    the end of the connection). Like any HTTP client, a request that meets a reused connection
+    already closed by the peer is sent again once, on a new one. After a CONNECT answered 2xx the
+    connection is the tunnel: the next request goes through it, and nothing after that.
     """
 
-    def __init__(self, prober: Prober, target: ProbeTarget) -> None:
+    def __init__(self, prober: Prober, host: str, port: int, timeout: float, direct: bool = False) -> None:
         self._prober = prober
-        self._target = target
+        self._host = host
+        self._port = port
+        self._timeout = timeout
+        self._via = "at" if direct else "through"  # the endpoint is the server itself, or a proxy
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
 
-    async def request(self, request: bytes, what: str, *, keep_body: bool = False,
-                      tunnel: bool = False) -> _Response:
-        """Send ``request``, read its answer; ``keep_body`` returns the body, ``tunnel`` marks a CONNECT."""
+    @property
+    def endpoint(self) -> str:
+        return _join_host_port(self._host, self._port)
+
+    async def request(self, request: bytes, what: str, *, keep_body: bool = False, tunnel: bool = False,
+                      retry: bool = True) -> _Response:
+        """Send ``request``, read its answer; ``keep_body`` returns the body, ``tunnel`` marks a
+        CONNECT, ``retry`` False never resends (a request through a tunnel)."""
         try:
             return await self._request(request, what, keep_body, tunnel)
         except _Stale:
+            if not retry:
+                raise _CheckFailed(ProbeReason.BAD_RESPONSE,
+                                   f"BadResponse: {what} {self._via} {self.endpoint}: the connection closed before "
+                                   "any answer") from None
             return await self._request(request, what, keep_body, tunnel)
 
     def close(self, abort: bool = False) -> None:
@@ -451,43 +602,44 @@ class _Connection:
                 self._writer.close()
         self._reader = self._writer = None
 
-    async def _request(self, request: bytes, what: str, keep_body: bool, tunnel: bool) -> _Response:
-        target, timeout = self._target, self._prober.check_timeout
-        through = f"{what} through {target.endpoint}"
+    async def _exchange(self, request: bytes, keep_body: bool, tunnel: bool) -> tuple[_Response, bool]:
         reused = self._writer is not None
+        started = self._prober.clock()
+        if self._reader is None or self._writer is None:
+            self._reader, self._writer = await asyncio.open_connection(self._host, self._port,
+                                                                       limit=_MAX_HEADER_BYTES)
+        reader = self._reader
+        self._writer.write(request)
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+        except (asyncio.IncompleteReadError, ConnectionResetError, BrokenPipeError) as err:
+            if reused and not getattr(err, "partial", b""):
+                raise _Stale from None
+            raise
+        seconds = self._prober.clock() - started
+        version, status, headers = _parse_head(head[:-4])
+        body, reusable = await _read_body(reader, version, status, headers, keep_body=keep_body, tunnel=tunnel)
+        return _Response(status, headers, body, seconds), reusable or (tunnel and 200 <= status < 300)
+
+    async def _request(self, request: bytes, what: str, keep_body: bool, tunnel: bool) -> _Response:
+        through = f"{what} {self._via} {self.endpoint}"
         completed = False
         try:
-            async with asyncio.timeout(timeout):
-                started = self._prober._clock()
-                if self._reader is None or self._writer is None:
-                    self._reader, self._writer = await asyncio.open_connection(target.host, target.port,
-                                                                               limit=_MAX_HEADER_BYTES)
-                reader = self._reader
-                self._writer.write(request)
-                try:
-                    head = await reader.readuntil(b"\r\n\r\n")
-                except (asyncio.IncompleteReadError, ConnectionResetError, BrokenPipeError) as err:
-                    if reused and not getattr(err, "partial", b""):
-                        raise _Stale from None
-                    raise
-                seconds = self._prober._clock() - started
-                version, status, headers = _parse_head(head[:-4])
-                body, reusable = await _read_body(reader, version, status, headers, keep_body=keep_body,
-                                                  tunnel=tunnel)
+            async with asyncio.timeout(self._timeout):
+                response, keep_open = await self._exchange(request, keep_body, tunnel)
             completed = True
-            if not reusable:
+            if not keep_open:
                 self.close()
-            return _Response(status, headers, body, seconds)
+            return response
         except TimeoutError:
             raise _CheckFailed(ProbeReason.TIMEOUT,
-                               f"Timeout: {through}: no complete answer within {timeout:g}s") from None
+                               f"Timeout: {through}: no complete answer within {self._timeout:g}s") from None
         except ConnectionRefusedError:
             raise _CheckFailed(ProbeReason.CONNECTION_REFUSED,
-                               f"ConnectionRefused: nothing accepts connections at {target.endpoint}") from None
+                               f"ConnectionRefused: nothing accepts connections at {self.endpoint}") from None
         except asyncio.LimitOverrunError:
-            raise _CheckFailed(ProbeReason.BAD_RESPONSE,
-                               f"BadResponse: {through}: response headers exceed "
-                               f"{_MAX_HEADER_BYTES} bytes") from None
+            raise _CheckFailed(ProbeReason.BAD_RESPONSE, f"BadResponse: {through}: response headers exceed "
+                                                         f"{_MAX_HEADER_BYTES} bytes") from None
         except asyncio.IncompleteReadError as err:
             raise _CheckFailed(ProbeReason.BAD_RESPONSE,
                                f"BadResponse: {through}: the connection closed after {len(err.partial)} bytes, "
@@ -496,19 +648,28 @@ class _Connection:
             raise _CheckFailed(ProbeReason.BAD_RESPONSE, f"BadResponse: {through}: {err}") from None
         except OSError as err:
             raise _CheckFailed(ProbeReason.UNREACHABLE,
-                               f"Unreachable: {through}: {err.strerror or err}") from None
+                               f"Unreachable: {through}: {err.strerror or type(err).__name__}") from None
         finally:
             if not completed:
                 self.close(abort=True)
 
 
 class _MalformedResponse(ValueError):
-    pass
+    """An answer that is not HTTP; its message is fixed words only (the answer may echo secrets)."""
 
 
-def _outcome(reason: ProbeReason, message: str, probed_at: datetime) -> ProbeOutcome:
-    return ProbeOutcome(serving=False, reason=reason, message=message, latency_seconds=None, egress_ip=None,
-                        private=None, privacy_message="not checked: the proxy was not probed", probed_at=probed_at)
+def _failed(reason: ProbeReason, message: str, probed_at: datetime, latency: float | None,
+            full: bool) -> ProbeOutcome:
+    return ProbeOutcome(serving=False, reason=reason, message=message, latency_seconds=latency, egress_ip=None,
+                        private=None, privacy_message="not checked: the proxy is not serving", probed_at=probed_at,
+                        full=full)
+
+
+def _expect_proof(destination: ProbeDestination, nonce: str, response: _Response, reason: ProbeReason,
+                  through: str) -> None:
+    if not proves(destination.proof_key, nonce, response.headers.get(PROOF_HEADER.lower())):
+        raise _CheckFailed(reason, f"{reason}: {through}: the answer carries no valid proof of the probe's nonce, "
+                                   "so it did not come from the probe target")
 
 
 def _networks(networks: Sequence[Network]) -> str:
@@ -540,47 +701,68 @@ def _http_url_parts(url: str, where: str) -> tuple[str, str]:
 def _connect_target_parts(value: str, where: str) -> tuple[str, int]:
     host, sep, port_text = value.rpartition(":")
     if not sep or not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
-        raise ProbeConfigError(f"{where} must be host:port (port 1-65535), e.g. 'www.example.org:443', "
+        raise ProbeConfigError(f"{where} must be host:port (port 1-65535), e.g. 'probe.example.net:443', "
                                f"got {value!r}")
     if any(ch in value for ch in " /\r\n\0"):
         raise ProbeConfigError(f"{where} must be host:port without spaces or '/', got {value!r}")
-    return host, int(port_text)
+    return host.strip("[]"), int(port_text)
 
 
-def _get_request(url: str, auth: str | None) -> bytes:
-    netloc, _ = _http_url_parts(url, "url")
-    lines = [
-        f"GET {url} HTTP/1.1",
-        f"Host: {netloc}",
-        f"User-Agent: {_USER_AGENT}",
-        "Accept: */*",
-        # A cached answer would prove nothing about the way out (see the module docstring).
-        "Cache-Control: no-cache",
-        "Pragma: no-cache",
-    ]
+def _request_lines(first: str, host: str, auth: str | None, *extra: str) -> bytes:
+    lines = [first, f"Host: {host}", f"User-Agent: {_USER_AGENT}", *extra]
     if auth:
         lines.append(f"Proxy-Authorization: {auth}")
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+
+
+def _get_request(url: str, host: str, auth: str | None) -> bytes:
+    """A GET of ``url`` (whose Host is ``host``) in absolute form, for a proxy."""
+    # A cached answer would prove nothing about the way out (see the module docstring).
+    return _request_lines(f"GET {url} HTTP/1.1", host, auth, "Accept: */*", "Cache-Control: no-cache",
+                          "Pragma: no-cache")
+
+
+def _origin_request(host: str, path: str, close: bool = False) -> bytes:
+    """A GET in origin form, for the probe target itself (directly, or through a tunnel)."""
+    return _request_lines(f"GET {path} HTTP/1.1", host, None, "Accept: */*",
+                          *(["Connection: close"] if close else []))
 
 
 def _connect_request(target: str, auth: str | None) -> bytes:
-    lines = [f"CONNECT {target} HTTP/1.1", f"Host: {target}", f"User-Agent: {_USER_AGENT}"]
-    if auth:
-        lines.append(f"Proxy-Authorization: {auth}")
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+    return _request_lines(f"CONNECT {target} HTTP/1.1", target, auth)
 
 
 def _parse_head(head: bytes) -> tuple[str, int, dict[str, str]]:
     lines = head.decode("latin-1").split("\r\n")
     fields = lines[0].split(" ", 2)
     if len(fields) < 2 or not fields[0].startswith("HTTP/1.") or not fields[1].isdigit() or len(fields[1]) != 3:
-        raise _MalformedResponse(f"not an HTTP/1.x status line: {lines[0][:80]!r}")
+        raise _MalformedResponse("not an HTTP/1.x status line")
     headers: dict[str, str] = {}
     for line in lines[1:]:
         name, sep, value = line.partition(":")
         if sep:
             headers[name.strip().lower()] = value.strip()
     return fields[0], int(fields[1]), headers
+
+
+async def _read_chunked(reader: asyncio.StreamReader, limit: int, keep_body: bool) -> bytes | None:
+    """A chunked body (None: longer than ``limit`` and not wanted, the connection is not reusable)."""
+    body = b""
+    while True:
+        size_line = await reader.readuntil(b"\r\n")
+        try:
+            size = int(size_line.split(b";", 1)[0].strip(), 16)
+        except ValueError:
+            raise _MalformedResponse("a chunk size line is not a hexadecimal number") from None
+        if size == 0:
+            await reader.readuntil(b"\r\n")  # no trailers are ever sent to us; the final CRLF
+            return body
+        if len(body) + size > limit:
+            if keep_body:
+                raise _MalformedResponse(f"the body exceeds {_MAX_BODY_BYTES} bytes")
+            return None
+        body += await reader.readexactly(size)
+        await reader.readexactly(2)  # the chunk's CRLF
 
 
 async def _read_body(reader: asyncio.StreamReader, version: str, status: int, headers: dict[str, str], *,
@@ -599,30 +781,16 @@ async def _read_body(reader: asyncio.StreamReader, version: str, status: int, he
         return b"", reusable and status >= 200
     limit = _MAX_BODY_BYTES if keep_body else _MAX_DISCARD_BYTES
     if "chunked" in headers.get("transfer-encoding", "").lower():
-        body = b""
-        while True:
-            size_line = await reader.readuntil(b"\r\n")
-            try:
-                size = int(size_line.split(b";", 1)[0].strip(), 16)
-            except ValueError:
-                raise _MalformedResponse(f"bad chunk size line {size_line[:40]!r}") from None
-            if size == 0:
-                await reader.readuntil(b"\r\n")  # no trailers are ever sent to us; the final CRLF
-                return (body if keep_body else b""), reusable
-            if len(body) + size > limit:
-                if keep_body:
-                    raise _MalformedResponse(f"body exceeds {_MAX_BODY_BYTES} bytes")
-                return b"", False
-            body += await reader.readexactly(size)
-            await reader.readexactly(2)  # the chunk's CRLF
+        chunked = await _read_chunked(reader, limit, keep_body)
+        return (chunked if keep_body and chunked is not None else b""), reusable and chunked is not None
     if "content-length" in headers:
         try:
             length = int(headers["content-length"])
         except ValueError:
-            raise _MalformedResponse(f"bad Content-Length {headers['content-length'][:40]!r}") from None
+            raise _MalformedResponse("the Content-Length is not a number") from None
         if length > limit:
             if keep_body:
-                raise _MalformedResponse(f"body of {length} bytes exceeds {_MAX_BODY_BYTES}")
+                raise _MalformedResponse(f"a body of {length} bytes exceeds {_MAX_BODY_BYTES}")
             return b"", False
         body = await reader.readexactly(length)
         return (body if keep_body else b""), reusable
@@ -635,25 +803,20 @@ async def _read_body(reader: asyncio.StreamReader, version: str, status: int, he
         if not more:
             return body, False
         body += more
-    raise _MalformedResponse(f"body exceeds {_MAX_BODY_BYTES} bytes")
+    raise _MalformedResponse(f"the body exceeds {_MAX_BODY_BYTES} bytes")
 
 
-def _echoed_address(body: bytes, through: str) -> str:
-    """The address an egress-echo body names: plain text, or JSON with ``ip`` / ``origin``."""
-    text = body.decode("utf-8", errors="replace").strip()
-    candidate = text
-    if text.startswith("{"):
-        try:
-            document = json.loads(text)
-        except ValueError:
-            document = None
-        candidate = ""
-        if isinstance(document, dict):
-            value = document.get("ip", document.get("origin"))
-            candidate = value.strip() if isinstance(value, str) else ""
+def _echoed_address(destination: ProbeDestination, nonce: str, body: bytes, through: str) -> str:
+    """The address an egress-echo body names, once its proof checks out (``{"ip", "proof"}``)."""
     try:
-        return str(ipaddress.ip_address(candidate))
-    except ValueError:
-        raise _CheckFailed(ProbeReason.EGRESS_ECHO_FAILED,
-                           f"EgressEchoFailed: {through}: the body is not an address "
-                           f"(plain text, or JSON with 'ip' or 'origin'): {text[:60]!r}") from None
+        document = json.loads(body.decode("utf-8"))
+        echoed, answer = document["ip"], document["proof"]
+        address = str(ipaddress.ip_address(echoed))
+    except (ValueError, KeyError, TypeError):
+        raise _CheckFailed(ProbeReason.EGRESS_ECHO_FAILED, f"EgressEchoFailed: {through}: the body is not the probe "
+                                                           "target's echo (a JSON object with ip and proof)") from None
+    # The proof covers the address as the target wrote it; reported in its canonical form.
+    if not isinstance(answer, str) or not proves(destination.proof_key, nonce, answer, echoed):
+        raise _CheckFailed(ProbeReason.EGRESS_ECHO_FAILED, f"EgressEchoFailed: {through}: the echoed address carries "
+                                                           "no valid proof, so it did not come from the probe target")
+    return address

@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 from egress_proxies import metrics
 from egress_proxies.providers.client import (
@@ -29,6 +30,7 @@ from egress_proxies.providers.client import (
     Target,
 )
 from egress_proxies.providers.errors import ErrorClass
+from egress_proxies.resources import times
 from egress_proxies.resources.conditions import PROVIDER_LISTED, READY, SERVING, find_condition
 from egress_proxies.resources.pool import (
     QUARANTINE_ANNOTATION,
@@ -48,8 +50,9 @@ from egress_proxies.resources.proxy import (
     spec_hash,
 )
 from egress_proxies.serving.credentials import AccessPolicy
-from egress_proxies.serving.monitor import ServingMonitor, probe_target
-from egress_proxies.serving.probe import ProbeTarget
+from egress_proxies.serving.monitor import ServingMonitor, Watched, instance_identity, probe_target, target_key
+from egress_proxies.serving.probe import ProbeOutcome, ProbeReason, unknown_outcome
+from egress_proxies.serving.proof import read_key
 from egress_proxies.sweep.batches import chunked
 from egress_proxies.sweep.verdict import (
     AWAITING,
@@ -57,7 +60,6 @@ from egress_proxies.sweep.verdict import (
     LOST_REASONS,
     UNVERIFIED,
     Observation,
-    Verdict,
     judge,
     with_known_address,
 )
@@ -65,8 +67,9 @@ from egress_proxies.sweep.writer import ProxyWriter
 
 log = logging.getLogger(__name__)
 
-# Fewer probed instances than this never count as a provider-wide outage.
-OUTAGE_MINIMUM = 3
+# Part of every build hash: instances carry the probe's per-instance identity user
+# (monitor.instance_identity), so one built without it is replaced, make before break.
+IDENTITY_MARK = "probe-identity"
 
 
 @dataclass(frozen=True)
@@ -77,6 +80,9 @@ class _Unhealthy:
     replacements: int
     reason: str
     message: str
+    # The Proxy's other instances: deleted when a successor is created, so a Proxy never has more
+    # than the one being replaced and its successor.
+    others: tuple[Instance, ...] = ()
 
 
 @dataclass
@@ -108,8 +114,9 @@ class LivePath:
                  contain: Callable[[Proxy, Callable[[], object]], None], count: Callable[[str, int], None],
                  seconds_since: Callable[[str], float], plan: ProbeSettings,
                  monitor: ServingMonitor | None = None,
-                 targets: dict[str, tuple[str, ProbeTarget]] | None = None,
-                 access: AccessPolicy | None = None) -> None:
+                 targets: dict[str, Watched] | None = None,
+                 access: AccessPolicy | None = None,
+                 published: Callable[[Proxy], None] | None = None) -> None:
         self.writer = writer
         self.settings = settings
         self.owner = owner
@@ -123,6 +130,9 @@ class LivePath:
         self.targets = targets if targets is not None else {}
         # None: instances are built without an ``access`` option (open as their user-data makes them).
         self.access = access
+        # Told of every verdict the probe's verdict thread writes (discovery follows it at once).
+        self.published = published or _nothing
+        self._probe_key: bytes | str | None = None  # the probe target's key, or why it cannot be read
 
     def _build(self, proxy: Proxy) -> tuple[str, AccessRequest | None]:
         """The hash an instance of this Proxy is built from (its spec, and who may use it: a
@@ -131,7 +141,20 @@ class LivePath:
         base = spec_hash(proxy.spec)
         if request is None:
             return base, None
-        return hashlib.sha256(f"{base}/{request.fingerprint}".encode()).hexdigest()[:16], request
+        mark = "" if request.open else f"/{IDENTITY_MARK}"
+        return hashlib.sha256(f"{base}/{request.fingerprint}{mark}".encode()).hexdigest()[:16], request
+
+    @staticmethod
+    def _with_identity(request: AccessRequest | None, name: str) -> AccessRequest | None:
+        """The access an instance named ``name`` is built with: its namespace's user, and the
+        probe's identity user for this instance alone (the same password hash)."""
+        if request is None or request.open or not request.users:
+            return request
+        return dataclasses.replace(request, users=(*request.users, (instance_identity(name), request.users[0][1])))
+
+    def _create(self, proxy: Proxy, name: str, desired: str, request: AccessRequest | None) -> _Create:
+        return _Create(proxy, CreateRequest.for_proxy(proxy, self.owner, name, desired,
+                                                      self._with_identity(request, name)), desired)
 
     def reconcile(self, client: ProviderClient, proxies: Sequence[Proxy], listing: Listing) -> None:
         creates: list[_Create] = []
@@ -140,7 +163,7 @@ class LivePath:
         for proxy in proxies:
             self.contain(proxy, partial(self._decide, proxy, listing, creates, retire, unhealthy))
         for item in self._within_budget(client.name, proxies, unhealthy):
-            self.contain(item.proxy, partial(self._replace, client.name, item, creates))
+            self.contain(item.proxy, partial(self._replace, client.name, item, creates, retire))
 
         def create_batch(chunk: list[_Create]) -> tuple[list[_Create], list[Result]]:
             return chunk, client.create([c.request for c in chunk])
@@ -190,8 +213,9 @@ class LivePath:
                 self._unlisted(proxy, listing)
                 return
             if self._due(proxy):
-                creates.append(_Create(proxy, CreateRequest.for_proxy(proxy, self.owner, name, desired, request),
-                                       desired))
+                creates.append(self._create(proxy, name, desired, request))
+                # Besides the successor, only the instance the status names stays (make before break).
+                retire.extend((proxy, old) for old in mine if old.provider_id != proxy.status.get("providerID"))
             return
         self.writer.backoff.succeeded(proxy.uid)  # its provider answers again: no stale backoff
         if (current.state == "stopped" and proxy.status.get("readyProviderID") != current.provider_id
@@ -199,16 +223,16 @@ class LivePath:
             # Defined but never Ready: a create cut off between defining and starting it. The
             # create (idempotent by name) finishes the job by starting it; one that was Ready
             # and then stopped is a lost instance, replaced below.
-            creates.append(_Create(proxy, CreateRequest.for_proxy(proxy, self.owner, name, desired, request),
-                                   desired))
+            creates.append(self._create(proxy, name, desired, request))
             return
         proxy = self.observe(proxy, current, desired)
+        others = tuple(i for i in mine if i is not current)
         if quarantined(proxy) and controller_of(proxy) is None:
             # A crawler reported this instance unusable (banned): replaced like a dead one, at once.
             # A pool member is replaced by its pool instead (a new member), not here; a Proxy that
             # only carries a pool's label is no member (``pool.owned_by``): replaced here.
             unhealthy.append(_Unhealthy(proxy, current, desired, replacements, QUARANTINED,
-                                        f"a crawler quarantined instance {current.provider_id}"))
+                                        f"a crawler quarantined instance {current.provider_id}", others))
             return
         if self._ready(proxy):
             retire.extend((proxy, old) for old in mine if old is not current)
@@ -216,8 +240,8 @@ class LivePath:
         serving = find_condition(proxy.status, SERVING)
         if serving.get("status") != "False" or serving.get("reason") in (AWAITING, UNVERIFIED):
             return
-        # Unhealthy continuously since the Serving condition turned False; each replacement
-        # waits twice as long as the one before (a Proxy whose replacements keep failing backs off).
+        # Unhealthy without a single success for the threshold; each replacement waits twice as
+        # long as the one before (a Proxy whose replacements keep failing backs off).
         threshold = self.plan.unhealthy_after_seconds * 2 ** min(replacements, 4)
         served = (proxy.status.get("probe") or {}).get("servedProviderID") == current.provider_id
         if serving.get("reason") not in LOST_REASONS and not served:
@@ -225,9 +249,22 @@ class LivePath:
             # allowance before "not serving" counts (still bounded: a cloud-init that never brings
             # squid up ends in ReplacementsExhausted, not in waiting forever).
             threshold = max(threshold, self.plan.startup_seconds)
-        if self.seconds_since(str(serving.get("lastTransitionTime") or "")) >= threshold:
+        since = self._failing_since(proxy, current, serving)
+        if since is not None and self.seconds_since(since) >= threshold:
             unhealthy.append(_Unhealthy(proxy, current, desired, replacements, str(serving.get("reason")),
-                                        str(serving.get("message") or "")))
+                                        str(serving.get("message") or ""), others))
+
+    def _failing_since(self, proxy: Proxy, current: Instance, serving: dict[str, Any]) -> str | None:
+        """Since when the instance has failed without a single success (a stamp; None: it has not):
+        the probe's own record (a flapping proxy's every success resets it), or, when this process
+        has not seen it serve, the Serving condition's transition (written per probe verdict, and
+        kept across restarts). A lost instance is not probed: the condition's transition it is."""
+        record = None
+        if self.monitor is not None and serving.get("reason") not in LOST_REASONS:
+            record = self.monitor.record(target_key(with_known_address(proxy.status, current), proxy.port))
+        if record is not None and record.last_success is not None:
+            return times.stamp(record.failing_since) if record.failing_since is not None else None
+        return str(serving.get("lastTransitionTime") or "")
 
     def _generation(self, proxy: Proxy) -> str:
         _, request = self._build(proxy)
@@ -251,16 +288,15 @@ class LivePath:
     def _within_budget(self, provider: str, proxies: Sequence[Proxy],
                        unhealthy: list[_Unhealthy]) -> list[_Unhealthy]:
         """Never churn: a replacement budget per provider and sweep, and no replacements for not
-        serving while every probed instance of the provider fails (an outage of the provider or
-        of the probe target, which new instances would not fix)."""
-        probed = [p for p in proxies if find_condition(p.status, SERVING).get("status") in ("True", "False")
-                  and find_condition(p.status, SERVING).get("reason") not in (AWAITING, UNVERIFIED)]
-        outage = len(probed) >= OUTAGE_MINIMUM and all(
-            find_condition(p.status, SERVING).get("status") == "False" for p in probed)
+        serving while every probe of the provider fails at once (for at most unhealthyAfterSeconds:
+        a provider-wide failure, which new instances would not fix). While the probe target does
+        not answer, nothing is known of any proxy (Serving Unknown), so nothing is unhealthy."""
+        since = self.monitor.provider_failing_since(provider) if self.monitor is not None else None
+        paused = since is not None and self.seconds_since(times.stamp(since)) < self.plan.unhealthy_after_seconds
         chosen = []
         for item in unhealthy:
-            if outage and item.reason not in (*LOST_REASONS, QUARANTINED):
-                log.warning("%s: not serving, but no probe of provider %s succeeds: replacements paused",
+            if paused and item.reason not in (*LOST_REASONS, QUARANTINED):
+                log.warning("%s: not serving, but every probe of provider %s fails at once: replacements paused",
                             item.proxy.key, provider)
                 continue
             chosen.append(item)
@@ -269,7 +305,8 @@ class LivePath:
             log.info("provider %s: %d instances to replace, %d this sweep (budget)", provider, len(chosen), budget)
         return chosen[:budget]
 
-    def _replace(self, provider: str, item: _Unhealthy, creates: list[_Create]) -> None:
+    def _replace(self, provider: str, item: _Unhealthy, creates: list[_Create],
+                 retire: list[tuple[Proxy, Instance]]) -> None:
         quarantines = quarantine_replacements(item.proxy.annotations, item.hash)
         if item.replacements - quarantines >= self.settings.max_replacements and item.reason != QUARANTINED:
             message = (f"instance {item.instance.provider_id} is {item.reason} ({item.message}) after "
@@ -292,7 +329,9 @@ class LivePath:
                                        f"replacing instance {item.instance.provider_id}: {why}")
         name = instance_name(proxy, item.hash, count)
         _, request = self._build(proxy)
-        creates.append(_Create(proxy, CreateRequest.for_proxy(proxy, self.owner, name, item.hash, request), item.hash))
+        creates.append(self._create(proxy, name, item.hash, request))
+        # At most two instances: the one being replaced and its successor.
+        retire.extend((proxy, old) for old in item.others)
 
     def _unlisted(self, proxy: Proxy, listing: Listing) -> None:
         """The provider could not be listed where this Proxy's instance may live."""
@@ -338,46 +377,100 @@ class LivePath:
         """Status from what the provider reports about the instance built from ``desired`` and,
         when it runs, from the latest probe through it (``verdict.judge`` decides, this writes)."""
         instance = with_known_address(proxy.status, instance)
-        outcome = None
-        if self.plan.enabled and instance.running:
-            credentials = (self.access.probe_credentials(proxy, self._generation(proxy))
-                           if self.access is not None else None)
-            target = probe_target(self.plan, proxy, instance, credentials)
-            self.targets[target.key] = (proxy.provider, target)
-            outcome = self.monitor.outcome(target.key) if self.monitor is not None else None
+        outcome = self._probed(proxy, instance, desired) if self.plan.enabled and instance.running else _nothing
         generation = (self._generation(proxy) if self.access is not None and proxy.spec.get("auth") != "none"
                       else None)
-        seen = Observation(instance, proxy.port, probed=self.plan.enabled, outcome=outcome,
-                           built_private=self._private(proxy), credential_generation=generation,
-                           quarantined=proxy.annotations.get(QUARANTINE_ANNOTATION) == instance.provider_id)
-        return self._apply(proxy, judge(proxy.status, seen, self.writer.now()), desired)
+        private = self._private(proxy)
+        quarantined = proxy.annotations.get(QUARANTINE_ANNOTATION) == instance.provider_id
 
-    def _apply(self, proxy: Proxy, verdict: Verdict, desired: str) -> Proxy:
-        if verdict.new_instance:
-            # Another instance now: nothing recorded of its predecessor (address, probe) stays.
-            proxy.status = {k: v for k, v in proxy.status.items() if k not in INSTANCE_FIELDS}
+        def seen() -> Observation:
+            since = self.monitor.provider_failing_since(proxy.provider) if self.monitor is not None else None
+            return Observation(instance, proxy.port, probed=self.plan.enabled, outcome=outcome(),
+                               built_private=private, credential_generation=generation,
+                               provider_failing_since=times.stamp(since) if since is not None else None,
+                               hold_seconds=self.plan.unhealthy_after_seconds, quarantined=quarantined)
+        return self._apply(proxy, seen, desired)
+
+    def _probed(self, proxy: Proxy, instance: Instance, desired: str) -> Callable[[], ProbeOutcome | None]:
+        """Where this instance's outcome comes from: the monitor, once its target is watched (with
+        what writes its verdict when the outcome changes); or, when it cannot be probed at all (no
+        probe target named, its key unreadable), an outcome that says so."""
+        if self.plan.http_url is None:
+            why = (f"the provider config names no probe target for provider {proxy.provider}: run egress-proxies "
+                   "probe-target and set probe.httpUrl and probe.keyFile (docs/operations.md), or say probe: none")
+            return _unknown(ProbeReason.PROBE_NOT_CONFIGURED, why)
+        key = self._key()
+        if isinstance(key, str):
+            return _unknown(ProbeReason.PROBE_TARGET_UNREACHABLE, key)
+        credentials = (self.access.probe_credentials(proxy, self._generation(proxy))
+                       if self.access is not None else None)
+        target = probe_target(self.plan, proxy, instance, key, credentials)
+
+        def write_verdict() -> None:
+            latest = self.writer.latest.get(proxy.uid, proxy)
+            if not latest.deleting:
+                self.published(self.observe(latest, instance, desired))
+
+        served = (proxy.status.get("probe") or {}).get("servedProviderID") == instance.provider_id
+        self.targets[target.key] = Watched(proxy.provider, target, write_verdict, served)
+        monitor = self.monitor
+        return (lambda: monitor.outcome(target.key)) if monitor is not None else (lambda: None)
+
+    def _key(self) -> bytes | str:
+        """The probe target's key (read once per sweep), or why it cannot be read."""
+        if self._probe_key is None:
+            try:
+                self._probe_key = read_key(str(self.plan.key_file))
+            except (OSError, ValueError) as error:
+                why = error.strerror if isinstance(error, OSError) else str(error)
+                self._probe_key = (f"the probe key file {self.plan.key_file} cannot be used ({why}): nothing the "
+                                   "probes find can be verified; fix probe.keyFile")
+                log.warning("%s", self._probe_key)
+        return self._probe_key
+
+    def _apply(self, proxy: Proxy, seen: Callable[[], Observation], desired: str) -> Proxy:
+        now = self.writer.now()
+        verdict = judge(proxy.status, seen(), now)
         for event_type, reason, message in verdict.events:
             self.writer.store.record_event(proxy, event_type, reason, message)
-        status = self.writer.status(proxy, verdict.phase, *verdict.ready, conditions=verdict.conditions,
-                                    **verdict.fields)
         if verdict.phase == PHASE_READY and proxy.annotations.get(SPEC_HASH_ANNOTATION) != desired:
             proxy = self.writer.update_metadata(
                 proxy, lambda p: p.annotations.__setitem__(SPEC_HASH_ANNOTATION, desired))
-        return self.writer.write_status(proxy, status)
+
+        def status_of(current: Proxy) -> dict[str, Any]:
+            # Decided again from what is stored now (the probe's verdict thread writes too), with
+            # the latest outcome.
+            fresh = judge(current.status, seen(), now)
+            if fresh.new_instance:
+                # Another instance now: nothing recorded of its predecessor (address, probe) stays.
+                current.status = {k: v for k, v in current.status.items() if k not in INSTANCE_FIELDS}
+            return self.writer.status(current, fresh.phase, *fresh.ready, conditions=fresh.conditions,
+                                      **fresh.fields)
+        return self.writer.write_status(proxy, status_of)
 
     def _retire(self, client: ProviderClient, retire: Sequence[tuple[Proxy, Instance]]) -> None:
-        """Make-before-break: delete instances replaced by a Ready successor."""
-        for chunk in chunked(list(retire), self.settings.batch_size):
+        """Make-before-break: delete instances replaced by a Ready successor (each once)."""
+        unique = list({old.provider_id: (proxy, old) for proxy, old in retire}.values())
+        for chunk in chunked(unique, self.settings.batch_size):
             results = client.delete([Target(proxy.uid, old.provider_id) for proxy, old in chunk])
             self.count("runner_calls", 1)
             for (proxy, old), result in zip(chunk, results, strict=True):
                 if result.error is None:
                     self.count("deleted", 1)
                     self.writer.store.record_event(
-                        proxy, "Normal", "Replaced",
-                        f"old instance {old.provider_id} deleted after its successor became ready")
+                        proxy, "Normal", "Replaced", f"old instance {old.provider_id} deleted: a successor replaces it")
                 else:
                     metrics.ERRORS.labels(provider=client.name, error_class=result.error.error_class.value).inc()
                     log.warning("%s: deleting replaced instance %s failed (%s)", proxy.key, old.provider_id,
                                 result.error)
 
+
+def _nothing(*_: object) -> None:
+    """The outcome of an instance that is not probed (not running, or probe: none); also what is
+    done with a verdict nobody listens for."""
+
+
+def _unknown(reason: ProbeReason, why: str) -> Callable[[], ProbeOutcome | None]:
+    """The outcome of an instance no probe can say anything about, and why."""
+    outcome = unknown_outcome(reason, f"{reason}: {why}", times.now())
+    return lambda: outcome

@@ -41,8 +41,7 @@ from egress_proxies.resources.proxy import (
 )
 from egress_proxies.resources.schema import ValidationMemo
 from egress_proxies.serving.credentials import AccessPolicy, Credentials
-from egress_proxies.serving.monitor import ServingMonitor
-from egress_proxies.serving.probe import ProbeTarget
+from egress_proxies.serving.monitor import ServingMonitor, Watched
 from egress_proxies.sources.store import ProxyStore, StoreError
 from egress_proxies.sweep.backoff import Backoff
 from egress_proxies.sweep.containment import Containment
@@ -50,6 +49,7 @@ from egress_proxies.sweep.deletion import DeletePath
 from egress_proxies.sweep.garbage import GarbageCollector, GarbageSettings
 from egress_proxies.sweep.live import LivePath, LiveSettings
 from egress_proxies.sweep.pools import PoolReconciler, ProviderHealth, kept_in_discovery
+from egress_proxies.sweep.verdict import serves
 from egress_proxies.sweep.writer import ProxyWriter
 
 log = logging.getLogger(__name__)
@@ -135,7 +135,12 @@ class Reconciler:
         self.backoff = backoff or Backoff()
         self.writer = ProxyWriter(store, self.backoff, now, purge)
         self.validation = ValidationMemo()
-        self.last_ready: list[Proxy] = []
+        # Discovery's view: the Ready Proxies by uid, as the last sweep left them and the probe's
+        # verdicts changed them since; ``published`` counts the sweeps that set it.
+        self._view_lock = threading.Lock()
+        self._ready: dict[str, Proxy] = {}
+        self._ready_list: list[Proxy] | None = []
+        self.published = 0
         self.providers: ProviderSet | None = None
         self.containment = Containment("Proxy")
 
@@ -250,18 +255,18 @@ class Reconciler:
     def _reconcile_live(self, config: ProviderSet, clients: Mapping[str, ProviderClient],
                         listings: Mapping[str, Listing], live: Sequence[Proxy], unusable: Mapping[str, str],
                         report: SweepReport, contain: Contain,
-                        access: AccessPolicy | None) -> dict[str, tuple[str, ProbeTarget]]:
+                        access: AccessPolicy | None) -> dict[str, Watched]:
         """Every live Proxy's instance, providers side by side; returns the endpoints to probe."""
         by_provider: dict[str, list[Proxy]] = {}
         for proxy in live:
             by_provider.setdefault(proxy.provider, []).append(proxy)
         live_settings = LiveSettings(self.settings.batch_size, self.settings.parallel_batches,
                                      self.settings.stale_listing_seconds)
-        targets: dict[str, tuple[str, ProbeTarget]] = {}
+        targets: dict[str, Watched] = {}
 
         def reconcile_provider(name: str) -> None:
             live_path = LivePath(self.writer, live_settings, config.owner, contain, report.add, self._seconds_since,
-                                 config.probes[name], self.monitor, targets, access)
+                                 config.probes[name], self.monitor, targets, access, self._verdict_written)
             try:
                 live_path.reconcile(clients[name], by_provider.get(name, []), listings[name])
             except Exception as error:  # a bug must not take the other providers' sweep with it
@@ -284,7 +289,7 @@ class Reconciler:
             self._provider_missing(proxy, config)
 
     def _finish(self, report: SweepReport, config: ProviderSet, listings: Mapping[str, Listing],
-                unusable: Mapping[str, str], targets: Mapping[str, tuple[str, ProbeTarget]]) -> None:
+                unusable: Mapping[str, str], targets: Mapping[str, Watched]) -> None:
         """The sweep's report, the endpoints to probe from now on, and the view discovery serves."""
         for name, listing in listings.items():
             if listing.error is not None:
@@ -295,7 +300,7 @@ class Reconciler:
         if self.pools is not None:
             report.proxies_failed.update({f"pool {key}": why for key, why in self.pools.failed.items()})
         if self.monitor is not None:
-            self.monitor.watch(targets)
+            self.monitor.watch(targets, config.probes)
         self._publish(list(self.writer.latest.values()))
 
     def _admit(self, proxy: Proxy, usable: list[Proxy]) -> None:
@@ -321,7 +326,35 @@ class Reconciler:
         for state, count in serving.items():
             metrics.SERVING.labels(serving=state).set(count)
         # But for the members a pool still needs for its minReady (pools.kept_in_discovery).
-        self.last_ready = ready + (kept_in_discovery(final, self.pools.floors) if self.pools is not None else [])
+        kept = kept_in_discovery(final, self.pools.floors) if self.pools is not None else []
+        with self._view_lock:
+            self._ready = {p.uid: p for p in ready + kept}
+            self._ready_list = None
+            self.published += 1
+
+    @property
+    def last_ready(self) -> list[Proxy]:
+        """The Ready Proxies discovery hands out (the same list until the view changes)."""
+        with self._view_lock:
+            if self._ready_list is None:
+                self._ready_list = list(self._ready.values())
+            return self._ready_list
+
+    def _verdict_written(self, proxy: Proxy) -> None:
+        """A probe's verdict was written between sweeps: discovery follows it at once. A
+        quarantined Proxy stays listed only where the last sweep kept it for its pool's floor, and
+        only while it serves."""
+        with self._view_lock:
+            if quarantined(proxy):
+                ready = proxy.uid in self._ready and not proxy.deleting and serves(proxy.status)
+            else:
+                ready = proxy.status.get("phase") == PHASE_READY and not proxy.deleting
+            if ready or proxy.uid in self._ready:
+                if ready:
+                    self._ready[proxy.uid] = proxy
+                else:
+                    del self._ready[proxy.uid]
+                self._ready_list = None
 
     def _contain(self, proxy: Proxy, action: Callable[[], object], *, report: SweepReport) -> None:
         """Run one Proxy's step; whatever goes wrong stays with that Proxy."""

@@ -25,6 +25,8 @@ INSTANCE_FIELDS = ("ip", "endpoint", "egressIP", "probe", "credentialGeneration"
 # Serving reasons of an instance that may still serve: not probed yet, or not probed at all.
 AWAITING = "AwaitingProbe"
 UNVERIFIED = "Unverified"
+# The Ready reason of an instance kept in discovery while every probe of its provider fails at once.
+PROVIDER_WIDE_FAILURE = "ProviderWideFailure"
 # The Serving reasons of an instance that is not there to serve at all (lost, not "slow").
 LOST_REASONS = ("InstanceStopped", "InstanceError")
 
@@ -42,7 +44,9 @@ class Observation:
     no). ``outcome``: the latest probe of this instance at this address; None when it has not been
     probed yet. ``built_private``: the Private condition as the instance was built (None: no
     access policy). ``credential_generation``: the credential it was built with, for status.
-    ``quarantined``: a crawler reported this instance unusable (``pool.quarantined``)."""
+    ``quarantined``: a crawler reported this instance unusable (``pool.quarantined``).
+    ``provider_failing_since``: since when every probe of the provider fails at once (a stamp;
+    None: not so); for at most ``hold_seconds`` from then a Ready instance stays Ready."""
 
     instance: Instance
     port: int
@@ -51,6 +55,8 @@ class Observation:
     built_private: Wanted | None = None
     credential_generation: str | None = None
     quarantined: bool = False
+    provider_failing_since: str | None = None
+    hold_seconds: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -124,7 +130,7 @@ def _judge(status: Mapping[str, Any], seen: Observation, now: str) -> Verdict:
     fields.update(ip=instance.ip, endpoint=endpoint)
     if seen.credential_generation is not None:
         fields["credentialGeneration"] = seen.credential_generation
-    phase, ready, serving, private = _serving(status, seen, where, endpoint, fields)
+    phase, ready, serving, private = _serving(status, seen, where, endpoint, fields, now)
     if phase == PHASE_READY:
         if status.get("readyProviderID") != instance.provider_id or not status.get("readySince"):
             # When this instance first served: a pool rotates its members by this age.
@@ -139,17 +145,23 @@ def _judge(status: Mapping[str, Any], seen: Observation, now: str) -> Verdict:
 
 
 def _serving(status: Mapping[str, Any], seen: Observation, where: str, endpoint: str,
-             fields: dict[str, Any]) -> tuple[str, Wanted, Wanted, Wanted | None]:
+             fields: dict[str, Any], now: str) -> tuple[str, Wanted, Wanted, Wanted | None]:
     """(phase, Ready, Serving, Private) of a running instance with an address, from its probe;
     adds the probe's own fields to ``fields``."""
     instance, outcome, private = seen.instance, seen.outcome, seen.built_private
     if not seen.probed:
         unverified = ("Unknown", UNVERIFIED, "the provider config says probe: none: nothing checks it serves")
+        if private is not None and private[0] == "True":
+            # Built to require credentials; with nothing probing, nothing measured that it does.
+            private = ("Unknown", UNVERIFIED, ("the provider config says probe: none: nothing checks that "
+                                               "requests without credentials are refused"))
         return PHASE_READY, ("True", "InstanceRunning", f"{where} is running at {endpoint}"), unverified, private
     previous_serving = find_condition(status, SERVING)
+    was_ready = status.get("phase") == PHASE_READY and status.get("readyProviderID") == instance.provider_id
+    if outcome is not None and outcome.reason.unknown:
+        return (*_unknown(status, outcome, was_ready, where, endpoint), private)
     if outcome is None:
-        if (status.get("phase") == PHASE_READY and status.get("readyProviderID") == instance.provider_id
-                and previous_serving.get("status") == "True"):
+        if was_ready and previous_serving.get("status") == "True":
             # Served when last probed, and not probed by this process yet (a restarted controller,
             # a provider listed again): the last verdict stands until the first probe, one probe
             # interval, rather than pulling a serving proxy out of discovery.
@@ -166,7 +178,8 @@ def _serving(status: Mapping[str, Any], seen: Observation, where: str, endpoint:
                 ("True", "Serving", f"serves ({outcome.message})"), ("False", "NotPrivate", message))
     if outcome.serving:
         latency = outcome.latency_seconds or 0.0
-        message = f"{where} at {endpoint} serves requests through it ({latency * 1000:.0f} ms)"
+        message = (f"{where} at {endpoint} serves: requests through it reached the probe target "
+                   f"({latency * 1000:.0f} ms)")
         fields["egressIP"] = outcome.egress_ip
         fields["probe"] = {"latencySeconds": round(latency, 4), "lastProbeTime": probed_at,
                            "servedProviderID": instance.provider_id}
@@ -175,5 +188,35 @@ def _serving(status: Mapping[str, Any], seen: Observation, where: str, endpoint:
     served = (status.get("probe") or {}).get("servedProviderID")
     fields["probe"] = {"lastProbeTime": probed_at,
                        **({"servedProviderID": served} if served == instance.provider_id else {})}
-    return (PHASE_PROVISIONING, ("False", "NotServing", message), ("False", outcome.reason.value, outcome.message),
-            private)
+    failing: Wanted = ("False", outcome.reason.value, outcome.message)
+    until = _held_until(seen, now) if was_ready else None
+    if until is not None:
+        # Every probe of the provider fails at once: the provider's failure, not this proxy's. The
+        # last serving set stays in discovery for a bounded time.
+        held = (f"{where} at {endpoint} kept in discovery until {until}: every probe of its provider fails at "
+                f"once since {seen.provider_failing_since} (a provider-wide failure); this one: {outcome.reason}")
+        return PHASE_READY, ("True", PROVIDER_WIDE_FAILURE, held), failing, private
+    return PHASE_PROVISIONING, ("False", "NotServing", message), failing, private
+
+
+def _unknown(status: Mapping[str, Any], outcome: ProbeOutcome, was_ready: bool, where: str,
+             endpoint: str) -> tuple[str, Wanted, Wanted]:
+    """(phase, Ready, Serving) while the probe says nothing of the proxy (the probe target does not
+    answer, or none is configured): the last verdict stands; nothing new becomes Ready."""
+    serving: Wanted = ("Unknown", outcome.reason.value, outcome.message)
+    if was_ready:
+        ready = find_condition(status, READY)
+        message = str(ready.get("message") or f"{where} at {endpoint} serves")
+        return PHASE_READY, ("True", str(ready.get("reason") or "Serving"), message), serving
+    waiting = f"{where} is running at {endpoint}; no probe can tell whether it serves: {outcome.message}"
+    return PHASE_PROVISIONING, ("False", AWAITING, waiting), serving
+
+
+def _held_until(seen: Observation, now: str) -> str | None:
+    """Until when a Ready instance stays Ready through a provider-wide failure (None: not held)."""
+    since = times.parse(seen.provider_failing_since)
+    current = times.parse(now)
+    if since is None or current is None:
+        return None
+    until = since.timestamp() + seen.hold_seconds
+    return times.stamp(until) if current.timestamp() < until else None

@@ -69,11 +69,12 @@ class ProxyWriter:
         status["conditions"] = merge_conditions(proxy.status.get("conditions"), wanted, self.now(), proxy.generation)
         return status
 
-    def write_status(self, proxy: Proxy, status: dict[str, Any]) -> Proxy:
+    def write_status(self, proxy: Proxy, status: dict[str, Any] | Callable[[Proxy], dict[str, Any]]) -> Proxy:
         """Write ``status`` (unless it is what the Proxy has already); a Proxy deleted meanwhile is
-        forgotten, not an error."""
+        forgotten, not an error. A callable computes the status from the Proxy as stored, again
+        after a conflict (a decision made from what another writer has just changed)."""
         def write(current: Proxy) -> Proxy:
-            wanted = {**status, "observedGeneration": current.generation}
+            wanted = {**(status(current) if callable(status) else status), "observedGeneration": current.generation}
             if current.status == wanted:
                 return current
             current.status = wanted

@@ -232,11 +232,16 @@ def test_an_unusable_config_is_unreadable(tmp_path: Path, config: Path) -> None:
 
 
 def test_probe_settings_are_typed_from_the_validators_wire_form() -> None:
-    wire = {"enabled": True, "httpUrl": "http://example.test/", "expectStatus": "200", "connect": "",
-            "egressEchoUrl": None, "timeoutSeconds": 5, "unhealthyAfterSeconds": 300, "startupSeconds": 900}
+    wire = {"enabled": True, "httpUrl": "http://example.test/", "keyFile": "/etc/probe/key", "expectStatus": "200",
+            "connect": "", "egressEchoUrl": None, "timeoutSeconds": 5, "unhealthyAfterSeconds": 300,
+            "startupSeconds": 900, "concurrency": "50", "roundSeconds": 20}
     assert ProbeSettings.from_result(wire) == ProbeSettings(
-        enabled=True, http_url="http://example.test/", expect_status=200, connect=None, egress_echo_url=None,
-        timeout_seconds=5.0, unhealthy_after_seconds=300.0, startup_seconds=900.0)
+        enabled=True, http_url="http://example.test/", key_file="/etc/probe/key", expect_status=200, connect=None,
+        egress_echo_url=None, timeout_seconds=5.0, unhealthy_after_seconds=300.0, startup_seconds=900.0,
+        concurrency=50, round_seconds=20.0)
+    # No probe section: no target named, and no default of the controller's own fills one in.
+    unnamed = ProbeSettings.from_result({**wire, "httpUrl": None, "keyFile": None})
+    assert (unnamed.http_url, unnamed.key_file) == (None, None)
 
 
 def test_a_provider_whose_probe_settings_are_unusable_is_invalid_naming_the_mismatch(config: Path) -> None:

@@ -88,11 +88,18 @@ def test_nothing_from_a_proxy_is_templated(runner: AnsibleRunner, config: Path, 
     assert not marker.exists()
 
 
-def test_the_playbook_marks_every_string_unsafe() -> None:
-    text = build_playbook([Operation("kvm_proxy", {"name": "{{ x }}", "tags": {"k": "{% raw %}"}, "port": 3128})])
+def test_the_playbook_marks_every_string_that_could_be_a_template_unsafe_and_keeps_strings_strings() -> None:
+    from ansible.parsing.yaml.loader import AnsibleLoader
+
+    args = {"name": "{{ x }}", "tags": {"k": "{% raw %}", "spec-hash": "2937465012345678", "flag": "true"},
+            "port": 3128}
+    text = build_playbook([Operation("kvm_proxy", args)])
     assert "name: !unsafe '{{ x }}'" in text
     assert "k: !unsafe '{% raw %}'" in text
     assert "port: 3128" in text
+    # What the module gets: every string a string (an !unsafe scalar of digits loads as an int).
+    (play,) = AnsibleLoader(text).get_single_data()
+    assert play["tasks"][0]["crawl.egress_proxies.kvm_proxy"] == args
 
 
 def test_a_result_ansible_runner_dropped_for_its_size_fails_instead_of_reading_as_empty(

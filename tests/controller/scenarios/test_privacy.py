@@ -17,7 +17,6 @@ import logging
 import stat
 import urllib.error
 import urllib.request
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -31,11 +30,10 @@ from egress_proxies.health import SweepHealth
 from egress_proxies.http_server import ControllerHTTPServer, TokenScopes
 from egress_proxies.serving.credentials import Credentials, FileSecrets
 from egress_proxies.serving.monitor import ServingMonitor
-from egress_proxies.serving.probe import ProbeOutcome, ProbeReason, ProbeTarget
 from egress_proxies.sources.kube import KubeSecrets
 from egress_proxies.sweep.backoff import Backoff
 from egress_proxies.sweep.reconcile import Reconciler
-from support.controller_fakes import FakeRunner, MemoryStore
+from support.controller_fakes import FakeRunner, MemoryStore, ScriptedProber, probe_settings
 from support.kube_emulator import KubeEmulator
 
 SPEC = {"provider": "home-kvm", "cloudInit": "#cloud-config\n"}
@@ -73,9 +71,11 @@ def test_a_namespace_credential_is_made_once_kept_private_and_delivered_as_a_has
     assert len(accesses) == 3
     for access in accesses:
         assert access["allowed_sources"] == ["10.20.0.0/16"] and access["open"] is False
-        (user,) = access["users"]
+        # The namespace's user, and the probe's identity for this instance (the same password).
+        user, identity = access["users"]
         assert bcrypt.checkpw(credentials.current(user["name"].rsplit("-", 1)[0]).password.encode(),
                               user["password_hash"].encode())
+        assert identity["name"].startswith("probe-") and identity["password_hash"] == user["password_hash"]
     # The password itself went nowhere: not in any module argument, status or Event.
     everything = json.dumps([c.operations for c in runner.calls], default=repr) + repr(store.objects) + repr(
         store.events)
@@ -163,33 +163,12 @@ def test_a_new_access_policy_replaces_every_instance_make_before_break(tmp_path:
     assert [r for r in store.reasons() if r in ("Replacing", "Replaced")] == ["Replacing", "Replaced"]
 
 
-class OpenProxyProber:
-    """Every proxy serves, and also serves without credentials: an open relay."""
-
-    def __init__(self) -> None:
-        self.targets: list[ProbeTarget] = []
-
-    def probe_all(self, targets: Iterable[ProbeTarget]) -> dict[str, ProbeOutcome]:
-        self.targets = list(targets)
-        return {t.key: ProbeOutcome(True, ProbeReason.SERVING, "ok", 0.01, None, False,
-                                    "a request without credentials got 204", NOW) for t in self.targets}
-
-
 def test_a_proxy_that_serves_without_credentials_is_never_handed_out(tmp_path: Path, config: Path) -> None:
     credentials = Credentials(FileSecrets(tmp_path / "credentials"))
     store = MemoryStore()
-    runner = FakeRunner()
-    original = runner._check_config
-
-    def with_probe(op: Any) -> Any:
-        result = original(op)
-        for entry in result.result["providers"]:
-            entry["probe"] |= {"enabled": True, "httpUrl": "http://target.test/generate_204", "expectStatus": 204,
-                               "connect": None}
-        return result
-
-    runner._check_config = with_probe  # type: ignore[method-assign]
-    prober = OpenProxyProber()
+    runner = FakeRunner(probe=probe_settings(tmp_path / "probe-key"))
+    prober = ScriptedProber()
+    prober.private["192.0.2.10"] = False  # it serves without credentials too: an open relay
     monitor = ServingMonitor(prober)  # type: ignore[arg-type]
     store.add("eu-1", SPEC)
     rec = Reconciler(store, runner, str(config), backoff=Backoff(), credentials=credentials, monitor=monitor)

@@ -12,7 +12,8 @@ import datetime
 import json
 import os
 import urllib.request
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,37 +24,15 @@ from egress_proxies.health import SweepHealth
 from egress_proxies.http_server import ControllerHTTPServer
 from egress_proxies.resources.proxy import REPLACEMENTS_ANNOTATION, Proxy
 from egress_proxies.serving.monitor import ServingMonitor
-from egress_proxies.serving.probe import ProbeOutcome, Prober, ProbeReason, ProbeTarget
+from egress_proxies.serving.probe import Prober, ProbeReason
 from egress_proxies.sweep.backoff import Backoff
 from egress_proxies.sweep.reconcile import Reconciler, ReconcileSettings
-from support.controller_fakes import FakeRunner, MemoryStore
-from support.squid import NetworkNamespace, Squid, TargetServer
+from support.controller_fakes import FakeRunner, MemoryStore, ScriptedProber, probe_settings
+from support.probe_target import ProbeTargetProcess
+from support.squid import NetworkNamespace, Squid
 
 SPEC = {"provider": "home-kvm", "cloudInit": "#cloud-config\n"}
 NOW = datetime.datetime(2026, 12, 3, tzinfo=datetime.UTC)
-
-
-class ScriptedProber:
-    """``Prober.probe_all`` played from a script: address -> serving or a failure reason."""
-
-    def __init__(self) -> None:
-        self.serving: dict[str, bool | ProbeReason] = {}
-        self.rounds: list[list[str]] = []
-
-    def probe_all(self, targets: Iterable[ProbeTarget]) -> dict[str, ProbeOutcome]:
-        outcomes = {}
-        targets = list(targets)
-        self.rounds.append([t.host for t in targets])
-        for target in targets:
-            state = self.serving.get(target.host, True)
-            if state is True:
-                outcomes[target.key] = ProbeOutcome(True, ProbeReason.SERVING, "ok", 0.012, "198.51.100.7", None,
-                                                    "", NOW)
-            else:
-                reason = state if isinstance(state, ProbeReason) else ProbeReason.CONNECTION_REFUSED
-                outcomes[target.key] = ProbeOutcome(False, reason, f"{reason} at {target.endpoint}", None, None,
-                                                    None, "", NOW)
-        return outcomes
 
 
 @pytest.fixture
@@ -67,7 +46,8 @@ def config(tmp_path: Path) -> Path:
 class Lab:
     def __init__(self, config: Path, unhealthy_after: int = 300) -> None:
         self.store = MemoryStore()
-        self.runner = ProbedRunner(unhealthy_after)
+        self.runner = ProbedRunner(probe=probe_settings(config.with_name("probe-key"),
+                                                        unhealthyAfterSeconds=unhealthy_after))
         self.prober = ScriptedProber()
         self.monitor = ServingMonitor(self.prober)  # type: ignore[arg-type]
         self.clock = {"offset": 0.0}
@@ -89,23 +69,11 @@ class Lab:
         rec.sweep()
 
 
+@dataclass
 class ProbedRunner(FakeRunner):
-    """The fake provider, with probe settings in its config check and one address per instance."""
+    """The fake provider, probed (``probe``), with one address per instance."""
 
-    def __init__(self, unhealthy_after: int) -> None:
-        super().__init__()
-        self.unhealthy_after = unhealthy_after
-        self.addresses = iter(f"192.0.2.{n}" for n in range(10, 250))
-
-    def run(self, provider: str, verb: str, operations: Any) -> Any:
-        results = super().run(provider, verb, operations)
-        if verb == "check":
-            for result in results:
-                for entry in result.result["providers"]:
-                    entry["probe"] |= {"enabled": True, "httpUrl": "http://target.test/generate_204",
-                                      "expectStatus": 204, "connect": None,
-                                      "unhealthyAfterSeconds": self.unhealthy_after}
-        return results
+    addresses: Iterator[str] = field(default_factory=lambda: iter(f"192.0.2.{n}" for n in range(10, 250)))
 
     def _one(self, op: Any) -> Any:
         if op.args.get("state") == "present" and op.args.get("name") and not any(
@@ -230,14 +198,27 @@ def test_replacements_are_budgeted_and_paused_in_an_outage(config: Path) -> None
     rec = lab.reconciler()
     lab.sweep_probe_sweep(rec)
     assert len(rec.last_ready) == 20
-    # Every probe fails: a provider-wide outage (or the probe target is down). Nothing is replaced.
+    # The probe target does not answer the controller: nothing is known of any proxy, so none
+    # leaves discovery and none is replaced, however long it lasts.
+    lab.prober.target_down = True
+    lab.monitor.probe_now()
+    assert len(rec.last_ready) == 20  # the verdicts were written by the probe, not by a sweep
+    lab.clock["offset"] = 10_000
+    rec.sweep()
+    assert len(lab.runner.instances) == 20 and len(rec.last_ready) == 20
+    assert {serving_condition(p)["reason"] for p in rec.last_ready} == {"ProbeTargetUnreachable"}
+    lab.prober.target_down = False
+    lab.clock["offset"] = 0
+    # Every probe fails at once while the target answers: a provider-wide failure, not theirs.
+    # They stay in discovery (for unhealthyAfterSeconds) and nothing is replaced meanwhile.
     for instance in lab.runner.instances.values():
         lab.prober.serving[instance["ip"]] = ProbeReason.TIMEOUT
     lab.monitor.probe_now()
     rec.sweep()
     lab.clock["offset"] = 10_000
     rec.sweep()
-    assert len(lab.runner.instances) == 20
+    assert len(lab.runner.instances) == 20 and len(rec.last_ready) == 20
+    assert {p.status["conditions"][0]["reason"] for p in rec.last_ready} == {"ProviderWideFailure"}
     # Five instances are lost while the rest serve: at most 10 % (2) are replaced per sweep.
     for instance in lab.runner.instances.values():
         lab.prober.serving[instance["ip"]] = True
@@ -303,34 +284,24 @@ def test_a_crash_mid_replacement_never_duplicates(config: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def namespace() -> Iterator[tuple[NetworkNamespace, TargetServer]]:
+def namespace() -> Iterator[tuple[NetworkNamespace, ProbeTargetProcess]]:
     if os.geteuid() != 0:
         pytest.fail("needs root (network namespaces); run the tests as root, as CI does", pytrace=False)
-    with NetworkNamespace() as ns, TargetServer(ns) as targets:
-        yield ns, targets
+    with NetworkNamespace() as ns, ProbeTargetProcess(ns) as target:
+        yield ns, target
 
 
 def test_through_real_squid_discovery_lists_only_a_serving_proxy(
-        namespace: tuple[NetworkNamespace, TargetServer], tmp_path: Path) -> None:
-    ns, targets = namespace
+        namespace: tuple[NetworkNamespace, ProbeTargetProcess], tmp_path: Path) -> None:
+    ns, target = namespace
     config = tmp_path / "providers.yaml"
     config.write_text(yaml.safe_dump({"owner": "test-owner", "providers": [
         {"name": "home-kvm", "type": "kvm", "kvm": {}}]}))
-    store, runner = MemoryStore(), FakeRunner(ip=ns.address)
-    original = runner.run
-
-    def with_probe(provider: str, verb: str, operations: Any) -> Any:
-        results = original(provider, verb, operations)
-        if verb == "check":
-            for entry in results[0].result["providers"]:
-                entry["probe"] |= {"enabled": True, "httpUrl": targets.url("/generate_204"), "expectStatus": 204,
-                                  "connect": targets.connect_target, "egressEchoUrl": targets.url("/echo")}
-        return results
-
-    runner.run = with_probe  # type: ignore[method-assign]
+    probe = probe_settings(target.key_file, **target.probe_settings(), timeoutSeconds=3)
+    store, runner = MemoryStore(), FakeRunner(ip=ns.address, probe=probe)
     store.add("eu-1", SPEC)
     # Only the namespace's own network may ever be probed.
-    monitor = ServingMonitor(Prober(allowed_networks=[ns.network], check_timeout=3, deadline=10))
+    monitor = ServingMonitor(Prober(allowed_networks=[ns.network]))
     rec = Reconciler(store, runner, str(config), backoff=Backoff(base_seconds=0, jitter=0), monitor=monitor)
     health = SweepHealth(60)
     health.sweep_started()

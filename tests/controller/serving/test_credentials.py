@@ -201,7 +201,7 @@ def test_allowed_sources_of_the_proxy_win_over_the_providers() -> None:
 
 
 def test_allowed_destinations_of_the_proxy_win_over_the_providers_and_carry_the_policy_version() -> None:
-    policy = AccessPolicy(Credentials(MemorySecrets()), {}, {"home-kvm": ("192.168.122.1/32",)}, "2")
+    policy = AccessPolicy(refreshed(MemorySecrets()), {}, {"home-kvm": ("192.168.122.1/32",)}, "2")
     assert policy.request(proxy()).allowed_destinations == ("192.168.122.1/32",)
     mine = policy.request(proxy(allowedDestinations=["10.128.0.0/20"], auth="none"))
     assert (mine.allowed_destinations, mine.policy_version) == (("10.128.0.0/20",), "2")

@@ -1,14 +1,18 @@
-"""The controller's probe through real squid (Debian's package) in a network namespace of our own.
+"""The controller's probe through real squid (Debian's package) in a network namespace of our own,
+against the project's own probe target (``egress-proxies probe-target``) in the same namespace.
 
-Proxies and targets live in the namespace (tests/support/squid.py); the probe runs here, in the
-test process, and reaches them over the namespace's veth. Every Prober here is limited to the
-namespace's /24 and loopback (``allowed_networks``), so a mistake cannot send a probe anywhere
-else. Blackholes and garbage servers are sockets on 127.0.0.1 in this process.
+Proxies and the target live in the namespace (tests/support/squid.py, probe_target.py); the probe
+runs here, in the test process, and reaches them over the namespace's veth. Every Prober here is
+limited to the namespace's /24 and loopback (``allowed_networks``), so a mistake cannot send a
+probe anywhere else. Liars, blackholes and garbage servers are fake proxies in the namespace
+(tests/support/fake_proxies.py) or sockets on 127.0.0.1 in this process.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import ipaddress
 import logging
 import os
 import select
@@ -24,12 +28,17 @@ import pytest
 from egress_proxies.serving.probe import (
     ProbeConfigError,
     ProbeCredentials,
+    ProbeDestination,
     ProbeOutcome,
     Prober,
     ProbeReason,
     ProbeTarget,
 )
-from support.squid import NetworkNamespace, Squid, TargetServer, basic_auth_config, write_password_file
+from egress_proxies.serving.proof import PROOF_HEADER, proof
+from egress_proxies.serving.target import ProbeTargetServer
+from support.fake_proxies import FakeProxies
+from support.probe_target import ProbeTargetProcess
+from support.squid import NetworkNamespace, Squid, basic_auth_config, write_password_file
 
 USER = "crawlers"
 PASSWORD = "pw-5f0c2b7e9d4a41c3b8e6a1d09c7f3e2b"  # a marker no message, repr or log may contain
@@ -40,38 +49,59 @@ CHECK_TIMEOUT = 5.0
 @dataclass
 class Lab:
     ns: NetworkNamespace
-    targets: TargetServer
+    target: ProbeTargetProcess
+    fakes: FakeProxies
     open_squid: Squid  # allows everything
     auth_squid: Squid  # Basic auth (basic_ncsa_auth), USER / PASSWORD
-    deny_squid: Squid  # allows everything except the target server's address
+    deny_squid: Squid  # allows everything except the probe target's address
 
-    def prober(self, *, check_timeout: float = CHECK_TIMEOUT, concurrency: int = 200,
-               deadline: float = 30.0) -> Prober:
-        return Prober(allowed_networks=[self.ns.network, "127.0.0.0/8"], check_timeout=check_timeout,
-                      concurrency=concurrency, deadline=deadline)
+    def prober(self) -> Prober:
+        return Prober(allowed_networks=[self.ns.network, "127.0.0.0/8"])
 
-    def target(self, squid: Squid, *, key: str = "p", **fields: Any) -> ProbeTarget:
-        return ProbeTarget(key=key, host=squid.address, port=squid.port, http_url=self.targets.url("/generate_204"),
-                           connect_target=self.targets.connect_target, **fields)
+    def destination(self, check_timeout: float = CHECK_TIMEOUT, **fields: Any) -> ProbeDestination:
+        settings: dict[str, Any] = {"http_url": self.target.url(), "proof_key": self.target.key,
+                                    "connect": self.target.connect_target, "check_timeout": check_timeout, **fields}
+        return ProbeDestination(**settings)
+
+    def target_of(self, squid: Squid, *, key: str = "p", destination: ProbeDestination | None = None,
+                  **fields: Any) -> ProbeTarget:
+        return ProbeTarget(key=key, host=squid.address, port=squid.port,
+                           destination=destination or self.destination(), **fields)
+
+    def fake(self, mode: str, port: int, destination: ProbeDestination | None = None,
+             **options: Any) -> ProbeTarget:
+        """A fake proxy in the namespace answering as ``mode``, with USER's credentials."""
+        self.fakes.set(self.ns.address, port, mode, {USER: _bcrypt(PASSWORD)}, **options)
+        return ProbeTarget(key=f"fake-{port}", host=self.ns.address, port=port,
+                           destination=destination or self.destination(), credentials=ProbeCredentials(USER, PASSWORD),
+                           expect_private=True)
+
+
+def _bcrypt(password: str) -> str:
+    import bcrypt
+
+    return bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds=4)).decode()
 
 
 @pytest.fixture(scope="module")
 def lab() -> Iterator[Lab]:
     if os.geteuid() != 0:
         pytest.fail("the probe tests need root (network namespaces); run them as root, as CI does", pytrace=False)
-    with NetworkNamespace() as ns, TargetServer(ns) as targets:
+    with NetworkNamespace() as ns, ProbeTargetProcess(ns) as target, FakeProxies(ns) as fakes:
         password_file = write_password_file(ns.root / "passwords", {USER: PASSWORD})
-        deny = f"acl target dst {targets.address}/32\nhttp_access deny target\nhttp_access allow all\n"
+        deny = f"acl target dst {target.address}/32\nhttp_access deny target\nhttp_access allow all\n"
         with Squid(ns, "http_access allow all\n", port=3128, name="open") as open_squid, \
                 Squid(ns, basic_auth_config(password_file), port=3129, name="auth") as auth_squid, \
                 Squid(ns, deny, port=3130, name="deny") as deny_squid:
-            yield Lab(ns, targets, open_squid, auth_squid, deny_squid)
+            yield Lab(ns, target, fakes, open_squid, auth_squid, deny_squid)
             for squid in (open_squid, auth_squid, deny_squid):
                 squid.terminate()  # all three shut down at once, then each is waited for
 
 
-def probe(lab: Lab, target: ProbeTarget, check_timeout: float = CHECK_TIMEOUT) -> ProbeOutcome:
-    return lab.prober(check_timeout=check_timeout).probe_all([target])[target.key]
+def probe(lab: Lab, target: ProbeTarget, full: bool = True) -> ProbeOutcome:
+    async def one() -> ProbeOutcome:
+        return await lab.prober().probe_one(target, full=full)
+    return asyncio.run(one())
 
 
 @pytest.fixture
@@ -82,57 +112,83 @@ def blackhole() -> Iterator[socket.socket]:
         yield listener
 
 
-# -- serving ---------------------------------------------------------------------------------------
+# -- serving: through real squid to the real probe target ------------------------------------------------
 
 
-def test_serving_proxy_passes_every_check_with_its_latency(lab: Lab) -> None:
-    before = len(lab.targets.requests())
-    outcome = probe(lab, lab.target(lab.open_squid))
+def test_serving_proxy_passes_every_check_with_the_targets_proof(lab: Lab) -> None:
+    outcome = probe(lab, lab.target_of(lab.open_squid, destination=lab.destination(egress_echo_url=lab.target.url(
+        "/echo"))))
     assert outcome.serving, outcome.message
     assert outcome.reason is ProbeReason.SERVING
     assert outcome.latency_seconds is not None and 0 < outcome.latency_seconds < CHECK_TIMEOUT
-    assert f"CONNECT {lab.targets.connect_target} answered 200" in outcome.message
+    # The tunnel reached the target: a request went through it and its proof came back.
+    assert f"CONNECT {lab.target.connect_target} reached it" in outcome.message
+    # The address squid connected to the target from, as the target saw it (and proved).
+    assert outcome.egress_ip is not None and ipaddress.ip_address(outcome.egress_ip) in ipaddress.ip_network(
+        lab.ns.network)
     assert outcome.private is None  # not asked for
-    # The 204 came from the origin through squid, not from squid alone: the origin saw the
-    # request arrive with squid's Via header.
-    seen = lab.targets.requests()[before:]
-    assert [r["path"] for r in seen] == ["/generate_204"]
-    assert any(name == "Via" and "squid" in value for name, value in seen[0]["headers"])
+
+
+def test_egress_echo_reports_the_address_the_target_saw(lab: Lab) -> None:
+    egress = lab.ns.add_address()
+    config = f"http_access allow all\ntcp_outgoing_address {egress}\n"
+    with Squid(lab.ns, config, port=3141, name="egress") as squid:
+        outcome = probe(lab, lab.target_of(squid, destination=lab.destination(egress_echo_url=lab.target.url(
+            "/echo"))))
+    assert outcome.serving, outcome.message
+    assert outcome.egress_ip == egress != squid.address  # the way out, not the way in
+
+
+def test_a_probe_that_is_not_full_skips_the_echo_and_privacy(lab: Lab) -> None:
+    target = lab.target_of(lab.auth_squid, destination=lab.destination(egress_echo_url=lab.target.url("/echo")),
+                           credentials=ProbeCredentials(USER, PASSWORD), expect_private=True)
+    outcome = probe(lab, target, full=False)
+    assert outcome.serving and not outcome.full
+    assert outcome.egress_ip is None and outcome.private is None
 
 
 def test_stopped_squid_is_connection_refused(lab: Lab) -> None:
     with Squid(lab.ns, "http_access allow all\n", port=3140, name="stopping") as squid:
-        assert probe(lab, lab.target(squid)).serving
-    outcome = probe(lab, lab.target(squid))
+        assert probe(lab, lab.target_of(squid)).serving
+    outcome = probe(lab, lab.target_of(squid))
     assert (outcome.serving, outcome.reason) == (False, ProbeReason.CONNECTION_REFUSED)
     assert f"{squid.address}:3140" in outcome.message
     assert outcome.latency_seconds is None
 
 
 def test_auth_squid_with_the_right_credentials_is_serving_and_private(lab: Lab) -> None:
-    target = lab.target(lab.auth_squid, credentials=ProbeCredentials(USER, PASSWORD), expect_private=True)
+    target = lab.target_of(lab.auth_squid, credentials=ProbeCredentials(USER, PASSWORD), expect_private=True)
     outcome = probe(lab, target)
     assert outcome.serving, outcome.message
     assert outcome.private is True
-    # Both ways out were tried without credentials, and both were refused by the auth rule.
-    assert "GET " in outcome.privacy_message and "CONNECT " in outcome.privacy_message
-    assert outcome.privacy_message.count(" 407") == 2
+    # Both ways out without credentials, then a made-up user and password: all refused.
+    assert outcome.privacy_message.count(" 407") == 3
+    assert "made-up user and password" in outcome.privacy_message
     assert PASSWORD not in repr(target) and PASSWORD not in repr(outcome)
 
 
+def test_an_identity_the_proxy_does_not_know_is_refused_never_serving(lab: Lab) -> None:
+    """The HTTP check logs in as the instance itself: another instance at this address (which
+    knows only its own identity) answers 407."""
+    target = lab.target_of(lab.auth_squid, credentials=ProbeCredentials(USER, PASSWORD),
+                           identity=ProbeCredentials("probe-another-instance", PASSWORD), expect_private=True)
+    outcome = probe(lab, target)
+    assert (outcome.serving, outcome.reason) == (False, ProbeReason.PROXY_AUTHENTICATION_REQUIRED)
+    assert "another instance answers at this address" in outcome.message
+
+
 def test_auth_squid_without_configured_credentials_is_proxy_authentication_required(lab: Lab) -> None:
-    outcome = probe(lab, lab.target(lab.auth_squid, expect_private=True))
+    outcome = probe(lab, lab.target_of(lab.auth_squid, expect_private=True))
     assert (outcome.serving, outcome.reason) == (False, ProbeReason.PROXY_AUTHENTICATION_REQUIRED)
     assert "answered 407 without credentials" in outcome.message
-    # That 407 is the privacy check's answer too: nothing gets through without credentials.
-    assert outcome.private is True
 
 
 def test_wrong_credentials_are_proxy_authentication_required_never_healthy(
         lab: Lab, caplog: pytest.LogCaptureFixture) -> None:
     wrong = "wrong-" + PASSWORD
     caplog.set_level(logging.DEBUG, logger="egress_proxies")
-    outcome = probe(lab, lab.target(lab.auth_squid, credentials=ProbeCredentials(USER, wrong), expect_private=True))
+    outcome = probe(lab, lab.target_of(lab.auth_squid, credentials=ProbeCredentials(USER, wrong),
+                                       expect_private=True))
     assert (outcome.serving, outcome.reason) == (False, ProbeReason.PROXY_AUTHENTICATION_REQUIRED)
     assert "407 with the configured credentials" in outcome.message
     assert outcome.private is None  # not verified: the proxy is not serving us
@@ -140,136 +196,153 @@ def test_wrong_credentials_are_proxy_authentication_required_never_healthy(
 
 
 def test_squid_denying_the_target_is_unexpected_status_403(lab: Lab) -> None:
-    outcome = probe(lab, lab.target(lab.deny_squid))
+    outcome = probe(lab, lab.target_of(lab.deny_squid))
     assert (outcome.serving, outcome.reason) == (False, ProbeReason.UNEXPECTED_STATUS)
     assert outcome.message.startswith("UnexpectedStatus 403: ")
     assert "expected 204" in outcome.message
 
 
+def test_connect_to_a_closed_port_is_connect_failed(lab: Lab) -> None:
+    closed = lab.destination(connect=f"{lab.target.address}:8444")
+    outcome = probe(lab, lab.target_of(lab.open_squid, destination=closed))
+    assert (outcome.serving, outcome.reason) == (False, ProbeReason.CONNECT_FAILED)
+    # Squid answers 503 when its own connection to the target is refused.
+    assert outcome.message.startswith("ConnectFailed 503: CONNECT ")
+    assert outcome.latency_seconds is not None  # the HTTP check before it passed
+
+
+def test_a_tunnel_to_something_that_is_not_the_target_is_connect_failed(lab: Lab) -> None:
+    """A CONNECT that opens (squid's 200) to a port that answers, but not with the target's proof."""
+    elsewhere = lab.destination(connect=f"{lab.open_squid.address}:{lab.auth_squid.port}")
+    outcome = probe(lab, lab.target_of(lab.open_squid, destination=elsewhere))
+    assert (outcome.serving, outcome.reason) == (False, ProbeReason.CONNECT_FAILED)
+    assert "then GET through the tunnel answered 400, expected 204" in outcome.message
+
+
+# -- liars and leaks (fake proxies) ---------------------------------------------------------------------
+
+
+def test_an_endpoint_that_answers_by_itself_never_passes(lab: Lab) -> None:
+    """Issue 27 row 3: a 204 of its own, a CONNECT 200 echoing the "tunnel", an invented echo address."""
+    outcome = probe(lab, lab.fake("liar", 3200))
+    assert (outcome.serving, outcome.reason) == (False, ProbeReason.TARGET_NOT_REACHED)
+    assert "no valid proof of the probe's nonce" in outcome.message
+    # A proxy that forwards the plain-HTTP check but lies about its tunnel, or its echo.
+    tunnel = probe(lab, lab.fake("forward", 3204, lie=["connect"]))
+    assert (tunnel.serving, tunnel.reason) == (False, ProbeReason.CONNECT_FAILED)
+    echo = probe(lab, lab.fake("forward", 3205, lab.destination(egress_echo_url=lab.target.url("/echo")),
+                               lie=["echo"]))
+    assert (echo.serving, echo.reason) == (False, ProbeReason.EGRESS_ECHO_FAILED)
+    assert "no valid proof" in echo.message and "203.0.113.77" not in echo.message and echo.egress_ip is None
+    honest = probe(lab, lab.fake("forward", 3206, lab.destination(egress_echo_url=lab.target.url("/echo"))))
+    assert honest.serving and honest.private is True, honest.message
+
+
+def test_a_proxy_that_takes_any_password_is_not_private(lab: Lab) -> None:
+    """Issue 26 row 7: made-up credentials must get 407 too."""
+    outcome = probe(lab, lab.fake("any-password", 3201))
+    assert outcome.serving and outcome.private is False
+    assert "made-up user and password" in outcome.privacy_message and "not 407 or 403" in outcome.privacy_message
+
+
+def test_an_answer_never_reaches_a_message(lab: Lab, caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 26 row 11: an endpoint echoing Proxy-Authorization back puts none of it anywhere."""
+    caplog.set_level(logging.DEBUG, logger="egress_proxies")
+    echoer = lab.fake("echo-credentials", 3202)
+    outcome = probe(lab, echoer)
+    assert (outcome.serving, outcome.reason) == (False, ProbeReason.BAD_RESPONSE)
+    assert outcome.message.endswith("not an HTTP/1.x status line")
+    basic = base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
+    for text in (outcome.message, outcome.privacy_message, repr(outcome), caplog.text):
+        assert PASSWORD not in text and basic not in text
+
+
+def test_a_hung_proxy_times_out_within_its_own_check_timeout(lab: Lab) -> None:
+    hung = lab.fake("hang", 3203)
+    quick = ProbeTarget(key="hung", host=hung.host, port=hung.port, destination=lab.destination(check_timeout=1.0))
+    started = time.monotonic()
+    outcome = probe(lab, quick)
+    elapsed = time.monotonic() - started
+    assert (outcome.serving, outcome.reason) == (False, ProbeReason.TIMEOUT)
+    assert "within 1s" in outcome.message and 1.0 <= elapsed < 2.0
+
+
+# -- the probe target itself, asked directly ---------------------------------------------------------------
+
+
+def test_the_probe_target_answers_directly_and_its_absence_is_named(lab: Lab) -> None:
+    prober = lab.prober()
+    destination = lab.destination(egress_echo_url=lab.target.url("/echo"), check_timeout=1.0)
+    assert asyncio.run(prober.check_destination(destination)) is None
+    wrong_key = lab.destination(proof_key=b"another key, not the target's")
+    problem = asyncio.run(prober.check_destination(wrong_key))
+    assert problem is not None and "probe.keyFile" in problem and problem.startswith("ProbeTargetUnreachable")
+    lab.target.pause()
+    try:
+        problem = asyncio.run(prober.check_destination(destination))
+    finally:
+        lab.target.resume()
+    assert problem is not None and problem.startswith("ProbeTargetUnreachable: Timeout: GET ")
+    assert "asked directly" in problem
+
+
+def test_the_probe_targets_answers() -> None:
+    """The shipped server's protocol: a proof for a nonce, the caller's address with its own proof."""
+    server = ProbeTargetServer(b"k" * 32)
+    status, headers, body = server.answer("GET", "/generate_204?egress-probe-nonce=abc", "198.51.100.7")
+    assert (status, headers, body) == (204, {PROOF_HEADER: proof(b"k" * 32, "abc")}, b"")
+    status, _, body = server.answer("GET", "http://probe.test/echo?egress-probe-nonce=abc", "198.51.100.7")
+    assert status == 200 and body == (b'{"ip": "198.51.100.7", "proof": "'
+                                      + proof(b"k" * 32, "abc", "198.51.100.7").encode() + b'"}')
+    assert server.answer("GET", "/generate_204", "198.51.100.7") == (204, {}, b"")
+    assert server.answer("POST", "/generate_204", "198.51.100.7")[0] == 405
+
+
+# -- the endpoint itself, on loopback ---------------------------------------------------------------------
+
+
 def test_blackhole_times_out_within_the_check_timeout(lab: Lab, blackhole: socket.socket) -> None:
     port = blackhole.getsockname()[1]
-    target = ProbeTarget(key="hole", host="127.0.0.1", port=port, http_url=lab.targets.url("/generate_204"))
+    target = ProbeTarget(key="hole", host="127.0.0.1", port=port, destination=lab.destination(check_timeout=0.5))
     started = time.monotonic()
-    outcome = probe(lab, target, check_timeout=0.5)
+    outcome = probe(lab, target)
     elapsed = time.monotonic() - started
     assert (outcome.serving, outcome.reason) == (False, ProbeReason.TIMEOUT)
     assert "within 0.5s" in outcome.message
     assert 0.5 <= elapsed < 1.5
 
 
-def test_connect_to_a_closed_port_is_connect_failed(lab: Lab) -> None:
-    target = ProbeTarget(key="p", host=lab.open_squid.address, port=lab.open_squid.port,
-                         http_url=lab.targets.url("/generate_204"), connect_target=lab.targets.closed_connect_target)
-    outcome = probe(lab, target)
-    assert (outcome.serving, outcome.reason) == (False, ProbeReason.CONNECT_FAILED)
-    # Squid answers 503 when its own connection to the target is refused: the 200 of a
-    # successful CONNECT does prove the target was reached.
-    assert outcome.message.startswith("ConnectFailed 503: CONNECT ")
-    assert outcome.latency_seconds is not None  # the HTTP check before it passed
-
-
-def test_egress_echo_reports_the_address_the_target_saw(lab: Lab) -> None:
-    egress = lab.ns.add_address()
-    config = f"http_access allow all\ntcp_outgoing_address {egress}\n"
-    with Squid(lab.ns, config, port=3141, name="egress") as squid:
-        before = len(lab.targets.requests())
-        outcome = probe(lab, lab.target(squid, egress_echo_url=lab.targets.url("/echo")))
-    assert outcome.serving, outcome.message
-    echoed = [r for r in lab.targets.requests()[before:] if r["path"] == "/echo"]
-    assert len(echoed) == 1
-    assert outcome.egress_ip == echoed[0]["peer"] == egress
-    assert outcome.egress_ip != squid.address  # the way out, not the way in
-
-
-# A 204 is no echo (no body, so no address); a 404 is a wrong URL.
-@pytest.mark.parametrize(("path", "status"), [("/generate_204", 204), ("/nowhere", 404)])
-def test_an_egress_echo_that_does_not_answer_is_egress_echo_failed(lab: Lab, path: str, status: int) -> None:
-    outcome = probe(lab, lab.target(lab.open_squid, egress_echo_url=lab.targets.url(path)))
-    assert (outcome.serving, outcome.reason) == (False, ProbeReason.EGRESS_ECHO_FAILED)
-    assert outcome.message.startswith(f"EgressEchoFailed {status}: GET {lab.targets.url(path)} through ")
-    assert outcome.latency_seconds is not None  # the HTTP check before it passed
-
-
-def test_open_squid_expected_private_is_reported_not_private(lab: Lab) -> None:
-    without = probe(lab, lab.target(lab.open_squid, expect_private=True))
-    assert without.serving and without.private is False
-    # With credentials the probe asks again without them; squid ignores what it does not require.
-    with_credentials = probe(lab, lab.target(lab.open_squid, credentials=ProbeCredentials(USER, PASSWORD),
-                                             expect_private=True))
-    assert with_credentials.serving and with_credentials.private is False
-    assert "without credentials" in with_credentials.privacy_message
-    assert "answered 204, not 407 or 403" in with_credentials.privacy_message
-
-
-def test_a_squid_denying_only_credential_less_get_is_still_not_private_if_connect_is_open(lab: Lab) -> None:
-    password_file = write_password_file(lab.ns.root / "half-passwords", {USER: PASSWORD})
-    config = (f"auth_param basic program /usr/lib/squid/basic_ncsa_auth {password_file}\n"
-              "acl authenticated proxy_auth REQUIRED\nacl CONNECT method CONNECT\n"
-              "http_access allow CONNECT\nhttp_access deny !authenticated\nhttp_access allow authenticated\n")
-    with Squid(lab.ns, config, port=3142, name="half-open") as squid:
-        outcome = probe(lab, lab.target(squid, credentials=ProbeCredentials(USER, PASSWORD), expect_private=True))
-    assert outcome.serving, outcome.message
-    assert outcome.private is False
-    assert f"CONNECT {lab.targets.connect_target} without credentials" in outcome.privacy_message
-
-
-def test_checks_share_kept_alive_connections_through_squid(lab: Lab) -> None:
-    # Squid logs each request's client port (%>p): one port per connection the probe opened.
-    log = lab.ns.root / "keepalive" / "connections.log"  # in the squid's own directory, where it may write
-    config = ("logformat probe %>p %rm %ru %>Hs\n"
-              f"access_log stdio:{log} probe\n" + basic_auth_config(lab.ns.root / "passwords"))
-    with Squid(lab.ns, config, port=3143, name="keepalive") as squid:
-        outcome = probe(lab, lab.target(squid, credentials=ProbeCredentials(USER, PASSWORD), expect_private=True,
-                                        egress_echo_url=lab.targets.url("/echo")))
-    assert outcome.serving and outcome.private is True, outcome.message
-    by_port: dict[str, list[str]] = {}
-    for line in log.read_text().splitlines():
-        port, method, url, status = line.split()
-        if method != "-":  # the harness's readiness check: connected, sent nothing
-            by_port.setdefault(port, []).append(f"{method} {url.rsplit('/', 1)[-1]} {status}")
-    assert sorted(by_port.values()) == sorted([
-        ["GET generate_204 204", "GET echo 200", f"CONNECT {lab.targets.connect_target} 200"],
-        ["GET generate_204 407", f"CONNECT {lab.targets.connect_target} 407"],
-    ])
-
-
 def test_a_kept_alive_connection_the_proxy_closed_is_retried_once_on_a_new_one(lab: Lab) -> None:
-    """A proxy may close an idle persistent connection at any time; the next request is resent."""
-    connections: list[bytes] = []
+    """A proxy may close an idle persistent connection at any time; the next request is resent.
+    The answers carry the target's proofs, computed here from the nonces the probe sent."""
+    key = lab.target.key
+    requests: list[bytes] = []
     with socket.create_server(("127.0.0.1", 0)) as listener:
         def serve() -> None:
-            for answer in (b"HTTP/1.1 204 No Content\r\n\r\n", b"HTTP/1.1 200 Connection established\r\n\r\n"):
+            for _ in range(2):
                 conn, _ = listener.accept()
                 with conn:
-                    connections.append(conn.recv(4096).split(b" ", 1)[0])
-                    conn.sendall(answer)  # keep-alive by HTTP/1.1's default, then closed anyway
+                    head = conn.recv(4096)
+                    requests.append(head.split(b" ", 1)[0])
+                    if head.startswith(b"GET"):
+                        nonce = head.split(b"egress-probe-nonce=", 1)[1].split(b" ", 1)[0].decode()
+                        conn.sendall(f"HTTP/1.1 204 No Content\r\n{PROOF_HEADER}: {proof(key, nonce)}\r\n\r\n"
+                                     .encode())
+                    else:  # the CONNECT, then the request through the "tunnel"
+                        conn.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
+                        inner = conn.recv(4096)
+                        nonce = inner.split(b"egress-probe-nonce=", 1)[1].split(b" ", 1)[0].decode()
+                        conn.sendall(f"HTTP/1.1 204 No Content\r\n{PROOF_HEADER}: {proof(key, nonce)}\r\n"
+                                     "Connection: close\r\n\r\n".encode())
 
         server = threading.Thread(target=serve)
         server.start()
         target = ProbeTarget(key="flaky", host="127.0.0.1", port=listener.getsockname()[1],
-                             http_url=lab.targets.url("/generate_204"), connect_target=lab.targets.connect_target)
+                             destination=lab.destination())
         outcome = probe(lab, target)
         server.join(timeout=5)
     assert outcome.serving, outcome.message
-    assert connections == [b"GET", b"CONNECT"]
-
-
-# -- failures of the endpoint itself -----------------------------------------------------------------
-
-
-def test_a_deadline_bounds_the_whole_round(lab: Lab, blackhole: socket.socket) -> None:
-    port = blackhole.getsockname()[1]
-    holes = [ProbeTarget(key=f"hole-{i}", host="127.0.0.1", port=port, http_url=lab.targets.url("/generate_204"))
-             for i in range(3)]
-    prober = lab.prober(concurrency=1, check_timeout=10.0, deadline=0.5)
-    started = time.monotonic()
-    outcomes = prober.probe_all([lab.target(lab.open_squid, key="good"), *holes])
-    elapsed = time.monotonic() - started
-    assert elapsed < 2.0
-    assert outcomes["good"].serving  # probed first, before the deadline
-    for hole in holes:
-        assert outcomes[hole.key].reason is ProbeReason.TIMEOUT
-        assert "deadline of 0.5s" in outcomes[hole.key].message
+    assert requests == [b"GET", b"CONNECT"]
 
 
 def test_a_peer_that_does_not_speak_http_is_a_bad_response(lab: Lab) -> None:
@@ -283,19 +356,19 @@ def test_a_peer_that_does_not_speak_http_is_a_bad_response(lab: Lab) -> None:
         server = threading.Thread(target=answer_garbage)
         server.start()
         target = ProbeTarget(key="ssh", host="127.0.0.1", port=listener.getsockname()[1],
-                             http_url=lab.targets.url("/generate_204"))
+                             destination=lab.destination())
         outcome = probe(lab, target)
         server.join(timeout=5)
     assert (outcome.serving, outcome.reason) == (False, ProbeReason.BAD_RESPONSE)
-    assert "not an HTTP/1.x status line" in outcome.message
+    assert outcome.message.endswith("not an HTTP/1.x status line") and "SSH" not in outcome.message
 
 
 def test_an_endpoint_outside_the_allowed_networks_is_never_contacted(lab: Lab, blackhole: socket.socket) -> None:
     port = blackhole.getsockname()[1]
-    prober = Prober(allowed_networks=[lab.ns.network], check_timeout=1.0)
+    prober = Prober(allowed_networks=[lab.ns.network])
     outcomes = prober.probe_all([
-        ProbeTarget(key="loopback", host="127.0.0.1", port=port, http_url=lab.targets.url("/generate_204")),
-        ProbeTarget(key="named", host="localhost", port=port, http_url=lab.targets.url("/generate_204")),
+        ProbeTarget(key="loopback", host="127.0.0.1", port=port, destination=lab.destination()),
+        ProbeTarget(key="named", host="localhost", port=port, destination=lab.destination()),
     ])
     for outcome in outcomes.values():
         assert (outcome.serving, outcome.reason) == (False, ProbeReason.NOT_ALLOWED)
@@ -310,19 +383,33 @@ def test_an_endpoint_outside_the_allowed_networks_is_never_contacted(lab: Lab, b
 
 def test_many_proxies_at_once_each_get_their_own_outcome(lab: Lab) -> None:
     credentials = ProbeCredentials(USER, PASSWORD)
-    targets = [lab.target(squid, key=f"{squid.name}-{i}", credentials=credentials, expect_private=True)
+    targets = [lab.target_of(squid, key=f"{squid.name}-{i}", credentials=credentials, expect_private=True)
                for i in range(20) for squid in (lab.open_squid, lab.auth_squid, lab.deny_squid)]
-    outcomes = lab.prober(concurrency=8).probe_all(targets)
+    outcomes = lab.prober().probe_all(targets, concurrency=8)
     assert len(outcomes) == 60
     by_squid = {(key.rsplit("-", 1)[0], o.serving, o.reason, o.private) for key, o in outcomes.items()}
     assert by_squid == {("open", True, ProbeReason.SERVING, False), ("auth", True, ProbeReason.SERVING, True),
                         ("deny", False, ProbeReason.UNEXPECTED_STATUS, None)}
 
 
+def test_a_deadline_bounds_when_probes_start(lab: Lab, blackhole: socket.socket) -> None:
+    port = blackhole.getsockname()[1]
+    holes = [ProbeTarget(key=f"hole-{i}", host="127.0.0.1", port=port, destination=lab.destination(check_timeout=0.5))
+             for i in range(3)]
+    started = time.monotonic()
+    outcomes = lab.prober().probe_all([lab.target_of(lab.open_squid, key="good"), *holes], concurrency=1,
+                                      deadline=0.3)
+    elapsed = time.monotonic() - started
+    assert elapsed < 2.0
+    assert outcomes["good"].serving  # probed first, before the deadline
+    # The first hole started in time and ran to its own timeout; the others never started.
+    assert outcomes["hole-0"].reason is ProbeReason.TIMEOUT
+    assert "hole-1" not in outcomes and "hole-2" not in outcomes
+
+
 def test_probe_all_runs_from_a_plain_thread_and_refuses_to_block_a_running_event_loop(lab: Lab) -> None:
     prober = lab.prober()
-    target = lab.target(lab.open_squid)
-    # The sweep loop is a plain thread: probe_all runs an event loop of its own in it.
+    target = lab.target_of(lab.open_squid)
     results: list[ProbeOutcome] = []
     sweep = threading.Thread(target=lambda: results.append(prober.probe_all([target])[target.key]))
     sweep.start()
@@ -340,26 +427,28 @@ def test_probe_all_runs_from_a_plain_thread_and_refuses_to_block_a_running_event
 @pytest.mark.parametrize(("fields", "message"), [
     ({"http_url": "https://example.test/generate_204"}, "http_url must be an http:// URL"),
     ({"http_url": "http://user:pw@example.test/"}, "http_url must not carry user information"),
-    ({"connect_target": "example.test"}, "connect_target must be host:port"),
-    ({"connect_target": "example.test:0"}, "connect_target must be host:port"),
+    ({"connect": "example.test"}, "connect_target must be host:port"),
+    ({"connect": "example.test:0"}, "connect_target must be host:port"),
     ({"egress_echo_url": "ftp://example.test/"}, "egress_echo_url must be an http:// URL"),
-    ({"port": 0}, "port must be 1-65535"),
     ({"expected_status": 2040}, "expected_status must be an HTTP status"),
+    ({"proof_key": b""}, "proof_key must be the probe target's key"),
+    ({"check_timeout": 0}, "check_timeout must be positive"),
 ])
-def test_a_bad_target_is_refused_naming_the_field(fields: dict[str, object], message: str) -> None:
-    settings: dict[str, object] = {"key": "uid-1", "host": "10.0.0.1", "port": 3128,
-                                   "http_url": "http://example.test/generate_204", **fields}
-    with pytest.raises(ProbeConfigError, match=message) as raised:
-        ProbeTarget(**settings)  # type: ignore[arg-type]
-    assert "probe target 'uid-1'" in str(raised.value)
+def test_a_bad_destination_is_refused_naming_the_field(fields: dict[str, object], message: str) -> None:
+    settings: dict[str, object] = {"http_url": "http://example.test/generate_204", "proof_key": b"k" * 32, **fields}
+    with pytest.raises(ProbeConfigError, match=message):
+        ProbeDestination(**settings)  # type: ignore[arg-type]
 
 
-def test_bad_credentials_and_duplicate_keys_are_refused() -> None:
+def test_bad_targets_credentials_and_duplicate_keys_are_refused() -> None:
+    destination = ProbeDestination(http_url="http://example.test/", proof_key=b"k" * 32)
+    with pytest.raises(ProbeConfigError, match="probe target 'uid-1': port must be 1-65535"):
+        ProbeTarget(key="uid-1", host="10.0.0.1", port=0, destination=destination)
     with pytest.raises(ProbeConfigError, match=r"credentials.user .* no ':'"):
         ProbeCredentials("team:a", PASSWORD)
     with pytest.raises(ProbeConfigError, match=r"credentials\.password must not contain CR, LF"):
         ProbeCredentials(USER, "line\nbreak")
-    target = ProbeTarget(key="same", host="127.0.0.1", port=1, http_url="http://example.test/")
+    target = ProbeTarget(key="same", host="127.0.0.1", port=1, destination=destination)
     with pytest.raises(ProbeConfigError, match="'same' appears twice"):
         Prober(allowed_networks=["127.0.0.0/8"]).probe_all([target, target])
     with pytest.raises(ProbeConfigError, match="allowed_networks"):

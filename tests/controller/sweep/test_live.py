@@ -26,6 +26,7 @@ from egress_proxies.resources.proxy import (
     spec_hash,
 )
 from egress_proxies.serving.credentials import AccessPolicy, Credentials, FileSecrets
+from egress_proxies.serving.monitor import instance_identity
 from egress_proxies.sweep.backoff import Backoff
 from egress_proxies.sweep.live import LivePath, LiveSettings
 from egress_proxies.sweep.writer import ProxyWriter
@@ -237,8 +238,13 @@ def test_with_access_an_instance_gets_the_hash_never_the_password(tmp_path: Path
     live.sweep("eu-1")
     credential = credentials.current("crawlers")
     [create] = [op for call in live.runner.calls if call.verb == "create" for op in call.operations]
-    assert create.args["access"] == {"users": [{"name": credential.user, "password_hash": credential.password_hash}],
+    # The namespace's user, and the probe's identity for this instance alone (the same hash).
+    identity = instance_identity(create.args["name"])
+    assert create.args["access"] == {"users": [{"name": credential.user, "password_hash": credential.password_hash},
+                                               {"name": identity, "password_hash": credential.password_hash}],
                                      "allowed_sources": ["10.0.0.0/8"], "allowed_destinations": [], "open": False}
     assert credential.password not in repr(live.runner.calls)
     assert live.store.get("eu-1").status["credentialGeneration"] == credential.generation
-    assert live.condition("eu-1", "Private")["status"] == "True"
+    # Built to require credentials, but nothing probes it here (probe: none), so nothing measured it.
+    assert (live.condition("eu-1", "Private")["status"], live.condition("eu-1", "Private")["reason"]) == (
+        "Unknown", "Unverified")

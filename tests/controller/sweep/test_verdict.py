@@ -10,7 +10,7 @@ import pytest
 
 from egress_proxies.providers.client import Instance
 from egress_proxies.resources.conditions import PRIVATE, PROVIDER_LISTED, SERVING
-from egress_proxies.serving.probe import ProbeOutcome, ProbeReason
+from egress_proxies.serving.probe import ProbeOutcome, ProbeReason, unknown_outcome
 from egress_proxies.sweep.verdict import Observation, judge, serves, with_known_address
 
 NOW = "2026-12-06T10:00:00Z"
@@ -37,6 +37,9 @@ def ready_status(**extra: Any) -> dict[str, Any]:
             **extra}
 
 
+UNREACHABLE = unknown_outcome(ProbeReason.PROBE_TARGET_UNREACHABLE, "ProbeTargetUnreachable: Timeout", PROBED_AT)
+NOT_CONFIGURED = unknown_outcome(ProbeReason.PROBE_NOT_CONFIGURED, "ProbeNotConfigured: no target", PROBED_AT)
+
 CASES = [
     # (id, status, observation, phase, Ready reason, Serving (status, reason), Private reason or None)
     ("stopped", {}, Observation(Instance(ID, state="stopped"), 3128),
@@ -47,8 +50,11 @@ CASES = [
      "Provisioning", "Provisioning", ("Unknown", "AwaitingProbe"), None),
     ("running without an address", {}, Observation(Instance(ID, state="running"), 3128),
      "Provisioning", "Provisioning", ("Unknown", "AwaitingProbe"), None),
+    # Nothing probes it: neither that it serves nor that it refuses strangers is measured.
     ("probe: none", {}, Observation(RUNNING, 3128, built_private=BUILT_PRIVATE),
-     "Ready", "InstanceRunning", ("Unknown", "Unverified"), "CredentialsRequired"),
+     "Ready", "InstanceRunning", ("Unknown", "Unverified"), "Unverified"),
+    ("probe: none, auth none", {}, Observation(RUNNING, 3128, built_private=OPEN),
+     "Ready", "InstanceRunning", ("Unknown", "Unverified"), "AuthDisabled"),
     ("not probed yet", {}, Observation(RUNNING, 3128, probed=True, built_private=BUILT_PRIVATE),
      "Provisioning", "AwaitingProbe", ("Unknown", "AwaitingProbe"), "CredentialsRequired"),
     ("not probed yet, served before", ready_status(), Observation(RUNNING, 3128, probed=True),
@@ -72,6 +78,30 @@ CASES = [
      "Quarantined", "Quarantined", ("Unknown", "Unverified"), None),
     ("quarantined, stopped", {}, Observation(Instance(ID, state="stopped"), 3128, quarantined=True),
      "Quarantined", "Quarantined", ("False", "InstanceStopped"), None),
+    # An answer without the probe target's proof of its nonce (a liar, a captive portal).
+    ("no proof of the nonce", {}, Observation(RUNNING, 3128, probed=True,
+                                             outcome=outcome(False, ProbeReason.TARGET_NOT_REACHED)),
+     "Provisioning", "NotServing", ("False", "TargetNotReached"), None),
+    # The probe target does not answer the controller: nothing is known; the last verdict stands.
+    ("target unreachable, was Ready", ready_status(), Observation(RUNNING, 3128, probed=True, outcome=UNREACHABLE),
+     "Ready", "Serving", ("Unknown", "ProbeTargetUnreachable"), None),
+    ("target unreachable, never Ready", {}, Observation(RUNNING, 3128, probed=True, outcome=UNREACHABLE),
+     "Provisioning", "AwaitingProbe", ("Unknown", "ProbeTargetUnreachable"), None),
+    ("no probe target named", ready_status(), Observation(RUNNING, 3128, probed=True, outcome=NOT_CONFIGURED),
+     "Ready", "Serving", ("Unknown", "ProbeNotConfigured"), None),
+    # Every probe of the provider fails at once: a Ready one stays Ready, for a bounded time.
+    ("provider-wide failure, was Ready", ready_status(),
+     Observation(RUNNING, 3128, probed=True, outcome=outcome(False, ProbeReason.TIMEOUT),
+                 provider_failing_since="2026-12-06T09:58:00Z", hold_seconds=300),
+     "Ready", "ProviderWideFailure", ("False", "Timeout"), None),
+    ("provider-wide failure past its hold", ready_status(),
+     Observation(RUNNING, 3128, probed=True, outcome=outcome(False, ProbeReason.TIMEOUT),
+                 provider_failing_since="2026-12-06T09:50:00Z", hold_seconds=300),
+     "Provisioning", "NotServing", ("False", "Timeout"), None),
+    ("provider-wide failure, never Ready", {},
+     Observation(RUNNING, 3128, probed=True, outcome=outcome(False, ProbeReason.TIMEOUT),
+                 provider_failing_since="2026-12-06T09:58:00Z", hold_seconds=300),
+     "Provisioning", "NotServing", ("False", "Timeout"), None),
 ]
 
 
@@ -167,3 +197,11 @@ def test_a_quarantined_instance_still_says_whether_it_serves(seen: Observation, 
                                                for kind, value in verdict.conditions.items() if value is not None]}
     assert "it still serves" in verdict.ready[2] if serves_now else True
     assert serves(status) is serves_now
+
+
+def test_a_held_instance_says_until_when_and_keeps_its_record() -> None:
+    verdict = judge(ready_status(), Observation(RUNNING, 3128, probed=True, outcome=outcome(False, ProbeReason.TIMEOUT),
+                                                provider_failing_since="2026-12-06T09:58:00Z", hold_seconds=300),
+                    NOW)
+    assert "until 2026-12-06T10:03:00Z" in verdict.ready[2] and "provider-wide failure" in verdict.ready[2]
+    assert "readySince" not in verdict.fields  # still the same instance serving since it first did

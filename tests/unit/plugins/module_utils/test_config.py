@@ -236,28 +236,50 @@ def with_probe(probe: Any) -> dict[str, Any]:
     return document
 
 
-def test_probe_defaults_none_and_overrides() -> None:
+KEY = "/etc/egress-proxies/probe/key"
+
+
+def test_probe_absent_none_and_overrides() -> None:
+    # No probe section: probed, but no probe target is named (the controller says so).
     default = parse_provider_config(valid_document()).provider("home-kvm").probe
-    assert default.enabled and default.expect_status == 204 and default.http_url.startswith("http://")
+    assert default.enabled and default.http_url is None and default.key_file is None
     assert parse_provider_config(with_probe("none")).provider("home-kvm").probe.enabled is False
     probe = parse_provider_config(with_probe({
-        "httpUrl": "http://10.0.0.1/generate_204", "expectStatus": 200, "connect": "[2001:db8::1]:443",
-        "egressEchoUrl": "http://10.0.0.1/ip", "timeoutSeconds": 3, "unhealthyAfterSeconds": 60,
+        "httpUrl": "http://10.0.0.1/generate_204", "keyFile": KEY, "expectStatus": 200,
+        "connect": "[2001:db8::1]:443", "egressEchoUrl": "http://10.0.0.1/echo", "timeoutSeconds": 3,
+        "unhealthyAfterSeconds": 60, "concurrency": 50, "roundSeconds": 20,
     })).provider("home-kvm").probe
-    assert (probe.http_url, probe.expect_status, probe.connect, probe.egress_echo_url, probe.timeout_seconds,
-            probe.unhealthy_after_seconds) == ("http://10.0.0.1/generate_204", 200, "[2001:db8::1]:443",
-                                               "http://10.0.0.1/ip", 3, 60)
-    assert parse_provider_config(with_probe({"connect": "none"})).provider("home-kvm").probe.connect is None
+    assert (probe.http_url, probe.key_file, probe.expect_status, probe.connect, probe.egress_echo_url,
+            probe.timeout_seconds, probe.unhealthy_after_seconds, probe.concurrency, probe.round_seconds) == (
+        "http://10.0.0.1/generate_204", KEY, 200, "[2001:db8::1]:443", "http://10.0.0.1/echo", 3, 60, 50, 20)
+    target = {"httpUrl": "http://probe.example.net/generate_204", "keyFile": KEY}
+    defaults = parse_provider_config(with_probe(target)).provider("home-kvm").probe
+    # The CONNECT check goes to the probe target's own tunnel port unless told otherwise.
+    assert (defaults.connect, defaults.timeout_seconds, defaults.concurrency, defaults.round_seconds) == (
+        "probe.example.net:443", 5, 200, 30)
+    assert parse_provider_config(with_probe({**target, "connect": "none"})).provider("home-kvm").probe.connect is None
+
+
+TARGET = {"httpUrl": "http://x/generate_204", "keyFile": KEY}
 
 
 @pytest.mark.parametrize(("probe", "expected"), [
     ("off", "providers[0].probe: must be a mapping"),
-    ({"httpUrl": "https://x/204"}, "providers[0].probe.httpUrl: 'https://x/204' must be an http:// URL"),
-    ({"connect": "example.com"}, "providers[0].probe.connect: 'example.com' must be host:port"),
-    ({"expectStatus": 42}, "providers[0].probe.expectStatus: must be an integer >= 100"),
-    ({"unhealthyAfterSeconds": 5}, "providers[0].probe.unhealthyAfterSeconds: must be an integer >= 30"),
-    ({"timeoutSeconds": 120}, "providers[0].probe.timeoutSeconds: must be at most 60"),
-    ({"httpurl": "http://x/"}, "providers[0].probe.httpurl: unknown field"),
+    ({**TARGET, "httpUrl": "https://x/204"}, "providers[0].probe.httpUrl: 'https://x/204' must be an http:// URL"),
+    ({"keyFile": KEY}, "providers[0].probe.httpUrl: required field is missing"),
+    ({"httpUrl": "http://x/"}, "providers[0].probe.keyFile: required field is missing"),
+    ({**TARGET, "keyFile": "key"}, "providers[0].probe.keyFile: 'key' must be an absolute path"),
+    ({**TARGET, "connect": "example.com"}, "providers[0].probe.connect: 'example.com' must be host:port"),
+    ({**TARGET, "expectStatus": 42}, "providers[0].probe.expectStatus: must be an integer >= 100"),
+    ({**TARGET, "unhealthyAfterSeconds": 5}, "providers[0].probe.unhealthyAfterSeconds: must be an integer >= 30"),
+    ({**TARGET, "timeoutSeconds": 120}, "providers[0].probe.timeoutSeconds: must be at most 60"),
+    ({**TARGET, "timeoutSeconds": 0}, "providers[0].probe.timeoutSeconds: must be an integer >= 1"),
+    ({**TARGET, "concurrency": 0}, "providers[0].probe.concurrency: must be an integer >= 1"),
+    ({**TARGET, "concurrency": 20000}, "providers[0].probe.concurrency: must be at most 10000"),
+    ({**TARGET, "roundSeconds": 4}, "providers[0].probe.roundSeconds: must be an integer >= 5"),
+    ({**TARGET, "timeoutSeconds": 20, "roundSeconds": 10},
+     "providers[0].probe.roundSeconds: must be at least timeoutSeconds (20), got 10"),
+    ({**TARGET, "httpurl": "http://x/"}, "providers[0].probe.httpurl: unknown field"),
 ])
 def test_a_bad_probe_fails_only_its_provider(probe: Any, expected: str) -> None:
     config = parse_provider_config(with_probe(probe))
