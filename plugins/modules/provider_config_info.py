@@ -174,6 +174,7 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.gcp.checks im
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.gcp.firewall import (  # noqa: E402
     ProviderIdentity,
 )
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.squid_access import POLICY_VERSION  # noqa: E402
 
 
 def backend_errors(provider: Provider, index: int, owner: str) -> List[str]:
@@ -182,7 +183,6 @@ def backend_errors(provider: Provider, index: int, owner: str) -> List[str]:
         return []
     identity = ProviderIdentity(provider.name, owner, provider.allowed_sources)
     return ["providers[%d].%s" % (index, problem) for problem in check_gcp_backend(provider.gcp, identity)]
-from ansible_collections.crawl.egress_proxies.plugins.module_utils.squid_access import POLICY_VERSION  # noqa: E402
 
 
 def main() -> None:

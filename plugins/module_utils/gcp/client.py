@@ -389,7 +389,6 @@ def _firewall_resource(rule: FirewallRule) -> Any:
         allowed=[compute_v1.Allowed(I_p_protocol=protocol, ports=list(ports)) for protocol, ports in rule.allowed])
 
 
-
 def api_base_url(api_endpoint: Optional[str]) -> str:
     """The URL the API's paths go under: ``apiEndpoint`` (https unless it names a scheme, as the
     SDK's REST transport reads it), else the SDK's default host."""
