@@ -47,8 +47,9 @@ from support import figures
 from support.ansible_modules import collections_path
 from support.banning_site import BanningSite
 from support.kube_emulator import KubeEmulator, proxy_crd
+from support.probe_target import ProbeTargetProcess
 from support.provider_config import write_kubeconfig, write_kubernetes_config
-from support.squid import NetworkNamespace, TargetServer
+from support.squid import NetworkNamespace
 from support.squid_kubelet import SquidKubelet, squid_kubelet
 from support.waiting import wait_for
 
@@ -93,12 +94,18 @@ class Lab:
             return list(json.loads(answer.read())["proxies"])
 
 
-def start_controller(kube: KubeEmulator, ns: NetworkNamespace, probe_target: TargetServer, work: Path) -> Controller:
+def start_controller(kube: KubeEmulator, ns: NetworkNamespace, probe_target: ProbeTargetProcess,
+                     work: Path) -> Controller:
     kubeconfig = write_kubeconfig(work / "kubeconfig", kube.url)
     config = write_kubernetes_config(
         work / "providers.yaml", kubeconfig, namespace=POD_NAMESPACE, spreadNodes=False,
-        # The CONNECT check needs a target on 443 (the access rules allow CONNECT to 443 only).
-        probe={"httpUrl": probe_target.url("/generate_204"), "connect": "none", "timeoutSeconds": 3})
+        # The site and the probe target live in the test's namespace, an internal network the
+        # proxies refuse unless it is opened.
+        allowed_destinations=[ns.network],
+        # The project's probe target (nonce proofs); the CONNECT check needs a target on 443 (the
+        # access rules allow CONNECT to 443 only), which the target's tunnel port is not.
+        probe={"httpUrl": probe_target.url(), "keyFile": str(probe_target.key_file), "connect": "none",
+               "timeoutSeconds": 3})
     tokens = work / "tokens.yaml"
     tokens.write_text(yaml.safe_dump([{"name": "crawlers", "namespaces": [NAMESPACE],
                                        "sha256": hashlib.sha256(CRAWLER_TOKEN.encode()).hexdigest()}]))
@@ -132,7 +139,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
         pytest.fail("needs root (network namespaces); run the tests as root, as CI does", pytrace=False)
     work = tmp_path_factory.mktemp("crawl")
     pool_crd = yaml.safe_load((REPO / "controller" / "manifests" / "crd-proxypool.yaml").read_text())
-    with NetworkNamespace() as ns, TargetServer(ns) as probe_target, \
+    with NetworkNamespace() as ns, ProbeTargetProcess(ns) as probe_target, \
             BanningSite(ns, pages=PAGES, ban_after=BAN_AFTER, delay=SLOW) as site, \
             KubeEmulator(crds=[proxy_crd(), pool_crd], namespaces=[NAMESPACE, POD_NAMESPACE, "egress-proxies"]) \
             as kube, squid_kubelet(kube, ns, POD_NAMESPACE) as kubelet, \
@@ -179,7 +186,9 @@ def test_a_crawl_finishes_through_a_ban_and_the_replacement_carries_traffic(
         lab: Lab, tmp_path: Path, request: pytest.FixtureRequest) -> None:
     members = lab.discovery()
     original = {entry["ip"]: entry["name"] for entry in members}
-    assert len(original) == REPLICAS and all(entry["url"].startswith("http://crawl-crawlers:") for entry in members)
+    # The namespace's user: its name, then 64 random bits (serving/credentials.py).
+    assert len(original) == REPLICAS and all(re.match(r"http://crawlers-[0-9a-f]{16}:", entry["url"])
+                                             for entry in members)
 
     started = time.monotonic()
     crawler = crawl(lab, tmp_path)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from .libvirt_daemon import tcp_port_accepts, wait_until
+from .libvirt_daemon import tcp_port_accepts
 from .squid import NetworkNamespace, TargetServer
 
 SITE_PORT = 8080
@@ -110,13 +110,7 @@ class BanningSite(TargetServer):
         self._log = directory / "requests.jsonl"
         self._delay_file = directory / "delay"
         self.set_delay(self.delay)
-        self._out = open(directory / "site.out", "ab")  # noqa: SIM115 -- closed in stop()
-        self._process = self.netns.spawn(
-            [sys.executable, "-c", SITE_SERVER, self.address, str(self.http_port), str(self.pages),
-             str(self.ban_after), str(self.ban_status), str(self._delay_file), str(self._log)], self._out)
-        try:
-            wait_until(lambda: tcp_port_accepts(self.address, self.http_port), what=f"the site on {self.address}",
-                       timeout=self.start_timeout, process=self._process, logs=[directory / "site.out"])
-        except BaseException:
-            self.stop()
-            raise
+        self._run([sys.executable, "-c", SITE_SERVER, self.address, str(self.http_port), str(self.pages),
+                   str(self.ban_after), str(self.ban_status), str(self._delay_file), str(self._log)],
+                  directory / "site.out", lambda: tcp_port_accepts(self.address, self.http_port),
+                  f"the site on {self.address}")

@@ -7,14 +7,17 @@ and, for each new Pod the provider made, does what a kubelet and a container run
 
 - **volumes**: every ``downwardAPI`` item that projects an annotation is written to the Pod's own
   directory (with the item's ``mode``): the provider's ``crawl.example.com/squid-conf`` and
-  ``squid-passwd``. The container's mount path in the Pod's files and command is that directory;
+  ``squid-passwd``; an ``emptyDir`` is an empty directory of the Pod's. The container's mount
+  paths in the Pod's files and command are those directories;
 - **network**: a Pod has a network namespace of its own; here all Pods share the test's, and each
   gets its own address in it (:meth:`NetworkNamespace.add_address`). squid listens on that
   address (``http_port <address>:<port>`` for the Pod's ``http_port <port>``) and fetches from it
   (``tcp_outgoing_address``), so a site sees each Pod's own egress address, as it would see each
   proxy's;
-- **container**: the container's command (``squid -N -f <conf>``) as :class:`~support.squid.Squid`
-  runs it: the same binary and flags, the Pod's config plus the harness's housekeeping lines;
+- **container**: the container's command (its ``/bin/sh -c`` preamble, which writes the error
+  pages and the Pod's own addresses, then ``squid -N -f <conf>``) as :class:`~support.squid.Squid`
+  runs it: the preamble as the launcher with the Pod's downward-API environment (``POD_IPS``,
+  ``NODE_IP``), the same binary and flags, the Pod's config plus the harness's housekeeping lines;
 - **status**: once squid accepts connections (what the Pod's tcpSocket readiness probe checks),
   ``kubelet_run`` reports the Pod Running and Ready with its address as ``podIP``;
 - **termination**: a Pod that is deleting (``deletionTimestamp``) or gone gets SIGTERM.
@@ -80,6 +83,7 @@ class SquidKubelet:
         self.poll = poll
         self.pods: dict[str, RunningPod] = {}
         self.errors: list[str] = []
+        self._failed: set[str] = set()  # never started again: a kubelet would back off, not retry each poll
         self._stopped: list[Squid] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -120,7 +124,7 @@ class SquidKubelet:
                          live[name]["metadata"].get("deletionTimestamp")]:
                 self._terminate(name)
             for name, pod in live.items():
-                if name not in self.pods and not pod["metadata"].get("deletionTimestamp") \
+                if name not in self.pods and name not in self._failed and not pod["metadata"].get("deletionTimestamp") \
                         and not (pod.get("spec") or {}).get("nodeName"):
                     self._run_pod(pod)
 
@@ -139,10 +143,12 @@ class SquidKubelet:
         name = pod["metadata"]["name"]
         try:
             address = self.netns.add_address()
-            squid = Squid(self.netns, self._container_config(pod, address), address=address,
-                          ports=(_pod_port(pod),), name=f"pod-{name}")
+            config, launcher = self._container(pod, address)
+            squid = Squid(self.netns, config, address=address, ports=(_pod_port(pod),), name=f"pod-{name}",
+                          launcher=launcher, env={"POD_IPS": address, "NODE_IP": self.netns.address})
             squid.start()
         except (DaemonStartError, OSError, KeyError, ValueError, AssertionError) as error:
+            self._failed.add(name)
             self.errors.append(f"{name}: {type(error).__name__}: {error}")
             LOG.exception("squid kubelet: Pod %s could not be started", name)
             return
@@ -151,10 +157,24 @@ class SquidKubelet:
         self.kube.kubelet_run(self.namespace, name, pod_ip=address, host_ip=self.netns.address)
         LOG.info("squid kubelet: Pod %s Running on %s", name, address)
 
-    def _container_config(self, pod: dict[str, Any], address: str) -> str:
-        """The squid.conf the container would read, its mount path mapped to the Pod's directory
-        and its port bound to the Pod's address."""
+    def _container(self, pod: dict[str, Any], address: str) -> tuple[str, list[str]]:
+        """The squid.conf the container would read and the preamble its command runs squid
+        through, its mount paths mapped to the Pod's directories and its port bound to the Pod's
+        address."""
         (container,) = pod["spec"]["containers"]
+        replacements = self._volumes(pod, container)
+        command = container["command"]
+        assert command[-4:-1] == ["squid", "-N", "-f"], f"a container command this kubelet does not run: {command}"
+        config = _mapped(command[-1], replacements).read_text()
+        launcher = list(command[:-4])
+        for mount, own_path in replacements.items():
+            config = config.replace(mount + "/", own_path + "/")
+            launcher = [part.replace(mount, own_path) for part in launcher]
+        return _HTTP_PORT.sub(rf"http_port {address}:\1", config) + f"tcp_outgoing_address {address}\n", launcher
+
+    def _volumes(self, pod: dict[str, Any], container: dict[str, Any]) -> dict[str, str]:
+        """Each mounted volume as a directory of the Pod's (mount path -> directory): a
+        ``downwardAPI`` one with its annotations written, an ``emptyDir`` empty and squid's."""
         directory = self.netns.root / f"volumes-{pod['metadata']['name']}"
         directory.mkdir()
         shutil.chown(directory, SQUID_USER, SQUID_USER)
@@ -162,23 +182,22 @@ class SquidKubelet:
         annotations = pod["metadata"].get("annotations") or {}
         replacements: dict[str, str] = {}
         for volume in pod["spec"].get("volumes") or []:
-            if volume.get("downwardAPI") is None or volume["name"] not in mounts:
+            if volume["name"] not in mounts:
                 continue
             own = directory / volume["name"]
             own.mkdir()
             replacements[mounts[volume["name"]].rstrip("/")] = str(own)
+            if "emptyDir" in volume:
+                shutil.chown(own, SQUID_USER, SQUID_USER)
+                continue
+            assert volume.get("downwardAPI") is not None, f"a volume this kubelet does not mount: {volume}"
             for item in volume["downwardAPI"]["items"]:
                 annotation = _ANNOTATION_REF.match(item["fieldRef"]["fieldPath"])
                 assert annotation is not None, f"a downwardAPI field this kubelet does not project: {item}"
                 target = own / item["path"]
                 target.write_text(annotations[annotation.group(1)])
                 target.chmod(item.get("mode", 0o644))
-        command = container["command"]
-        assert command[:3] == ["squid", "-N", "-f"], f"a container command this kubelet does not run: {command}"
-        config = _mapped(command[3], replacements).read_text()
-        for mount, own_path in replacements.items():
-            config = config.replace(mount + "/", own_path + "/")
-        return _HTTP_PORT.sub(rf"http_port {address}:\1", config) + f"tcp_outgoing_address {address}\n"
+        return replacements
 
 
 def _mapped(path: str, replacements: dict[str, str]) -> Path:
