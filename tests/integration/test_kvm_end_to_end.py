@@ -168,7 +168,7 @@ class Outside:
         self.namespace = f"egp-out{host.slot}"
         self.public_address = f"{UPLINK_PREFIX}.{host.slot}.1"
         self.address = f"{UPLINK_PREFIX}.{host.slot}.2"
-        self.source_addresses: list[str] = []  # the host's, routed to it (route_to_host)
+        self.source_addresses: list[str] = []  # the host's (the role's), routed to it: route_to_host
 
     def __enter__(self) -> Outside:
         subprocess.run(["ip", "netns", "add", self.namespace], check=True, capture_output=True)
@@ -209,7 +209,6 @@ class Bootstrapped:
     host: HypervisorHost
     known_hosts_file: Path  # what the role printed and wrote for the controller
     outside: Outside
-    source_addresses: list[str]  # the role's kvm_hypervisor_source_addresses
 
 
 @pytest.fixture(scope="module")
@@ -222,12 +221,11 @@ def bootstrapped(timings: Timings) -> Iterator[Bootstrapped]:
     with HypervisorHost() as hypervisor, Outside(hypervisor) as outside:
         publishing = {**hypervisor.publishing_role_vars(SOURCE_ADDRESSES),
                       "kvm_hypervisor_public_address": outside.public_address}
-        sources = list(publishing["kvm_hypervisor_source_addresses"])
-        outside.route_to_host(sources)
+        outside.route_to_host(list(publishing["kvm_hypervisor_source_addresses"]))
         run = bootstrap(hypervisor, **publishing)
         timings.add("hypervisor bootstrap (playbooks/bootstrap_hypervisor.yml)", run.seconds)
         hypervisor.restart_libvirtd()
-        yield Bootstrapped(hypervisor, run.known_hosts_file, outside, sources)
+        yield Bootstrapped(hypervisor, run.known_hosts_file, outside)
 
 
 @pytest.fixture(scope="module")
@@ -501,7 +499,7 @@ def lab(bootstrapped: Bootstrapped, images: dict[str, BaseImage], kube_module: K
              "connect": f"{site}:{TUNNEL_PORT}", "egressEchoUrl": f"http://{site}:{WEB_PORT}/ip",
              "timeoutSeconds": 5, "unhealthyAfterSeconds": UNHEALTHY_AFTER}
     publishing = {"networkMode": "nat", "publicAddress": outside.public_address, "publishPorts": PUBLISH_PORTS,
-                  "sourceAddresses": bootstrapped.source_addresses}
+                  "sourceAddresses": outside.source_addresses}
     config = write_kvm_config(
         directory / "providers.yaml", [{**kvm_host(HOST, f"qemu+ssh://root@{host.address}/system"), **publishing}],
         images["agent"], ssh={"keyFile": str(key_file), "knownHostsFile": str(bootstrapped.known_hosts_file)},
