@@ -1,28 +1,36 @@
 """The predecessor's release validation, automated: a real hypervisor, a real guest, a real proxy.
 
-A hypervisor host (libvirtd with qemu under software emulation, an isolated libvirt network with
-DHCP and no way out, sshd) lives in a network namespace this test creates and is bootstrapped by
-``playbooks/bootstrap_hypervisor.yml``. The controller runs as its own process, as in a cluster,
+A hypervisor host (libvirtd with qemu under software emulation, sshd) lives in a network
+namespace this test creates and is bootstrapped by ``playbooks/bootstrap_hypervisor.yml``: its
+libvirt network is ``nat`` with DHCP, publishing each proxy on a port of the host's public
+address and giving each a source address of its own (the role's qemu hook; docs/kvm-provider.md,
+"Networking"). The crawlers' side is a namespace of its own, "outside", that reaches the host
+only through an uplink veth (the host's end is the public address), with a route to the source
+addresses via the host and no other: it holds the web/echo target and runs the test's curl and
+the discovery watcher's requests through the proxies. Neither namespace has a route anywhere
+else, so no guest reaches beyond them. The controller runs as its own process, as in a cluster,
 with the Kubernetes API emulator as its API server, and reaches the host over ``qemu+ssh`` with
 the key the bootstrap authorized and the host key it printed. The guest is the Debian 12 image that
 ``tests/support/guest_image`` builds (cached per machine): cloud-init, squid and, in one
 variant, qemu-guest-agent; nothing is fetched at boot.
 
-Ready means serving: the controller probes every running guest *through its squid* against the
-project's own probe target (``egress-proxies probe-target``, inside the host's namespace): a 204
-URL, a CONNECT to port 443 with a request through the tunnel, and an egress echo, each carrying a
-fresh nonce only the target can answer with its key, each logging in as the guest's own probe
-identity, and the privacy check with a made-up user and password. The guests'
-network is isolated inside the host's namespace, reachable from nowhere else -- which is where
-the test's own curl runs, so the controller runs there too (``ip netns exec``), with
-``--probe-allow`` limited to the guests' /24; it reaches the Kubernetes API emulator through a
-relay on the root namespace's end of the veth pair. A discovery watcher polls ``/v1/proxies``
-for the whole module and sends a request through every entry it is handed, at that moment.
+Ready means serving: the controller probes every running guest *through its squid* at the
+endpoint it reports (``publicAddress:<port>``) against the project's own probe target
+(``egress-proxies probe-target``, outside, where sites are): a 204 URL, a CONNECT to port 443
+with a request through the tunnel, and an egress echo, each carrying a fresh nonce only the
+target can answer with its key, each logging in as the guest's own probe identity, and the
+privacy check with a made-up user and password; the echo sees each guest's own source address.
+The controller runs in the host's namespace (``ip netns exec``), with ``--probe-allow`` limited to
+the public address (the host's own connections to it are forwarded too); it reaches the
+Kubernetes API emulator through a relay on the root namespace's end of the host's veth pair. A
+discovery watcher polls ``/v1/proxies`` for the whole module and, from outside, sends a request
+through every endpoint it is handed, at that moment.
 Two Proxies, one on the image with the guest agent and one without (its IP comes from libvirt's
 DHCP lease), boot side by side; the healing step breaks both at once (squid stopped through the
-guest agent in one, the other's domain destroyed) and follows the controller replacing each,
-make-before-break, the successors booting side by side too: a guest's boot is two minutes of
-software emulation, mostly one vCPU's work, and CI has two cores.
+guest agent in one, the other's domain destroyed, its forwarding rules gone from the host at
+once) and follows the controller replacing each, make-before-break, the successors booting side
+by side too: a guest's boot is two minutes of software emulation, mostly one vCPU's work, and CI
+has two cores.
 
 The test prints its timings (image build, boot to IP, boot to 204, controller overhead, the
 healing steps); docs/performance.md records them.
@@ -33,6 +41,7 @@ from __future__ import annotations
 import base64
 import datetime
 import hashlib
+import ipaddress
 import json
 import math
 import os
@@ -61,7 +70,7 @@ from support.ansible_modules import collections_path, run_module
 from support.figures import show
 from support.guest_agent import agent_answers, guest_exec, read_guest_file
 from support.guest_image import guest_image
-from support.hypervisor_host import HypervisorHost, bootstrap
+from support.hypervisor_host import PUBLISH_PORTS, HypervisorHost, bootstrap
 from support.kube_emulator import KubeEmulator, proxy_crd
 from support.libvirt_daemon import stop_process_group, wait_until
 from support.provider_config import OWNER, BaseImage, kvm_host, write_kubeconfig, write_kvm_config
@@ -87,6 +96,12 @@ UNHEALTHY_AFTER = 30
 # A sweep lists the host over SSH through ansible-runner before it writes status: a few
 # seconds here, up to ~30 s on a loaded two-core machine.
 SWEEP_ALLOWANCE = 30.0
+# The crawlers' side: 10.219.<host's slot>.0/24 on the uplink veth, the host's end (.1) its public
+# address, the outside's end (.2) the web/echo target.
+UPLINK_PREFIX = "10.219"
+# Source addresses for both proxies and, make-before-break, both their successors at once (an
+# instance holds its source address until its domain is deleted).
+SOURCE_ADDRESSES = 4
 # Under software emulation a guest answers through squid 40-65 s after it starts; a loaded CI
 # machine may be several times slower (4.5 min from start to an address at load 15, measured).
 BOOT_SECONDS = 600.0
@@ -120,6 +135,9 @@ class Timings:
     def add(self, what: str, seconds: float) -> None:
         self.lines.append(f"{what:<62} {seconds:7.1f} s")
 
+    def note(self, what: str) -> None:
+        self.lines.append(what)
+
 
 # --- fixtures --------------------------------------------------------------------------------------
 
@@ -143,21 +161,74 @@ def images(timings: Timings) -> dict[str, BaseImage]:
     return built
 
 
+class Outside:
+    """The crawlers' side: a network namespace whose only link is an uplink veth to the host's
+    namespace, the host's end being its public address; routes to that /24 and to the host's
+    source addresses (via the host), none elsewhere. Use as a context manager."""
+
+    def __init__(self, host: HypervisorHost) -> None:
+        self.host = host
+        self.namespace = f"egp-out{host.slot}"
+        self.public_address = f"{UPLINK_PREFIX}.{host.slot}.1"
+        self.address = f"{UPLINK_PREFIX}.{host.slot}.2"
+        self.source_addresses: list[str] = []  # the host's (the role's), routed to it: route_to_host
+
+    def __enter__(self) -> Outside:
+        subprocess.run(["ip", "netns", "add", self.namespace], check=True, capture_output=True)
+        try:
+            for command in (
+                    ["ip", "-n", self.host.namespace, "link", "add", "uplink", "type", "veth", "peer", "name", "eth0",
+                     "netns", self.namespace],
+                    ["ip", "-n", self.host.namespace, "address", "add", f"{self.public_address}/24", "dev", "uplink"],
+                    ["ip", "-n", self.host.namespace, "link", "set", "uplink", "up"],
+                    ["ip", "-n", self.namespace, "address", "add", f"{self.address}/24", "dev", "eth0"],
+                    ["ip", "-n", self.namespace, "link", "set", "eth0", "up"],
+                    ["ip", "-n", self.namespace, "link", "set", "lo", "up"]):
+                subprocess.run(command, check=True, capture_output=True)
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def route_to_host(self, addresses: list[str]) -> None:
+        """What an operator's upstream does for source addresses: route them to the host."""
+        self.source_addresses += addresses
+        for address in addresses:
+            subprocess.run(["ip", "-n", self.namespace, "route", "add", f"{address}/32", "via", self.public_address],
+                           check=True, capture_output=True)
+
+    def __exit__(self, *_: object) -> None:
+        # Deleting the namespace deletes its veth end, and with it the host's.
+        subprocess.run(["ip", "netns", "del", self.namespace], check=False, capture_output=True)
+
+    def run_in_namespace(self, cmd: list[str], *, check: bool = True,
+                         timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["ip", "netns", "exec", self.namespace, *cmd], capture_output=True, text=True,
+                              check=check, timeout=timeout)
+
+
 @dataclass
 class Bootstrapped:
     host: HypervisorHost
     known_hosts_file: Path  # what the role printed and wrote for the controller
+    outside: Outside
 
 
 @pytest.fixture(scope="module")
 def bootstrapped(timings: Timings) -> Iterator[Bootstrapped]:
-    """The hypervisor host, bootstrapped by the role: pool and isolated network ``default``."""
+    """The hypervisor host, bootstrapped by the role: pool and network ``default``, ``nat``
+    publishing on the uplink's address with SOURCE_ADDRESSES source addresses; libvirtd
+    restarted then, as the role asks, so that it runs the hook."""
     if os.geteuid() != 0:
         pytest.fail("the end-to-end test needs root (network and mount namespaces)", pytrace=False)
-    with HypervisorHost() as hypervisor:
-        run = bootstrap(hypervisor)
+    with HypervisorHost() as hypervisor, Outside(hypervisor) as outside:
+        publishing = {**hypervisor.publishing_role_vars(SOURCE_ADDRESSES),
+                      "kvm_hypervisor_public_address": outside.public_address}
+        outside.route_to_host(list(publishing["kvm_hypervisor_source_addresses"]))
+        run = bootstrap(hypervisor, **publishing)
         timings.add("hypervisor bootstrap (playbooks/bootstrap_hypervisor.yml)", run.seconds)
-        yield Bootstrapped(hypervisor, run.known_hosts_file)
+        hypervisor.restart_libvirtd()
+        yield Bootstrapped(hypervisor, run.known_hosts_file, outside)
 
 
 @pytest.fixture(scope="module")
@@ -171,19 +242,20 @@ def probe_key(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def web_url(bootstrapped: Bootstrapped, probe_key: Path) -> Iterator[str]:
-    """The project's probe target inside the host's namespace, listening on the guests' bridge
-    too: what the controller's nonce probes reach through each guest's squid (the 204 URL, the
-    tunnel port 443, the echo), and the crawler's curl fetches from (204 for any path)."""
-    host = bootstrapped.host
+    """The project's probe target outside, where sites are: what the controller's nonce probes
+    reach through each guest's squid (the 204 URL, the tunnel port 443, the echo), and the
+    crawler's curl fetches from (204 for any path)."""
+    outside = bootstrapped.outside
     server = subprocess.Popen(
-        ["ip", "netns", "exec", host.namespace, str(Path(sys.executable).parent / "egress-proxies"), "probe-target",
-         "--key-file", str(probe_key), "--listen", f"0.0.0.0:{WEB_PORT}", "--listen", f"0.0.0.0:{TUNNEL_PORT}"],
+        ["ip", "netns", "exec", outside.namespace, str(Path(sys.executable).parent / "egress-proxies"),
+         "probe-target", "--key-file", str(probe_key), "--listen", f"0.0.0.0:{WEB_PORT}",
+         "--listen", f"0.0.0.0:{TUNNEL_PORT}"],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
-        wait_until(lambda: host.run_in_namespace(["curl", "-s", "-o", "/dev/null", f"http://127.0.0.1:{WEB_PORT}/"],
-                                                 check=False).returncode == 0,
+        wait_until(lambda: outside.run_in_namespace(["curl", "-s", "-o", "/dev/null",
+                                                     f"http://127.0.0.1:{WEB_PORT}/"], check=False).returncode == 0,
                    what="the probe target", timeout=30, process=server, logs=[])
-        yield f"http://{host.guest_network_address}:{WEB_PORT}/"
+        yield f"http://{outside.address}:{WEB_PORT}/"
     finally:
         stop_process_group(server)
 
@@ -281,12 +353,12 @@ class Sighting:
 
 class DiscoveryWatch:
     """A crawler: polls ``/v1/proxies`` with its scoped token all along and sends a request
-    through every entry it is handed, at once, with the URL (credentials included) discovery
-    gave it. ``broken`` marks the instances a step broke on purpose (and when): only a sighting
-    of one of those after that moment may fail."""
+    through every entry it is handed, at once, from outside, with the URL (credentials and
+    endpoint included) discovery gave it. ``broken`` marks the instances a step broke on purpose
+    (and when): only a sighting of one of those after that moment may fail."""
 
-    def __init__(self, host: HypervisorHost, url: str, web_url: str) -> None:
-        self.host, self.url, self.web_url = host, url, web_url
+    def __init__(self, outside: Outside, url: str, web_url: str) -> None:
+        self.outside, self.url, self.web_url = outside, url, web_url
         self.sightings: list[Sighting] = []
         self.broken: dict[str, float] = {}
         self._stopping = threading.Event()
@@ -307,7 +379,7 @@ class DiscoveryWatch:
     def _run(self) -> None:
         while not self._stopping.is_set():
             for entry in self.fetch():
-                code = curl_through(self.host, str(entry["url"]), self.web_url) if entry.get("url") else "no url"
+                code = curl_through(self.outside, str(entry["url"]), self.web_url) if entry.get("url") else "no url"
                 self.sightings.append(Sighting(time.monotonic(), entry["name"], str(entry["providerID"]),
                                                str(entry["endpoint"]), code))
             self._stopping.wait(0.5)
@@ -328,18 +400,27 @@ class DiscoveryWatch:
         self._thread.join(timeout=30)
 
 
-def curl_through(host: HypervisorHost, proxy: str, url: str) -> str:
-    """The HTTP status a client in the host's namespace gets for ``url`` through ``proxy`` (a
-    proxy URL, credentials included when given)."""
-    result = host.run_in_namespace(
-        ["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "10", "--noproxy", "",
-         "-x", proxy, url], check=False, timeout=30)
+def _echoed(body: str) -> str | None:
+    """The caller's address in the probe target's echo answer (``{"ip": ...}``)."""
+    try:
+        return str(json.loads(body)["ip"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def curl_through(outside: Outside, proxy: str, url: str, body: bool = False) -> str:
+    """The HTTP status (the body if ``body``) a crawler outside gets for ``url`` through ``proxy``
+    (a proxy URL, credentials included when given)."""
+    status = [] if body else ["-o", "/dev/null", "-w", "%{http_code}"]
+    result = outside.run_in_namespace(
+        ["curl", "-s", *status, "--max-time", "10", "--noproxy", "", "-x", proxy, url], check=False, timeout=30)
     return result.stdout.strip()
 
 
 @dataclass
 class Lab:
     host: HypervisorHost
+    outside: Outside
     config: Path
     key_file: Path
     objects: client.CustomObjectsApi
@@ -409,17 +490,23 @@ class Lab:
         data = {key: base64.b64decode(value).decode() for key, value in (secret.data or {}).items()}
         return f"{quote(data['user'], safe='')}:{quote(data['password'], safe='')}"
 
-    def curl_through(self, proxy_ip: str, url: str, authenticated: bool = True) -> str:
-        """The HTTP status a client in the host's namespace gets for ``url`` through the proxy
-        (every proxy is private: with the namespace's credentials unless told otherwise)."""
+    def curl_through(self, endpoint: str, url: str, authenticated: bool = True, body: bool = False) -> str:
+        """The HTTP status (the body if ``body``) a crawler outside gets for ``url`` through the
+        proxy at ``endpoint`` (every proxy is private: with the namespace's credentials unless
+        told otherwise)."""
         auth = f"{self.credentials()}@" if authenticated else ""
-        return curl_through(self.host, f"http://{auth}{proxy_ip}:{SQUID_PORT}", url)
+        return curl_through(self.outside, f"http://{auth}{endpoint}", url, body)
+
+    def forwarding_rules(self, domain: str) -> list[str]:
+        """The host's iptables rules the qemu hook tagged for ``domain``."""
+        rules = self.host.run_in_namespace(["iptables-save"]).stdout
+        return [line for line in rules.splitlines() if f"egress-proxies:{domain}" in line]
 
 
 @pytest.fixture(scope="module")
 def lab(bootstrapped: Bootstrapped, images: dict[str, BaseImage], kube_module: KubeEmulator, timings: Timings,
         web_url: str, probe_key: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
-    host = bootstrapped.host
+    host, outside = bootstrapped.host, bootstrapped.outside
     directory = tmp_path_factory.mktemp("e2e")
     # The controller's own copy of the key the role authorized, so the negative step can take
     # it away; the known_hosts file is the one the role wrote.
@@ -427,17 +514,19 @@ def lab(bootstrapped: Bootstrapped, images: dict[str, BaseImage], kube_module: K
     key_file.write_bytes(host.controller_key_file.read_bytes())
     key_file.chmod(0o600)
     disk_gib = max(2, math.ceil(max(_virtual_size(image) for image in images.values()) / 2**30))
-    # Every check is served inside the host's namespace, on the guests' bridge: the 204 URL,
-    # the CONNECT target (port 443 there) and the egress echo (the address squid connects from).
-    # The bridge is an internal address: the provider opens it on purpose (allowedDestinations).
-    bridge = host.guest_network_address
-    probe = {"httpUrl": f"http://{bridge}:{WEB_PORT}/generate_204", "keyFile": str(probe_key),
-             "connect": f"{bridge}:{TUNNEL_PORT}", "egressEchoUrl": f"http://{bridge}:{WEB_PORT}/echo",
+    # Every check is served outside by the probe target: the 204 URL, the CONNECT target (port
+    # 443 there) and the egress echo (the address squid's connection arrives from). The
+    # outside's address is an internal one: the provider opens it on purpose (allowedDestinations).
+    site = outside.address
+    probe = {"httpUrl": f"http://{site}:{WEB_PORT}/generate_204", "keyFile": str(probe_key),
+             "connect": f"{site}:{TUNNEL_PORT}", "egressEchoUrl": f"http://{site}:{WEB_PORT}/echo",
              "timeoutSeconds": 5, "unhealthyAfterSeconds": UNHEALTHY_AFTER}
+    publishing = {"networkMode": "nat", "publicAddress": outside.public_address, "publishPorts": PUBLISH_PORTS,
+                  "sourceAddresses": outside.source_addresses}
     config = write_kvm_config(
-        directory / "providers.yaml", [kvm_host(HOST, f"qemu+ssh://root@{host.address}/system")],
+        directory / "providers.yaml", [{**kvm_host(HOST, f"qemu+ssh://root@{host.address}/system"), **publishing}],
         images["agent"], ssh={"keyFile": str(key_file), "knownHostsFile": str(bootstrapped.known_hosts_file)},
-        probe=probe, allowed_destinations=[f"{bridge}/32"],
+        probe=probe, allowed_destinations=[f"{site}/32"],
         machineTypes={"small": {"vcpus": 2, "memoryMiB": 1024, "diskGiB": disk_gib}})
     _add_image(config, "debian-12-no-agent", images["no-agent"])
     relay = Relay(host.gateway, ("127.0.0.1", int(kube_module.url.rsplit(":", 1)[1])))
@@ -445,23 +534,23 @@ def lab(bootstrapped: Bootstrapped, images: dict[str, BaseImage], kube_module: K
     tokens.write_text(yaml.safe_dump([{"name": "crawlers", "sha256": hashlib.sha256(CRAWLER_TOKEN.encode()).hexdigest(),
                                        "namespaces": [NAMESPACE]}]))
     port = _free_port()
-    # Inside the host's namespace: its only ways out are the veth pair (sshd, the relay) and the
-    # isolated guest network. Probes may go to the guests' /24 only.
-    guests = f"{bridge.rsplit('.', 1)[0]}.0/24"
+    # Inside the host's namespace: its only ways out are the veth pair (sshd, the relay), the
+    # uplink and the guest network. Probes go to the published endpoints only (the host's own
+    # public address: its DNAT applies to the host's own connections too).
     controller = Controller(
         command=["ip", "netns", "exec", host.namespace,
                  str(Path(sys.executable).parent / "egress-proxies"), "--source", "kubernetes",
                  "--kubeconfig", str(write_kubeconfig(directory / "kubeconfig", relay.url)),
                  "--provider-config", str(config), "--work-dir", str(directory / "work"),
                  "--interval", str(SWEEP_INTERVAL), "--listen", f"{host.address}:{port}", "--log-level", "INFO",
-                 "--probe-interval", str(PROBE_INTERVAL), "--probe-allow", guests,
+                 "--probe-interval", str(PROBE_INTERVAL), "--probe-allow", f"{outside.public_address}/32",
                  "--discovery-tokens", str(tokens)],
         log=directory / "controller.log", health_url=f"http://{host.address}:{port}/healthz")
     controller.start()
-    discovery = DiscoveryWatch(host, f"http://{host.address}:{port}/v1/proxies", web_url)
+    discovery = DiscoveryWatch(outside, f"http://{host.address}:{port}/v1/proxies", web_url)
     try:
         with client.ApiClient(client.Configuration(host=kube_module.url)) as api:
-            yield Lab(host, config, key_file, client.CustomObjectsApi(api), client.CoreV1Api(api), controller,
+            yield Lab(host, outside, config, key_file, client.CustomObjectsApi(api), client.CoreV1Api(api), controller,
                       timings, discovery)
     finally:
         discovery.stop()
@@ -517,6 +606,8 @@ class Boot:
     domain: libvirt.virDomain
     ip: str
     started: float  # when the domain was seen running
+    endpoint: str  # what a crawler dials: the host's public address and the port published for it
+    egress_ip: str  # what the echo outside saw
 
 
 def boot_proxy(lab: Lab, name: str, label: str, **spec: Any) -> Boot:
@@ -539,7 +630,15 @@ def boot_proxy(lab: Lab, name: str, label: str, **spec: Any) -> Boot:
 def _serving(lab: Lab, name: str, domain: libvirt.virDomain, running: float) -> Boot:
     """The Proxy is Ready: its status says the probe went through it, egress address included."""
     status = lab.status(name)
-    assert status["endpoint"] == f"{status['ip']}:{SQUID_PORT}"
+    # ip stays the guest's own address; a crawler dials the host's public address at the port
+    # published for this guest (the hook's DNAT and FORWARD accept, and its SNAT: three rules).
+    guests = ipaddress.ip_network(f"{lab.host.guest_network_address}/24", strict=False)
+    assert ipaddress.ip_address(status["ip"]) in guests, status
+    endpoint = str(status["endpoint"])
+    public, port = endpoint.rsplit(":", 1)
+    first, last = (int(bound) for bound in PUBLISH_PORTS.split("-"))
+    assert public == lab.outside.public_address and first <= int(port) <= last, status
+    assert len(lab.forwarding_rules(domain.name())) == 3, lab.forwarding_rules(domain.name())
     serving = lab.condition(name, "Serving")
     assert serving["status"] == "True" and serving["reason"] == "Serving", serving
     # Through real squid with the delivered policy: the target's proofs of the nonces came back,
@@ -547,16 +646,22 @@ def _serving(lab: Lab, name: str, domain: libvirt.virDomain, running: float) -> 
     assert "reached the probe target" in serving["message"], serving
     private = lab.condition(name, "Private")
     assert (private["status"], private["reason"]) == ("True", "CredentialsRequired"), private
-    # squid fetched the echo URL from the guest's own address: that is the proxy's egress.
-    assert status["egressIP"] == status["ip"], status
+    # squid's connection to the echo outside came from one of the host's source addresses (the
+    # hook's SNAT): that is the proxy's egress, and a crawler outside sees the same through it.
+    assert status["egressIP"] in lab.outside.source_addresses, status
+    echo = f"{lab.discovery.web_url}echo"
+    poll(lambda: _echoed(lab.curl_through(endpoint, echo, body=True)) == status["egressIP"], 30,
+         f"the echo through {endpoint} to say {status['egressIP']}", lab)
     assert status["probe"]["lastProbeTime"] and status["probe"]["latencySeconds"] >= 0, status
-    return Boot(name, domain, str(status["ip"]), running)
+    lab.timings.note(f"{name} ({domain.name()}): ip {status['ip']}, endpoint {endpoint}, egress {status['egressIP']}")
+    return Boot(name, domain, str(status["ip"]), running, endpoint, str(status["egressIP"]))
 
 
 def proxies_204(lab: Lab, boot: Boot, web_url: str, label: str, followed_boot: bool = True) -> None:
     """A 204 through the proxy; ``followed_boot``: this test saw the domain start (boot.started)."""
     ready = time.monotonic()
-    poll(lambda: lab.curl_through(boot.ip, web_url) == "204", BOOT_SECONDS, f"a 204 through {boot.ip}", lab,
+    poll(lambda: lab.curl_through(boot.endpoint, web_url) == "204", BOOT_SECONDS, f"a 204 through {boot.endpoint}",
+         lab,
          interval=1.0)
     lab.timings.add(f"{label}: Ready -> first 204 through squid (client)", time.monotonic() - ready)
     if followed_boot:
@@ -662,7 +767,7 @@ def replaced(lab: Lab, broken: Breakage, not_serving_since: float, event: str, l
     poll(lambda: not {f"{old_domain}.qcow2", f"{old_domain}-seed.iso"} & lab.pool_volumes(), 60,
          f"{old_domain}'s volumes deleted", lab)
     poll(lambda: lab.events(old.name, "Replaced"), 60, "the Replaced Event", lab)
-    assert lab.curl_through(boot.ip, lab.discovery.web_url) == "204"
+    assert lab.curl_through(boot.endpoint, lab.discovery.web_url) == "204"
     lab.timings.add(f"{label}: broken -> replacement serving (total)", time.monotonic() - started)
     poll(lambda: discovery_lists(lab, provider_id(boot, lab)), 30, f"{old.name}'s replacement in discovery", lab)
     return boot
@@ -679,7 +784,7 @@ def discovery_only_listed_serving(lab: Lab, *boots: Boot) -> None:
         # The watcher's rounds lag discovery by its curls: wait for its first sighting.
         wanted = provider_id(boot, lab)
         first = poll(partial(lab.discovery.first_seen, wanted), 30, f"the watcher's first sighting of {boot.name}", lab)
-        assert first.code == "204", (boot.name, first)
+        assert first.code == "204" and first.endpoint == boot.endpoint, (boot.name, first)
 
 
 def delete_and_check_cleanup(lab: Lab, boot: Boot) -> None:
@@ -694,6 +799,7 @@ def delete_and_check_cleanup(lab: Lab, boot: Boot) -> None:
     poll(lambda: lab.proxy(boot.name) is None, 120, f"{boot.name} to be deleted", lab)
     lab.timings.add(f"{boot.name}: Proxy deleted -> finalizer released", time.monotonic() - started)
     assert domain_name not in {d.name() for d in lab.conn.listAllDomains(0)}
+    assert lab.forwarding_rules(domain_name) == []
     # Every volume of the instance is gone; the cached base images stay for the next one.
     assert lab.pool_volumes() == before - instance_volumes
     assert bases <= lab.pool_volumes()
@@ -730,7 +836,7 @@ def test_two_proxies_boot_serve_recover_and_leave_nothing_behind(lab: Lab, web_u
     # 2. A crawler's request through squid reaches the 204 server; without the credentials
     #    squid refuses it (private by default: the controller's rules come before the user's).
     proxies_204(lab, boot, web_url, "with agent")
-    assert lab.curl_through(boot.ip, web_url, authenticated=False) == "407"
+    assert lab.curl_through(boot.endpoint, web_url, authenticated=False) == "407"
 
     # 3. Inside the guest, through the agent: cloud-init finished cleanly, the agent runs, and
     #    the Proxy's cloudInit arrived byte for byte.
@@ -763,6 +869,7 @@ def test_two_proxies_boot_serve_recover_and_leave_nothing_behind(lab: Lab, web_u
     leases = lab.conn.networkLookupByName("default").DHCPLeases()
     assert no_agent.ip in {lease["ipaddr"] for lease in leases}
     proxies_204(lab, no_agent, web_url, "without agent", followed_boot=False)
+    assert no_agent.egress_ip != boot.egress_ip, "two proxies on one host, one egress address"
     discovery_only_listed_serving(lab, boot, no_agent)
 
     # 6. The SSH key goes away and the controller restarts: it stays up and says, transient, that
@@ -798,13 +905,20 @@ def test_two_proxies_boot_serve_recover_and_leave_nothing_behind(lab: Lab, web_u
     squid_stopped = breaking(lab, boot)
     stopped = guest_exec(boot.domain, ["systemctl", "stop", "squid"])
     assert stopped.exit_code == 0, stopped
-    assert lab.curl_through(boot.ip, web_url) == "000"  # nothing listens on the proxy port now
+    assert lab.curl_through(boot.endpoint, web_url) == "000"  # nothing listens on the proxy port now
     destroyed = breaking(lab, no_agent)
+    destroyed_domain = no_agent.domain.name()
     no_agent.domain.destroy()
+    # The hook removed its forwarding (it runs as the domain stops): nothing reaches its port.
+    poll(lambda: not lab.forwarding_rules(destroyed_domain), 30, f"{destroyed_domain}'s rules removed", lab)
     with ThreadPoolExecutor(2) as both:
         successors = [both.submit(heal, lab, squid_stopped, "ConnectionRefused", "NotServing", "squid stopped"),
                       both.submit(heal, lab, destroyed, "InstanceStopped", "InstanceLost", "domain destroyed")]
         boot, no_agent = (successor.result() for successor in successors)
+    # The old domains are gone, and with them every rule of theirs; the successors are published
+    # (each endpoint answered above) with egress addresses of their own.
+    assert lab.forwarding_rules(destroyed_domain) == [] and lab.forwarding_rules(squid_stopped.boot.domain.name()) == []
+    assert no_agent.egress_ip != boot.egress_ip
     assert not agent_answers(no_agent.domain)
     assert no_agent.ip in {lease["ipaddr"] for lease in lab.conn.networkLookupByName("default").DHCPLeases()}
     discovery_only_listed_serving(lab, boot, no_agent)

@@ -190,6 +190,8 @@ def test_a_published_guest_is_reached_and_leaves_from_its_source_while_it_runs(h
     assert started.returncode == 0, started.stderr
     # The crawler outside dials public:port and reaches the guest's proxy port, from its own address.
     assert hypervisor.peer(hypervisor.outside, PUBLIC, 40003) == OUTSIDE
+    # So does the host itself (a controller probing there): the DNAT applies to its own connections.
+    assert hypervisor.peer(hypervisor.host, PUBLIC, 40003) == PUBLIC
     # The site outside sees the guest's source address, not the host's.
     assert hypervisor.peer(hypervisor.guest, OUTSIDE, ECHO_PORT) == SOURCES[1]
     # The host's other ports stay unpublished.
