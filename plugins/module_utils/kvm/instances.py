@@ -278,8 +278,10 @@ class KvmProvider:
         hosts = [self._host(request.location)] if request.location else list(self.settings.hosts)
         for host in hosts:
             domain = self._find_domain(self.connections.open(host), request.name)
-            if domain is not None and (request.location or len(self._sharing(host)) == 1
-                                       or self._holds(host, self._info(host, domain))):
+            if domain is None:
+                continue
+            # Entries sharing one hypervisor see the same domains: it is the one its network names.
+            if request.location or len(self._sharing(host)) == 1 or self._holds(host, self._info(host, domain)):
                 return host, domain
         return None, None
 

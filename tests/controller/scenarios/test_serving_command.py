@@ -188,9 +188,11 @@ def test_every_proxy_of_a_provider_failing_at_once_stays_in_discovery_for_a_boun
     wait_for(lambda: command.discovery() == names, 300, "the three proxies in discovery", interval=0.5,
              diagnostics=lambda: command.log_text()[-3000:])
     instances = len(kubelet.pods())
+    # This test's Pods only: the API emulator outlives each test, and so do earlier tests' Pods.
     for pod in kubelet.pods():
-        placement = kubelet.placed[pod["metadata"]["name"]]
-        world.fakes.mode(placement.address, pod["spec"]["containers"][0]["ports"][0]["containerPort"], "hang")
+        if proxy_of(pod) in names and not pod["metadata"].get("deletionTimestamp"):
+            placement = kubelet.placed[pod["metadata"]["name"]]
+            world.fakes.mode(placement.address, pod["spec"]["containers"][0]["ports"][0]["containerPort"], "hang")
     hung = time.monotonic()
     wait_for(lambda: {command.condition(n, "Ready").get("reason") for n in names} == {"ProviderWideFailure"}, 30,
              "the provider-wide failure seen", interval=0.25, diagnostics=lambda: command.log_text()[-3000:])
