@@ -1,8 +1,9 @@
 """A KVM listing across several hosts, against libvirt's test driver served by one libvirtd per host.
 
 What a listing costs and what it returns: the hosts are read side by side, each with a few calls
-for the host and one XML read per domain (plus, for a running domain no DHCP lease covers, its own
-address call: the test driver has no leases, so every running domain here is one); a host that
+for the host and one XML read per domain the domain cache does not hold (plus, for a running
+domain no DHCP lease covers, its own address call: the test driver has no leases, so every running
+domain here is one); a host that
 fails in the middle of a listing is reported in ``failed_locations`` and the other hosts' instances
 are still there. The calls are counted on the real connections, by a wrapper that passes every
 call through to libvirt.
@@ -11,6 +12,7 @@ call through to libvirt.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,6 +32,8 @@ from support.provider_config import OWNER, OWNER_TAGS, BaseImage, kvm_host, writ
 HOSTS = 3
 RUNNING = 4  # our running domains per host
 STOPPED = 2  # our defined, shut-off domains per host
+# What a virDomain answers from what it holds, without a round trip to libvirtd: not counted.
+LOCAL_ACCESSORS = {"name", "UUIDString"}
 
 
 class Counted:
@@ -43,7 +47,7 @@ class Counted:
 
     def __getattr__(self, name: str) -> Any:
         attribute = getattr(self._target, name)
-        if not callable(attribute):
+        if not callable(attribute) or name in LOCAL_ACCESSORS:
             return attribute
 
         def call(*args: Any, **kwargs: Any) -> Any:
@@ -120,6 +124,52 @@ def test_a_listing_costs_a_few_calls_per_host_and_one_xml_read_per_domain(provid
         # test driver has none), so each running domain of ours is asked for its address.
         assert per_host == {"getAllDomainStats": 1, "XMLDesc": domains, "networkLookupByName": 1,
                             "DHCPLeases": 1, agent: RUNNING}, host
+
+
+def xml_reads(calls: Counter[tuple[str, str]]) -> dict[str, int]:
+    return {where: count for (where, method), count in calls.items() if method == "XMLDesc"}
+
+
+def next_run(provider: KvmProvider, **settings: Any) -> KvmProvider:
+    """The provider of the next module run: new connections, the same cache directory."""
+    return KvmProvider(dataclasses.replace(provider.settings, **settings), provider.cache_dir,
+                       log=lambda _message: None)
+
+
+def test_the_next_run_reads_the_xml_of_new_domains_only(provider: KvmProvider,
+                                                       daemons: list[LibvirtTestDaemon]) -> None:
+    first = provider.list(OWNER_TAGS)
+    define(daemons[0], "p-h0-new", {**OWNER_TAGS, "crawl.example.com/uid": "u-new"}, start=True)
+    # Undefined and defined again under its name with other tags: a new UUID, read afresh.
+    daemons[2].connection.lookupByName("p-h2-5").undefine()
+    define(daemons[2], "p-h2-5", {**OWNER_TAGS, "crawl.example.com/uid": "u-again"}, start=False)
+
+    second_run = next_run(provider)
+    calls = count_calls(second_run)
+    try:
+        second = second_run.list(OWNER_TAGS)
+    finally:
+        second_run.close()
+    assert xml_reads(calls) == {"h0": 1, "h2": 1}
+    by_name = {i.name: i.to_dict() for i in second.instances}
+    assert by_name.pop("p-h0-new")["tags"]["crawl.example.com/uid"] == "u-new"
+    assert by_name["p-h2-5"]["tags"]["crawl.example.com/uid"] == "u-again"
+    # Everything else is listed as the run that read the XML listed it.
+    assert {k: v for k, v in by_name.items() if k != "p-h2-5"} == {
+        i.name: i.to_dict() for i in first.instances if i.name != "p-h2-5"}
+
+
+def test_a_cache_of_zero_seconds_reads_every_xml_at_every_listing(provider: KvmProvider) -> None:
+    uncached = next_run(provider, domain_cache_seconds=0)
+    uncached.list(OWNER_TAGS)
+    again = next_run(provider, domain_cache_seconds=0)
+    calls = count_calls(again)
+    try:
+        again.list(OWNER_TAGS)
+    finally:
+        uncached.close()
+        again.close()
+    assert xml_reads(calls) == {f"h{h}": RUNNING + STOPPED + 2 for h in range(HOSTS)}
 
 
 def test_a_listing_reports_what_reading_each_instance_reports(provider: KvmProvider) -> None:

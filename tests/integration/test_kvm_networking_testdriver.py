@@ -8,10 +8,27 @@ tests/integration/test_kvm_hook_netns.py; the test driver's addresses are made u
 
 from __future__ import annotations
 
+import dataclasses
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.config import load_provider_config
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.errors import Transient
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.domain_xml import (
+    DomainInfo,
+    DomainSpec,
+    GuestNetwork,
+    build_domain_xml,
+    parse_domain_xml,
+)
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.networking import (
+    CLAIM_ATTEMPTS,
+    Reservation,
+    claim,
+)
 from support.ansible_modules import ModuleRun, run_module
 from support.libvirt_daemon import LibvirtTestDaemon
 from support.provider_config import OWNER_TAGS, BaseImage, kvm_host, write_kvm_config
@@ -142,3 +159,67 @@ def test_a_routed_host_is_dialled_at_the_guest(tmp_path: Path, libvirt_test: Lib
     # Each domain is listed once, under the entry of its network.
     assert {n: (i["location"], i["endpoint"]) for n, i in listed(config).items()} == {
         "p-r1": ("r1", routed["endpoint"]), "p-n1": ("n1", f"{PUBLIC}:40000")}
+
+
+def test_a_port_taken_meanwhile_by_another_run_is_given_up_and_another_claimed(
+        tmp_path: Path, libvirt_test: LibvirtTestDaemon, image: BaseImage) -> None:
+    """Two runs creating on one hypervisor at once can pick the same port: each defines its domain,
+    then checks every other domain's. The one that finds its port taken undefines its domain (libvirt
+    refuses a second definition of a name without its UUID) and defines one with another port; the
+    check is forced to see a collision here, against a real libvirtd."""
+    config = write_kvm_config(tmp_path / "providers.yaml", [published_host("h1", libvirt_test.uri)], image)
+    settings = load_provider_config(str(config)).provider("lab").kvm
+    assert settings is not None
+    host = settings.hosts[0]
+    connection = libvirt_test.connection
+    reservation = Reservation(mac="52:54:00:00:00:01", name="p-0", address="192.168.122.50")
+    # Another run's domain, as the check sees it once ours is defined: it holds port 40000 and the first
+    # source address.
+    other = DomainInfo(name="p-other", ours=True, tags={}, created=None, macs=[], guest_network=GuestNetwork(
+        address="192.168.122.51", mac="52:54:00:00:00:02", published_address=PUBLIC, published_port=40000,
+        source_address=SOURCES[0]))
+    checks: list[list[DomainInfo]] = [[], [other], [other]]
+    spec = DomainSpec(name="p-0", domain_type="test", vcpus=1, memory_mib=64, overlay_path="/p-0.qcow2",
+                      seed_path="/p-0-seed.iso", network="default", tags=dict(OWNER_TAGS))
+    uuids: list[str] = []
+
+    def define(guest: GuestNetwork) -> Any:
+        domain = connection.defineXML(build_domain_xml(dataclasses.replace(spec, guest_network=guest)))
+        uuids.append(domain.UUIDString())
+        return domain
+
+    domain, guest = claim(host, reservation, "p-0", lambda: checks.pop(0), define)
+    assert (guest.published_port, guest.source_address) != (40000, SOURCES[0])
+    assert guest.published_port != 40000 and guest.source_address == SOURCES[1]
+    assert len(uuids) == 2 and domain.UUIDString() == uuids[1]  # the first definition was undefined
+    assert [d.name() for d in connection.listAllDomains() if d.name() == "p-0"] == ["p-0"]
+    stored = parse_domain_xml(connection.lookupByName("p-0").XMLDesc(0))
+    assert stored.guest_network == guest
+
+
+def test_a_claim_that_keeps_colliding_leaves_nothing_defined(tmp_path: Path, libvirt_test: LibvirtTestDaemon,
+                                                             image: BaseImage) -> None:
+    """Every pick taken (another run each time): transient, and the next attempt finds no domain of
+    that name, so it starts afresh instead of starting one that holds another's port."""
+    config = write_kvm_config(tmp_path / "providers.yaml", [published_host("h1", libvirt_test.uri)], image)
+    settings = load_provider_config(str(config)).provider("lab").kvm
+    assert settings is not None
+    host = settings.hosts[0]
+    connection = libvirt_test.connection
+    spec = DomainSpec(name="p-0", domain_type="test", vcpus=1, memory_mib=64, overlay_path="/p-0.qcow2",
+                      seed_path="/p-0-seed.iso", network="default", tags=dict(OWNER_TAGS))
+
+    def holding_everything(guest: GuestNetwork) -> list[DomainInfo]:
+        return [DomainInfo(name="p-other", ours=True, tags={}, created=None, macs=[], guest_network=guest)]
+
+    defined: list[GuestNetwork] = []
+
+    def define(guest: GuestNetwork) -> Any:
+        defined.append(guest)
+        return connection.defineXML(build_domain_xml(dataclasses.replace(spec, guest_network=guest)))
+
+    with pytest.raises(Transient, match="taken by another run every time"):
+        claim(host, Reservation(mac="52:54:00:00:00:01", name="p-0", address="192.168.122.50"), "p-0",
+              lambda: holding_everything(defined[-1]) if defined else [], define)
+    assert len(defined) == CLAIM_ATTEMPTS
+    assert "p-0" not in {d.name() for d in connection.listAllDomains()}

@@ -16,11 +16,13 @@ other traffic arrives on the connection, which without an event loop never happe
 from __future__ import annotations
 
 import base64
+import contextlib
 import email
 import gzip
 import io
 import json
 import socket
+import threading
 import time
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
@@ -581,6 +583,61 @@ def test_a_failed_start_leaves_nothing_behind(hv: Hypervisor, base_image: BaseIm
     assert "no-such-network" in result["msg"], result
     assert name not in domains
     assert volumes & {f"{name}.qcow2", f"{name}-seed.iso"} == set()
+
+
+def test_a_base_image_upload_while_the_pool_builds_other_volumes_succeeds(lab: Lab) -> None:
+    """While a volume is being built in the pool (in a fleet: another instance's overlay or seed,
+    created side by side), libvirt refuses a pool refresh ("has asynchronous jobs running"). The
+    base image's upload must not ask for one: libvirt refreshes the pool itself when an upload's
+    stream closes. Before, such a create failed transient and was retried a sweep later. Here a
+    second and a third connection each clone a 256 MiB volume over and over while the module creates
+    (two, so that one is building while the other deletes its clone)."""
+    hv, name, source_name = lab.hv, "egp-beside", "egp-scratch-source.raw"
+    pool = hv.pool()
+    if BASE_VOLUME in hv.volume_names():  # left by an earlier test: this one needs the upload
+        pool.storageVolLookupByName(BASE_VOLUME).delete(0)
+    pool.createXML(f"<volume><name>{source_name}</name><capacity unit='MiB'>256</capacity>"
+                   "<allocation>0</allocation><target><format type='raw'/></target></volume>", 0)
+    clones = ["egp-scratch-clone-0.raw", "egp-scratch-clone-1.raw"]
+    builders = [libvirt.open(hv.host.uri("libssh2")) for _ in clones]
+    stop = threading.Event()
+
+    def clone_over_and_over(builder: libvirt.virConnect, clone_name: str) -> None:
+        builder_pool = builder.storagePoolLookupByName("default")
+        builder_source = builder_pool.storageVolLookupByName(source_name)
+        while not stop.is_set():
+            clone = builder_pool.createXMLFrom(
+                f"<volume><name>{clone_name}</name><capacity unit='MiB'>256</capacity>"
+                "<target><format type='raw'/></target></volume>", builder_source, 0)
+            clone.delete(0)
+
+    cloners = [threading.Thread(target=clone_over_and_over, args=pair, daemon=True)
+               for pair in zip(builders, clones, strict=True)]
+    for cloner in cloners:
+        cloner.start()
+    try:
+        deadline = time.monotonic() + 20
+        refusals: list[str] = []
+        while not refusals and time.monotonic() < deadline:
+            try:
+                pool.refresh(0)  # what the module used to do after its upload
+            except libvirt.libvirtError as error:
+                refusals.append(str(error))
+        assert refusals, "the clones never held the pool busy: this test shows nothing"
+        assert "asynchronous jobs running" in refusals[0], refusals
+        created = succeeded(lab.create(name))
+        assert [(t["direction"], t["host"]) for t in created["image_transfers"]] == [
+            ("download", None), ("upload", HOST)]
+        assert created["instance"]["state"] == "running"
+    finally:
+        stop.set()
+        for cloner, builder in zip(cloners, builders, strict=True):
+            cloner.join(timeout=60)
+            builder.close()
+        hv.remove_instance(name)
+        for leftover in (source_name, *clones):
+            with contextlib.suppress(libvirt.libvirtError):
+                hv.pool().storageVolLookupByName(leftover).delete(0)
 
 
 def test_delete_from_a_missing_pool_succeeds(hv: Hypervisor, base_image: BaseImage, tmp_path: Path) -> None:

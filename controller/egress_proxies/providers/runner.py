@@ -348,7 +348,7 @@ class AnsibleRunner:
             started = time.monotonic()
             temp, operations, progress = self._prepare(private, operations)
             try:
-                events, status, stdout = self._execute(ident, private, temp, progress, provider)
+                events, status, stdout = self._execute(ident, private, temp, progress, provider, verb)
             except Exception as error:  # the runner itself failing is transient by contract
                 log.exception("runner %s %s failed to run", provider, verb)
                 events, status, stdout = [], f"error: {error}", ""
@@ -392,8 +392,19 @@ class AnsibleRunner:
         return temp, prepared, [path for path in progress if path is not None]
 
     def _execute(self, ident: str, private: Path, temp: Path, progress: Sequence[Path],
-                 provider: str) -> tuple[list[dict[str, Any]], str, str]:
+                 provider: str, verb: str) -> tuple[list[dict[str, Any]], str, str]:
         """(events, status, stdout) of one ansible-runner run of the prepared playbook."""
+        events: list[dict[str, Any]] = []
+
+        def keep(event: dict[str, Any]) -> bool:
+            # The events are taken as ansible-runner hands them over, not read back from the
+            # artifacts. A listing's are not written there at all: its result is every instance of
+            # the provider (4.5 MB at 10,000), and ansible-runner's writing of it cost more CPU
+            # than the listing itself, every sweep, while pushing the artifacts of the runs that
+            # changed something out of the --keep-artifacts window.
+            events.append(event)
+            return verb != "list"
+
         # cancel_callback: without one, ansible-runner takes over SIGINT/SIGTERM for good when
         # called from the main thread (--once, --until-ready); with it, stopping the controller
         # cancels runs in flight.
@@ -407,8 +418,8 @@ class AnsibleRunner:
                          "MAX_EVENT_RES": str(self.max_result_chars), "TMPDIR": str(temp),
                          "ANSIBLE_LOCAL_TEMP": str(temp), "ANSIBLE_REMOTE_TEMP": str(temp)},
                 timeout=self.timeout_seconds, quiet=True, cancel_callback=self._cancelled.is_set,
+                event_handler=keep,
             )
-        events = list(outcome.events)
         status = str(outcome.status)
         stdout = ""
         if not events and status not in ("successful", "timeout", "canceled"):

@@ -168,10 +168,14 @@ class Reconciler:
 
     def _sweep(self, report: SweepReport) -> None:
         config = self._checked_config(report)
-        proxies, _ = self.store.list_proxies()
         clients = config.clients(self.runner)
-        # Listed before the pools run, so a pool sees this sweep's listing failures.
-        listings = self._list_all(clients, report)
+        # The instances are listed while the Proxies are read: neither needs the other, and the
+        # listing (a runner call per provider) is most of a steady sweep. Listed before the pools
+        # run, so a pool sees this sweep's listing failures.
+        with ThreadPoolExecutor(max_workers=1) as side:
+            listed = side.submit(self._list_all, clients, report)
+            proxies, _ = self.store.list_proxies()
+            listings = listed.result()
         proxies = self._after_pools(config, proxies, self._failing_for(listings))
         self._start_pass(proxies)
         contain: Contain = partial(self._contain, report=report)

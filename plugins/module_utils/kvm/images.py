@@ -427,10 +427,9 @@ def ensure_base_volume(connection: Any, pool: Any, host_name: str, image: KvmIma
         # The test driver stores no content: reporting an upload there would be a made-up figure.
         meters = [] if is_test_driver(connection) else [_Meter(progress, "upload", image.key, host_name, size)]
         with _reporting(meters), open(local, "rb") as source:
-            volume = create_volume_with_content(connection, pool, image.volume_name, image.format, source, size,
-                                                meters[0].add if meters else None)
-        try:
-            pool.refresh(0)
-        except libvirt.libvirtError as error:
-            raise classify(error, "refreshing pool on host %s" % host_name) from error
-        return volume
+            # No pool refresh after it: libvirt refreshes the pool itself once an upload's stream
+            # closes, and an explicit virStoragePoolRefresh is refused ("has asynchronous jobs
+            # running") while any other upload into the pool is in flight, such as another
+            # instance's seed: that failed a create for nothing (seen in the real-guest test).
+            return create_volume_with_content(connection, pool, image.volume_name, image.format, source, size,
+                                              meters[0].add if meters else None)

@@ -18,6 +18,7 @@ import contextlib
 import dataclasses
 import datetime
 import io
+import os
 import threading
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -56,6 +57,7 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.connectio
     KvmConnections,
     classify,
 )
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.domain_cache import DomainCache
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.domain_xml import (
     DomainInfo,
     DomainSpec,
@@ -126,6 +128,7 @@ class KvmProvider:
         self.warn = warn or log
         self.transfers = transfers
         self.connections = KvmConnections(settings.ssh)
+        self.domain_cache = DomainCache(os.path.join(cache_dir, "domains"), settings.domain_cache_seconds)
         # Placement of a batch's creates: each owner's count per host (config order), read
         # once per run and kept up to date by the run's own placements, so items placed side
         # by side spread instead of all seeing the same emptiest host.
@@ -210,23 +213,32 @@ class KvmProvider:
         or owner it belongs to), with its parsed XML and its state.
 
         One call answers every domain's state (``getAllDomainStats``, which lists them too),
-        then one XML read per domain: our tags live only in the XML."""
+        then one XML read per domain the domain cache does not hold: our tags live only in the
+        XML (``domain_cache``)."""
         connection = self.connections.open(host)
         try:
             domains = connection.getAllDomainStats(libvirt.VIR_DOMAIN_STATS_STATE, 0)
         except libvirt.libvirtError as error:
             raise classify(error, "listing domains on host %s" % host.name) from error
+        cache = self.domain_cache.for_uri(host.uri)
+        # A virDomain holds its UUID and name: asking them is no round trip.
+        uuids = [domain.UUIDString() for domain, _stats in domains]
         found = []
-        for domain, stats in domains:
-            try:
-                info = parse_domain_xml(domain.XMLDesc(0))
-            except libvirt.libvirtError as error:
-                if error.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN:
-                    continue  # undefined between listing and reading: not there any more
-                raise classify(error, "reading domain on host %s" % host.name) from error
+        for (domain, stats), uuid in zip(domains, uuids):
+            info = cache.get(uuid, domain.name())
+            if info is None:
+                try:
+                    info = parse_domain_xml(domain.XMLDesc(0))
+                except libvirt.libvirtError as error:
+                    if error.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN:
+                        continue  # undefined between listing and reading: not there any more
+                    raise classify(error, "reading domain on host %s" % host.name) from error
+                cache.put(uuid, info)
             # Without our metadata a domain is never ours, and never touched.
             if info.ours:
                 found.append((domain, info, state_name(stats.get("state.state"))))
+        cache.keep_only(uuids)
+        cache.save()
         return found
 
     def _listed(self, host: KvmHost, tags: Dict[str, str]) -> List[Instance]:

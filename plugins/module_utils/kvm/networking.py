@@ -30,7 +30,7 @@ try:
 except ImportError:  # pragma: no cover - the modules report it via missing_required_lib
     libvirt = None
 
-from ansible_collections.crawl.egress_proxies.plugins.module_utils.errors import Permanent, Transient
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.errors import Permanent, ProxyError, Transient
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.connection import classify
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.domain_xml import DomainInfo, GuestNetwork
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.settings import KvmHost
@@ -254,14 +254,32 @@ def choose(host: KvmHost, reservation: Reservation, recorded: Sequence[DomainInf
 def claim(host: KvmHost, reservation: Reservation, name: str, recorded: Callable[[], List[DomainInfo]],
           define: Callable[[GuestNetwork], Any]) -> Tuple[Any, GuestNetwork]:
     """Define domain ``name`` with a port and source address of its own: defined, then checked
-    against every other domain of the hypervisor, and defined again with others while another
-    domain holds them. Returns the domain and what it holds."""
+    against every other domain of the hypervisor, and undefined and defined anew with others while
+    another domain holds them. Returns the domain and what it holds; on failure nothing of it is
+    left defined."""
     guest = choose(host, reservation, recorded(), name)
     for _attempt in range(CLAIM_ATTEMPTS):
         domain = define(guest)
-        others = recorded()
+        try:
+            others = recorded()
+        except ProxyError:
+            _undefine(domain, host, name)
+            raise
         if not collides(guest, others, name):
             return domain, guest
+        # Undefined, not redefined: libvirt refuses a definition of an existing name that does not
+        # carry its UUID, and a domain left defined with a taken port would be started as it is
+        # by the next attempt (it finds the domain and only starts it).
+        _undefine(domain, host, name)
         guest = choose(host, reservation, others, name, pick=random.choice)
     raise Transient("host %s: the published port or source address of %s was taken by another run every time; "
                     "the next attempt starts afresh" % (host.name, name))
+
+
+def _undefine(domain: Any, host: KvmHost, name: str) -> None:
+    """Undefine a domain ``claim`` defined and never started."""
+    try:
+        domain.undefine()
+    except libvirt.libvirtError as error:
+        if error.get_error_code() != libvirt.VIR_ERR_NO_DOMAIN:
+            raise classify(error, "undefining domain %s on host %s" % (name, host.name)) from error

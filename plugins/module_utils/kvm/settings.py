@@ -26,6 +26,8 @@ IMAGE_FORMATS = ("qcow2", "raw")
 # How a host's libvirt network reaches the world (docs/kvm-provider.md, "Networking"): behind the
 # host's address (nat), routed to it (route), or on a bridge to its LAN (bridge).
 NETWORK_MODES = ("nat", "route", "bridge")
+# kvm.domainCacheSeconds' default: a domain edited in place by hand is seen within 10 minutes.
+DOMAIN_CACHE_SECONDS = 600
 PORT_RANGE_RE = re.compile(r"^([0-9]{1,5})-([0-9]{1,5})$")
 
 # Names that become parts of identifiers: providerIDs are split on "/", cached base
@@ -112,6 +114,8 @@ class KvmSettings:
     ssh: Optional[SshSettings] = None
     vendor_data: Optional[str] = None
     install_guest_agent: bool = True
+    # How long a domain's XML, once read, stands for it (kvm/domain_cache.py); 0: read at every listing.
+    domain_cache_seconds: int = DOMAIN_CACHE_SECONDS
 
     def host(self, name: str) -> Optional[KvmHost]:
         for host in self.hosts:
@@ -253,7 +257,7 @@ def libvirt_uri_problem(uri: str) -> Optional[str]:
 def parse_kvm_section(reader: Reader, errors: Errors) -> Optional[KvmSettings]:
     start = len(errors)
     reader.only(errors, "ssh", "hosts", "images", "machineTypes", "defaultMachineType", "defaultImage",
-                "vendorData", "installGuestAgent")
+                "vendorData", "installGuestAgent", "domainCacheSeconds")
     ssh = _ssh(reader, errors)
     hosts = _hosts(reader, errors)
     images = _images(reader, errors)
@@ -266,12 +270,17 @@ def parse_kvm_section(reader: Reader, errors: Errors) -> Optional[KvmSettings]:
     if vendor_data is not None and not isinstance(vendor_data, str):
         errors.add("%s: must be a string (a cloud-init document) or null" % reader.at("vendorData"))
     install_guest_agent = errors.read(reader.boolean, "installGuestAgent", True)
-    if len(errors) > start or default_machine_type is None or default_image is None or install_guest_agent is None:
+    domain_cache_seconds: Optional[int] = DOMAIN_CACHE_SECONDS
+    if reader.data.get("domainCacheSeconds") is not None:
+        domain_cache_seconds = errors.read(reader.integer, "domainCacheSeconds", 0)
+    if (len(errors) > start or default_machine_type is None or default_image is None or install_guest_agent is None
+            or domain_cache_seconds is None):
         return None
     return KvmSettings(
         hosts=tuple(hosts), images=images, machine_types=machine_types,
         default_machine_type=default_machine_type, default_image=default_image,
-        ssh=ssh, vendor_data=vendor_data, install_guest_agent=install_guest_agent)
+        ssh=ssh, vendor_data=vendor_data, install_guest_agent=install_guest_agent,
+        domain_cache_seconds=domain_cache_seconds)
 
 
 def _ssh(reader: Reader, errors: Errors) -> Optional[SshSettings]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import signal
@@ -67,6 +68,25 @@ def test_a_batch_returns_one_result_per_operation_in_order(runner: AnsibleRunner
     assert results[0].result["provider_id"] == "kvm://hosts/h1/domains/first"
     assert results[1].error_class == "permanent" and "name" in results[1].message
     assert results[2].result["provider_id"] == "kvm://hosts/h1/domains/third"
+
+
+def test_a_listings_events_stay_in_memory_and_other_runs_keep_theirs_in_the_artifacts(
+        runner: AnsibleRunner, config: Path, tmp_path: Path) -> None:
+    """A listing's result is every instance of a provider: read from ansible-runner as it hands the
+    events over, not written to the artifacts. A run that changes something keeps its events there."""
+    base = {"provider_config": str(config), "provider": "lab", "image_cache_dir": str(tmp_path / "cache")}
+    (created,) = runner.run("lab", "create", [Operation("kvm_proxy", {**base, "name": "first", "tags": OWNER_TAGS})])
+    (listed,) = runner.run("lab", "list", [info(config)])
+    assert created.ok and listed.ok
+    assert [i["provider_id"] for i in listed.result["instances"]] == ["kvm://hosts/h1/domains/first"]
+
+    def task_events(verb: str) -> list[str]:
+        (artifact,) = [d for d in runner.artifact_dir.iterdir() if f"-lab-{verb}-" in d.name]
+        return sorted(f.name for f in (artifact / "job_events").glob("*.json")
+                      if json.loads(f.read_text())["event"].startswith("runner_on_"))
+
+    assert len(task_events("create")) >= 2  # runner_on_start and runner_on_ok at least
+    assert task_events("list") == []
 
 
 def test_nothing_from_a_proxy_is_templated(runner: AnsibleRunner, config: Path, tmp_path: Path,

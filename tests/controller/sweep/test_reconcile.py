@@ -424,7 +424,8 @@ def test_gc_does_nothing_when_listing_proxies_failed(store: MemoryStore, runner:
     store.list_proxies = broken  # type: ignore[assignment,method-assign]
     report = reconciler(store, runner, config, clock, gc_grace_seconds=0).sweep()
     assert not report.ok and old in runner.instances
-    assert runner.verbs() == []  # the config check is no provider call
+    # The listing runs beside the read (the config check is no provider call); nothing is deleted.
+    assert set(runner.verbs()) <= {"list"}
 
 
 def test_gc_dry_run_only_reports(store: MemoryStore, runner: FakeRunner, config: Path, clock: Clock) -> None:

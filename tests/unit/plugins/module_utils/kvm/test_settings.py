@@ -53,6 +53,7 @@ def test_defaults_are_applied() -> None:
     # A single machine type and a single image are the defaults without being named.
     assert (kvm.default_machine_type, kvm.default_image) == ("tiny", "debian-12")
     assert kvm.install_guest_agent is True
+    assert kvm.domain_cache_seconds == 600
     assert kvm.vendor_data is None
     assert kvm.ssh is None  # no SSH URI, so no SSH section needed
     assert kvm.machine_types["tiny"].machine is None
@@ -110,6 +111,11 @@ BAD_FIELDS = [
     pytest.param(changed(((*KVM, "installGuestAgent"), "yes")),
                  "providers[0].kvm.installGuestAgent: must be true or false, got str 'yes'",
                  id="install-guest-agent-not-bool"),
+    pytest.param(changed(((*KVM, "domainCacheSeconds"), -1)),
+                 "providers[0].kvm.domainCacheSeconds: must be an integer >= 0, got -1", id="domain-cache-negative"),
+    pytest.param(changed(((*KVM, "domainCacheSeconds"), "10m")),
+                 "providers[0].kvm.domainCacheSeconds: must be an integer >= 0, got '10m'",
+                 id="domain-cache-not-a-number"),
 ]
 
 
