@@ -169,6 +169,39 @@ def _list_call(objects: client.CustomObjectsApi, namespace: str | None,
     return objects.list_namespaced_custom_object, (GROUP, VERSION, namespace, plural)
 
 
+# Items per page of a list, as client-go's pager (tools/pager) asks by default: no answer holds
+# 10,000 Proxies at once (their bytes, their text and their parse side by side were the peak of a
+# sweep's memory), and the apiserver serves the pages from one snapshot.
+LIST_PAGE_SIZE = 500
+# How often a list is started over when its continue token expires between two pages (410: more
+# writes than etcd keeps since the first page) before the sweep fails and tries next time.
+LIST_RESTARTS = 3
+
+
+def paged_list(what: str, timeout: float, call: Callable[..., object], *args: Any,
+               page_size: int = LIST_PAGE_SIZE) -> tuple[list[Obj], str]:
+    """Every item of a list ``call`` and the list's resourceVersion, read ``page_size`` at a time
+    with ``limit``/``continue``; each page is one ``bounded_call``. A continue token that expired
+    starts the list over, as client-go's pager does; the items are always one snapshot's."""
+    for _attempt in range(LIST_RESTARTS):
+        items: list[Obj] = []
+        token: str | None = None
+        try:
+            while True:
+                paging: dict[str, Any] = {"limit": page_size} if token is None else {
+                    "limit": page_size, "_continue": token}
+                listing = cast(Obj, bounded_call(what, timeout, call, *args, **paging))
+                items.extend(listing.get("items") or [])
+                metadata = listing.get("metadata") or {}
+                token = metadata.get("continue") or None
+                if token is None:
+                    return items, str(metadata.get("resourceVersion", ""))
+        except WatchExpired:
+            log.info("%s: the list's continue token expired between pages; listing again", what)
+    raise StoreError(f"{what}: the list changed faster than it could be read in pages "
+                     f"({LIST_RESTARTS} tries); trying again next sweep")
+
+
 JsonT = TypeVar("JsonT")
 
 
@@ -216,9 +249,8 @@ class KubeStore:
 
     def list_proxies(self) -> tuple[list[Proxy], str]:
         call, args = self._list_call()
-        listing = cast(Obj, bounded_call(f"listing {PLURAL}", self.request_timeout, call, *args))
-        items = listing.get("items") or []
-        return [_proxy(item) for item in items], str(listing["metadata"]["resourceVersion"])
+        items, version = paged_list(f"listing {PLURAL}", self.request_timeout, call, *args)
+        return [_proxy(item) for item in items], version
 
     def get_proxy(self, namespace: str, name: str) -> Proxy:
         obj = bounded_call(f"reading proxy {namespace}/{name}", self.request_timeout,
@@ -325,7 +357,7 @@ class KubePools:
     def list_pools(self) -> list[Pool]:
         call, args = self._list_call()
         try:
-            listing = cast(Obj, bounded_call(f"listing {POOL_PLURAL}", self.request_timeout, call, *args))
+            items, _version = paged_list(f"listing {POOL_PLURAL}", self.request_timeout, call, *args)
         except Gone:
             # 404 on the collection: the ProxyPool CRD is not installed (a cluster upgraded from
             # before pools): there are no pools, which is not a failure of the sweep.
@@ -334,7 +366,7 @@ class KubePools:
                 self._missing_logged = True
             return []
         self._missing_logged = False
-        return [Pool.from_object(json_copy(item)) for item in listing.get("items") or []]
+        return [Pool.from_object(json_copy(item)) for item in items]
 
     def _list_call(self) -> tuple[Callable[..., object], tuple[str, ...]]:
         return _list_call(self._objects, self.namespace, POOL_PLURAL)

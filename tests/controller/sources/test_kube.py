@@ -37,6 +37,7 @@ from egress_proxies.sources.kube import (
     KubeStore,
     NoClusterConfig,
     kube_client,
+    paged_list,
 )
 from egress_proxies.sources.store import Conflict, Gone, StoreError, WatchEvent, WatchExpired
 from support.kube_emulator import KubeEmulator
@@ -158,6 +159,41 @@ def test_watch_streams_live_changes(api: client.ApiClient, kube: KubeEmulator, s
     assert not watcher.is_alive()
     assert summary(seen) == [("ADDED", "crawlers/eu-1")]
     kube.wait_for_watchers(0)  # the server saw the stream closed
+
+
+def test_a_list_is_read_in_pages_of_one_snapshot(api: client.ApiClient, kube: KubeEmulator) -> None:
+    for number in range(7):
+        create(api, f"p-{number}")
+    pages: list[dict[str, Any]] = []
+
+    def listing(*args: Any, **kwargs: Any) -> object:
+        pages.append(kwargs)
+        answer = client.CustomObjectsApi(api).list_cluster_custom_object(*args, **kwargs)
+        create(api, f"late-{len(pages)}")  # written between pages: not in this snapshot
+        return answer
+
+    items, version = paged_list("listing proxies", 10, listing, GROUP, VERSION, PLURAL, page_size=3)
+    assert [item["metadata"]["name"] for item in items] == [f"p-{number}" for number in range(7)]
+    assert [page["limit"] for page in pages] == [3, 3, 3]
+    assert "_continue" not in pages[0] and all(page["_continue"] for page in pages[1:])
+    assert int(version) < kube.resource_version
+
+
+def test_a_list_whose_continue_token_expired_is_read_again(api: client.ApiClient, kube: KubeEmulator) -> None:
+    for number in range(5):
+        create(api, f"p-{number}")
+    calls: list[dict[str, Any]] = []
+
+    def listing(*args: Any, **kwargs: Any) -> object:
+        calls.append(kwargs)
+        if len(calls) == 2:  # written and compacted away since the first page: 410 for its token
+            create(api, "late")
+            kube.compact()
+        return client.CustomObjectsApi(api).list_cluster_custom_object(*args, **kwargs)
+
+    items, _version = paged_list("listing proxies", 10, listing, GROUP, VERSION, PLURAL, page_size=2)
+    assert sorted(item["metadata"]["name"] for item in items) == ["late", *(f"p-{number}" for number in range(5))]
+    assert "_continue" not in calls[2]  # started over from the first page
 
 
 def test_watch_from_a_compacted_version_is_expired(api: client.ApiClient, kube: KubeEmulator,
