@@ -10,6 +10,8 @@ Kubernetes runs, and releasing the finalizer removes the status file.
 
 Writes are whole-file replacements (a 0600 temporary file, fsync, rename) and carry an
 optimistic resourceVersion, so the semantics match what the reconciler expects from the API.
+A listing reads and parses only the files changed since the one before (``file_cache``); an
+unchanged file costs one ``stat(2)``.
 
 Safe to operate:
 
@@ -49,6 +51,7 @@ What an operator does about each of these faults is in docs/operations.md ("What
 
 from __future__ import annotations
 
+import copy
 import errno
 import fcntl
 import hashlib
@@ -71,6 +74,7 @@ import yaml
 
 from egress_proxies.resources import times
 from egress_proxies.resources.proxy import API_VERSION, KIND, Proxy
+from egress_proxies.sources.file_cache import ParsedFiles
 from egress_proxies.sources.store import Conflict, Gone, StoreError, WatchEvent
 
 log = logging.getLogger(__name__)
@@ -116,7 +120,9 @@ class _Vanished(Exception):
     """A Proxy file disappeared between listing the directory and reading it (a rename)."""
 
 
-@dataclass
+# Frozen, as are the documents in them by convention: ParsedFiles hands the same ones to every
+# listing while the file is unchanged, and _entry copies what a Proxy may change.
+@dataclass(frozen=True)
 class _ProxyFile:
     """A Proxy file as read: the document, or why there is none."""
 
@@ -126,7 +132,7 @@ class _ProxyFile:
     not_a_proxy: str | None = None  # parsed, but not a Proxy (another kind of YAML file)
 
 
-@dataclass
+@dataclass(frozen=True)
 class _StatusFile:
     """A status file as read. ``data`` is set only when it is sound; ``stored`` is a best-effort
     reading either way (its uid and name still protect and name a defective Proxy)."""
@@ -172,6 +178,56 @@ def _allowed_mode(source_mode: int) -> int:
     return 0o600 | (source_mode & 0o044)
 
 
+def _read_problem(error: OSError | UnicodeDecodeError) -> str:
+    return f"cannot be read ({getattr(error, 'strerror', None) or one_line(error)})"
+
+
+def _parse_spec(path: Path, text: str) -> _ProxyFile:
+    try:
+        document = load_yaml(text)
+    except yaml.YAMLError as error:
+        return _ProxyFile(path, None, f"is not valid YAML ({one_line(error)})")
+    if not isinstance(document, dict):
+        return _ProxyFile(path, None, not_a_proxy=f"holds a {type(document).__name__}, not a {KIND}")
+    if document.get("kind") != KIND:
+        return _ProxyFile(path, None, not_a_proxy=f"has kind {document.get('kind')!r}, not {KIND}")
+    return _ProxyFile(path, document)
+
+
+def _unreadable_spec(path: Path, error: OSError | UnicodeDecodeError) -> _ProxyFile:
+    return _ProxyFile(path, None, _read_problem(error))
+
+
+def _parse_state(path: Path, text: str) -> _StatusFile:
+    salvaged = match.group(1) if (match := _UID_LINE.search(text)) else None
+    try:
+        data = load_yaml(text)
+    except yaml.YAMLError as error:
+        return _StatusFile(path, None, None, f"is not valid YAML ({one_line(error)})", salvaged)
+    if not isinstance(data, dict):
+        return _StatusFile(path, None, None, f"is not a mapping (it holds {type(data).__name__})", salvaged)
+    stored = Proxy.from_object(data)
+    problems = [stored.defect] if stored.defect else []
+    found = data.get("metadata")
+    metadata: dict[str, Any] = found if isinstance(found, dict) else {}
+    for field_name in ("uid", "name", "namespace"):
+        if not isinstance(metadata.get(field_name), str) or not metadata.get(field_name):
+            problems.append(f"metadata.{field_name}: must be a non-empty string")
+    version = metadata.get("resourceVersion")
+    if isinstance(version, bool) or not isinstance(version, int | str) or not str(version).isdigit():
+        problems.append(f"metadata.resourceVersion: must be a number, not {version!r}")
+    if metadata.get("specDigest") is not None and not isinstance(metadata.get("specDigest"), str):
+        problems.append("metadata.specDigest: must be a string")
+    uid = stored.uid if isinstance(metadata.get("uid"), str) and metadata.get("uid") else salvaged
+    if problems:
+        return _StatusFile(path, None, stored, "; ".join(problems), uid)
+    return _StatusFile(path, data, stored, None, uid)
+
+
+def _unreadable_state(path: Path, error: OSError | UnicodeDecodeError) -> _StatusFile:
+    return _StatusFile(path, None, None, _read_problem(error), None)
+
+
 def _orphaned_records(specs: dict[str, _ProxyFile], states: dict[str, _StatusFile]) -> dict[tuple[str, str], list[str]]:
     """Sound records whose Proxy file is gone, by the Proxy they hold: a renamed file's record."""
     orphans: dict[tuple[str, str], list[str]] = {}
@@ -212,6 +268,10 @@ class DirectoryStore:
         self._readonly: set[str] = set()  # uids whose record must not be written
         self._reported: set[str] = set()  # problems already logged, so a sweep does not repeat them
         self._noted: set[str] = set()  # problems seen by the scan in progress
+        # Each file's parse, reused while the file is unchanged (file_cache): a listing reads
+        # only the files written since the last one.
+        self._proxy_files = ParsedFiles(_parse_spec, _unreadable_spec)
+        self._status_files = ParsedFiles(_parse_state, _unreadable_state)
         if directory.is_dir():
             # Taken now, so a second controller refuses to start; a directory that does not
             # exist yet is locked by the first listing that finds it.
@@ -279,7 +339,7 @@ class DirectoryStore:
 
     def spec_files(self) -> dict[str, Path]:
         files = {}
-        for path in sorted(self.directory.glob("*.yaml")):
+        for path in sorted(self.directory.glob("*.yaml"), key=lambda path: path.name):  # one directory: by name
             if path.name.endswith(STATUS_SUFFIX) or path.name.startswith("."):
                 continue
             files[path.name[: -len(".yaml")]] = path
@@ -288,56 +348,17 @@ class DirectoryStore:
     def status_path(self, stem: str) -> Path:
         return self.directory / f"{stem}{STATUS_SUFFIX}"
 
-    @staticmethod
-    def _read_spec(path: Path) -> _ProxyFile:
+    def _read_spec(self, path: Path) -> _ProxyFile:
         try:
-            text = path.read_text()
+            return self._proxy_files.get(path)
         except FileNotFoundError as error:
             raise _Vanished(str(path)) from error
-        except (OSError, UnicodeDecodeError) as error:
-            return _ProxyFile(path, None, f"cannot be read ({getattr(error, 'strerror', None) or one_line(error)})")
-        try:
-            document = load_yaml(text)
-        except yaml.YAMLError as error:
-            return _ProxyFile(path, None, f"is not valid YAML ({one_line(error)})")
-        if not isinstance(document, dict):
-            return _ProxyFile(path, None, not_a_proxy=f"holds a {type(document).__name__}, not a {KIND}")
-        if document.get("kind") != KIND:
-            return _ProxyFile(path, None, not_a_proxy=f"has kind {document.get('kind')!r}, not {KIND}")
-        return _ProxyFile(path, document)
 
     def _read_state(self, stem: str) -> _StatusFile | None:
-        path = self.status_path(stem)
         try:
-            text = path.read_text()
+            return self._status_files.get(self.status_path(stem))
         except FileNotFoundError:
             return None
-        except (OSError, UnicodeDecodeError) as error:
-            problem = getattr(error, "strerror", None) or one_line(error)
-            return _StatusFile(path, None, None, f"cannot be read ({problem})", None)
-        salvaged = match.group(1) if (match := _UID_LINE.search(text)) else None
-        try:
-            data = load_yaml(text)
-        except yaml.YAMLError as error:
-            return _StatusFile(path, None, None, f"is not valid YAML ({one_line(error)})", salvaged)
-        if not isinstance(data, dict):
-            return _StatusFile(path, None, None, f"is not a mapping (it holds {type(data).__name__})", salvaged)
-        stored = Proxy.from_object(data)
-        problems = [stored.defect] if stored.defect else []
-        found = data.get("metadata")
-        metadata: dict[str, Any] = found if isinstance(found, dict) else {}
-        for field_name in ("uid", "name", "namespace"):
-            if not isinstance(metadata.get(field_name), str) or not metadata.get(field_name):
-                problems.append(f"metadata.{field_name}: must be a non-empty string")
-        version = metadata.get("resourceVersion")
-        if isinstance(version, bool) or not isinstance(version, int | str) or not str(version).isdigit():
-            problems.append(f"metadata.resourceVersion: must be a number, not {version!r}")
-        if metadata.get("specDigest") is not None and not isinstance(metadata.get("specDigest"), str):
-            problems.append("metadata.specDigest: must be a string")
-        uid = stored.uid if isinstance(metadata.get("uid"), str) and metadata.get("uid") else salvaged
-        if problems:
-            return _StatusFile(path, None, stored, "; ".join(problems), uid)
-        return _StatusFile(path, data, stored, None, uid)
 
     # -- building Proxies ----------------------------------------------------------------------
 
@@ -361,7 +382,9 @@ class DirectoryStore:
         defects: list[str] = []
         sound = state is not None and state.data is not None
         stored = state.stored if state is not None else None
-        document = spec.document if spec is not None else None
+        # The Proxy gets its own document (raw), spec and status: parses are kept between listings
+        # and callers change these in place. deepcopy keeps YAML aliases as a fresh parse would.
+        document = copy.deepcopy(spec.document) if spec is not None else None
         if spec is None and (sound and stored is not None and not stored.finalizers):
             return None  # file gone and nothing of ours on it: nothing to protect, nothing to do
         from_file = Proxy.from_object(document) if document is not None else None
@@ -390,7 +413,7 @@ class DirectoryStore:
             spec_dict = from_file.spec
             deletion = None
         else:
-            spec_dict = dict(stored.spec) if stored is not None else {}
+            spec_dict = copy.deepcopy(stored.spec) if stored is not None else {}
             deletion = None
             if spec is None:  # the Proxy's file is gone: it is being deleted
                 deletion = (stored.deletion_timestamp if stored is not None else None) or times.stamp()
@@ -404,7 +427,7 @@ class DirectoryStore:
                        **(from_file.annotations if from_file is not None else {})}
         proxy = Proxy(
             namespace=namespace, name=name, uid=uid, spec=spec_dict,
-            status=dict(stored.status) if stored is not None else {}, generation=generation,
+            status=copy.deepcopy(stored.status) if stored is not None else {}, generation=generation,
             resource_version=(stored.resource_version or "0") if sound and stored is not None else "0",
             finalizers=list(stored.finalizers) if stored is not None else [], annotations=annotations,
             deletion_timestamp=deletion, creation_timestamp=stored.creation_timestamp if stored is not None else None,
@@ -439,11 +462,15 @@ class DirectoryStore:
         return entries
 
     def _read_files(self) -> tuple[dict[str, _ProxyFile], dict[str, _StatusFile]]:
-        """Every Proxy file and every status file, by stem."""
-        specs = {stem: self._read_spec(path) for stem, path in self.spec_files().items()}
+        """Every Proxy file and every status file, by stem; the parses of files no longer here
+        are forgotten."""
+        spec_paths = self.spec_files()
+        specs = {stem: self._read_spec(path) for stem, path in spec_paths.items()}
         status_stems = sorted(p.name[: -len(STATUS_SUFFIX)] for p in self.directory.glob(f"*{STATUS_SUFFIX}")
                               if not p.name.startswith("."))
         states = {stem: state for stem in status_stems if (state := self._read_state(stem)) is not None}
+        self._proxy_files.keep_only(set(spec_paths.values()))
+        self._status_files.keep_only({state.path for state in states.values()})
         return specs, states
 
     def _set_aside_records(self, specs: dict[str, _ProxyFile], states: dict[str, _StatusFile]) -> None:

@@ -21,6 +21,7 @@ import yaml
 
 import egress_proxies
 from egress_proxies.resources.proxy import FINALIZER, SKIP_CLEANUP_ANNOTATION, Proxy
+from egress_proxies.sources import directory
 from egress_proxies.sources.directory import LOCK_NAME, DirectoryLocked, DirectoryStore
 from egress_proxies.sources.store import Conflict, StoreError
 from egress_proxies.sweep.backoff import Backoff
@@ -654,3 +655,138 @@ def test_a_namespace_is_a_name_in_this_directory_its_identity_the_directory(tmp_
                               "team-b": f"directory:{(tmp_path / 'a').resolve()}"}
         # A work directory reused for another Proxy directory: not the same namespaces.
         assert second.namespace_identities({"crawlers"}) != {"crawlers": identities["crawlers"]}
+
+
+# -- listing only what changed (issue 30: 10,000 Proxies, 20,000 files) --------------------------
+
+
+@pytest.fixture
+def parses(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The texts the store parses (Proxy files and status files), in order."""
+    seen: list[str] = []
+    real = directory.load_yaml
+
+    def counting(text: str) -> Any:
+        seen.append(text)
+        return real(text)
+
+    monkeypatch.setattr(directory, "load_yaml", counting)
+    return seen
+
+
+@pytest.mark.usefixtures("settled")
+def test_a_listing_parses_only_the_files_changed_since_the_last(store: DirectoryStore, tmp_path: Path,
+                                                                parses: list[str]) -> None:
+    for stem in ("a", "b", "c"):
+        write_proxy(tmp_path, stem, {"provider": "home-kvm"}, name=f"eu-{stem}")
+    first = by_name(store.list_proxies()[0])
+    assert len(parses) == 3  # the Proxy files; their records are written after the listing read
+    store.list_proxies()
+    assert len(parses) == 3 + 3  # the records, once
+    parses.clear()
+    again = by_name(store.list_proxies()[0])
+    assert parses == []
+    assert {name: p.uid for name, p in again.items()} == {name: p.uid for name, p in first.items()}
+    write_proxy(tmp_path, "a", {"provider": "home-kvm", "port": 8080}, name="eu-a")  # in place
+    (tmp_path / "c.yaml").unlink()
+    changed = by_name(store.list_proxies()[0])
+    assert len(parses) == 1 and changed["eu-a"].spec["port"] == 8080 and changed["eu-a"].generation == 2
+    assert set(changed) == {"eu-a", "eu-b"}  # eu-c held no finalizer: gone, with its record
+    assert set(store._proxy_files._entries) == {tmp_path / "a.yaml", tmp_path / "b.yaml"}  # c.yaml forgotten
+
+
+def test_a_proxy_file_rewritten_in_place_within_the_same_second_is_seen(store: DirectoryStore,
+                                                                        tmp_path: Path) -> None:
+    path = write_proxy(tmp_path, "a", {"provider": "home-kvm", "port": 3128})
+    (proxy,), _ = store.list_proxies()
+    before = path.stat()
+    path.write_text(path.read_text().replace("3128", "3129"))  # same inode, same size...
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))  # ...same mtime: the racy case
+    (edited,), _ = store.list_proxies()
+    assert edited.spec["port"] == 3129 and edited.generation == proxy.generation + 1
+
+
+@pytest.mark.usefixtures("settled")
+def test_a_proxy_file_replaced_by_a_rename_is_seen(store: DirectoryStore, tmp_path: Path) -> None:
+    path = write_proxy(tmp_path, "a", {"provider": "home-kvm", "port": 3128})
+    store.list_proxies()
+    before = path.stat()
+    (tmp_path / "staging").mkdir()
+    replacement = write_proxy(tmp_path / "staging", "a", {"provider": "home-kvm", "port": 3129})
+    os.utime(replacement, ns=(before.st_atime_ns, before.st_mtime_ns))  # same size and mtime, another inode
+    os.replace(replacement, path)
+    (replaced,), _ = store.list_proxies()
+    assert replaced.spec["port"] == 3129
+
+
+BROKEN_PROXY_FILES = {
+    "not YAML": b"kind: Proxy\nspec: [unclosed\n",
+    "not UTF-8": b"kind: Proxy\nspec: {provider: caf\xe9}\n",
+    "not a Proxy": b"kind: ConfigMap\n",
+}
+
+
+@pytest.mark.usefixtures("settled")
+@pytest.mark.parametrize("content", BROKEN_PROXY_FILES.values(), ids=BROKEN_PROXY_FILES.keys())
+def test_a_broken_file_is_parsed_once_and_seen_when_fixed(store: DirectoryStore, tmp_path: Path,
+                                                          parses: list[str], content: bytes) -> None:
+    (tmp_path / "bad.yaml").write_bytes(content)
+    proxies, _ = store.list_proxies()
+    parses.clear()
+    assert store.list_proxies()[0] == proxies and parses == []  # the same defect, or none, from memory
+    write_proxy(tmp_path, "bad", {"provider": "home-kvm"}, name="bad")  # fixed in place
+    (fixed,), _ = store.list_proxies()
+    assert fixed.defect is None and fixed.spec == {"provider": "home-kvm"}
+
+
+@pytest.mark.usefixtures("settled")
+def test_a_corrupt_status_file_repaired_is_seen(store: DirectoryStore, tmp_path: Path, parses: list[str]) -> None:
+    write_proxy(tmp_path, "bad", {"provider": "home-kvm"}, name="bad")
+    record = tmp_path / "bad.status.yaml"
+    record.write_text(CORRUPT_STATES["not YAML"])
+    (corrupt,), _ = store.list_proxies()
+    parses.clear()
+    assert store.list_proxies()[0] == [corrupt] and parses == []
+    record.write_text(good_state())  # repaired in place
+    (repaired,), _ = store.list_proxies()
+    assert repaired.defect is None and repaired.uid == "0b5e6f3c-8d4a-4e21-9c7f-2a1b3c4d5e6f"
+
+
+@pytest.mark.usefixtures("settled")
+def test_the_stores_own_writes_are_read_back_at_the_next_listing(store: DirectoryStore, tmp_path: Path) -> None:
+    """A record is written whole and renamed into place (write_file: another inode), moved beside
+    a renamed Proxy file (a rename) or narrowed (chmod: another ctime). With every parse trusted
+    at once, the stamp alone must show each of them to the next listing."""
+    path = write_proxy(tmp_path, "a", {"provider": "home-kvm"}, mode=0o600)
+    (proxy,), _ = store.list_proxies()
+    proxy.finalizers.append(FINALIZER)
+    proxy = store.replace_metadata(proxy)
+    proxy.status = {"phase": "Ready"}
+    store.replace_status(proxy)
+    (written,), _ = store.list_proxies()
+    assert (written.resource_version, written.finalizers, written.status) == ("3", [FINALIZER], {"phase": "Ready"})
+    (tmp_path / "a.status.yaml").chmod(0o644)  # wider than its Proxy file: the listing narrows it
+    store.list_proxies()
+    assert mode_of(tmp_path / "a.status.yaml") == 0o600
+    path.rename(tmp_path / "b.yaml")  # its record follows it
+    (moved,), _ = store.list_proxies()
+    moved.status = {"phase": "Ready", "ip": "192.0.2.10"}
+    store.replace_status(moved)
+    (last,), _ = store.list_proxies()
+    assert last.uid == proxy.uid and last.resource_version == "4" and last.status["ip"] == "192.0.2.10"
+
+
+@pytest.mark.usefixtures("settled")
+def test_a_listing_hands_out_copies_of_what_it_keeps(store: DirectoryStore, tmp_path: Path) -> None:
+    write_proxy(tmp_path, "a", {"provider": "home-kvm", "allowedSources": ["10.0.0.0/8"]})
+    (proxy,), _ = store.list_proxies()
+    proxy.status = {"phase": "Ready", "conditions": [{"type": "Ready", "status": "True"}]}
+    store.replace_status(proxy)
+    (first,), _ = store.list_proxies()
+    first.spec["allowedSources"].append("0.0.0.0/0")  # a caller changing nested values in place
+    first.status["conditions"][0]["status"] = "False"
+    assert first.raw is not None
+    first.raw["metadata"]["name"] = "changed"
+    (second,), _ = store.list_proxies()
+    assert second.spec["allowedSources"] == ["10.0.0.0/8"] and second.status["conditions"][0]["status"] == "True"
+    assert second.raw is not None and second.raw["metadata"]["name"] == "eu-1"
