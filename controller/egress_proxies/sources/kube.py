@@ -372,9 +372,10 @@ class KubePools:
         return _list_call(self._objects, self.namespace, POOL_PLURAL)
 
     def list_version(self) -> str:
-        """The pool list's resourceVersion, to watch from."""
+        """The pool list's resourceVersion, to watch from: a page of one item carries the list's
+        resourceVersion as the whole list would."""
         call, args = self._list_call()
-        listing = cast(Obj, bounded_call(f"listing {POOL_PLURAL}", self.request_timeout, call, *args))
+        listing = cast(Obj, bounded_call(f"listing {POOL_PLURAL}", self.request_timeout, call, *args, limit=1))
         return str(listing["metadata"]["resourceVersion"])
 
     def watch(self, resource_version: str, timeout_seconds: int) -> Iterator[str]:
