@@ -270,11 +270,11 @@ def parse_kvm_section(reader: Reader, errors: Errors) -> Optional[KvmSettings]:
     if vendor_data is not None and not isinstance(vendor_data, str):
         errors.add("%s: must be a string (a cloud-init document) or null" % reader.at("vendorData"))
     install_guest_agent = errors.read(reader.boolean, "installGuestAgent", True)
-    domain_cache_seconds: Optional[int] = DOMAIN_CACHE_SECONDS
+    domain_cache_seconds = DOMAIN_CACHE_SECONDS
     if reader.data.get("domainCacheSeconds") is not None:
-        domain_cache_seconds = errors.read(reader.integer, "domainCacheSeconds", 0)
-    if (len(errors) > start or default_machine_type is None or default_image is None or install_guest_agent is None
-            or domain_cache_seconds is None):
+        # None only with an error recorded, which fails the section just below.
+        domain_cache_seconds = errors.read(reader.integer, "domainCacheSeconds", 0) or 0
+    if len(errors) > start or default_machine_type is None or default_image is None or install_guest_agent is None:
         return None
     return KvmSettings(
         hosts=tuple(hosts), images=images, machine_types=machine_types,
