@@ -52,12 +52,11 @@ class Run:
 def run_demo(*args: str, interrupt_after: str | None = None, timeout: float = 1700) -> Run:
     """Run the demo in its own session, as from a terminal; with ``interrupt_after``, press
     Ctrl-C (SIGINT to its whole process group, as the terminal does) once a line contains it."""
-    # SIGINT at its default, as a terminal's shell starts a foreground job: a suite run in the
-    # background of a non-interactive shell (`cmd &`) inherits it ignored, and the demo, like any
-    # Python program, then never sees the Ctrl-C.
-    process = subprocess.Popen(["bash", str(DEMO), *args], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    # SIGINT at its default (env --default-signal), as a terminal's shell starts a foreground job:
+    # a suite run in the background of a non-interactive shell (`cmd &`) inherits it ignored, and
+    # the demo, like any Python program, then never sees the Ctrl-C.
+    process = subprocess.Popen(["env", "--default-signal=INT", "bash", str(DEMO), *args], stdin=subprocess.DEVNULL,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     assert process.stdout is not None
     run = Run([], -1, Path("/nonexistent"))
     deadline = time.monotonic() + timeout
