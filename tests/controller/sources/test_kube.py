@@ -161,16 +161,25 @@ def test_watch_streams_live_changes(api: client.ApiClient, kube: KubeEmulator, s
     kube.wait_for_watchers(0)  # the server saw the stream closed
 
 
+def recording_list(api: client.ApiClient, calls: list[dict[str, Any]],
+                   between_pages: Callable[[int], object]) -> Callable[..., object]:
+    """The cluster-wide list call, each call's paging arguments recorded in ``calls``;
+    ``between_pages(n)`` runs before the n-th call from the second on."""
+    def listing(*args: Any, **kwargs: Any) -> object:
+        calls.append(kwargs)
+        if len(calls) > 1:
+            between_pages(len(calls))
+        return client.CustomObjectsApi(api).list_cluster_custom_object(*args, **kwargs)
+    return listing
+
+
 def test_a_list_is_read_in_pages_of_one_snapshot(api: client.ApiClient, kube: KubeEmulator) -> None:
     for number in range(7):
         create(api, f"p-{number}")
     pages: list[dict[str, Any]] = []
-
-    def listing(*args: Any, **kwargs: Any) -> object:
-        pages.append(kwargs)
-        answer = client.CustomObjectsApi(api).list_cluster_custom_object(*args, **kwargs)
-        create(api, f"late-{len(pages)}")  # written between pages: not in this snapshot
-        return answer
+    # Written between pages, and named to come after every page's start key: only the snapshot
+    # keeps them out.
+    listing = recording_list(api, pages, lambda n: create(api, f"z-late-{n}"))
 
     items, version = paged_list("listing proxies", 10, listing, GROUP, VERSION, PLURAL, page_size=3)
     assert [item["metadata"]["name"] for item in items] == [f"p-{number}" for number in range(7)]
@@ -184,13 +193,12 @@ def test_a_list_whose_continue_token_expired_is_read_again(api: client.ApiClient
         create(api, f"p-{number}")
     calls: list[dict[str, Any]] = []
 
-    def listing(*args: Any, **kwargs: Any) -> object:
-        calls.append(kwargs)
-        if len(calls) == 2:  # written and compacted away since the first page: 410 for its token
+    def write_and_compact(call: int) -> None:
+        if call == 2:  # written and compacted away since the first page: 410 for its token
             create(api, "late")
             kube.compact()
-        return client.CustomObjectsApi(api).list_cluster_custom_object(*args, **kwargs)
 
+    listing = recording_list(api, calls, write_and_compact)
     items, _version = paged_list("listing proxies", 10, listing, GROUP, VERSION, PLURAL, page_size=2)
     assert sorted(item["metadata"]["name"] for item in items) == ["late", *(f"p-{number}" for number in range(5))]
     assert "_continue" not in calls[2]  # started over from the first page
