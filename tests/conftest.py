@@ -8,6 +8,7 @@ integration test would look like a passing one.
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,11 +26,33 @@ from support.provider_config import BaseImage, kvm_host, make_base_image, write_
 TEST_DRIVER_POOL = "default-pool"
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Give this pytest run a temporary directory of its own (``TMPDIR`` for every process it
+    starts, ``tempfile.tempdir`` for itself), so what the run-wide checks below count is this run's
+    alone: another run of the suite on the same machine has its own. The name is short because
+    unix sockets (libvirtd's, ssh's control sockets) live below it and their paths are capped at
+    108 bytes."""
+    run_temp = Path(tempfile.mkdtemp(prefix="ep-", dir=tempfile.gettempdir()))
+    config.stash[_RUN_TEMP] = run_temp
+    os.environ["TMPDIR"] = str(run_temp)
+    tempfile.tempdir = str(run_temp)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    run_temp = config.stash.get(_RUN_TEMP, None)
+    if run_temp is not None:
+        shutil.rmtree(run_temp, ignore_errors=True)
+
+
+_RUN_TEMP = pytest.StashKey[Path]()
+
+
 @pytest.fixture(scope="session", autouse=True)
 def no_run_temp_dir_left_behind() -> Iterator[None]:
     """Whatever the tests do to runs (time them out, SIGKILL their controllers), no run's temporary
     directory outlives the session: a killed run's is for the next runner on its work dir to
-    remove, and a test that kills one starts that runner."""
+    remove, and a test that kills one starts that runner. Counted in this pytest run's own
+    temporary directory (``pytest_configure``), so a run beside it does not count."""
     def run_temp_dirs() -> set[Path]:
         return set(Path(tempfile.gettempdir()).glob(f"{RUN_TEMP_PREFIX}*"))
 
