@@ -88,7 +88,7 @@ def count(paths: list[Path]) -> Counts:
     return counts
 
 
-def test_times(path: Path) -> list[TestTime]:
+def case_times(path: Path) -> list[TestTime]:
     """Each test case's time; its name from the JUnit classname (``tests.unit.test_x`` or, for a
     test in a class, ``tests.unit.test_x.TestY``), the file being the first ``test_*`` part."""
     found = []
@@ -101,7 +101,10 @@ def test_times(path: Path) -> list[TestTime]:
 
 
 def over(name: str, seconds: float, budget: int | None) -> str:
-    return "" if budget is None or seconds <= budget else f"WARNING: {name} took {seconds:.0f} s, over its budget of {budget} s"
+    """The WARNING line when ``seconds`` passed the budget, else nothing."""
+    if budget is None or seconds <= budget:
+        return ""
+    return f"WARNING: {name} took {seconds:.0f} s, over its budget of {budget} s"
 
 
 def read_steps(path: Path) -> list[tuple[str, int, str]]:
@@ -119,30 +122,49 @@ def setup_step(path: Path | None) -> list[tuple[str, int, str]]:
     return [("setup", int(path.read_text().strip()), f"ok (scripts/setup.sh's last run, ended {ran})")]
 
 
-def report(steps: list[tuple[str, int, str]], junits: list[Path], current: list[Path]) -> list[str]:
-    """Lines: the step table, the directory table, the slowest tests, the warnings, the count."""
+def budget_text(budget: int | None) -> str:
+    return "-" if budget is None else f"{budget}s"
+
+
+def step_table(steps: list[tuple[str, int, str]]) -> tuple[list[str], list[str]]:
+    """The steps' lines and their warnings (the whole run's too)."""
     lines = ["== timing (budgets: a quiet 2-core machine, the whole run within 45 min)",
              f"{'step':<18} {'time':>6} {'budget':>7}  result"]
     warnings = []
     for name, seconds, result in steps:
         budget = STEP_BUDGETS.get(name)
-        lines.append(f"{name:<18} {seconds:>5}s {budget if budget is not None else '-':>6}s  {result}")
+        lines.append(f"{name:<18} {seconds:>5}s {budget_text(budget):>7}  {result}")
         warnings.append(over(name, seconds, budget))
     total = sum(seconds for _, seconds, _ in steps)
-    lines.append(f"{'total':<18} {total:>5}s {RUN_BUDGET:>6}s")
+    lines.append(f"{'total':<18} {total:>5}s {budget_text(RUN_BUDGET):>7}")
     warnings.append(over("the whole run", total, RUN_BUDGET))
-    times = [t for path in junits for t in test_times(path)]
+    return lines, warnings
+
+
+def pytest_tables(times: list[TestTime]) -> tuple[list[str], list[str]]:
+    """Each directory's test time and the slowest tests' lines, and the directories' warnings."""
+    per_directory: dict[str, float] = defaultdict(float)
+    for test in times:
+        per_directory[test.directory] += test.seconds
+    lines = ["", "== pytest: test time per directory (both streams)"]
+    warnings = []
+    for directory, seconds in sorted(per_directory.items()):
+        budget = DIRECTORY_BUDGETS.get(directory)
+        lines.append(f"{directory:<18} {seconds:>5.0f}s {budget_text(budget):>7}")
+        warnings.append(over(directory, seconds, budget))
+    lines += ["", f"== pytest: the {SLOWEST} slowest tests (both streams)"]
+    lines += [f"{t.seconds:>7.1f}s  {t.name}" for t in sorted(times, key=lambda t: -t.seconds)[:SLOWEST]]
+    return lines, warnings
+
+
+def report(steps: list[tuple[str, int, str]], junits: list[Path], current: list[Path]) -> list[str]:
+    """Lines: the step table, the directory table, the slowest tests, the warnings, the count."""
+    lines, warnings = step_table(steps)
+    times = [t for path in junits for t in case_times(path)]
     if times:
-        per_directory: dict[str, float] = defaultdict(float)
-        for test in times:
-            per_directory[test.directory] += test.seconds
-        lines += ["", "== pytest: test time per directory (both streams)"]
-        for directory, seconds in sorted(per_directory.items()):
-            budget = DIRECTORY_BUDGETS.get(directory)
-            lines.append(f"{directory:<18} {seconds:>5.0f}s {budget if budget is not None else '-':>6}s")
-            warnings.append(over(directory, seconds, budget))
-        lines += ["", f"== pytest: the {SLOWEST} slowest tests (both streams)"]
-        lines += [f"{t.seconds:>7.1f}s  {t.name}" for t in sorted(times, key=lambda t: -t.seconds)[:SLOWEST]]
+        more_lines, more_warnings = pytest_tables(times)
+        lines += more_lines
+        warnings += more_warnings
     lines += [w for w in warnings if w]
     if junits or current:
         lines.append(count(junits + current).line())
@@ -158,8 +180,8 @@ def main() -> int:
     parser.add_argument("--junit-current", type=Path, nargs="*", default=[],
                         help="the current ansible-core line's run (counted in the closing line too)")
     args = parser.parse_args()
-    junits, current = ([p for p in paths if p.is_file() and p.stat().st_size] for paths in (args.junit, args.junit_current))
-    lines = report(setup_step(args.setup) + read_steps(args.steps), junits, current)
+    written = [[p for p in paths if p.is_file() and p.stat().st_size] for paths in (args.junit, args.junit_current)]
+    lines = report(setup_step(args.setup) + read_steps(args.steps), *written)
     sys.stdout.write("\n".join(lines) + "\n")
     return 0
 
