@@ -1,17 +1,19 @@
 # shellcheck shell=bash
-# Sourced by scripts/test.sh (and tests/packaging/test_suite_script.py). run_pytest ARGS... runs
-# pytest in two streams side by side, each its own pytest run (its own TMPDIR, tests/conftest.py)
-# with its own JUnit XML, and returns their exit codes as one: the tests marked `vm` or `clock`
-# in one (real guests under software emulation keep one core busy; tests waiting out real timers
-# barely use the other), everything else in the other, on the second core. Serially the suite
-# took 2,802 s, over the 45-minute budget with setup and the checks. The caller sets $junit and
-# $junit_side (the streams' JUnit XML) and $side_log: the side stream's output waits there and is
-# shown when both have ended, so the two never interleave. The side stream's pytest starts with
-# SIGINT at its default (a background job of a script starts with it ignored), so Ctrl-C stops
-# both streams and their fixtures' teardown runs.
+# Sourced by scripts/test.sh (and tests/packaging/test_suite_script.py).
+#
+# run_pytest JUNIT JUNIT_SIDE SIDE_LOG ARGS... runs pytest in two streams side by side, each its
+# own pytest run (its own TMPDIR, tests/conftest.py), and returns their exit codes as one: the
+# tests marked `vm` or `clock` in one (real guests under software emulation keep one core busy;
+# tests waiting out real timers barely use the other), everything else in the other, on the
+# second core. Serially the suite took 2,802 s, over the 45-minute budget with setup and the
+# checks. JUNIT and JUNIT_SIDE are the streams' JUnit XML files; SIDE_LOG is where the side
+# stream's output waits, to be shown when both have ended, so the two never interleave. The side
+# stream's pytest starts with SIGINT at its default (a background job of a script starts with it
+# ignored), so Ctrl-C stops both streams and their fixtures' teardown runs.
 SIDE_STREAM="vm or clock"
 run_pytest() {
-    local status=0 side_status=0 side_pid
+    local junit=$1 junit_side=$2 side_log=$3 status=0 side_status=0 side_pid
+    shift 3
     env --default-signal=INT pytest --junitxml="$junit_side" --durations=15 -m "$SIDE_STREAM" "$@" \
         >"$side_log" 2>&1 &
     side_pid=$!

@@ -73,7 +73,7 @@ step sanity bash scripts/sanity.sh
 step ansible-lint ansible-lint --nocolor
 # The slowest tests, printed on every run (each stream's, and both together in the report): the
 # whole run has a 45-minute budget on a fresh clone.
-step pytest run_pytest "$@"
+step pytest run_pytest "$junit" "$junit_side" "$side_log" "$@"
 
 # The current ansible-core line: the same sanity run, and every test that runs the modules or
 # imports module_utils, on .venv-current. The controller there is this tree too (editable), so

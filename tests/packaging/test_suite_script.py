@@ -64,10 +64,9 @@ def make_tree(root: Path, files: dict[str, str]) -> Path:
 
 
 def run_streams(tree: Path, *arguments: str, **env: str) -> Streams:
-    """``run_pytest ARGUMENTS`` as scripts/test.sh calls it, in ``tree``."""
+    """``run_pytest`` with ``arguments`` for pytest, as scripts/test.sh calls it, in ``tree``."""
     junit, junit_side = tree / "junit.xml", tree / "junit-side.xml"
-    script = (f'source "{STREAMS}"; junit="{junit}"; junit_side="{junit_side}"; side_log="{tree}/side.log"; '
-              'run_pytest "$@"')
+    script = f'source "{STREAMS}"; run_pytest "{junit}" "{junit_side}" "{tree}/side.log" "$@"'
     rendezvous = tree / "rendezvous"
     shutil.rmtree(rendezvous, ignore_errors=True)  # an earlier run's meeting proves nothing
     rendezvous.mkdir()
