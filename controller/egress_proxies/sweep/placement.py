@@ -164,9 +164,12 @@ class Member:
 
 @dataclass
 class Decision:
+    """What ``decide`` decided for one pool this sweep (``pools.PoolReconciler`` may cut its creates
+    and deletes to the sweep's ``Budget``)."""
+
     creates: list[int] = field(default_factory=list)  # placement index of each new member
     deletes: list[str] = field(default_factory=list)
-    retire: dict[str, str] = field(default_factory=dict)  # member name -> why
+    retire: dict[str, str] = field(default_factory=dict)  # member name -> RETIRING_ROTATION or RETIRING_TEMPLATE
     placements: list[dict[str, Any]] = field(default_factory=list)
     desired: list[int] = field(default_factory=list)
     ready: int = 0
