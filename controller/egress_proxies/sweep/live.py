@@ -30,12 +30,11 @@ from egress_proxies.providers.client import (
     Target,
 )
 from egress_proxies.providers.errors import ErrorClass
-from egress_proxies.resources import times
+from egress_proxies.resources import reasons, times
 from egress_proxies.resources.conditions import PROVIDER_LISTED, READY, SERVING, find_condition
 from egress_proxies.resources.pool import (
     QUARANTINE_ANNOTATION,
     QUARANTINE_REPLACEMENTS,
-    QUARANTINED,
     controller_of,
     quarantine_replacements,
     quarantined,
@@ -55,10 +54,8 @@ from egress_proxies.serving.probe import ProbeOutcome, ProbeReason, unknown_outc
 from egress_proxies.serving.proof import read_key
 from egress_proxies.sweep.batches import chunked
 from egress_proxies.sweep.verdict import (
-    AWAITING,
     INSTANCE_FIELDS,
     LOST_REASONS,
-    UNVERIFIED,
     Observation,
     judge,
     with_known_address,
@@ -231,14 +228,14 @@ class LivePath:
             # A crawler reported this instance unusable (banned): replaced like a dead one, at once.
             # A pool member is replaced by its pool instead (a new member), not here; a Proxy that
             # only carries a pool's label is no member (``pool.owned_by``): replaced here.
-            unhealthy.append(_Unhealthy(proxy, current, desired, replacements, QUARANTINED,
+            unhealthy.append(_Unhealthy(proxy, current, desired, replacements, reasons.QUARANTINED,
                                         f"a crawler quarantined instance {current.provider_id}", others))
             return
         if self._ready(proxy):
             retire.extend((proxy, old) for old in mine if old is not current)
             return
         serving = find_condition(proxy.status, SERVING)
-        if serving.get("status") != "False" or serving.get("reason") in (AWAITING, UNVERIFIED):
+        if serving.get("status") != "False" or serving.get("reason") in (reasons.AWAITING_PROBE, reasons.UNVERIFIED):
             return
         # Unhealthy without a single success for the threshold; each replacement waits twice as
         # long as the one before (a Proxy whose replacements keep failing backs off).
@@ -278,8 +275,9 @@ class LivePath:
         sources = ", ".join(request.allowed_sources) or "none"
         if request.open:
             message = f"spec.auth is none: anyone from {sources} who reaches it can use this proxy"
-            return ("False", "AuthDisabled", message)
-        return ("True", "CredentialsRequired", f"requests need the {proxy.namespace} credentials, from {sources}")
+            return ("False", reasons.AUTH_DISABLED, message)
+        required = f"requests need the {proxy.namespace} credentials, from {sources}"
+        return ("True", reasons.CREDENTIALS_REQUIRED, required)
 
     @staticmethod
     def _ready(proxy: Proxy) -> bool:
@@ -295,7 +293,7 @@ class LivePath:
         paused = since is not None and self.seconds_since(times.stamp(since)) < self.plan.unhealthy_after_seconds
         chosen = []
         for item in unhealthy:
-            if paused and item.reason not in (*LOST_REASONS, QUARANTINED):
+            if paused and item.reason not in (*LOST_REASONS, reasons.QUARANTINED):
                 log.warning("%s: not serving, but every probe of provider %s fails at once: replacements paused",
                             item.proxy.key, provider)
                 continue
@@ -308,21 +306,21 @@ class LivePath:
     def _replace(self, provider: str, item: _Unhealthy, creates: list[_Create],
                  retire: list[tuple[Proxy, Instance]]) -> None:
         quarantines = quarantine_replacements(item.proxy.annotations, item.hash)
-        if item.replacements - quarantines >= self.settings.max_replacements and item.reason != QUARANTINED:
+        if item.replacements - quarantines >= self.settings.max_replacements and item.reason != reasons.QUARANTINED:
             message = (f"instance {item.instance.provider_id} is {item.reason} ({item.message}) after "
                        f"{item.replacements} replacements; fix the cause (image, cloudInit, probe target), then "
                        "change the spec or delete the annotation crawl.example.com/replacements to try again")
-            self.writer.invalid(item.proxy, "ReplacementsExhausted", message)
+            self.writer.invalid(item.proxy, reasons.REPLACEMENTS_EXHAUSTED, message)
             return
         count = item.replacements + 1
         # Recorded before the create: a crash in between finds the same name again.
         def record(p: Proxy) -> None:
             p.annotations[REPLACEMENTS_ANNOTATION] = f"{item.hash}:{count}"
-            if item.reason == QUARANTINED:  # not counted toward ReplacementsExhausted
+            if item.reason == reasons.QUARANTINED:  # not counted toward ReplacementsExhausted
                 p.annotations[QUARANTINE_REPLACEMENTS] = f"{item.hash}:{quarantines + 1}"
         proxy = self.writer.update_metadata(item.proxy, record)
-        reason = item.reason if item.reason == QUARANTINED else (
-            "InstanceLost" if item.reason in LOST_REASONS else "NotServing")
+        reason = item.reason if item.reason == reasons.QUARANTINED else (
+            reasons.INSTANCE_LOST if item.reason in LOST_REASONS else reasons.NOT_SERVING)
         metrics.REPLACEMENTS.labels(provider=provider, reason=reason).inc()
         why = item.message if item.message.startswith(item.reason) else f"{item.reason}: {item.message}"
         self.writer.store.record_event(proxy, "Warning", reason,
@@ -344,18 +342,18 @@ class LivePath:
                        f"{self.settings.stale_listing_seconds:.0f} s")
             ready = find_condition(proxy.status, READY)
             self.writer.write_status(proxy, self.writer.status(
-                proxy, PHASE_READY, "True", str(ready.get("reason") or "InstanceRunning"),
-                str(ready.get("message") or ""), conditions={PROVIDER_LISTED: ("False", "ListFailed", message)}))
+                proxy, PHASE_READY, "True", str(ready.get("reason") or reasons.INSTANCE_RUNNING),
+                str(ready.get("message") or ""), conditions={PROVIDER_LISTED: ("False", reasons.LIST_FAILED, message)}))
             return
         # The provider's failure, not this Proxy's: it is listed again every sweep. Growing each
         # Proxy's backoff per failed listing would leave Proxies waiting minutes after their host
         # answers again.
-        self.writer.failed(proxy, listing.error, "ListFailed", delay=0.0)
+        self.writer.failed(proxy, listing.error, reasons.LIST_FAILED, delay=0.0)
 
     def _created(self, create: _Create, result: Result, listing: Listing,
                  retire: list[tuple[Proxy, Instance]], provider_delay: float | None = None) -> None:
         if result.error is not None:
-            self.writer.failed(create.proxy, result.error, "CreateFailed", delay=provider_delay)
+            self.writer.failed(create.proxy, result.error, reasons.CREATE_FAILED, delay=provider_delay)
             return
         self.count("created", 1)
         instance = result.instance or Instance(provider_id="")
@@ -363,10 +361,10 @@ class LivePath:
         if previous and previous != instance.provider_id and not any(
                 i.provider_id == previous for i in listing.of(create.proxy.uid)):
             # The instance the status named is gone: that is a loss to report, not a routine change.
-            self.writer.store.record_event(create.proxy, "Warning", "InstanceLost",
+            self.writer.store.record_event(create.proxy, "Warning", reasons.INSTANCE_LOST,
                                            f"instance {previous} is gone; replaced by {instance.provider_id}")
         else:
-            self.writer.store.record_event(create.proxy, "Normal", "Replacing" if previous else "Created",
+            self.writer.store.record_event(create.proxy, "Normal", reasons.REPLACING if previous else reasons.CREATED,
                                            f"instance {instance.provider_id} created")
         self.writer.backoff.succeeded(create.proxy.uid)
         proxy = self.observe(create.proxy, instance, create.hash)
@@ -458,7 +456,8 @@ class LivePath:
                 if result.error is None:
                     self.count("deleted", 1)
                     self.writer.store.record_event(
-                        proxy, "Normal", "Replaced", f"old instance {old.provider_id} deleted: a successor replaces it")
+                        proxy, "Normal", reasons.REPLACED,
+                        f"old instance {old.provider_id} deleted: a successor replaces it")
                 else:
                     metrics.ERRORS.labels(provider=client.name, error_class=result.error.error_class.value).inc()
                     log.warning("%s: deleting replaced instance %s failed (%s)", proxy.key, old.provider_id,
