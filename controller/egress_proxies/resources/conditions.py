@@ -13,6 +13,8 @@ READY = "Ready"
 SERVING = "Serving"
 PRIVATE = "Private"
 PROVIDER_LISTED = "ProviderListed"
+# Present from a replacement of an instance (its reason says why) until the successor serves.
+REPLACING = "Replacing"
 
 # metav1.Condition caps message at 32768 characters; the API server rejects longer ones.
 MAX_CONDITION_MESSAGE = 32768
