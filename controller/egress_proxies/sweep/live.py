@@ -249,7 +249,7 @@ class LivePath:
         if chronic is not None:
             # Serving now and then is not serving: crawlers would see it fail for ever.
             unhealthy.append(_Unhealthy(proxy, current, desired, replacements, FLAPPING,
-                                        f"instance {current.provider_id} {chronic}", others))
+                                        chronic, others))
             return
         if self._ready(proxy):
             retire.extend((proxy, old) for old in mine if old is not current)
