@@ -19,6 +19,8 @@ AVAILABLE = "Available"
 PROGRESSING = "Progressing"
 PLACEMENT_DEGRADED = "PlacementDegraded"
 DISTINCT_EGRESS_IPS = "DistinctEgressIPs"
+# Present from a replacement of an instance (its reason says why) until the successor serves.
+REPLACING = "Replacing"
 
 # metav1.Condition caps message at 32768 characters; the API server rejects longer ones.
 MAX_CONDITION_MESSAGE = 32768

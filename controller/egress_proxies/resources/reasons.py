@@ -40,7 +40,8 @@ UNVERIFIED = "Unverified"
 # -- a Proxy's Events (besides the reasons above) --------------------------------------------------
 CREATED = "Created"
 REPLACING = "Replacing"
-INSTANCE_LOST = "InstanceLost"
+INSTANCE_LOST = "InstanceLost"  # also the Replacing condition's
+FLAPPING = "Flapping"  # also the Replacing condition's: probes failing a share of the window, in spells
 REPLACED = "Replaced"
 DELETED = "Deleted"
 ABANDONED = "Abandoned"
