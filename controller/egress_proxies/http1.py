@@ -5,8 +5,8 @@ response line and its header fields here, and stop at the same size.
 Only what the three need, and no more: the start line, the header fields by lower-case name,
 and whether the connection carries another message. Bodies are each caller's own (the server
 reads at most a small JSON body, the target reads none, the probe reads an echo or reads past an
-error page). Written here rather than taken from a library because it is the probe's inner loop:
-h11 cost measurably more CPU per probe round (docs/performance.md, "One HTTP/1.1 parser").
+error page). Our own rather than a library's because it is the probe's inner loop: h11, measured
+for the same work, cost ~17x the CPU per request (docs/performance.md, "One HTTP/1.1 parser").
 
 A head is read with ``read_head`` from an ``asyncio.StreamReader`` made with
 ``limit=MAX_HEAD_BYTES`` (``asyncio.open_connection``/``start_server``), so nothing longer than

@@ -50,7 +50,8 @@ whose instances the controller cannot reach say ``probe: none`` and are never pr
 Credentials go into ``Proxy-Authorization`` only; they are never in a repr, a message or a log.
 
 Protocol: raw HTTP/1.1 over ``asyncio.open_connection``, persistent connections
-(``_Connection``); the figures are in docs/performance.md (bench/probe_bench.py).
+(``_Connection``), heads read and parsed by ``egress_proxies.http1`` (as the probe target and the
+controller's HTTP server do); the figures are in docs/performance.md (bench/probe_bench.py).
 """
 
 from __future__ import annotations
