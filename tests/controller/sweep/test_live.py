@@ -25,8 +25,9 @@ from egress_proxies.resources.proxy import (
     instance_name,
     spec_hash,
 )
-from egress_proxies.serving.credentials import AccessPolicy, Credentials, FileSecrets
+from egress_proxies.serving.credentials import AccessPolicy, Credentials
 from egress_proxies.serving.monitor import instance_identity
+from egress_proxies.sources.file_secrets import FileSecrets
 from egress_proxies.sweep.backoff import Backoff
 from egress_proxies.sweep.live import LivePath, LiveSettings
 from egress_proxies.sweep.writer import ProxyWriter
