@@ -326,9 +326,9 @@ def test_a_publish_range_covering_a_port_the_host_listens_on_changes_nothing(hos
     # one on loopback only never sees a connection to the public address, and is no obstacle.
     role_vars = host.publishing_role_vars()
     first = int(role_vars["kvm_hypervisor_publish_ports"].split("-")[0])
-    serve = ["ip", "netns", "exec", host.namespace, sys.executable, "-c",
-             "import socket, sys, time; s = socket.socket(); s.bind((sys.argv[1], int(sys.argv[2]))); s.listen(); "
-             "print('listening', flush=True); time.sleep(600)"]
+    listener = ("import socket, sys, time; s = socket.socket(); s.bind((sys.argv[1], int(sys.argv[2]))); "
+                "s.listen(); print('listening', flush=True); time.sleep(600)")
+    serve = ["ip", "netns", "exec", host.namespace, sys.executable, "-c", listener]
     servers = [subprocess.Popen([*serve, address, str(port)], stdout=subprocess.PIPE, text=True)
                for address, port in (("0.0.0.0", first + 5), ("127.0.0.1", first + 6))]
     try:
@@ -344,3 +344,5 @@ def test_a_publish_range_covering_a_port_the_host_listens_on_changes_nothing(hos
         for server in servers:
             server.kill()
             server.wait()
+            if server.stdout is not None:
+                server.stdout.close()

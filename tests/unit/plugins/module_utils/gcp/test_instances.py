@@ -495,7 +495,8 @@ def test_each_opening_gets_a_rule_of_its_own_which_goes_with_its_last_instance(
     assert {r["name"] for r in emulator.firewalls.values()} >= {"default-allow-ssh", "default-allow-internal"}
 
 
-def test_one_tenants_sources_never_reach_another_tenants_proxy(provider: GcpProvider, emulator: ComputeEmulator) -> None:
+def test_one_tenants_sources_never_reach_another_tenants_proxy(provider: GcpProvider,
+                                                               emulator: ComputeEmulator) -> None:
     # Issue 38 row 3: tenant A on port 8080 from its own range, B on 3128 from another. One rule
     # for the provider admitted both ranges to both ports on every instance: B's address reached
     # A's port 8080. Now each instance is reachable from its own sources on its own port only.
