@@ -121,8 +121,8 @@ options:
           - Client networks (CIDRs) that may use the proxy; others get 403 before any credential is asked for.
           - Required when O(access.users) is empty. Empty with users, any source that authenticates.
             V(0.0.0.0/0) and V(::/0) serve anyone and are only ever used when written here.
-          - On GCP with C(firewall=managed) at least one IPv4 network is required: each instance's firewall rule
-            admits exactly these sources to its port, and nothing is implied.
+          - On GCP with C(firewall=managed) at least one IPv4 network is required, since each instance's firewall
+            rule admits exactly these sources to its port and nothing is implied.
         type: list
         elements: str
         default: []
