@@ -33,6 +33,9 @@ def pytest_configure(config: pytest.Config) -> None:
     unix sockets (libvirtd's, ssh's control sockets) live below it and their paths are capped at
     108 bytes."""
     run_temp = Path(tempfile.mkdtemp(prefix="ep-", dir=tempfile.gettempdir()))
+    # mkdtemp makes it 0700: squid (cache_effective_user proxy) could not reach its own
+    # directories below it and refused to start.
+    run_temp.chmod(0o755)
     config.stash[_RUN_TEMP] = run_temp
     os.environ["TMPDIR"] = str(run_temp)
     tempfile.tempdir = str(run_temp)

@@ -32,11 +32,12 @@ from egress_proxies.providers import client as providers_module
 from egress_proxies.providers.runner import AnsibleRunner
 from egress_proxies.resources.proxy import PHASE_READY, Proxy
 from egress_proxies.serving import proof, target
-from egress_proxies.serving.credentials import GRACE_SECONDS, Credentials, FileSecrets, SecretBackend
+from egress_proxies.serving.credentials import GRACE_SECONDS, Credentials, SecretBackend
 from egress_proxies.serving.monitor import ServingMonitor
 from egress_proxies.serving.probe import ProbeConfigError, Prober
 from egress_proxies.sources.directory import DirectoryStore
 from egress_proxies.sources.directory_pools import DirectoryPools
+from egress_proxies.sources.file_secrets import FileSecrets
 from egress_proxies.sources.store import PoolStore, ProxyStore, StoreError
 from egress_proxies.sweep.backoff import Backoff
 from egress_proxies.sweep.live import LiveSettings

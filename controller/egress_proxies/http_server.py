@@ -32,8 +32,6 @@ import concurrent.futures
 import email.utils
 import hashlib
 import hmac
-import http.client
-import io
 import json
 import logging
 import math
@@ -53,6 +51,7 @@ import yaml
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
 
 from egress_proxies.health import SweepHealth
+from egress_proxies.http1 import MAX_HEAD_BYTES, MalformedHead, parse_request, read_head
 from egress_proxies.resources.conditions import SERVING, find_condition
 from egress_proxies.resources.pool import pool_of
 from egress_proxies.resources.proxy import NAMESPACE_RULE, Proxy, is_namespace_name
@@ -72,8 +71,6 @@ REQUEST_TIMEOUT = 5.0
 MAX_CONNECTIONS = 256
 # Threads computing answers (probes, metrics, discovery): all quick and in memory.
 WORKERS = 4
-# Request line and headers; a request without a body is never longer.
-_MAX_HEAD = 16 * 1024
 # A quarantine's JSON body: a reason and nothing else.
 _MAX_BODY = 4096
 MAX_QUARANTINE_REASON = 512
@@ -386,7 +383,7 @@ class ControllerHTTPServer:
 
     async def _serve(self, sock: socket.socket, ready: threading.Event) -> None:
         self._stopped = asyncio.Event()
-        server = await asyncio.start_server(self._connection, sock=sock, limit=_MAX_HEAD)
+        server = await asyncio.start_server(self._connection, sock=sock, limit=MAX_HEAD_BYTES)
         ready.set()
         async with server:
             await self._stopped.wait()
@@ -425,32 +422,29 @@ class ControllerHTTPServer:
 
     async def _exchange(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: str) -> None:
         try:
-            head = await reader.readuntil(b"\r\n\r\n")
+            request = parse_request(await read_head(reader))
         except asyncio.LimitOverrunError:
             await self._write(writer, (431, _TEXT, b"request header too large\n", {}))
             return
-        request_line, _, rest = head.partition(b"\r\n")
-        parts = request_line.decode("latin-1").split()
-        if len(parts) != 3 or not parts[2].startswith("HTTP/"):
+        except MalformedHead:
             await self._write(writer, (400, _TEXT, b"bad request\n", {}))
             return
-        method, target, _ = parts
-        headers = http.client.parse_headers(io.BytesIO(rest))
+        method, target, headers = request.method, request.target, request.headers
         loop = asyncio.get_running_loop()
         if method == "POST" and _is_quarantine(urlsplit(target).path):
-            length = headers.get("Content-Length") or "0"
+            length = headers.get("content-length") or "0"
             if not length.isdigit() or int(length) > _MAX_BODY:
                 response: Response = (413, _TEXT, f"a body of at most {_MAX_BODY} bytes\n".encode(), {})
             else:
                 body = await reader.readexactly(int(length))
                 response = await loop.run_in_executor(None, self._respond_post, urlsplit(target).path,
-                                                      headers.get("Authorization"), peer, body)
+                                                      headers.get("authorization"), peer, body)
         elif method != "GET":
             response = (501, _TEXT, b"only GET is served here (POST only to .../quarantine)\n", {"Allow": "GET"})
         else:
             response = await loop.run_in_executor(None, self._respond, urlsplit(target).path,
-                                                  headers.get("Authorization"), peer)
-            response = _not_modified(response, headers.get("If-None-Match"))
+                                                  headers.get("authorization"), peer)
+            response = _not_modified(response, headers.get("if-none-match"))
         # The path only, never the query string: a client may put anything there (a token pasted
         # into a URL by mistake), and only the Authorization header is ever read for one.
         log.debug('%s "%s %s" %d', peer, method, urlsplit(target).path, response[0])

@@ -73,7 +73,9 @@ options:
     default: plain
   port:
     description:
-      - The TCP port crawlers connect to (recorded with the instance).
+      - The TCP port crawlers connect to (recorded with the instance), 1024-65535. Below 1024 are the
+        instance's own services (its sshd on 22), which a firewall rule or a published port would open
+        instead of squid.
     type: int
     default: 3128
   tags:
@@ -119,6 +121,8 @@ options:
           - Client networks (CIDRs) that may use the proxy; others get 403 before any credential is asked for.
           - Required when O(access.users) is empty. Empty with users, any source that authenticates.
             V(0.0.0.0/0) and V(::/0) serve anyone and are only ever used when written here.
+          - On GCP with C(firewall=managed) at least one IPv4 network is required, since each instance's firewall
+            rule admits exactly these sources to its port and nothing is implied.
         type: list
         elements: str
         default: []

@@ -74,7 +74,8 @@ LABEL_VALUE_RE = re.compile(r"^[a-z0-9]([a-z0-9_-]{0,61}[a-z0-9])?$")
 # no target: its proxies are never Ready until one is named (the controller says so in their
 # Serving condition), and nothing else about the provider changes.
 PROBE_KEYS = ("httpUrl", "keyFile", "expectStatus", "connect", "egressEchoUrl", "timeoutSeconds",
-              "unhealthyAfterSeconds", "startupSeconds", "concurrency", "roundSeconds")
+              "unhealthyAfterSeconds", "startupSeconds", "concurrency", "roundSeconds", "flapWindow",
+              "flapPercent")
 HOST_PORT_RE = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):([0-9]{1,5})$")
 _URL_HOST_RE = re.compile(r"^http://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+)(:[0-9]+)?(/\S*)?$")
 # The HTTPS port a probe target's tunnel listens on: squid tunnels to 443 only (SSL_ports).
@@ -91,6 +92,10 @@ PROBE_NUMBERS = {
     # How long one round of this provider may start probes; the ones it did not start wait for
     # the next round (their last verdict stands).
     "roundSeconds": (30, 5, 3600),
+    # A chronic flapper: at least flapPercent % of the last flapWindow probes of an instance
+    # failed, in at least three separate spells; it is replaced (a single outage is not flapping).
+    "flapWindow": (30, 6, 1000),
+    "flapPercent": (25, 5, 90),
 }
 
 
@@ -121,13 +126,15 @@ class ProbeSettings:
     startup_seconds: int = 900
     concurrency: int = 200
     round_seconds: int = 30
+    flap_window: int = 30
+    flap_percent: int = 25
 
     def as_dict(self) -> Dict[str, Any]:
         return {"enabled": self.enabled, "httpUrl": self.http_url, "keyFile": self.key_file,
                 "expectStatus": self.expect_status, "connect": self.connect, "egressEchoUrl": self.egress_echo_url,
                 "timeoutSeconds": self.timeout_seconds, "unhealthyAfterSeconds": self.unhealthy_after_seconds,
                 "startupSeconds": self.startup_seconds, "concurrency": self.concurrency,
-                "roundSeconds": self.round_seconds}
+                "roundSeconds": self.round_seconds, "flapWindow": self.flap_window, "flapPercent": self.flap_percent}
 
 
 @dataclass(frozen=True)
@@ -299,7 +306,8 @@ def _parse_probe(item: Reader, errors: Errors) -> Optional[ProbeSettings]:
                          connect=connect, egress_echo_url=echo, timeout_seconds=numbers["timeoutSeconds"],
                          unhealthy_after_seconds=numbers["unhealthyAfterSeconds"],
                          startup_seconds=numbers["startupSeconds"], concurrency=numbers["concurrency"],
-                         round_seconds=numbers["roundSeconds"])
+                         round_seconds=numbers["roundSeconds"], flap_window=numbers["flapWindow"],
+                         flap_percent=numbers["flapPercent"])
 
 
 def _probe_connect(reader: Reader, errors: Errors, http_url: Optional[str]) -> Optional[str]:

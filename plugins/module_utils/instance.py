@@ -28,6 +28,10 @@ if TYPE_CHECKING:  # squid_access imports nothing from here; only the annotation
 
 STATES = ("pending", "running", "stopped", "error")
 DEFAULT_PORT = 3128
+# No proxy listens below 1024 on any provider: those are the host's services (22 is sshd on every
+# VM image; a KVM host publishes or GCP's firewall opens the port for crawlers), and an
+# unprivileged squid (the Kubernetes Pod) cannot bind them anyway.
+MIN_PORT = 1024
 
 # One rule for every provider: an RFC 1123 label fits a libvirt domain name, a GCE
 # instance name (which must also start with a letter) and a Pod name alike.
@@ -97,7 +101,11 @@ def validate_name(name: Any) -> str:
 
 def validate_port(port: Any) -> int:
     if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
-        raise Permanent("port: %r is not a TCP port; use 1-65535 (default %d)" % (port, DEFAULT_PORT))
+        raise Permanent("port: %r is not a TCP port; use %d-65535 (default %d)" % (port, MIN_PORT, DEFAULT_PORT))
+    if port < MIN_PORT:
+        raise Permanent("port: %d is below %d, where the instance's own services listen (22 is its sshd): the "
+                        "firewall or the host's publishing would open that service to crawlers instead of squid; "
+                        "use %d-65535 (default %d)" % (port, MIN_PORT, MIN_PORT, DEFAULT_PORT))
     return port
 
 

@@ -362,11 +362,11 @@ def test_patch_on_status_changes_only_status(proxies: Proxies) -> None:
 
 def test_patch_with_stale_resource_version_is_409(proxies: Proxies) -> None:
     created = proxies.create("eu-1")
-    proxies.patch("eu-1", {"spec": {"port": 1}})
+    proxies.patch("eu-1", {"spec": {"port": 8081}})
 
     with pytest.raises(ApiException) as caught:
         proxies.patch("eu-1", {"metadata": {"resourceVersion": created["metadata"][
-            "resourceVersion"]}, "spec": {"port": 2}})
+            "resourceVersion"]}, "spec": {"port": 8082}})
 
     assert caught.value.status == 409
 
@@ -451,7 +451,7 @@ def test_watch_sees_added_modified_deleted_live(kube: KubeEmulator, proxies: Pro
     watcher.start()
     kube.wait_for_watchers(1)
     proxies.create("eu-1")
-    proxies.patch("eu-1", {"spec": {"port": 1}})
+    proxies.patch("eu-1", {"spec": {"port": 8081}})
     proxies.delete("eu-1")
     watcher.join(timeout=10)
 
@@ -470,7 +470,7 @@ def test_watch_without_resource_version_starts_with_current_state(proxies: Proxi
 def test_watch_resumes_after_a_resource_version(proxies: Proxies) -> None:
     proxies.create("eu-1")
     checkpoint = proxies.list_objects()["metadata"]["resourceVersion"]
-    proxies.patch("eu-1", {"spec": {"port": 1}})
+    proxies.patch("eu-1", {"spec": {"port": 8081}})
     proxies.create("eu-2")
 
     events = proxies.watch(1, resource_version=checkpoint)
@@ -482,7 +482,7 @@ def test_watch_resumes_after_a_resource_version(proxies: Proxies) -> None:
 def test_watch_from_a_compacted_version_is_410_expired(kube: KubeEmulator,
                                                        proxies: Proxies) -> None:
     created = proxies.create("eu-1")
-    proxies.patch("eu-1", {"spec": {"port": 1}})
+    proxies.patch("eu-1", {"spec": {"port": 8081}})
     kube.compact()
 
     # The server sends an ERROR event carrying a 410 Status; Watch.stream raises it.
@@ -493,7 +493,7 @@ def test_watch_from_a_compacted_version_is_410_expired(kube: KubeEmulator,
 
     # Resuming from a version the history still covers works after compaction.
     latest = proxies.get("eu-1")["metadata"]["resourceVersion"]
-    proxies.patch("eu-1", {"spec": {"port": 2}})
+    proxies.patch("eu-1", {"spec": {"port": 8082}})
     assert summary(proxies.watch(1, resource_version=latest)) == [("MODIFIED", "eu-1")]
 
 
@@ -590,7 +590,7 @@ def test_label_selectors_filter_watches(proxies: Proxies) -> None:
     proxies.create("b", labels={"owner": "them"})
     proxies.patch("b", {"metadata": {"labels": {"owner": "us"}}})  # enters the selection
     proxies.patch("a", {"metadata": {"labels": {"owner": None}}})  # leaves it
-    proxies.patch("a", {"spec": {"port": 1}})  # outside the selection: not seen
+    proxies.patch("a", {"spec": {"port": 8081}})  # outside the selection: not seen
 
     events = proxies.watch(1, resource_version=start, label_selector="owner=us")
 
@@ -1086,8 +1086,9 @@ def test_unknown_fields_are_pruned_and_defaults_applied(api: client.ApiClient) -
     ({"port": 70000, "provider": "p"},
      [("FieldValueInvalid", "spec.port",
        "Invalid value: 70000: spec.port in body should be less than or equal to 65535")]),
-    ({"port": 0, "provider": "p"},
-     [("FieldValueInvalid", "spec.port", "Invalid value: 0: spec.port in body should be greater than or equal to 1")]),
+    ({"port": 22, "provider": "p"},
+     [("FieldValueInvalid", "spec.port",
+       "Invalid value: 22: spec.port in body should be greater than or equal to 1024")]),
     ({"port": "abc", "provider": "p"},
      [("FieldValueTypeInvalid", "spec.port",
        'Invalid value: "abc": spec.port in body must be of type integer: "string"')]),
@@ -1100,9 +1101,9 @@ def test_unknown_fields_are_pruned_and_defaults_applied(api: client.ApiClient) -
        'Unsupported value: "gzip": supported values: "plain", "base64"')]),
     ({"provider": "p", "cloudInit": "x" * 90001},
      [("FieldValueTooLong", "spec.cloudInit", "Too long: may not be longer than 90000")]),
-    ({"provider": 5, "port": 1.5},
+    ({"provider": 5, "port": 3128.5},
      [("FieldValueTypeInvalid", "spec.port",
-       'Invalid value: 1.5: spec.port in body must be of type integer: "number"'),
+       'Invalid value: 3128.5: spec.port in body must be of type integer: "number"'),
       ("FieldValueTypeInvalid", "spec.provider",
        'Invalid value: 5: spec.provider in body must be of type string: "integer"')]),
 ])

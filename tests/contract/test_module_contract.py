@@ -52,6 +52,7 @@ from egress_proxies.providers.client import (
 from egress_proxies.providers.errors import ErrorClass
 from egress_proxies.providers.runner import AnsibleRunner
 from egress_proxies.resources import proxy as model
+from egress_proxies.resources import reasons as reason_names
 from egress_proxies.resources.schema import proxy_schema
 from egress_proxies.serving.probe import ProbeReason
 from support.ansible_modules import collections_path
@@ -221,19 +222,31 @@ def test_proxy_resource_agrees_with_the_crd() -> None:
 
 CONTROLLER = REPO / "controller" / "egress_proxies"
 # Writers of reasons: ProxyWriter.failed(proxy, error, REASON) / invalid(proxy, REASON, message) /
-# status(proxy, phase, ready, REASON, message), record_event(proxy, type, REASON, message).
-_REASON_ARG = {"failed": 2, "invalid": 1, "status": 3, "record_event": 2}
+# status(proxy, phase, ready, REASON, message), record_event(proxy, type, REASON, message),
+# PoolStore.record_pool_event(pool, type, REASON, message).
+_REASON_ARG = {"failed": 2, "invalid": 1, "status": 3, "record_event": 2, "record_pool_event": 2}
 
 
-def _constants(tree: ast.Module) -> dict[str, set[str]]:
-    """A module's top-level string constants (``AWAITING = "AwaitingProbe"``, tuples of them)."""
+def _named(node: ast.expr, literals: bool) -> set[str]:
+    """The reason a name of ``resources.reasons`` stands for (``reasons.CREATE_FAILED``); with
+    ``literals``, a string literal too."""
+    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "reasons":
+        return {getattr(reason_names, node.attr)}
+    if literals and isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return {node.value}
+    return set()
+
+
+def _constants(tree: ast.Module, literals: bool) -> dict[str, set[str]]:
+    """A module's top-level string constants (``LOST_REASONS = (reasons.INSTANCE_STOPPED, ...)``,
+    ``X = reasons.Y``; with ``literals``, ``X = "Y"`` too), tuples of them."""
     found: dict[str, set[str]] = {}
     for node in tree.body:
         if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
             values = node.value.elts if isinstance(node.value, ast.Tuple) else [node.value]
-            strings = {v.value for v in values if isinstance(v, ast.Constant) and isinstance(v.value, str)}
-            if strings and len(strings) == len(values):
-                found[node.targets[0].id] = strings
+            strings = [_named(v, literals) for v in values]
+            if values and all(strings):
+                found[node.targets[0].id] = set().union(*strings)
     return found
 
 
@@ -248,33 +261,37 @@ def _reason_argument(call: ast.Call) -> ast.expr | None:
     return None
 
 
-def _strings_of(constants: dict[str, set[str]], node: ast.AST) -> set[str]:
-    """The strings an expression can be: a literal, a module constant, either branch of ``a if c else b``."""
-    if isinstance(node, ast.Constant) and isinstance(node.value, str):
-        return {node.value}
+def _strings_of(constants: dict[str, set[str]], literals: bool, node: ast.AST) -> set[str]:
+    """The strings an expression can be: a reason's name (a literal too with ``literals``), a module
+    constant, either branch of ``a if c else b``."""
+    named = _named(node, literals) if isinstance(node, ast.expr) else set()
+    if named:
+        return named
     if isinstance(node, ast.Name):
         return constants.get(node.id, set())
     if isinstance(node, ast.Subscript):  # LOST_REASONS[0]: any of them
-        return _strings_of(constants, node.value)
+        return _strings_of(constants, literals, node.value)
     if isinstance(node, ast.IfExp):
-        return _strings_of(constants, node.body) | _strings_of(constants, node.orelse)
+        return _strings_of(constants, literals, node.body) | _strings_of(constants, literals, node.orelse)
     if isinstance(node, ast.BoolOp):
-        return set().union(*(_strings_of(constants, v) for v in node.values))
+        return set().union(*(_strings_of(constants, literals, v) for v in node.values))
     return set()
 
 
-def _reasons_written() -> set[str]:
-    """Every condition reason and Event reason the controller's sweep writes, read from its source."""
+def _reasons_written(literals: bool = True) -> set[str]:
+    """Every condition reason and Event reason the controller's sweep writes, read from its source;
+    without ``literals``, only those it writes by a name of ``resources.reasons``."""
     reasons: set[str] = set()
     for path in CONTROLLER.rglob("*.py"):
         tree = ast.parse(path.read_text())
-        _strings = partial(_strings_of, _constants(tree))
+        _strings = partial(_strings_of, _constants(tree, literals), literals)
+        _status = partial(_strings_of, _constants(tree, True), True)  # "True", "False", "Unknown"
         for node in ast.walk(tree):
             if isinstance(node, ast.Call):
                 argument = _reason_argument(node)
                 if argument is not None:
                     reasons.update(_strings(argument))
-            elif isinstance(node, ast.Tuple) and len(node.elts) == 3 and _strings(node.elts[0]) in (
+            elif isinstance(node, ast.Tuple) and len(node.elts) == 3 and _status(node.elts[0]) in (
                     {"True"}, {"False"}, {"Unknown"}):  # other conditions: (status, reason, message)
                 reasons.update(_strings(node.elts[1]))
             elif isinstance(node, ast.Assign):  # reason = "X", or phase, ready, reason = ..., ..., "X"
@@ -285,6 +302,13 @@ def _reasons_written() -> set[str]:
                         reasons.update(*(_strings(v) for t, v in zip(target.elts, node.value.elts, strict=False)
                                          if isinstance(t, ast.Name) and t.id == "reason"))
     return {r for r in reasons if re.fullmatch(r"[A-Z][A-Za-z]+", r)}
+
+
+def test_the_controller_writes_every_reason_by_its_name() -> None:
+    """A reason is named once, in resources/reasons.py: the controller writes none as a literal."""
+    named = _reasons_written(literals=False)
+    assert {"CreateFailed", "Quarantined", "InstanceLost", "MembersCreated"} <= named  # the reader finds them
+    assert _reasons_written() - named == set()
 
 
 def test_the_contract_document_names_what_the_code_uses() -> None:

@@ -25,9 +25,10 @@ from egress_proxies.cli import (
 )
 from egress_proxies.providers.runner import AnsibleRunner
 from egress_proxies.resources.proxy import Proxy
-from egress_proxies.serving.credentials import Credentials, FileSecrets
+from egress_proxies.serving.credentials import Credentials
 from egress_proxies.sources.directory import DirectoryStore
 from egress_proxies.sources.directory_pools import DirectoryPools
+from egress_proxies.sources.file_secrets import FileSecrets
 from support.controller_fakes import FakeRunner
 
 EGRESS_PROXIES = str(Path(sys.executable).parent / "egress-proxies")

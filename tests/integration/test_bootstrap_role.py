@@ -307,9 +307,42 @@ def test_a_bridge_network_names_an_existing_host_bridge_only(host: HypervisorHos
     ({"kvm_hypervisor_network_forward_mode": "nat", "kvm_hypervisor_public_address": "10.213.0.1",
       "kvm_hypervisor_publish_ports": "40009-40000"},
      "kvm_hypervisor_publish_ports: '40009-40000' is not a port range"),
+    # Issue 38 row 6: a range below 1024 would publish a guest on the host's sshd port.
+    ({"kvm_hypervisor_network_forward_mode": "nat", "kvm_hypervisor_public_address": "10.213.0.1",
+      "kvm_hypervisor_publish_ports": "20-30"},
+     "kvm_hypervisor_publish_ports: '20-30' is not a port range first-last within 1024-65535"),
 ])
 def test_networking_variables_that_do_not_fit_change_nothing(host: HypervisorHost, conn: libvirt.virConnect,
                                                              role_vars: dict[str, Any], problem: str) -> None:
     run = bootstrap(host, check=False, **role_vars)
     assert not run.ok and problem in run.stdout, run.stdout[-3000:]
     assert conn.listAllNetworks() == [] and conn.listAllStoragePools() == []
+
+
+def test_a_publish_range_covering_a_port_the_host_listens_on_changes_nothing(host: HypervisorHost,
+                                                                             conn: libvirt.virConnect) -> None:
+    # Issue 38 row 6: a proxy published on a port the host serves would take that service's
+    # connections. A service of the host's on every address inside the range refuses the range;
+    # one on loopback only never sees a connection to the public address, and is no obstacle.
+    role_vars = host.publishing_role_vars()
+    first = int(role_vars["kvm_hypervisor_publish_ports"].split("-")[0])
+    listener = ("import socket, sys, time; s = socket.socket(); s.bind((sys.argv[1], int(sys.argv[2]))); "
+                "s.listen(); print('listening', flush=True); time.sleep(600)")
+    serve = ["ip", "netns", "exec", host.namespace, sys.executable, "-c", listener]
+    servers = [subprocess.Popen([*serve, address, str(port)], stdout=subprocess.PIPE, text=True)
+               for address, port in (("0.0.0.0", first + 5), ("127.0.0.1", first + 6))]
+    try:
+        for server in servers:
+            assert server.stdout is not None and server.stdout.readline().strip() == "listening"
+        run = bootstrap(host, check=False, **role_vars)
+        assert not run.ok
+        assert (f"kvm_hypervisor_publish_ports: '{role_vars['kvm_hypervisor_publish_ports']}' covers "
+                f"0.0.0.0:{first + 5}, where hypervisor itself listens") in run.stdout, run.stdout[-3000:]
+        assert f":{first + 6}" not in run.stdout.split("covers", 1)[1].split("where", 1)[0]
+        assert conn.listAllNetworks() == [] and conn.listAllStoragePools() == []
+    finally:
+        for server in servers:
+            server.kill()
+            server.wait()
+            if server.stdout is not None:
+                server.stdout.close()

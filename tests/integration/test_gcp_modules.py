@@ -249,6 +249,40 @@ def test_a_missing_image_fails_permanent_naming_it(tmp_path: Path, emulator: Com
     assert emulator.instances == {}
 
 
+def test_three_tenants_each_reach_their_own_proxy_only(config: Path, emulator: ComputeEmulator) -> None:
+    # Issue 38 row 3, through the module: tenant A (port 8080, the provider's default sources),
+    # B (its own range), C asking for port 22, D with users and no sources. One rule for the
+    # provider admitted 0.0.0.0/0 and every range to 22, 3128 and 8080 on every instance.
+    user = {"name": "crawlers", "password_hash": "$2b$12$" + "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0"}
+    tenant_b = ["198.51.100.0/24"]
+    items = [
+        {"key": "a", "name": "tenant-a", "tags": TAGS, "location": ZONES[0], "port": 8080},
+        {"key": "b", "name": "tenant-b", "tags": TAGS, "location": ZONES[0],
+         "access": {"users": [user], "allowed_sources": tenant_b}},
+        {"key": "c", "name": "tenant-c", "tags": TAGS, "location": ZONES[0], "port": 22,
+         "access": {"users": [user], "allowed_sources": tenant_b}},
+        {"key": "d", "name": "tenant-d", "tags": TAGS, "location": ZONES[0], "access": {"users": [user]}},
+    ]
+    run = proxy(config, operations=items)
+    results = {item["key"]: item for item in run.result["results"]}
+    assert results["a"]["ok"] and results["b"]["ok"], run.result
+    assert not results["c"]["ok"] and results["c"]["error_class"] == "permanent"
+    assert results["c"]["msg"].startswith("operations[2]: port: 22 is below 1024"), results["c"]["msg"]
+    assert not results["d"]["ok"] and results["d"]["error_class"] == "permanent"
+    assert results["d"]["msg"].startswith("operations[3]: access.allowed_sources: no IPv4 network to admit"), \
+        results["d"]["msg"]
+    assert set(emulator.instances) == {(ZONES[0], "tenant-a"), (ZONES[0], "tenant-b")}
+    b_address, a_address = "198.51.100.7", "10.1.2.3"
+    assert emulator.reachable(a_address, ZONES[0], "tenant-a", 8080)
+    assert emulator.reachable(b_address, ZONES[0], "tenant-b", 3128)
+    assert not emulator.reachable(b_address, ZONES[0], "tenant-a", 8080)  # B's address, A's port
+    assert not emulator.reachable(a_address, ZONES[0], "tenant-b", 3128)
+    assert not emulator.reachable(b_address, ZONES[0], "tenant-a", 3128)
+    ours = [rule for (_, name), rule in emulator.firewalls.items() if name.startswith("egress-proxies-")]
+    assert len(ours) == 2
+    assert all("0.0.0.0/0" not in rule["sourceRanges"] and rule["allowed"][0]["ports"] != ["22"] for rule in ours)
+
+
 GOOD = {"name": NAME, "tags": TAGS}
 
 

@@ -18,8 +18,10 @@ import shlex
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from xml.sax.saxutils import escape
 
 import pytest
 
@@ -39,13 +41,15 @@ ECHO_PORT = 8080
 
 # A TCP server that answers every connection with the address it came from, then closes it: the
 # guest's "proxy" (what the crawler reached it from) and the outside's echo (what a site sees).
+# With a second argument it says who it is first ("host-sshd:10.242.0.2").
 PEER_SERVER = """
 import socket, sys
+label = sys.argv[2] + ":" if len(sys.argv) > 2 else ""
 server = socket.socket(); server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 server.bind(("0.0.0.0", int(sys.argv[1]))); server.listen(8)
 while True:
     connection, peer = server.accept()
-    connection.sendall(peer[0].encode()); connection.close()
+    connection.sendall((label + peer[0]).encode()); connection.close()
 """
 PEER_CLIENT = """
 import socket, sys
@@ -110,15 +114,41 @@ class Hypervisor:
             self.iptables(*rule)
         self.serve(guest, PROXY_PORT)
         self.serve(outside, ECHO_PORT)
+        self.configure(PORTS)
+        self.status_dir.mkdir(parents=True)
+
+    def configure(self, ports: tuple[int, int]) -> None:
+        """What the role writes (roles/kvm_hypervisor/vars/main.yml, kvm_hypervisor_hook_config)."""
         config_dir = self.root / "etc-libvirt" / "hooks" / "egress-proxies"
-        config_dir.mkdir(parents=True)
-        # What the role writes (roles/kvm_hypervisor/vars/main.yml, kvm_hypervisor_hook_config).
+        config_dir.mkdir(parents=True, exist_ok=True)
         (config_dir / f"{NETWORK}.json").write_text(json.dumps({
             "network": NETWORK, "bridge": BRIDGE, "bridge_address": "10.241.0.1", "netmask": "255.255.255.0",
-            "public_address": PUBLIC, "publish_ports": list(PORTS), "source_addresses": SOURCES}))
+            "public_address": PUBLIC, "publish_ports": list(ports), "source_addresses": SOURCES}))
 
-    def serve(self, namespace: str, port: int) -> None:
-        server = subprocess.Popen(["ip", "netns", "exec", namespace, sys.executable, "-c", PEER_SERVER, str(port)])
+    @property
+    def status_dir(self) -> Path:
+        """The host's /run/libvirt/qemu, where libvirtd keeps a running domain's status."""
+        return self.root / "run" / "libvirt" / "qemu"
+
+    def running(self, name: str, xml: str) -> None:
+        """libvirtd's status file of a running domain, as it writes it before ``started begin``."""
+        live = xml.replace("<domain ", "<domain id='1' ", 1)
+        self._status_file(name).write_text(
+            "<!--\nWARNING: THIS IS AN AUTO-GENERATED FILE.\n-->\n"
+            f"<domstatus state='running' reason='booted' pid='4242'>\n  <taint flag='high-privileges'/>\n"
+            f"  {live}\n</domstatus>\n")
+
+    def gone(self, name: str) -> None:
+        """The domain stopped (libvirtd removes its status file)."""
+        self._status_file(name).unlink(missing_ok=True)
+
+    def _status_file(self, name: str) -> Path:
+        # libvirtd names it <name>.xml; a name longer than a file name cannot be, so it is cut.
+        return self.status_dir / f"{name[:200]}.xml"
+
+    def serve(self, namespace: str, port: int, label: str | None = None) -> None:
+        server = subprocess.Popen(["ip", "netns", "exec", namespace, sys.executable, "-c", PEER_SERVER, str(port),
+                                   *([label] if label else [])])
         self.servers.append(server)
         deadline = time.monotonic() + 10
         while self.peer(namespace, "127.0.0.1", port).startswith("unreachable"):
@@ -145,23 +175,30 @@ class Hypervisor:
 
     def hook(self, domain: str, operation: str, sub_operation: str, xml: str) -> subprocess.CompletedProcess[str]:
         """The hook as libvirtd runs it, in the host's namespace, seeing the role's configuration at
-        /etc/libvirt/hooks/egress-proxies (a private mount: the machine's own /etc is not touched)."""
+        /etc/libvirt/hooks/egress-proxies and the test's /run (its lock, libvirtd's status files):
+        private mounts, the machine's own /etc and /run are not touched."""
         script = (f"mount --bind {shlex.quote(str(self.root / 'etc-libvirt'))} /etc/libvirt && "
-                  "mount -t tmpfs tmpfs /run && exec /usr/bin/python3 \"$@\"")
+                  f"mount --bind {shlex.quote(str(self.root / 'run'))} /run && exec /usr/bin/python3 \"$@\"")
         return run("ip", "netns", "exec", self.host, "unshare", "--mount", "sh", "-c", script, "hook", str(HOOK),
                    domain, operation, sub_operation, "-", stdin=xml, check=False)
 
 
+def uuid_of(name: str) -> str:
+    """A UUID per domain name, as libvirt gives each domain one."""
+    return str(uuid.uuid5(uuid.NAMESPACE_DNS, name))
+
+
 def domain_xml(name: str, *, port: int = 40003, source: str | None = SOURCES[1], guest: str = GUEST,
-               metadata: bool = True) -> str:
+               metadata: bool = True, proxy_port: int = PROXY_PORT) -> str:
     """A domain as the KVM provider defines it on a host that publishes proxies (domain_xml.py)."""
     published = f"<egress:published address='{PUBLIC}' port='{port}'/>" if port else ""
     sourced = f"<egress:source address='{source}'/>" if source else ""
     instance = (f"<metadata><egress:instance xmlns:egress='https://crawl.example.com/egress-proxies/v1alpha1'>"
-                f"<egress:port>{PROXY_PORT}</egress:port><egress:guest address='{guest}' mac='{GUEST_MAC}'/>"
+                f"<egress:port>{proxy_port}</egress:port><egress:guest address='{guest}' mac='{GUEST_MAC}'/>"
                 f"{published}{sourced}</egress:instance></metadata>") if metadata else ""
-    return (f"<domain type='kvm'><name>{name}</name>{instance}<devices><interface type='network'>"
-            f"<mac address='{GUEST_MAC}'/><source network='{NETWORK}'/></interface></devices></domain>")
+    return (f"<domain type='kvm'><name>{escape(name)}</name><uuid>{uuid_of(name)}</uuid>{instance}<devices>"
+            f"<interface type='network'><mac address='{GUEST_MAC}'/><source network='{NETWORK}'/></interface>"
+            f"</devices></domain>")
 
 
 @pytest.fixture(scope="module")
@@ -186,8 +223,9 @@ def test_a_published_guest_is_reached_and_leaves_from_its_source_while_it_runs(h
     assert hypervisor.peer(hypervisor.outside, PUBLIC, 40003).startswith("unreachable")
     assert hypervisor.peer(hypervisor.guest, OUTSIDE, ECHO_PORT) == PUBLIC
 
+    hypervisor.running("p-1", domain_xml("p-1"))
     started = hypervisor.hook("p-1", "started", "begin", domain_xml("p-1"))
-    assert started.returncode == 0, started.stderr
+    assert (started.returncode, started.stderr) == (0, "")
     # The crawler outside dials public:port and reaches the guest's proxy port, from its own address.
     assert hypervisor.peer(hypervisor.outside, PUBLIC, 40003) == OUTSIDE
     # So does the host itself (a controller probing there): the DNAT applies to its own connections.
@@ -208,6 +246,7 @@ def test_a_published_guest_is_reached_and_leaves_from_its_source_while_it_runs(h
         assert jumps[0].startswith(f"-A {chain} -j EGRESS-PROXIES-"), jumps  # ahead of libvirt's rules
 
     # Destroyed (libvirt runs "stopped end" then "release end"): its rules go, and it is as before.
+    hypervisor.gone("p-1")
     for operation in ("stopped", "release"):
         assert hypervisor.hook("p-1", operation, "end", domain_xml("p-1")).returncode == 0
     assert ours(hypervisor.rules()) == []
@@ -224,7 +263,7 @@ def test_a_domain_asking_for_more_than_the_role_configured_does_not_start(hyperv
                                                                           named: str) -> None:
     refused = hypervisor.hook("bad", "started", "begin", xml)
     assert refused.returncode == 1
-    assert "domain bad" in refused.stderr and named in refused.stderr, refused.stderr
+    assert f"domain {uuid_of('bad')}" in refused.stderr and named in refused.stderr, refused.stderr
     assert ours(hypervisor.rules()) == []
 
 
@@ -232,3 +271,144 @@ def test_domains_that_are_not_published_proxies_are_left_alone(hypervisor: Hyper
     unrelated = hypervisor.hook("someone-elses", "started", "begin", domain_xml("x", metadata=False))
     assert unrelated.returncode == 0 and unrelated.stderr == ""
     assert ours(hypervisor.rules()) == []
+
+
+# --- issue 38 row 5: a hook that never leaves a rule -------------------------------------------------
+
+
+def start(hypervisor: Hypervisor, name: str, xml: str) -> subprocess.CompletedProcess[str]:
+    """libvirtd starting the domain: its status file, then ``started begin``."""
+    hypervisor.running(name, xml)
+    return hypervisor.hook(name, "started", "begin", xml)
+
+
+def stop(hypervisor: Hypervisor, name: str, xml: str) -> None:
+    """libvirtd stopping it: ``stopped end``, its status file removed, ``release end``."""
+    assert hypervisor.hook(name, "stopped", "end", xml).returncode == 0
+    hypervisor.gone(name)
+    assert hypervisor.hook(name, "release", "end", xml).returncode == 0
+
+
+@pytest.mark.parametrize("name", ["o'neil-proxy", "p" * 300, 'with "quotes" and spaces'])
+def test_a_stopped_domain_leaves_no_rule_whatever_its_name(hypervisor: Hypervisor, name: str) -> None:
+    # Keyed by name, a quote or 300 characters made the rules unremovable (3 left each time): the
+    # stale SNAT gave the next guest on that address the old one's source address.
+    xml = domain_xml(name)
+    started = start(hypervisor, name, xml)
+    assert (started.returncode, started.stderr) == (0, "")
+    assert len(ours(hypervisor.rules())) == 3
+    assert all(f"egress-proxies:{uuid_of(name)}" in line for line in ours(hypervisor.rules()))
+    assert hypervisor.peer(hypervisor.guest, OUTSIDE, ECHO_PORT) == SOURCES[1]
+    stop(hypervisor, name, xml)
+    assert ours(hypervisor.rules()) == []
+    assert hypervisor.peer(hypervisor.guest, OUTSIDE, ECHO_PORT) == PUBLIC
+    assert hypervisor.peer(hypervisor.outside, PUBLIC, 40003).startswith("unreachable")
+
+
+def test_a_domain_whose_live_metadata_was_removed_loses_its_rules_when_it_stops(hypervisor: Hypervisor) -> None:
+    # `virsh metadata --live --remove` while it runs: the XML at stop says nothing of ours.
+    assert start(hypervisor, "p-live", domain_xml("p-live")).returncode == 0
+    assert len(ours(hypervisor.rules())) == 3
+    stop(hypervisor, "p-live", domain_xml("p-live", metadata=False))
+    assert ours(hypervisor.rules()) == []
+    assert hypervisor.peer(hypervisor.guest, OUTSIDE, ECHO_PORT) == PUBLIC
+
+
+def test_rules_of_domains_that_are_not_running_go_at_the_next_reconnect(hypervisor: Hypervisor) -> None:
+    # A domain that died while libvirtd was down (no stop ever ran the hook), and a rule an older
+    # hook keyed by a name: both stale. The next reconnect of any domain removes them.
+    dead = domain_xml("dead", port=40001, source=SOURCES[0], guest="10.241.0.21")
+    assert start(hypervisor, "dead", dead).returncode == 0
+    hypervisor.gone("dead")
+    hypervisor.iptables("-t", "nat", "-A", "EGRESS-PROXIES-SNAT", "-s", f"{GUEST}/32", "!", "-d", GUEST_NET,
+                        "-m", "comment", "--comment", "egress-proxies:o'neil-proxy", "-j", "SNAT",
+                        "--to-source", SOURCES[0])
+    assert len(ours(hypervisor.rules())) == 4
+    live = domain_xml("live")
+    hypervisor.running("live", live)
+    reconnected = hypervisor.hook("live", "reconnect", "begin", live)
+    assert (reconnected.returncode, reconnected.stderr) == (0, "")
+    left = ours(hypervisor.rules())
+    assert len(left) == 3 and all(f"egress-proxies:{uuid_of('live')}" in line for line in left), left
+    assert hypervisor.peer(hypervisor.guest, OUTSIDE, ECHO_PORT) == SOURCES[1]  # its own SNAT, not the stale one
+    assert hypervisor.peer(hypervisor.outside, PUBLIC, 40003) == OUTSIDE
+    assert hypervisor.peer(hypervisor.outside, PUBLIC, 40001).startswith("unreachable")
+    stop(hypervisor, "live", live)
+    assert ours(hypervisor.rules()) == []
+
+
+def test_without_the_status_files_showing_it_running_nothing_else_is_called_stale(hypervisor: Hypervisor) -> None:
+    # A status directory that does not show the domain being started is not one the hook reads
+    # right: it touches that domain's own rules only.
+    other = domain_xml("other", port=40001, source=SOURCES[0], guest="10.241.0.21")
+    assert start(hypervisor, "other", other).returncode == 0
+    hypervisor.gone("other")  # as if libvirtd kept its status elsewhere
+    unknown = domain_xml("unknown")
+    started = hypervisor.hook("unknown", "started", "begin", unknown)
+    assert started.returncode == 0
+    assert f"domain {uuid_of('unknown')}: " in started.stderr and "does not show it running" in started.stderr
+    assert len(ours(hypervisor.rules())) == 6
+    for name, xml in (("unknown", unknown), ("other", other)):
+        stop(hypervisor, name, xml)
+    assert ours(hypervisor.rules()) == []
+
+
+# --- issue 38 row 6: a hook that never shares a rule or publishes a service ------------------------
+
+
+@pytest.mark.parametrize(("xml", "held"), [
+    (domain_xml("same-port", source=SOURCES[0], guest="10.241.0.21"), f"published port {PUBLIC}:40003 is held"),
+    (domain_xml("same-source", port=40004, guest="10.241.0.21"), f"source address {SOURCES[1]} is held"),
+    (domain_xml("same-guest", port=40004, source=SOURCES[0]), f"guest address {GUEST} is held"),
+])
+def test_a_port_or_address_another_running_domain_holds_is_refused(hypervisor: Hypervisor, xml: str,
+                                                                   held: str) -> None:
+    # Accepted before: two DNATs of one port (the first won silently), two guests leaving from
+    # one source address.
+    holder = domain_xml("holder")
+    assert start(hypervisor, "holder", holder).returncode == 0
+    before = ours(hypervisor.rules())
+    name = xml.split("<name>", 1)[1].split("</name>", 1)[0]
+    refused = start(hypervisor, name, xml)
+    assert refused.returncode == 1
+    assert f"domain {uuid_of(name)}: {held} by domain {uuid_of('holder')}" in refused.stderr, refused.stderr
+    stop(hypervisor, name, xml)  # libvirtd stops a domain whose start failed: the holder keeps its rules
+    assert ours(hypervisor.rules()) == before
+    assert hypervisor.peer(hypervisor.outside, PUBLIC, 40003) == OUTSIDE
+    assert hypervisor.peer(hypervisor.guest, OUTSIDE, ECHO_PORT) == SOURCES[1]
+    stop(hypervisor, "holder", holder)
+    assert ours(hypervisor.rules()) == []
+
+
+def test_a_proxy_port_below_1024_is_refused_so_the_guests_sshd_is_never_published(hypervisor: Hypervisor) -> None:
+    hypervisor.serve(hypervisor.guest, 22, "guest-sshd")
+    xml = domain_xml("sshd", proxy_port=22)
+    refused = start(hypervisor, "sshd", xml)
+    assert refused.returncode == 1
+    assert "proxy port '22' is not a port of 1024-65535" in refused.stderr, refused.stderr
+    assert ours(hypervisor.rules()) == []
+    assert hypervisor.peer(hypervisor.outside, PUBLIC, 40003).startswith("unreachable")
+    stop(hypervisor, "sshd", xml)
+
+
+def test_the_hosts_own_ports_are_never_published(hypervisor: Hypervisor) -> None:
+    # The host's sshd on 22, and a service of the host's inside the publish range.
+    hypervisor.serve(hypervisor.host, 22, "host-sshd")
+    hypervisor.serve(hypervisor.host, 40005, "host-service")
+    hypervisor.configure((20, 30))  # what an older role wrote for kvm_hypervisor_publish_ports: 20-30
+    try:
+        xml = domain_xml("takeover", port=22)
+        refused = start(hypervisor, "takeover", xml)
+        assert refused.returncode == 1
+        assert "publishes ports 20-30, below 1024" in refused.stderr, refused.stderr
+        stop(hypervisor, "takeover", xml)
+    finally:
+        hypervisor.configure(PORTS)
+    xml = domain_xml("takeover", port=40005)
+    refused = start(hypervisor, "takeover", xml)
+    assert refused.returncode == 1
+    assert f"published port {PUBLIC}:40005 is one the host itself listens on" in refused.stderr, refused.stderr
+    stop(hypervisor, "takeover", xml)
+    assert ours(hypervisor.rules()) == []
+    assert hypervisor.peer(hypervisor.outside, PUBLIC, 22) == f"host-sshd:{OUTSIDE}"
+    assert hypervisor.peer(hypervisor.outside, PUBLIC, 40005) == f"host-service:{OUTSIDE}"

@@ -314,6 +314,9 @@ class ProbeSettings:
     startup_seconds: float
     concurrency: int
     round_seconds: float
+    # A chronic flapper (sweep/flapping.py): flap_percent % of its last flap_window probes failed.
+    flap_window: int
+    flap_percent: int
 
     @classmethod
     def from_result(cls, data: Mapping[str, Any]) -> ProbeSettings:
@@ -324,7 +327,8 @@ class ProbeSettings:
                    egress_echo_url=data["egressEchoUrl"] or None, timeout_seconds=float(data["timeoutSeconds"]),
                    unhealthy_after_seconds=float(data["unhealthyAfterSeconds"]),
                    startup_seconds=float(data["startupSeconds"]), concurrency=int(data["concurrency"]),
-                   round_seconds=float(data["roundSeconds"]))
+                   round_seconds=float(data["roundSeconds"]), flap_window=int(data["flapWindow"]),
+                   flap_percent=int(data["flapPercent"]))
 
 
 class ConfigUnreadable(Exception):

@@ -1,6 +1,7 @@
 """Status conditions in metav1.Condition's shape, for Proxies and ProxyPools alike: building one,
 finding one, and merging the conditions a sweep decided into the ones an object has, so that a
-condition's ``lastTransitionTime`` moves only when its status does.
+condition's ``lastTransitionTime`` moves only when its status does. The condition types are named
+here; the reasons they carry in ``reasons``.
 """
 
 from __future__ import annotations
@@ -8,11 +9,18 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-# A Proxy's condition types (docs/contract.md, "The Proxy resource").
+# A Proxy's condition types (docs/contract.md, "The Proxy resource", "Conditions").
 READY = "Ready"
 SERVING = "Serving"
 PRIVATE = "Private"
 PROVIDER_LISTED = "ProviderListed"
+# A ProxyPool's condition types (docs/contract.md, "The ProxyPool resource", "Status").
+AVAILABLE = "Available"
+PROGRESSING = "Progressing"
+PLACEMENT_DEGRADED = "PlacementDegraded"
+DISTINCT_EGRESS_IPS = "DistinctEgressIPs"
+# Present from a replacement of an instance (its reason says why) until the successor serves.
+REPLACING = "Replacing"
 
 # metav1.Condition caps message at 32768 characters; the API server rejects longer ones.
 MAX_CONDITION_MESSAGE = 32768

@@ -66,6 +66,14 @@ def is_namespace_name(text: str) -> bool:
     return len(text) <= LABEL_MAX and _LABEL.fullmatch(text) is not None
 
 
+def checked_namespace(namespace: str) -> str:
+    """``namespace`` if it is a namespace name (a DNS-1123 label), else ValueError: it names a
+    file or a Secret, so ``../x`` must never get that far (the sweep refuses such Proxies first)."""
+    if not is_namespace_name(namespace):
+        raise ValueError(f"namespace {namespace!r} {NAMESPACE_RULE}")
+    return namespace
+
+
 def is_object_name(text: str) -> bool:
     return len(text) <= SUBDOMAIN_MAX and _SUBDOMAIN.fullmatch(text) is not None
 

@@ -3,9 +3,9 @@
 A credential is a user name and a random password (192 bits). Only its bcrypt hash ever leaves
 this module towards an instance (through the modules' ``access`` option, so the password is in no
 runner artifact); the password itself is kept where only the controller reads it: a Secret in the
-controller's own namespace (``kube.KubeSecrets``) or, for the directory source, a 0600 file in a
-0700 directory (``FileSecrets``). It reaches crawlers only through discovery, for a token scoped
-to that namespace. It is never logged, never in a status, an Event or a metric.
+controller's own namespace (``sources.kube.KubeSecrets``) or, for the directory source, a 0600
+file in a 0700 directory (``sources.file_secrets.FileSecrets``). It reaches crawlers only through
+discovery, for a token scoped to that namespace. It is never logged, never in a status, an Event or a metric.
 
 A credential belongs to one namespace, not to a name: it records the namespace's identity (its
 uid on Kubernetes; on the directory source, where a namespace is only a name in one Proxy
@@ -29,22 +29,19 @@ and ``cli`` (discovery URLs, through ``by_generation``, which only ever reads).
 from __future__ import annotations
 
 import logging
-import os
 import secrets
 import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Protocol
 from urllib.parse import quote
 
 import bcrypt
-import yaml
 
 from egress_proxies.providers.client import AccessRequest
 from egress_proxies.resources import times
-from egress_proxies.resources.proxy import NAMESPACE_RULE, Proxy, is_namespace_name
+from egress_proxies.resources.proxy import Proxy, checked_namespace
 from egress_proxies.serving.probe import ProbeCredentials
 
 log = logging.getLogger(__name__)
@@ -107,14 +104,6 @@ def new_credential(namespace: str, identity: str = "") -> Credential:
     user = f"{namespace[:USER_PREFIX_CHARS]}-{secrets.token_hex(USER_SUFFIX_BYTES)}"
     return Credential(namespace=namespace, user=user, password=password,
                       password_hash=hashed, generation=secrets.token_hex(4), identity=identity)
-
-
-def checked_namespace(namespace: str) -> str:
-    """``namespace`` if it is a namespace name (a DNS-1123 label), else ValueError: it names a
-    file or a Secret, so ``../x`` must never get that far (the sweep refuses such Proxies first)."""
-    if not is_namespace_name(namespace):
-        raise ValueError(f"namespace {namespace!r} {NAMESPACE_RULE}")
-    return namespace
 
 
 class UnknownNamespace(LookupError):
@@ -279,53 +268,6 @@ class Credentials:
                 self.backend.save(namespace, {**data, UNUSED_FIELD: times.stamp(now)})
                 log.info("credentials of namespace %s: no Proxy there any more; removed in %g s unless one comes "
                          "back", namespace, self.grace_seconds)
-
-
-class FileSecrets:
-    """The directory source's store: ``<directory>/<namespace>.yaml``, each 0600, in a 0700
-    directory. Deleting a file rotates that namespace's credential. Every namespace it is given is
-    checked to be a namespace name first (``checked_namespace``): it becomes a file name."""
-
-    def __init__(self, directory: Path) -> None:
-        self.directory = directory
-
-    def _path(self, namespace: str) -> Path:
-        return self.directory / f"{checked_namespace(namespace)}.yaml"
-
-    def load(self, namespace: str) -> tuple[dict[str, str], bool] | None:
-        path = self._path(namespace)
-        try:
-            data = yaml.safe_load(path.read_text())
-        except FileNotFoundError:
-            return None
-        except (OSError, yaml.YAMLError) as error:
-            log.warning("credentials file of namespace %s unreadable (%s): making new ones", namespace,
-                        type(error).__name__)  # never the content: it holds the password
-            return None
-        if not isinstance(data, dict):
-            return None
-        return {str(k): str(v) for k, v in data.items()}, False
-
-    def load_all(self) -> dict[str, tuple[dict[str, str], bool]]:
-        found: dict[str, tuple[dict[str, str], bool]] = {}
-        for path in sorted(self.directory.glob("*.yaml")):
-            namespace = path.name[:-len(".yaml")]
-            if is_namespace_name(namespace) and (stored := self.load(namespace)) is not None:
-                found[namespace] = stored
-        return found
-
-    def save(self, namespace: str, data: Mapping[str, str]) -> None:
-        path = self._path(namespace)
-        self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-        os.chmod(self.directory, 0o700)
-        temporary = path.with_name(f".{path.name}.tmp")
-        descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(descriptor, "w") as handle:
-            handle.write(yaml.safe_dump(dict(data), sort_keys=True))
-        os.replace(temporary, path)
-
-    def delete(self, namespace: str) -> None:
-        self._path(namespace).unlink(missing_ok=True)
 
 
 class AccessPolicy:

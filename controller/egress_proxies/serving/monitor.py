@@ -26,7 +26,9 @@ every interval, so one provider's hung instances never delay another's verdicts:
   the round ends, so the last serving set stays in discovery (for a bounded time, ``verdict``)
   and nothing is replaced for not serving while it lasts (``live``).
 - **The failure clock is the probe's own record** (``record``): when an instance last served and
-  since when it has failed without a single success in between.
+  since when it has failed without a single success in between; and its last ``probe.flapWindow``
+  verdicts (``recent``, bounded), which tell a chronic flapper (``sweep.flapping``). The failures
+  of a provider-wide failure are not its instances' own, and are not kept there.
 - **Full probes** (egress echo and privacy) run for an instance's first probe, after any failure,
   and every ``full_every``-th probe; the others carry their privacy and egress address forward.
 
@@ -124,12 +126,15 @@ class Watched:
 class ProbeRecord:
     """What the probe knows of one instance: its latest outcome, when it last served (None: not
     since this process started), and since when it has failed without a success in between
-    (None while it serves, or when nothing is known)."""
+    (None while it serves, or when nothing is known). ``recent``: whether each of its last probes
+    passed (oldest first; at most its provider's ``flapWindow``; verdicts that say nothing of the
+    proxy, and failures while its whole provider fails, left out)."""
 
     outcome: ProbeOutcome | None = None
     last_success: datetime | None = None
     failing_since: datetime | None = None
     probes: int = 0
+    recent: tuple[bool, ...] = ()
 
 
 @dataclass
@@ -416,11 +421,21 @@ class ServingMonitor:
             last_success, failing_since = outcome.probed_at, None
         elif not outcome.reason.unknown:
             failing_since = failing_since or outcome.probed_at
-        self._records[key] = ProbeRecord(outcome, last_success, failing_since, record.probes + 1)
+        self._records[key] = ProbeRecord(outcome, last_success, failing_since, record.probes + 1,
+                                         self._recent(key, record.recent, outcome))
         self._unprobed.discard(key)
         if previous is None or (previous.serving, previous.reason, previous.private, previous.egress_ip) != (
                 outcome.serving, outcome.reason, outcome.private, outcome.egress_ip):
             self._queue(key)
+
+    def _recent(self, key: str, recent: tuple[bool, ...], outcome: ProbeOutcome) -> tuple[bool, ...]:
+        """``recent`` with ``outcome`` added (the lock held), at most the provider's flapWindow long."""
+        watched = self._watched.get(key)
+        settings = self._settings.get(watched.provider) if watched is not None else None
+        if settings is None or outcome.reason.unknown or (
+                not outcome.serving and watched is not None and watched.provider in self._provider_failing):
+            return recent  # says nothing of this proxy: no probe could tell, or its provider failed
+        return (*recent, outcome.serving)[-max(1, settings.flap_window):]
 
     def _queue(self, key: str) -> None:
         """Queue ``key``'s verdict (the lock held); the verdict thread is woken when the queue was

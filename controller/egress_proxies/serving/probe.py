@@ -50,7 +50,8 @@ whose instances the controller cannot reach say ``probe: none`` and are never pr
 Credentials go into ``Proxy-Authorization`` only; they are never in a repr, a message or a log.
 
 Protocol: raw HTTP/1.1 over ``asyncio.open_connection``, persistent connections
-(``_Connection``); the figures are in docs/performance.md (bench/probe_bench.py).
+(``_Connection``), heads read and parsed by ``egress_proxies.http1`` (as the probe target and the
+controller's HTTP server do); the figures are in docs/performance.md (bench/probe_bench.py).
 """
 
 from __future__ import annotations
@@ -70,13 +71,13 @@ from datetime import datetime
 from typing import TypeVar
 from urllib.parse import urlsplit
 
+from egress_proxies.http1 import MAX_HEAD_BYTES, MalformedHead, ResponseHead, parse_response, read_head
 from egress_proxies.resources import times
 from egress_proxies.serving.proof import PROOF_HEADER, new_nonce, proves, with_nonce
 
 log = logging.getLogger(__name__)
 
-# What the proxy (or origin) may send before the end of the headers, and an echo body at most.
-_MAX_HEADER_BYTES = 16 * 1024
+# An echo body at most.
 _MAX_BODY_BYTES = 4 * 1024
 # A refusal's error page (squid's 407 page is ~3.5 KiB) is read past to keep the connection.
 _MAX_DISCARD_BYTES = 64 * 1024
@@ -607,19 +608,20 @@ class _Connection:
         started = self._prober.clock()
         if self._reader is None or self._writer is None:
             self._reader, self._writer = await asyncio.open_connection(self._host, self._port,
-                                                                       limit=_MAX_HEADER_BYTES)
+                                                                       limit=MAX_HEAD_BYTES)
         reader = self._reader
         self._writer.write(request)
         try:
-            head = await reader.readuntil(b"\r\n\r\n")
+            head = await read_head(reader)
         except (asyncio.IncompleteReadError, ConnectionResetError, BrokenPipeError) as err:
             if reused and not getattr(err, "partial", b""):
                 raise _Stale from None
             raise
         seconds = self._prober.clock() - started
-        version, status, headers = _parse_head(head[:-4])
-        body, reusable = await _read_body(reader, version, status, headers, keep_body=keep_body, tunnel=tunnel)
-        return _Response(status, headers, body, seconds), reusable or (tunnel and 200 <= status < 300)
+        answer = parse_response(head)
+        body, reusable = await _read_body(reader, answer, keep_body=keep_body, tunnel=tunnel)
+        tunnelled = tunnel and 200 <= answer.status < 300
+        return _Response(answer.status, answer.headers, body, seconds), reusable or tunnelled
 
     async def _request(self, request: bytes, what: str, keep_body: bool, tunnel: bool) -> _Response:
         through = f"{what} {self._via} {self.endpoint}"
@@ -639,12 +641,12 @@ class _Connection:
                                f"ConnectionRefused: nothing accepts connections at {self.endpoint}") from None
         except asyncio.LimitOverrunError:
             raise _CheckFailed(ProbeReason.BAD_RESPONSE, f"BadResponse: {through}: response headers exceed "
-                                                         f"{_MAX_HEADER_BYTES} bytes") from None
+                                                         f"{MAX_HEAD_BYTES} bytes") from None
         except asyncio.IncompleteReadError as err:
             raise _CheckFailed(ProbeReason.BAD_RESPONSE,
                                f"BadResponse: {through}: the connection closed after {len(err.partial)} bytes, "
                                "before a complete answer") from None
-        except _MalformedResponse as err:
+        except (MalformedHead, _MalformedResponse) as err:
             raise _CheckFailed(ProbeReason.BAD_RESPONSE, f"BadResponse: {through}: {err}") from None
         except OSError as err:
             raise _CheckFailed(ProbeReason.UNREACHABLE,
@@ -732,19 +734,6 @@ def _connect_request(target: str, auth: str | None) -> bytes:
     return _request_lines(f"CONNECT {target} HTTP/1.1", target, auth)
 
 
-def _parse_head(head: bytes) -> tuple[str, int, dict[str, str]]:
-    lines = head.decode("latin-1").split("\r\n")
-    fields = lines[0].split(" ", 2)
-    if len(fields) < 2 or not fields[0].startswith("HTTP/1.") or not fields[1].isdigit() or len(fields[1]) != 3:
-        raise _MalformedResponse("not an HTTP/1.x status line")
-    headers: dict[str, str] = {}
-    for line in lines[1:]:
-        name, sep, value = line.partition(":")
-        if sep:
-            headers[name.strip().lower()] = value.strip()
-    return fields[0], int(fields[1]), headers
-
-
 async def _read_chunked(reader: asyncio.StreamReader, limit: int, keep_body: bool) -> bytes | None:
     """A chunked body (None: longer than ``limit`` and not wanted, the connection is not reusable)."""
     body = b""
@@ -765,16 +754,15 @@ async def _read_chunked(reader: asyncio.StreamReader, limit: int, keep_body: boo
         await reader.readexactly(2)  # the chunk's CRLF
 
 
-async def _read_body(reader: asyncio.StreamReader, version: str, status: int, headers: dict[str, str], *,
-                     keep_body: bool, tunnel: bool) -> tuple[bytes, bool]:
+async def _read_body(reader: asyncio.StreamReader, answer: ResponseHead, *, keep_body: bool,
+                     tunnel: bool) -> tuple[bytes, bool]:
     """(body, whether the connection can carry another request) for one response.
 
     ``keep_body``: the caller wants the body (at most _MAX_BODY_BYTES, else BadResponse);
     otherwise up to _MAX_DISCARD_BYTES are read past, and a longer or EOF-delimited body ends
     the connection instead of being read.
     """
-    connection = headers.get("connection", "").lower()
-    reusable = connection == "keep-alive" if version == "HTTP/1.0" else connection != "close"
+    status, headers, reusable = answer.status, answer.headers, answer.keep_alive
     if tunnel and 200 <= status < 300:
         return b"", False  # the connection is the tunnel now
     if status < 200 or status in (204, 304):

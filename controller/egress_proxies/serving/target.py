@@ -26,11 +26,11 @@ import signal
 from collections.abc import Sequence
 from urllib.parse import urlsplit
 
+from egress_proxies.http1 import MAX_HEAD_BYTES, MalformedHead, parse_request, read_head
 from egress_proxies.serving.proof import PROOF_HEADER, nonce_of, proof
 
 log = logging.getLogger(__name__)
 
-_MAX_HEADER_BYTES = 16 * 1024
 _REASONS = {200: "OK", 204: "No Content", 400: "Bad Request", 405: "Method Not Allowed"}
 
 
@@ -62,7 +62,7 @@ class ProbeTargetServer:
     async def serve(self, addresses: Sequence[tuple[str, int]]) -> None:
         """Listen on every address (a port of 0 picks a free one: ``servers`` say which)."""
         for host, port in addresses:
-            self.servers.append(await asyncio.start_server(self._connection, host, port, limit=_MAX_HEADER_BYTES,
+            self.servers.append(await asyncio.start_server(self._connection, host, port, limit=MAX_HEAD_BYTES,
                                                            backlog=1024))
 
     def close(self) -> None:
@@ -87,26 +87,26 @@ class ProbeTargetServer:
     async def _exchange(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: str) -> bool:
         """One request and its answer; whether the connection carries another."""
         async with asyncio.timeout(self.idle_seconds):
-            head = await reader.readuntil(b"\r\n\r\n")
-        lines = head.decode("latin-1").split("\r\n")
-        request = lines[0].split(" ")
-        headers = {name.strip().lower(): value.strip() for name, _, value in
-                   (line.partition(":") for line in lines[1:] if ":" in line)}
+            head = await read_head(reader)
         extra: dict[str, str] = {}
-        if len(request) != 3 or not request[2].startswith("HTTP/1."):
+        method = ""
+        try:
+            request = parse_request(head)
+        except MalformedHead:
             status, body = 400, b""
             keep = False
         else:
-            status, extra, body = self.answer(request[0], request[1], peer)
-            connection = headers.get("connection", "").lower()
-            keep = connection == "keep-alive" if request[2] == "HTTP/1.0" else connection != "close"
-            keep = keep and headers.get("content-length", "0") == "0" and "transfer-encoding" not in headers
+            method = request.method
+            status, extra, body = self.answer(method, request.target, peer)
+            # A request with a body is answered, but its body is not read: the connection ends.
+            bodiless = request.headers.get("content-length", "0") == "0" and "transfer-encoding" not in request.headers
+            keep = request.keep_alive and bodiless
         response = [f"HTTP/1.1 {status} {_REASONS.get(status, '')}", "Cache-Control: no-store",
                     *(f"{name}: {value}" for name, value in extra.items())]
         if status != 204:
             response.append(f"Content-Length: {len(body)}")
         response.append("Connection: keep-alive" if keep else "Connection: close")
-        writer.write(("\r\n".join(response) + "\r\n\r\n").encode("latin-1") + (b"" if request[0] == "HEAD" else body))
+        writer.write(("\r\n".join(response) + "\r\n\r\n").encode("latin-1") + (b"" if method == "HEAD" else body))
         await writer.drain()
         return keep
 

@@ -61,7 +61,6 @@ import os
 import re
 import socket
 import stat
-import tempfile
 import threading
 import time
 import uuid
@@ -74,6 +73,7 @@ import yaml
 
 from egress_proxies.resources import times
 from egress_proxies.resources.proxy import API_VERSION, KIND, Proxy
+from egress_proxies.sources.atomic_file import write_file
 from egress_proxies.sources.file_cache import ParsedFiles
 from egress_proxies.sources.store import Conflict, Gone, StoreError, WatchEvent
 
@@ -235,25 +235,6 @@ def _orphaned_records(specs: dict[str, _ProxyFile], states: dict[str, _StatusFil
         if stem not in specs and state.data is not None and state.key is not None:
             orphans.setdefault(state.key, []).append(stem)
     return orphans
-
-
-def write_file(path: Path, text: str, mode: int) -> None:
-    """Replace ``path`` atomically. mkstemp creates the temporary file 0600 (whatever the
-    umask), so its content is never readable by anyone else, not even for a moment; fsync
-    before the rename, so a power cut leaves the old file or the new one, never an empty one.
-    Named ``.<file>.<random>.tmp`` (``TEMPORARY_GLOB``): what a kill mid-write leaves is removed
-    when the next controller takes the directory."""
-    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-            os.fchmod(handle.fileno(), mode)
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
 
 
 class DirectoryStore:
@@ -457,7 +438,7 @@ class DirectoryStore:
         self._mark_duplicates(entries)
         for entry in entries:
             if entry.writable and entry.state is not None and entry.state.data is not None:
-                self._scrub(entry.stem, entry.state)
+                self._narrow(entry.state.path, self._mode_for(entry.stem))
         self._remember(entries)
         return entries
 
@@ -603,21 +584,14 @@ class DirectoryStore:
                 continue
         return 0o600
 
-    def _scrub(self, stem: str, state: _StatusFile) -> None:
-        """Bring a record written by an older controller to today's rules: no cloudInit in it,
-        no wider access than its Proxy file."""
-        mode = self._mode_for(stem)
-        data = state.data or {}
-        spec = data.get("spec")
+    @staticmethod
+    def _narrow(path: Path, mode: int) -> None:
+        """A record no wider than its Proxy file, even after that file was narrowed (chmod)."""
         try:
-            if isinstance(spec, dict) and NOT_STORED & spec.keys():
-                scrubbed = {**data, "spec": {k: v for k, v in spec.items() if k not in NOT_STORED}}
-                write_file(state.path, dump_yaml(scrubbed), mode)
-                log.info("%s: removed the user-data an older controller stored there", state.path)
-            elif stat.S_IMODE(state.path.stat().st_mode) & ~mode:
-                os.chmod(state.path, mode)
+            if stat.S_IMODE(path.stat().st_mode) & ~mode:
+                os.chmod(path, mode)
         except OSError as error:
-            log.warning("%s: cannot bring it to today's rules (%s); trying again next sweep", state.path,
+            log.warning("%s: cannot narrow its mode to its Proxy file's (%s); trying again next sweep", path,
                         error.strerror)
 
     # -- writing -------------------------------------------------------------------------------

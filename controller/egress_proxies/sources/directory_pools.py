@@ -21,7 +21,8 @@ import yaml
 from egress_proxies.resources import times
 from egress_proxies.resources.pool import POOL_KIND, POOL_LABEL, Pool
 from egress_proxies.resources.proxy import API_VERSION, NAME_RULE, is_object_name
-from egress_proxies.sources.directory import DirectoryStore, dump_yaml, load_yaml, one_line, spec_digest, write_file
+from egress_proxies.sources.atomic_file import write_file
+from egress_proxies.sources.directory import DirectoryStore, dump_yaml, load_yaml, one_line, spec_digest
 from egress_proxies.sources.store import Conflict, StoreError
 
 log = logging.getLogger(__name__)

@@ -14,6 +14,7 @@ from functools import partial
 from egress_proxies import metrics
 from egress_proxies.providers.client import ProviderClient, Result, Target
 from egress_proxies.providers.errors import ErrorClass, ProviderError
+from egress_proxies.resources import reasons
 from egress_proxies.resources.proxy import PHASE_DELETING, Proxy
 from egress_proxies.sweep.batches import chunked
 from egress_proxies.sweep.writer import ProxyWriter
@@ -48,19 +49,19 @@ class DeletePath:
             self._release(proxy)
         elif proxy.skip_cleanup:  # 2. checked before the provider is looked up
             log.info("%s: skip-cleanup set; abandoning instance %s", proxy.key, provider_id)
-            self.writer.store.record_event(proxy, "Normal", "Abandoned",
+            self.writer.store.record_event(proxy, "Normal", reasons.ABANDONED,
                                            f"instance {provider_id} abandoned (skip-cleanup annotation)")
             self._release(proxy)
         elif proxy.provider in unusable:
             self.writer.failed(proxy, ProviderError(ErrorClass.PERMANENT, unusable[proxy.provider]),
-                               "ProviderConfigInvalid", phase=PHASE_DELETING)
+                               reasons.PROVIDER_CONFIG_INVALID, phase=PHASE_DELETING)
         elif proxy.provider not in clients:  # 3. the annotation is the way out
             message = (f"provider {proxy.provider!r} is not in the provider config, so instance {provider_id} "
                        f"cannot be deleted; set the annotation crawl.example.com/skip-cleanup: \"true\" "
                        f"to release this Proxy and remove the instance by hand")
             metrics.ERRORS.labels(provider=proxy.provider, error_class="permanent").inc()
             self.writer.write_status(proxy, self.writer.status(proxy, PHASE_DELETING, "False",
-                                                               "ProviderNotConfigured", message))
+                                                               reasons.PROVIDER_NOT_CONFIGURED, message))
         elif self.writer.backoff.due(proxy.uid):
             pending.setdefault(proxy.provider, []).append(proxy)
 
@@ -79,7 +80,8 @@ class DeletePath:
             elif got.error.error_class is ErrorClass.NOT_FOUND:
                 self.contain(proxy, partial(self._release, proxy))
             else:
-                self.contain(proxy, partial(self.writer.failed, proxy, got.error, "DeleteFailed", PHASE_DELETING))
+                failed = partial(self.writer.failed, proxy, got.error, reasons.DELETE_FAILED, PHASE_DELETING)
+                self.contain(proxy, failed)
         if not to_delete:
             return
         deletes = client.delete([target for _, target, _ in to_delete])
@@ -90,11 +92,11 @@ class DeletePath:
     def _deleted(self, proxy: Proxy, target: Target, got: Result, deleted: Result) -> None:
         if deleted.error is None:
             self.count("deleted", 1)
-            self.writer.store.record_event(proxy, "Normal", "Deleted", f"instance {target.provider_id} deleted")
+            self.writer.store.record_event(proxy, "Normal", reasons.DELETED, f"instance {target.provider_id} deleted")
             self._release(proxy)
         elif got.error is None:
-            self.writer.failed(proxy, deleted.error, "DeleteFailed", phase=PHASE_DELETING)
+            self.writer.failed(proxy, deleted.error, reasons.DELETE_FAILED, phase=PHASE_DELETING)
         else:  # both failed: report both, the Delete's class decides the retry
             joined = ProviderError(deleted.error.error_class,
                                    f"get failed ({got.error}); delete failed ({deleted.error})")
-            self.writer.failed(proxy, joined, "DeleteFailed", phase=PHASE_DELETING)
+            self.writer.failed(proxy, joined, reasons.DELETE_FAILED, phase=PHASE_DELETING)

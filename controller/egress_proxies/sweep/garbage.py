@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from egress_proxies import metrics
 from egress_proxies.providers.client import Instance, Listing, ProviderClient, Target
-from egress_proxies.resources import times
+from egress_proxies.resources import reasons, times
 from egress_proxies.resources.proxy import Proxy
 from egress_proxies.sources.store import ProxyStore
 
@@ -76,7 +76,7 @@ class GarbageCollector:
         for instance, result in zip(orphans, results, strict=True):
             if result.error is None:
                 metrics.GC_DELETIONS.labels(provider=client.name, dry_run=dry).inc()
-                self.store.record_event(_former_owner(instance), "Normal", "GarbageCollected",
+                self.store.record_event(_former_owner(instance), "Normal", reasons.GARBAGE_COLLECTED,
                                         f"orphaned instance {instance.provider_id} deleted")
             else:
                 log.warning("garbage collection of %s failed (%s)", instance.provider_id, result.error)

@@ -1,5 +1,6 @@
 """The live path of one provider in one sweep: which Proxies need an instance, batched creates,
-status from what the provider reports, and make-before-break retirement of replaced instances.
+status from what the provider reports, replacement of instances that do not serve or flap
+chronically (``flapping``), and make-before-break retirement of replaced instances.
 
 Called by ``reconcile.Reconciler`` once per provider per sweep (providers side by side). Every
 Proxy is handled on its own: an exception while handling one is contained to it (logged with its
@@ -30,12 +31,11 @@ from egress_proxies.providers.client import (
     Target,
 )
 from egress_proxies.providers.errors import ErrorClass
-from egress_proxies.resources import times
-from egress_proxies.resources.conditions import PROVIDER_LISTED, READY, SERVING, find_condition
+from egress_proxies.resources import reasons, times
+from egress_proxies.resources.conditions import PROVIDER_LISTED, READY, REPLACING, SERVING, Wanted, find_condition
 from egress_proxies.resources.pool import (
     QUARANTINE_ANNOTATION,
     QUARANTINE_REPLACEMENTS,
-    QUARANTINED,
     controller_of,
     quarantine_replacements,
     quarantined,
@@ -53,12 +53,11 @@ from egress_proxies.serving.credentials import AccessPolicy
 from egress_proxies.serving.monitor import ServingMonitor, Watched, instance_identity, probe_target, target_key
 from egress_proxies.serving.probe import ProbeOutcome, ProbeReason, unknown_outcome
 from egress_proxies.serving.proof import read_key
+from egress_proxies.sweep import flapping
 from egress_proxies.sweep.batches import chunked
 from egress_proxies.sweep.verdict import (
-    AWAITING,
     INSTANCE_FIELDS,
     LOST_REASONS,
-    UNVERIFIED,
     Observation,
     judge,
     with_known_address,
@@ -66,6 +65,8 @@ from egress_proxies.sweep.verdict import (
 from egress_proxies.sweep.writer import ProxyWriter
 
 log = logging.getLogger(__name__)
+
+# The reason of a chronic flapper's replacement (its Replacing condition, Event and metric).
 
 # Part of every build hash: instances carry the probe's per-instance identity user
 # (monitor.instance_identity), so one built without it is replaced, make before break.
@@ -80,8 +81,8 @@ class _Unhealthy:
     replacements: int
     reason: str
     message: str
-    # The Proxy's other instances: deleted when a successor is created, so a Proxy never has more
-    # than the one being replaced and its successor.
+    # The Proxy's other instances: deleted before a successor is created, so a Proxy never has
+    # more than the one being replaced and its successor.
     others: tuple[Instance, ...] = ()
 
 
@@ -158,12 +159,18 @@ class LivePath:
 
     def reconcile(self, client: ProviderClient, proxies: Sequence[Proxy], listing: Listing) -> None:
         creates: list[_Create] = []
+        # clear: deleted before the creates (room for a successor: at most two instances per
+        # Proxy at any moment); retire: deleted after them (replaced by a Ready successor).
+        clear: list[tuple[Proxy, Instance]] = []
         retire: list[tuple[Proxy, Instance]] = []
         unhealthy: list[_Unhealthy] = []
         for proxy in proxies:
-            self.contain(proxy, partial(self._decide, proxy, listing, creates, retire, unhealthy))
+            self.contain(proxy, partial(self._decide, proxy, listing, creates, clear, retire, unhealthy))
         for item in self._within_budget(client.name, proxies, unhealthy):
-            self.contain(item.proxy, partial(self._replace, client.name, item, creates, retire))
+            self.contain(item.proxy, partial(self._replace, client.name, item, creates, clear))
+        crowded = self._retire(client, clear, "a further successor is created (at most two instances per Proxy)")
+        # A Proxy whose other instance could not be deleted gets its successor next sweep.
+        creates = [c for c in creates if c.proxy.uid not in crowded]
 
         def create_batch(chunk: list[_Create]) -> tuple[list[_Create], list[Result]]:
             return chunk, client.create([c.request for c in chunk])
@@ -182,7 +189,7 @@ class LivePath:
                     transient = result.error is not None and result.error.error_class is ErrorClass.TRANSIENT
                     delay = provider_delay if transient else None
                     self.contain(create.proxy, partial(self._created, create, result, listing, retire, delay))
-        self._retire(client, retire)
+        self._retire(client, retire, "a successor replaces it")
 
     def _batch_outcome(self, provider: str, results: Sequence[Result]) -> float | None:
         """The provider's share of a create batch. Any item created clears its backoff. Two or
@@ -201,7 +208,7 @@ class LivePath:
     def _due(self, proxy: Proxy) -> bool:
         return self.writer.backoff.due(proxy.uid) and self.writer.provider_backoff.due(proxy.provider)
 
-    def _decide(self, proxy: Proxy, listing: Listing, creates: list[_Create],
+    def _decide(self, proxy: Proxy, listing: Listing, creates: list[_Create], clear: list[tuple[Proxy, Instance]],
                 retire: list[tuple[Proxy, Instance]], unhealthy: list[_Unhealthy]) -> None:
         desired, request = self._build(proxy)
         replacements = replacement_count(proxy.annotations, desired)
@@ -215,7 +222,7 @@ class LivePath:
             if self._due(proxy):
                 creates.append(self._create(proxy, name, desired, request))
                 # Besides the successor, only the instance the status names stays (make before break).
-                retire.extend((proxy, old) for old in mine if old.provider_id != proxy.status.get("providerID"))
+                clear.extend((proxy, old) for old in mine if old.provider_id != proxy.status.get("providerID"))
             return
         self.writer.backoff.succeeded(proxy.uid)  # its provider answers again: no stale backoff
         if (current.state == "stopped" and proxy.status.get("readyProviderID") != current.provider_id
@@ -231,14 +238,20 @@ class LivePath:
             # A crawler reported this instance unusable (banned): replaced like a dead one, at once.
             # A pool member is replaced by its pool instead (a new member), not here; a Proxy that
             # only carries a pool's label is no member (``pool.owned_by``): replaced here.
-            unhealthy.append(_Unhealthy(proxy, current, desired, replacements, QUARANTINED,
+            unhealthy.append(_Unhealthy(proxy, current, desired, replacements, reasons.QUARANTINED,
                                         f"a crawler quarantined instance {current.provider_id}", others))
+            return
+        chronic = self._chronic(proxy, current)
+        if chronic is not None:
+            # Serving now and then is not serving: crawlers would see it fail for ever.
+            unhealthy.append(_Unhealthy(proxy, current, desired, replacements, reasons.FLAPPING,
+                                        chronic, others))
             return
         if self._ready(proxy):
             retire.extend((proxy, old) for old in mine if old is not current)
             return
         serving = find_condition(proxy.status, SERVING)
-        if serving.get("status") != "False" or serving.get("reason") in (AWAITING, UNVERIFIED):
+        if serving.get("status") != "False" or serving.get("reason") in (reasons.AWAITING_PROBE, reasons.UNVERIFIED):
             return
         # Unhealthy without a single success for the threshold; each replacement waits twice as
         # long as the one before (a Proxy whose replacements keep failing backs off).
@@ -253,6 +266,15 @@ class LivePath:
         if since is not None and self.seconds_since(since) >= threshold:
             unhealthy.append(_Unhealthy(proxy, current, desired, replacements, str(serving.get("reason")),
                                         str(serving.get("message") or ""), others))
+
+    def _chronic(self, proxy: Proxy, current: Instance) -> str | None:
+        """Why the instance is a chronic flapper by its probes' recent verdicts (None: it is not)."""
+        if self.monitor is None or not self.plan.enabled:
+            return None
+        record = self.monitor.record(target_key(with_known_address(proxy.status, current), proxy.port))
+        if record is None:
+            return None
+        return flapping.chronic(record.recent, self.plan.flap_window, self.plan.flap_percent)
 
     def _failing_since(self, proxy: Proxy, current: Instance, serving: dict[str, Any]) -> str | None:
         """Since when the instance has failed without a single success (a stamp; None: it has not):
@@ -278,8 +300,9 @@ class LivePath:
         sources = ", ".join(request.allowed_sources) or "none"
         if request.open:
             message = f"spec.auth is none: anyone from {sources} who reaches it can use this proxy"
-            return ("False", "AuthDisabled", message)
-        return ("True", "CredentialsRequired", f"requests need the {proxy.namespace} credentials, from {sources}")
+            return ("False", reasons.AUTH_DISABLED, message)
+        required = f"requests need the {proxy.namespace} credentials, from {sources}"
+        return ("True", reasons.CREDENTIALS_REQUIRED, required)
 
     @staticmethod
     def _ready(proxy: Proxy) -> bool:
@@ -295,7 +318,7 @@ class LivePath:
         paused = since is not None and self.seconds_since(times.stamp(since)) < self.plan.unhealthy_after_seconds
         chosen = []
         for item in unhealthy:
-            if paused and item.reason not in (*LOST_REASONS, QUARANTINED):
+            if paused and item.reason not in (*LOST_REASONS, reasons.QUARANTINED):
                 log.warning("%s: not serving, but every probe of provider %s fails at once: replacements paused",
                             item.proxy.key, provider)
                 continue
@@ -306,32 +329,44 @@ class LivePath:
         return chosen[:budget]
 
     def _replace(self, provider: str, item: _Unhealthy, creates: list[_Create],
-                 retire: list[tuple[Proxy, Instance]]) -> None:
+                 clear: list[tuple[Proxy, Instance]]) -> None:
         quarantines = quarantine_replacements(item.proxy.annotations, item.hash)
-        if item.replacements - quarantines >= self.settings.max_replacements and item.reason != QUARANTINED:
+        if item.replacements - quarantines >= self.settings.max_replacements and item.reason != reasons.QUARANTINED:
             message = (f"instance {item.instance.provider_id} is {item.reason} ({item.message}) after "
                        f"{item.replacements} replacements; fix the cause (image, cloudInit, probe target), then "
                        "change the spec or delete the annotation crawl.example.com/replacements to try again")
-            self.writer.invalid(item.proxy, "ReplacementsExhausted", message)
+            self.writer.invalid(item.proxy, reasons.REPLACEMENTS_EXHAUSTED, message)
             return
         count = item.replacements + 1
         # Recorded before the create: a crash in between finds the same name again.
         def record(p: Proxy) -> None:
             p.annotations[REPLACEMENTS_ANNOTATION] = f"{item.hash}:{count}"
-            if item.reason == QUARANTINED:  # not counted toward ReplacementsExhausted
+            if item.reason == reasons.QUARANTINED:  # not counted toward ReplacementsExhausted
                 p.annotations[QUARANTINE_REPLACEMENTS] = f"{item.hash}:{quarantines + 1}"
         proxy = self.writer.update_metadata(item.proxy, record)
-        reason = item.reason if item.reason == QUARANTINED else (
-            "InstanceLost" if item.reason in LOST_REASONS else "NotServing")
+        reason = item.reason if item.reason in (reasons.QUARANTINED, reasons.FLAPPING) else (
+            reasons.INSTANCE_LOST if item.reason in LOST_REASONS else reasons.NOT_SERVING)
         metrics.REPLACEMENTS.labels(provider=provider, reason=reason).inc()
         why = item.message if item.message.startswith(item.reason) else f"{item.reason}: {item.message}"
         self.writer.store.record_event(proxy, "Warning", reason,
                                        f"replacing instance {item.instance.provider_id}: {why}")
         name = instance_name(proxy, item.hash, count)
+        replacing = ("True", reason, (f"instance {item.instance.provider_id} is being replaced by {name} "
+                                      f"({why}); it is deleted once {name} serves"))
+        proxy = self._say_replacing(proxy, replacing)
         _, request = self._build(proxy)
         creates.append(self._create(proxy, name, item.hash, request))
-        # At most two instances: the one being replaced and its successor.
-        retire.extend((proxy, old) for old in item.others)
+        # At most two instances: the one being replaced and its successor (the others go first).
+        clear.extend((proxy, old) for old in item.others)
+
+    def _say_replacing(self, proxy: Proxy, replacing: Wanted) -> Proxy:
+        """The Replacing condition on the Proxy, the rest of its status as it is."""
+        def status_of(current: Proxy) -> dict[str, Any]:
+            ready = find_condition(current.status, READY)
+            return self.writer.status(current, str(current.status.get("phase") or ""), str(ready.get("status")),
+                                      str(ready.get("reason")), str(ready.get("message") or ""),
+                                      conditions={REPLACING: replacing})
+        return self.writer.write_status(proxy, status_of)
 
     def _unlisted(self, proxy: Proxy, listing: Listing) -> None:
         """The provider could not be listed where this Proxy's instance may live."""
@@ -344,18 +379,18 @@ class LivePath:
                        f"{self.settings.stale_listing_seconds:.0f} s")
             ready = find_condition(proxy.status, READY)
             self.writer.write_status(proxy, self.writer.status(
-                proxy, PHASE_READY, "True", str(ready.get("reason") or "InstanceRunning"),
-                str(ready.get("message") or ""), conditions={PROVIDER_LISTED: ("False", "ListFailed", message)}))
+                proxy, PHASE_READY, "True", str(ready.get("reason") or reasons.INSTANCE_RUNNING),
+                str(ready.get("message") or ""), conditions={PROVIDER_LISTED: ("False", reasons.LIST_FAILED, message)}))
             return
         # The provider's failure, not this Proxy's: it is listed again every sweep. Growing each
         # Proxy's backoff per failed listing would leave Proxies waiting minutes after their host
         # answers again.
-        self.writer.failed(proxy, listing.error, "ListFailed", delay=0.0)
+        self.writer.failed(proxy, listing.error, reasons.LIST_FAILED, delay=0.0)
 
     def _created(self, create: _Create, result: Result, listing: Listing,
                  retire: list[tuple[Proxy, Instance]], provider_delay: float | None = None) -> None:
         if result.error is not None:
-            self.writer.failed(create.proxy, result.error, "CreateFailed", delay=provider_delay)
+            self.writer.failed(create.proxy, result.error, reasons.CREATE_FAILED, delay=provider_delay)
             return
         self.count("created", 1)
         instance = result.instance or Instance(provider_id="")
@@ -363,10 +398,10 @@ class LivePath:
         if previous and previous != instance.provider_id and not any(
                 i.provider_id == previous for i in listing.of(create.proxy.uid)):
             # The instance the status named is gone: that is a loss to report, not a routine change.
-            self.writer.store.record_event(create.proxy, "Warning", "InstanceLost",
+            self.writer.store.record_event(create.proxy, "Warning", reasons.INSTANCE_LOST,
                                            f"instance {previous} is gone; replaced by {instance.provider_id}")
         else:
-            self.writer.store.record_event(create.proxy, "Normal", "Replacing" if previous else "Created",
+            self.writer.store.record_event(create.proxy, "Normal", reasons.REPLACING if previous else reasons.CREATED,
                                            f"instance {instance.provider_id} created")
         self.writer.backoff.succeeded(create.proxy.uid)
         proxy = self.observe(create.proxy, instance, create.hash)
@@ -440,17 +475,24 @@ class LivePath:
         def status_of(current: Proxy) -> dict[str, Any]:
             # Decided again from what is stored now (the probe's verdict thread writes too), with
             # the latest outcome.
-            fresh = judge(current.status, seen(), now)
+            observation = seen()
+            fresh = judge(current.status, observation, now)
             if fresh.new_instance:
                 # Another instance now: nothing recorded of its predecessor (address, probe) stays.
                 current.status = {k: v for k, v in current.status.items() if k not in INSTANCE_FIELDS}
-            return self.writer.status(current, fresh.phase, *fresh.ready, conditions=fresh.conditions,
-                                      **fresh.fields)
+            conditions = fresh.conditions
+            replacing = str(find_condition(current.status, REPLACING).get("message") or "")
+            if (replacing and fresh.phase == PHASE_READY
+                    and not replacing.startswith(f"instance {observation.instance.provider_id} ")):
+                conditions = {**conditions, REPLACING: None}  # the successor serves: the replacement is done
+            return self.writer.status(current, fresh.phase, *fresh.ready, conditions=conditions, **fresh.fields)
         return self.writer.write_status(proxy, status_of)
 
-    def _retire(self, client: ProviderClient, retire: Sequence[tuple[Proxy, Instance]]) -> None:
-        """Make-before-break: delete instances replaced by a Ready successor (each once)."""
+    def _retire(self, client: ProviderClient, retire: Sequence[tuple[Proxy, Instance]], because: str) -> set[str]:
+        """Delete instances that a successor replaces (each once), ``because`` says why; the uids of
+        the Proxies one of whose instances could not be deleted."""
         unique = list({old.provider_id: (proxy, old) for proxy, old in retire}.values())
+        failed: set[str] = set()
         for chunk in chunked(unique, self.settings.batch_size):
             results = client.delete([Target(proxy.uid, old.provider_id) for proxy, old in chunk])
             self.count("runner_calls", 1)
@@ -458,11 +500,13 @@ class LivePath:
                 if result.error is None:
                     self.count("deleted", 1)
                     self.writer.store.record_event(
-                        proxy, "Normal", "Replaced", f"old instance {old.provider_id} deleted: a successor replaces it")
+                        proxy, "Normal", reasons.REPLACED, f"old instance {old.provider_id} deleted: {because}")
                 else:
+                    failed.add(proxy.uid)
                     metrics.ERRORS.labels(provider=client.name, error_class=result.error.error_class.value).inc()
                     log.warning("%s: deleting replaced instance %s failed (%s)", proxy.key, old.provider_id,
                                 result.error)
+        return failed
 
 
 def _nothing(*_: object) -> None:

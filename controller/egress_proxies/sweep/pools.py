@@ -1,4 +1,4 @@
-"""The pools' part of a sweep: the I/O around ``resources.pool``'s decisions.
+"""The pools' part of a sweep: the I/O around ``placement``'s decisions.
 
 ``PoolReconciler.reconcile`` runs early in every sweep (``reconcile.Reconciler``), after the
 providers are listed and before the Proxies are reconciled, so it sees this sweep's listing
@@ -16,35 +16,31 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from egress_proxies import metrics
-from egress_proxies.resources.conditions import find_condition
+from egress_proxies.resources import reasons
+from egress_proxies.resources.conditions import AVAILABLE, find_condition
 from egress_proxies.resources.pool import (
     POOL_LABEL,
     QUARANTINE_ANNOTATION,
     RETIRING_ANNOTATION,
+    RETIRING_ROTATION,
     SERIAL_ANNOTATION,
-    Budget,
-    Decision,
-    Member,
     Pool,
     PoolSpec,
     controller_of,
-    decide,
-    failed_status,
     foreign,
-    interleaved,
-    kept_listed,
     member_body,
     member_name,
     owned_by,
     parse_spec,
     pool_of,
-    pool_status,
     quarantined,
 )
 from egress_proxies.resources.proxy import FINALIZER, PHASE_READY, Proxy
 from egress_proxies.resources.schema import identity_errors, spec_errors
 from egress_proxies.sources.store import Conflict, Gone, PoolStore, ProxyStore, StoreError, retry_on_conflict
 from egress_proxies.sweep.containment import Containment
+from egress_proxies.sweep.placement import Budget, Decision, Member, decide, interleaved, kept_listed
+from egress_proxies.sweep.pool_status import failed_status, pool_status
 from egress_proxies.sweep.verdict import serves
 
 log = logging.getLogger(__name__)
@@ -95,7 +91,7 @@ class ProviderHealth:
 
 def kept_in_discovery(proxies: Sequence[Proxy], floors: Mapping[tuple[str, str], PoolFloor]) -> list[Proxy]:
     """The quarantined members discovery still lists beside the Ready Proxies: per pool, as many
-    as it needs to keep its floor (``pool.kept_listed``) of those whose instance still serves."""
+    as it needs to keep its floor (``placement.kept_listed``) of those whose instance still serves."""
     serving: dict[tuple[str, str], int] = {}
     candidates: dict[tuple[str, str], dict[str, Proxy]] = {}
     for proxy in proxies:
@@ -225,11 +221,11 @@ class PoolReconciler:
     def _fail(self, pool: Pool, errors: Sequence[str], members: int, now: float) -> None:
         """An invalid pool: Failed, with an event when its message changes; nothing else is written."""
         self.failed[pool.key] = "; ".join(errors)
-        before = find_condition(pool.status, "Available")
+        before = find_condition(pool.status, AVAILABLE)
         status = failed_status(pool, errors, members, now)
         if before.get("message") != "; ".join(errors):
             log.warning("pool %s is invalid: %s", pool.key, "; ".join(errors))
-            self.pools.record_pool_event(pool, "Warning", "InvalidSpec", "; ".join(errors))
+            self.pools.record_pool_event(pool, "Warning", reasons.INVALID_SPEC, "; ".join(errors))
         self._write_status(pool, status)
 
     def _apply(self, pool: Pool, spec: PoolSpec, decision: Decision, live: Sequence[Proxy],
@@ -240,14 +236,15 @@ class PoolReconciler:
         self._record_placement_health(pool, spec, decision)
         for name, why in decision.retire.items():
             self._mark_retiring(by_name[name], why)
-            self.pools.record_pool_event(pool, "Normal", "Rotating" if why == "rotation" else "Updating",
+            reason = reasons.ROTATING if why == RETIRING_ROTATION else reasons.UPDATING
+            self.pools.record_pool_event(pool, "Normal", reason,
                                          f"member {name} is replaced ({why}); it stays until its successor is "
                                          "ready")
         # Deletes before creates: ``decide`` used the surge the deletes free, so the other order
         # would overshoot replicas + maxSurge between the two (and after a crash between them).
         for name in decision.deletes:
             self.pools.delete_proxy(pool.namespace, name)
-            self.pools.record_pool_event(pool, "Normal", "MemberDeleted",
+            self.pools.record_pool_event(pool, "Normal", reasons.MEMBER_DELETED,
                                          f"member {name} deleted ({_deleted_why(by_name.get(name))})")
         if decision.creates:
             pool = self._create_members(pool, spec, decision.creates)
@@ -263,11 +260,11 @@ class PoolReconciler:
     def _record_placement_health(self, pool: Pool, spec: PoolSpec, decision: Decision) -> None:
         """An event for each placement degraded or recovered this sweep."""
         for i in decision.newly_degraded:
-            self.pools.record_pool_event(pool, "Warning", "PlacementDegraded",
+            self.pools.record_pool_event(pool, "Warning", reasons.PLACEMENT_DEGRADED,
                                          f"placement[{i}] {spec.placements[i].label}: {decision.degraded[i]}; "
                                          f"its shortfall goes to the other placements (maxSurge {spec.max_surge})")
         for i in decision.recovered:
-            self.pools.record_pool_event(pool, "Normal", "PlacementRecovered",
+            self.pools.record_pool_event(pool, "Normal", reasons.PLACEMENT_RECOVERED,
                                          f"placement[{i}] {spec.placements[i].label} serves again; members "
                                          "move back")
 
@@ -285,7 +282,7 @@ class PoolReconciler:
             except Conflict:
                 log.info("pool %s: member %s exists already (a create repeated after a restart)", pool.key,
                          name)
-        self.pools.record_pool_event(pool, "Normal", "MembersCreated", f"{len(placements)} member(s) created")
+        self.pools.record_pool_event(pool, "Normal", reasons.MEMBERS_CREATED, f"{len(placements)} member(s) created")
         return pool
 
     def _report_foreign(self, pools: Sequence[Pool], proxies: Sequence[Proxy]) -> None:
@@ -303,7 +300,7 @@ class PoolReconciler:
                            "create it (no ownerReference to it): it is not a member and is left alone; remove the "
                            "label, or delete it and let the pool make its own")
                 log.warning("pool %s: %s", pool.key, message)
-                self.pools.record_pool_event(pool, "Warning", "ForeignProxy", message)
+                self.pools.record_pool_event(pool, "Warning", reasons.FOREIGN_PROXY, message)
         self._foreign = seen
 
     def _orphans(self, pools: Sequence[Pool], proxies: Sequence[Proxy], budget: Budget) -> bool:

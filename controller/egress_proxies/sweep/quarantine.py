@@ -4,7 +4,7 @@ and a metric; the pool replaces a quarantined member (``pools``) and ``live`` re
 instance of a quarantined bare Proxy.
 
 Whether the Proxy leaves discovery at once is decided here: a pool member leaves only while its
-pool keeps ``minReady`` members discoverable without it (``pool.kept_listed``; the sweep decides
+pool keeps ``minReady`` members discoverable without it (``placement.kept_listed``; the sweep decides
 the same from then on). Beyond that it is quarantined all the same (marked, replaced) and stays
 listed until its replacement serves, and the answer says so: no burst of quarantines, from any
 number of tokens, empties a pool.
@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from egress_proxies import metrics
+from egress_proxies.resources import reasons
 from egress_proxies.resources.pool import QUARANTINE_ANNOTATION, controller_of, pool_of
 from egress_proxies.resources.proxy import Proxy
 from egress_proxies.sources.store import Gone, ProxyStore, retry_on_conflict
@@ -99,7 +100,7 @@ class Quarantine:
             metrics.QUARANTINES.labels(namespace=namespace).inc()
             message = f"instance {written.status.get('providerID')} quarantined by {who}: {reason}; {detail}"
             log.warning("%s: %s", written.key, message, extra={"proxy": written.key, "provider": written.provider})
-            self.store.record_event(written, "Warning", "Quarantined", message)
+            self.store.record_event(written, "Warning", reasons.QUARANTINED, message)
         return QuarantineOutcome(written, hidden, detail)
 
     def _hides(self, proxy: Proxy) -> tuple[bool, str]:

@@ -26,7 +26,7 @@ from egress_proxies import metrics
 from egress_proxies.providers.client import ConfigUnreadable, Listing, ProviderClient, ProviderSet, check_config
 from egress_proxies.providers.errors import ErrorClass, ProviderError
 from egress_proxies.providers.runner import Runner
-from egress_proxies.resources import times
+from egress_proxies.resources import reasons, times
 from egress_proxies.resources.conditions import SERVING, find_condition
 from egress_proxies.resources.pool import quarantined
 from egress_proxies.resources.proxy import (
@@ -227,7 +227,7 @@ class Reconciler:
             problems = [proxy.defect] if proxy.defect else self.validation.errors(proxy)
             if problems and not (proxy.deleting and not proxy.defect):
                 unreconciled.append(proxy)
-                reason = "SourceDefect" if proxy.defect else "InvalidSpec"
+                reason = reasons.SOURCE_DEFECT if proxy.defect else reasons.INVALID_SPEC
                 contain(proxy, partial(self.writer.invalid, proxy, reason, "; ".join(problems)))
                 continue
             # An invalid spec does not hold up a deletion: it needs only the providerID and the
@@ -288,7 +288,7 @@ class Reconciler:
     def _provider_unusable(self, proxy: Proxy, config: ProviderSet, why: str | None) -> None:
         """A live Proxy whose provider has an invalid section (``why``) or is not configured."""
         if why is not None:
-            self.writer.failed(proxy, ProviderError(ErrorClass.PERMANENT, why), "ProviderConfigInvalid")
+            self.writer.failed(proxy, ProviderError(ErrorClass.PERMANENT, why), reasons.PROVIDER_CONFIG_INVALID)
         else:
             self._provider_missing(proxy, config)
 
@@ -366,7 +366,7 @@ class Reconciler:
             report.proxies_failed[proxy.key] = why
 
         def record_crash(signature: str) -> None:
-            self.writer.invalid(proxy, "InternalError",
+            self.writer.invalid(proxy, reasons.INTERNAL_ERROR,
                                 f"the controller failed on this Proxy ({signature}); see its log")
 
         self.containment.run(proxy.key, proxy.uid, action, failed=failed, record_crash=record_crash,
@@ -412,4 +412,4 @@ class Reconciler:
     def _provider_missing(self, proxy: Proxy, config: ProviderSet) -> None:
         message = (f"provider {proxy.provider!r} is not in the provider config (configured: "
                    f"{', '.join(sorted(config.types)) or 'none'}); fix spec.provider")
-        self.writer.invalid(proxy, "ProviderNotConfigured", message)
+        self.writer.invalid(proxy, reasons.PROVIDER_NOT_CONFIGURED, message)

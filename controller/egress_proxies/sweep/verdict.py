@@ -14,24 +14,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from egress_proxies.providers.client import Instance
-from egress_proxies.resources import times
+from egress_proxies.resources import reasons, times
 from egress_proxies.resources.conditions import PRIVATE, PROVIDER_LISTED, READY, SERVING, Wanted, find_condition
-from egress_proxies.resources.pool import QUARANTINED
 from egress_proxies.resources.proxy import PHASE_PROVISIONING, PHASE_QUARANTINED, PHASE_READY
 from egress_proxies.serving.probe import ProbeOutcome
 
 # Status fields that describe one instance, dropped when another takes its place.
 INSTANCE_FIELDS = ("ip", "endpoint", "egressIP", "probe", "credentialGeneration")
-# Serving reasons of an instance that may still serve: not probed yet, or not probed at all.
-AWAITING = "AwaitingProbe"
-UNVERIFIED = "Unverified"
-# The Ready reason of an instance kept in discovery while every probe of its provider fails at once.
-PROVIDER_WIDE_FAILURE = "ProviderWideFailure"
 # The Serving reasons of an instance that is not there to serve at all (lost, not "slow").
-LOST_REASONS = ("InstanceStopped", "InstanceError")
+LOST_REASONS = (reasons.INSTANCE_STOPPED, reasons.INSTANCE_ERROR)
 
 # Private reasons that warn (an Event) when they start: anyone may use the proxy.
-WARNED_PRIVACY = ("AuthDisabled", "NotPrivate")
+WARNED_PRIVACY = (reasons.AUTH_DISABLED, reasons.NOT_PRIVATE)
 # (type, reason, message) of an Event about the Proxy.
 Event = tuple[str, str, str]
 
@@ -94,17 +88,17 @@ def judge(status: Mapping[str, Any], seen: Observation, now: str) -> Verdict:
     where = f"instance {seen.instance.provider_id}"
     still = "it still serves and " if verdict.phase == PHASE_READY else ""
     message = f"a crawler quarantined {where}; {still}it is being replaced"
-    return dataclasses.replace(verdict, phase=PHASE_QUARANTINED, ready=("False", QUARANTINED, message))
+    return dataclasses.replace(verdict, phase=PHASE_QUARANTINED, ready=("False", reasons.QUARANTINED, message))
 
 
 def serves(status: Mapping[str, Any]) -> bool:
     """Whether the instance the status describes serves crawlers, whatever its phase says (a
-    quarantined one may: its pool keeps it listed while it needs it, ``pool.kept_listed``):
+    quarantined one may: its pool keeps it listed while it needs it, ``placement.kept_listed``):
     running with an address and, where probed, passing the probes without being open to strangers."""
     serving = find_condition(status, SERVING)
-    if not status.get("endpoint") or find_condition(status, PRIVATE).get("reason") == "NotPrivate":
+    if not status.get("endpoint") or find_condition(status, PRIVATE).get("reason") == reasons.NOT_PRIVATE:
         return False
-    return serving.get("status") == "True" or serving.get("reason") == UNVERIFIED
+    return serving.get("status") == "True" or serving.get("reason") == reasons.UNVERIFIED
 
 
 def _judge(status: Mapping[str, Any], seen: Observation, now: str) -> Verdict:
@@ -123,9 +117,9 @@ def _judge(status: Mapping[str, Any], seen: Observation, now: str) -> Verdict:
         lost = ("False", reason, f"{where} is {instance.state}")
         return Verdict(PHASE_PROVISIONING, lost, {SERVING: lost, PROVIDER_LISTED: None}, fields, new_instance)
     if not instance.running:
-        waiting = ("False", "Provisioning", f"{where} is {instance.state}, waiting for it to run with an IP")
-        return Verdict(PHASE_PROVISIONING, waiting,
-                       {SERVING: ("Unknown", AWAITING, "not running yet"), PROVIDER_LISTED: None}, fields, new_instance)
+        waiting = ("False", reasons.PROVISIONING, f"{where} is {instance.state}, waiting for it to run with an IP")
+        not_yet = ("Unknown", reasons.AWAITING_PROBE, "not running yet")
+        return Verdict(PHASE_PROVISIONING, waiting, {SERVING: not_yet, PROVIDER_LISTED: None}, fields, new_instance)
     endpoint = instance.endpoint_for(seen.port)
     fields.update(ip=instance.ip, endpoint=endpoint)
     if seen.credential_generation is not None:
@@ -150,12 +144,12 @@ def _serving(status: Mapping[str, Any], seen: Observation, where: str, endpoint:
     adds the probe's own fields to ``fields``."""
     instance, outcome, private = seen.instance, seen.outcome, seen.built_private
     if not seen.probed:
-        unverified = ("Unknown", UNVERIFIED, "the provider config says probe: none: nothing checks it serves")
+        unverified = ("Unknown", reasons.UNVERIFIED, "the provider config says probe: none: nothing checks it serves")
         if private is not None and private[0] == "True":
             # Built to require credentials; with nothing probing, nothing measured that it does.
-            private = ("Unknown", UNVERIFIED, ("the provider config says probe: none: nothing checks that "
+            private = ("Unknown", reasons.UNVERIFIED, ("the provider config says probe: none: nothing checks that "
                                                "requests without credentials are refused"))
-        return PHASE_READY, ("True", "InstanceRunning", f"{where} is running at {endpoint}"), unverified, private
+        return PHASE_READY, ("True", reasons.INSTANCE_RUNNING, f"{where} is running at {endpoint}"), unverified, private
     previous_serving = find_condition(status, SERVING)
     was_ready = status.get("phase") == PHASE_READY and status.get("readyProviderID") == instance.provider_id
     if outcome is not None and outcome.reason.unknown:
@@ -166,16 +160,17 @@ def _serving(status: Mapping[str, Any], seen: Observation, where: str, endpoint:
             # a provider listed again): the last verdict stands until the first probe, one probe
             # interval, rather than pulling a serving proxy out of discovery.
             message = str(find_condition(status, READY).get("message") or f"{where} at {endpoint} serves")
-            kept = ("True", "Serving", str(previous_serving.get("message") or "served when last probed"))
-            return PHASE_READY, ("True", "Serving", message), kept, private
-        awaiting = ("False", AWAITING, f"{where} is running at {endpoint}; waiting for the first probe through it")
-        return PHASE_PROVISIONING, awaiting, ("Unknown", AWAITING, "not probed yet"), private
+            kept = ("True", reasons.SERVING, str(previous_serving.get("message") or "served when last probed"))
+            return PHASE_READY, ("True", reasons.SERVING, message), kept, private
+        awaiting = ("False", reasons.AWAITING_PROBE,
+                    f"{where} is running at {endpoint}; waiting for the first probe through it")
+        return PHASE_PROVISIONING, awaiting, ("Unknown", reasons.AWAITING_PROBE, "not probed yet"), private
     probed_at = times.stamp(outcome.probed_at)
     if outcome.serving and outcome.private is False:
         # It serves anyone: an open relay is never handed to crawlers.
         message = f"{where} at {endpoint} serves requests WITHOUT credentials: {outcome.privacy_message}"
-        return (PHASE_PROVISIONING, ("False", "NotPrivate", message),
-                ("True", "Serving", f"serves ({outcome.message})"), ("False", "NotPrivate", message))
+        return (PHASE_PROVISIONING, ("False", reasons.NOT_PRIVATE, message),
+                ("True", reasons.SERVING, f"serves ({outcome.message})"), ("False", reasons.NOT_PRIVATE, message))
     if outcome.serving:
         latency = outcome.latency_seconds or 0.0
         message = (f"{where} at {endpoint} serves: requests through it reached the probe target "
@@ -183,7 +178,7 @@ def _serving(status: Mapping[str, Any], seen: Observation, where: str, endpoint:
         fields["egressIP"] = outcome.egress_ip
         fields["probe"] = {"latencySeconds": round(latency, 4), "lastProbeTime": probed_at,
                            "servedProviderID": instance.provider_id}
-        return PHASE_READY, ("True", "Serving", message), ("True", "Serving", message), private
+        return PHASE_READY, ("True", reasons.SERVING, message), ("True", reasons.SERVING, message), private
     message = f"{where} at {endpoint} runs but does not serve: {outcome.reason}: {outcome.message}"
     served = (status.get("probe") or {}).get("servedProviderID")
     fields["probe"] = {"lastProbeTime": probed_at,
@@ -195,8 +190,8 @@ def _serving(status: Mapping[str, Any], seen: Observation, where: str, endpoint:
         # last serving set stays in discovery for a bounded time.
         held = (f"{where} at {endpoint} kept in discovery until {until}: every probe of its provider fails at "
                 f"once since {seen.provider_failing_since} (a provider-wide failure); this one: {outcome.reason}")
-        return PHASE_READY, ("True", PROVIDER_WIDE_FAILURE, held), failing, private
-    return PHASE_PROVISIONING, ("False", "NotServing", message), failing, private
+        return PHASE_READY, ("True", reasons.PROVIDER_WIDE_FAILURE, held), failing, private
+    return PHASE_PROVISIONING, ("False", reasons.NOT_SERVING, message), failing, private
 
 
 def _unknown(status: Mapping[str, Any], outcome: ProbeOutcome, was_ready: bool, where: str,
@@ -207,9 +202,9 @@ def _unknown(status: Mapping[str, Any], outcome: ProbeOutcome, was_ready: bool, 
     if was_ready:
         ready = find_condition(status, READY)
         message = str(ready.get("message") or f"{where} at {endpoint} serves")
-        return PHASE_READY, ("True", str(ready.get("reason") or "Serving"), message), serving
+        return PHASE_READY, ("True", str(ready.get("reason") or reasons.SERVING), message), serving
     waiting = f"{where} is running at {endpoint}; no probe can tell whether it serves: {outcome.message}"
-    return PHASE_PROVISIONING, ("False", AWAITING, waiting), serving
+    return PHASE_PROVISIONING, ("False", reasons.AWAITING_PROBE, waiting), serving
 
 
 def _held_until(seen: Observation, now: str) -> str | None:

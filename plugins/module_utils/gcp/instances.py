@@ -273,6 +273,7 @@ class GcpProvider:
             pinned_zone = zonal.group(1)
         labels, tags_json = encode_tags(request.tags)
         opening = opening_of(request.access, request.port, self.firewall.identity)
+        self.firewall.require(opening)
         metadata = [*user_data_metadata(request.user_data, request.user_data_encoding),
                     (TAGS_METADATA_KEY, tags_json), (PORT_METADATA_KEY, str(request.port)),
                     (SOURCES_METADATA_KEY, opening_metadata(opening)),
@@ -306,7 +307,7 @@ class GcpProvider:
         return InsertSpec(name=request.name, zone=zone, machine_type=machine_type, source_image=plan.image,
                           network=self.settings.network, subnetwork=self.settings.subnetwork,
                           external_ip=self.settings.external_ip, labels=dict(plan.labels),
-                          metadata=list(plan.metadata), network_tags=self.firewall.instance_tags)
+                          metadata=list(plan.metadata), network_tags=self.firewall.instance_tags(plan.opening))
 
     def _existing_and_zones(self, request: InstanceRequest, plan: "_Plan") -> Tuple[Optional[GceInstance], List[str]]:
         """An instance of this name, and the zones to try, best first.
@@ -361,13 +362,15 @@ class GcpProvider:
 
     def create(self, request: InstanceRequest, check_mode: bool) -> Tuple[bool, Instance]:
         """Create ``request`` unless an instance of that name exists (then changed is False), and
-        make sure the provider's firewall rule admits its port (before the insert, so a refusal
-        leaves nothing behind, and after it: firewall.py says why)."""
+        make sure its opening's firewall rule exists (before the insert, so a refusal leaves
+        nothing behind, and after it: firewall.py says why)."""
         plan = self._plan(request)
         found, zones = self._existing_and_zones(request, plan)
         if found is not None:
             ours = self._ours_or_fail(found, "name")
-            if not check_mode and self.firewall.managed:
+            # A retried create whose rule step failed: its rule, for the instance carrying its tag
+            # (never one of the legacy layout, which has no rule of its own to admit).
+            if not check_mode and self.firewall.managed and self.firewall.rule_name(plan.opening) in ours.network_tags:
                 self.firewall.admit(plan.opening, self._deadline())
             return False, self._instance(ours)
         if check_mode:

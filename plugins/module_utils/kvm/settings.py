@@ -20,6 +20,7 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.config_reader
     Reader,
     default_key,
 )
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.instance import MIN_PORT
 
 DOMAIN_TYPES = ("kvm", "qemu")
 IMAGE_FORMATS = ("qcow2", "raw")
@@ -387,9 +388,10 @@ def _port_range(host: Reader, errors: Errors) -> Optional[Tuple[int, int]]:
     value = host.data["publishPorts"]
     found = PORT_RANGE_RE.fullmatch(value) if isinstance(value, str) else None
     first, last = (int(found.group(1)), int(found.group(2))) if found else (0, 0)
-    if not found or not 1 <= first <= last <= 65535:
-        errors.add("%s: %r is not a port range first-last within 1-65535 (such as \"40000-40999\"), as the role's "
-                   "kvm_hypervisor_publish_ports" % (host.at("publishPorts"), value))
+    if not found or not MIN_PORT <= first <= last <= 65535:
+        errors.add("%s: %r is not a port range first-last within %d-65535 (such as \"40000-40999\"; below %d are the "
+                   "host's own services, such as sshd on 22), as the role's kvm_hypervisor_publish_ports" % (
+                       host.at("publishPorts"), value, MIN_PORT, MIN_PORT))
         return None
     return first, last
 

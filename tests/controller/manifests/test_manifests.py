@@ -217,11 +217,11 @@ def test_base64_of_64_kib_binary_user_data_fits() -> None:
     ({"provider": None}, "spec: 'provider' is a required property"),
     ({"provider": ""}, "spec.provider: '' should be non-empty"),
     ({"port": 70000}, "spec.port: 70000 is greater than the maximum of 65535"),
-    ({"port": 0}, "spec.port: 0 is less than the minimum of 1"),
+    ({"port": 22}, "spec.port: 22 is less than the minimum of 1024"),
     ({"port": "3128"}, "spec.port: '3128' is not of type 'integer'"),
     ({"cloudInitEncoding": "gzip"}, "spec.cloudInitEncoding: 'gzip' is not one of ['plain', 'base64']"),
     ({"cloudInit": "#" * 90001}, "spec.cloudInit: '###"),
-], ids=["missing-provider", "empty-provider", "port-70000", "port-0", "port-string", "bad-encoding",
+], ids=["missing-provider", "empty-provider", "port-70000", "port-22", "port-string", "bad-encoding",
         "oversized-cloudinit"])
 def test_invalid_proxies_are_rejected(spec: Obj, error: str) -> None:
     proxy = a_proxy(**{key: value for key, value in spec.items() if value is not None})

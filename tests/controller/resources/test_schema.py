@@ -86,7 +86,7 @@ def test_the_crd_defaults_are_the_controllers() -> None:
                                                       "(got 'https://example.com/')")),
     ({"provider": ""}, "spec.provider: must be a non-empty string (got '')"),
     ({"provider": None}, "spec.provider: must be a non-empty string (quote it in YAML) (got None)"),
-    ({"port": 0}, "spec.port: must be an integer 1-65535 (got 0)"),
+    ({"port": 22}, "spec.port: must be an integer 1024-65535 (got 22)"),  # issue 38: 22 is sshd
 ])
 def test_a_proxy_pattern_or_range_violation_says_what_is_allowed(change: dict[str, Any], expected: str) -> None:
     proxy = Proxy("ns", "p", "uid", {"provider": "a", **change})

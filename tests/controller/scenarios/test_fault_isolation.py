@@ -39,8 +39,8 @@ EGRESS_PROXIES = str(Path(sys.executable).parent / "egress-proxies")
 
 # Each malformed Proxy of the table, and the field path its condition must name.
 MALFORMED: dict[str, tuple[dict[str, Any], str]] = {
-    "port-abc": ({"spec": {**GOOD, "port": "abc"}}, "spec.port: must be an integer 1-65535"),
-    "port-zero": ({"spec": {**GOOD, "port": 0}}, "spec.port: must be an integer 1-65535"),
+    "port-abc": ({"spec": {**GOOD, "port": "abc"}}, "spec.port: must be an integer 1024-65535"),
+    "port-zero": ({"spec": {**GOOD, "port": 0}}, "spec.port: must be an integer 1024-65535"),
     "cloudinit-number": ({"spec": {**GOOD, "cloudInit": 12345}}, "spec.cloudInit: must be a string"),
     "location-date": ({"spec": {**GOOD, "location": datetime.date(2024, 1, 1)}}, "spec.location: must be a string"),
     "spec-list": ({"spec": ["provider", "home-kvm"]}, "spec"),
@@ -335,4 +335,4 @@ def test_kubernetes_source_with_a_cr_stored_before_the_schema_tightened(
 
     assert read("good")["status"]["phase"] == "Ready"
     old = read("old")["status"]
-    assert old["phase"] == "Failed" and "spec.port: must be an integer 1-65535" in old["conditions"][0]["message"]
+    assert old["phase"] == "Failed" and "spec.port: must be an integer 1024-65535" in old["conditions"][0]["message"]

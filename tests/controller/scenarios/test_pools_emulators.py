@@ -441,7 +441,7 @@ def test_a_malformed_pool_fails_alone(kube: KubeEmulator, api: client.ApiClient,
     assert (available["status"], available["reason"]) == ("False", "InvalidSpec")
     assert "spec.replicas: must be an integer >= 0 (got 'abc')" in available["message"]
     elsewhere = condition(get_pool(objects, "elsewhere"), "Available")["message"]
-    assert "spec.template.port: must be an integer 1-65535 (got 'abc')" in elsewhere, elsewhere
+    assert "spec.template.port: must be an integer 1024-65535 (got 'abc')" in elsewhere, elsewhere
     assert "mars" not in elsewhere  # an unconfigured provider degrades its placement, it is no spec error
     assert members(objects, "bad") == members(objects, "elsewhere") == []
     assert len(serving(members(objects, "good"))) == 2
@@ -453,7 +453,7 @@ def test_a_malformed_pool_fails_alone(kube: KubeEmulator, api: client.ApiClient,
                                               "template": {"port": 70000}}})
     assert rec.sweep().ok
     message = condition(get_pool(objects, "good"), "Available")["message"]
-    assert "spec.template.port: must be an integer 1-65535 (got 70000)" in message
+    assert "spec.template.port: must be an integer 1024-65535 (got 70000)" in message
     assert len(members(objects, "good")) == 2  # an invalid pool deletes nothing
 
 

@@ -28,8 +28,9 @@ from kubernetes import client
 from egress_proxies.cli import proxy_url
 from egress_proxies.health import SweepHealth
 from egress_proxies.http_server import ControllerHTTPServer, TokenScopes
-from egress_proxies.serving.credentials import Credentials, FileSecrets
+from egress_proxies.serving.credentials import Credentials
 from egress_proxies.serving.monitor import ServingMonitor
+from egress_proxies.sources.file_secrets import FileSecrets
 from egress_proxies.sources.kube import KubeSecrets
 from egress_proxies.sweep.backoff import Backoff
 from egress_proxies.sweep.reconcile import Reconciler

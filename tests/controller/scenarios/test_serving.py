@@ -44,10 +44,10 @@ def config(tmp_path: Path) -> Path:
 
 
 class Lab:
-    def __init__(self, config: Path, unhealthy_after: int = 300) -> None:
+    def __init__(self, config: Path, unhealthy_after: int = 300, **probe: Any) -> None:
         self.store = MemoryStore()
         self.runner = ProbedRunner(probe=probe_settings(config.with_name("probe-key"),
-                                                        unhealthyAfterSeconds=unhealthy_after))
+                                                        unhealthyAfterSeconds=unhealthy_after, **probe))
         self.prober = ScriptedProber()
         self.monitor = ServingMonitor(self.prober)  # type: ignore[arg-type]
         self.clock = {"offset": 0.0}
@@ -278,6 +278,46 @@ def test_a_crash_mid_replacement_never_duplicates(config: Path) -> None:
     lab.clock["offset"] = 0
     lab.sweep_probe_sweep(restarted)
     assert len(lab.runner.instances) == 1
+
+
+def test_a_chronic_flapper_is_replaced_make_before_break_and_one_flap_is_followed(config: Path) -> None:
+    """Issue 37 row 6. Over a window of 10 probes (flapPercent 25), a proxy failing every other
+    probe is replaced: Replacing/Flapping says so, the successor is created while the flapper
+    stays until the successor serves; a proxy that failed 4 probes in a row once is followed (out
+    of discovery and back), not replaced. Within the budget: of 9 flappers among 11, one per sweep."""
+    lab = Lab(config, flapWindow=10, flapPercent=25)
+    # anchor always serves: the rounds where all the others fail are not a provider-wide failure.
+    names = ["anchor", "flapper", "steady"] + [f"more-{n}" for n in range(8)]
+    for name in names:
+        lab.store.add(name, SPEC)
+    rec = lab.reconciler()
+    lab.sweep_probe_sweep(rec)
+    ip = {name: lab.store.get(name).status["ip"] for name in names}
+    flappers = [ip[n] for n in names if n not in ("steady", "anchor")]
+    followed = []
+    for step, steady in zip("+-+-+-+-+-+", "+++----++++", strict=True):
+        for each, serves in ((flappers, step), ([ip["steady"]], steady)):
+            for address in each:
+                lab.prober.serving[address] = True if serves == "+" else ProbeReason.CONNECTION_REFUSED
+        lab.monitor.probe_now()
+        followed.append("steady" in {p.name for p in rec.last_ready})
+    assert followed == [c == "+" for c in "+++----++++"]  # followed out of discovery and back
+    rec.sweep()
+    replacing = {p.name: p for p in lab.store.objects.values() if any(
+        c["type"] == "Replacing" for c in p.status.get("conditions", []))}
+    assert list(replacing) == ["flapper"]  # the budget: 10 % of 11 Proxies, one this sweep
+    condition = next(c for c in replacing["flapper"].status["conditions"] if c["type"] == "Replacing")
+    assert condition["reason"] == "Flapping" and "failed 5 of its last 10 probes in 5 separate spells" in (
+        condition["message"]), condition
+    assert "Flapping" in lab.store.reasons("crawlers/flapper")
+    assert len(lab.runner.instances) == 12  # make before break: the flapper stays for now
+    assert "steady" in {p.name for p in rec.last_ready} and "Flapping" not in lab.store.reasons("crawlers/steady")
+    lab.sweep_probe_sweep(rec)  # the successor serves: the flapper goes, the condition with it
+    flapper = lab.store.get("flapper")
+    assert flapper.status["phase"] == "Ready" and flapper.status["ip"] != ip["flapper"]
+    assert not [c for c in flapper.status["conditions"] if c["type"] == "Replacing"]
+    assert ip["flapper"] not in {i["ip"] for i in lab.runner.instances.values()}
+    assert lab.store.reasons("crawlers/flapper")[-1] == "Replaced"
 
 
 # -- the real path: squid in a network namespace, the real prober ---------------------------------

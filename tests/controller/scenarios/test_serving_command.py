@@ -13,15 +13,17 @@ import base64
 import json
 import os
 import socket
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from kubernetes import client
+from kubernetes import client, watch
 
 from support.command_lab import Command, Kubelet, Placement, kubernetes_provider, secrets_in
 from support.fake_proxies import FakeProxies
@@ -290,7 +292,9 @@ def test_a_flapping_proxy_is_not_replaced_and_discovery_follows_the_probe_not_th
         request: pytest.FixtureRequest) -> None:
     """Row 8. A proxy up 6 s, down 6 s, with unhealthyAfterSeconds 30, while every sweep takes 20 s
     or more (another provider's API never answers, so its listing waits out its timeout). It never
-    goes 30 s without a success, so it is never replaced; and discovery lists it exactly while
+    goes 30 s without a success, so its failure clock never replaces it (its flapWindow, 1,000
+    probes, is longer than the test: a chronic flapper's replacement is issue 37's test below); and
+    discovery lists it exactly while
     the probe finds it serving, within a probe interval (1 s) and a probe of each change. Before:
     verdicts came with the sweep, 20 s late, and the proxy was replaced."""
     tarpit = socket.create_server(("127.0.0.1", 0), backlog=64)  # accepts (the kernel does), never answers
@@ -298,8 +302,9 @@ def test_a_flapping_proxy_is_not_replaced_and_discovery_follows_the_probe_not_th
     stuck = world.provider("stuck", tmp_path, unhealthyAfterSeconds=30)
     stuck["kubernetes"]["kubeconfig"] = str(write_kubeconfig(tmp_path / "stuck-kubeconfig",
                                                              f"http://127.0.0.1:{tarpit.getsockname()[1]}"))
-    providers = [world.provider("flappy", tmp_path, unhealthyAfterSeconds=30, startupSeconds=30, timeoutSeconds=1),
-                 stuck]
+    # flapWindow 1000: judged by its failure clock alone here (a chronic flapper is replaced: below).
+    providers = [world.provider("flappy", tmp_path, unhealthyAfterSeconds=30, startupSeconds=30, timeoutSeconds=1,
+                                flapWindow=1000), stuck]
     flappy = world.address("flappy")
     command, kubelet = lab(providers, lambda _: Placement(flappy, "flap", {"period": 6}),
                            {"flappy-0": {"provider": "flappy"}, "stuck-0": {"provider": "stuck"}},
@@ -323,37 +328,165 @@ def test_a_flapping_proxy_is_not_replaced_and_discovery_follows_the_probe_not_th
 # -- row 9: at most two instances per Proxy -----------------------------------------------------------
 
 
+class PodHistory:
+    """Every change to the Pods of one Kubernetes namespace, in the API's own order (a watch from
+    the namespace's current resourceVersion): how many instances each Proxy had at every moment,
+    not at the moments a test happened to look."""
+
+    def __init__(self, kube: KubeEmulator, namespace: str) -> None:
+        self.api = client.ApiClient(client.Configuration(host=kube.url))
+        self.core = client.CoreV1Api(self.api)
+        self.namespace = namespace
+        self.alive: dict[str, set[str]] = {}  # Proxy name -> its Pods not being deleted
+        self.most: dict[str, int] = {}
+        self.error: Exception | None = None
+        self._stopping = threading.Event()
+        self._watch = watch.Watch()  # type: ignore[no-untyped-call]  # kubernetes.watch has no annotations
+        version = str(self.core.list_namespaced_pod(namespace).metadata.resource_version)  # type: ignore[union-attr]
+        self._thread = threading.Thread(target=self._follow, args=(version,), name="pod-history", daemon=True)
+        self._thread.start()
+
+    def _follow(self, version: str) -> None:
+        try:
+            for event in self._watch.stream(  # type: ignore[no-untyped-call]
+                    self.core.list_namespaced_pod, self.namespace, resource_version=version, timeout_seconds=600):
+                pod = event["raw_object"]
+                pods = self.alive.setdefault(proxy_of(pod), set())
+                if event["type"] == "DELETED" or pod["metadata"].get("deletionTimestamp"):
+                    pods.discard(pod["metadata"]["name"])
+                else:
+                    pods.add(pod["metadata"]["name"])
+                self.most[proxy_of(pod)] = max(self.most.get(proxy_of(pod), 0), len(pods))
+        except Exception as error:  # noqa: BLE001 - surfaced by the test (closing the stream ends it too)
+            if not self._stopping.is_set():
+                self.error = error
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._watch.stop()  # type: ignore[no-untyped-call]
+        self.api.close()  # type: ignore[no-untyped-call]
+        self._thread.join(timeout=10)
+
+
+def caught_up(history: PodHistory, kubelet: Kubelet) -> bool:
+    """The watch has seen every Pod the API lists now, and no other."""
+    return all(history.alive.get(name, set()) == set(pods_of(kubelet, name)) for name in history.alive)
+
+
 def test_a_proxy_whose_instances_never_serve_has_at_most_two(
         world: World, lab: Callable[..., tuple[Command, Kubelet]], tmp_path: Path, figures: list[str]) -> None:
-    """Row 9. A Proxy whose instances never serve, with a leftover second instance beside its
-    first (what the first replacement of such a Proxy leaves behind), is replaced after its
-    start-up allowance (30 s): its successor is created and the leftover deleted, so it never has
-    more than the one being replaced and its successor. Before: 1 -> 2 -> 3 instances, growing."""
+    """Row 9 and issue 37 row 6's second half. A Proxy whose instances never serve, with a
+    leftover second instance beside its first (what the first replacement of such a Proxy leaves
+    behind while its successor does not serve either), is replaced after its start-up allowance
+    (30 s): the leftover is deleted, then the successor created, so it never has more than the one
+    being replaced and its successor, at any moment (every Pod change followed by a watch).
+    Before: 1 -> 2 -> 3 instances, growing (issue 27); then three for a moment at each replacement
+    of a replacement (the successor created before the leftover was deleted; issue 37: sampled
+    every 5 s, three at 95 s)."""
     closed = world.address("never")
-    command, kubelet = lab([world.provider("never", tmp_path, unhealthyAfterSeconds=30, startupSeconds=30)],
-                           lambda _: Placement(closed, "closed"), {"never-0": {"provider": "never"}})
-    wait_for(lambda: len(pods_of(kubelet, "never-0")) == 1, 300, "its first instance", interval=0.5)
-    (first,) = [p for p in kubelet.pods() if proxy_of(p) == "never-0"]
-    leftover = json.loads(json.dumps(first))
-    leftover["metadata"] = {k: v for k, v in first["metadata"].items()
-                            if k in ("namespace", "labels", "annotations")} | {"name": "p-crawlers-never-0-left"}
-    leftover.pop("status", None)
-    with client.ApiClient(client.Configuration(host=world.kube.url)) as api:
-        client.CoreV1Api(api).create_namespaced_pod(first["metadata"]["namespace"], leftover)
-    wait_for(lambda: serving(command, "never-0")[0] == "False", 180, "the first probe failing", interval=0.5)
-    most = 0
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and "replacing instance" not in command.log_text():
-        most = max(most, len(pods_of(kubelet, "never-0")))
-        time.sleep(0.25)
-    assert "replacing instance" in command.log_text(), command.log_text()[-3000:]
-    wait_for(lambda: "p-crawlers-never-0-left" not in pods_of(kubelet, "never-0"), 180, "the leftover deleted",
-             interval=0.25)
-    for _ in range(40):
-        most = max(most, len(pods_of(kubelet, "never-0")))
-        time.sleep(0.25)
-    figures.append(f"never serving: at most {most} instances")
-    assert most <= 2, most
+    provider = world.provider("never", tmp_path, unhealthyAfterSeconds=30, startupSeconds=30)
+    history = PodHistory(world.kube, provider["kubernetes"]["namespace"])
+    try:
+        command, kubelet = lab([provider], lambda _: Placement(closed, "closed"), {"never-0": {"provider": "never"}})
+        wait_for(lambda: len(pods_of(kubelet, "never-0")) == 1, 300, "its first instance", interval=0.5)
+        (first,) = [p for p in kubelet.pods() if proxy_of(p) == "never-0"]
+        leftover = json.loads(json.dumps(first))
+        leftover["metadata"] = {k: v for k, v in first["metadata"].items()
+                                if k in ("namespace", "labels", "annotations")} | {"name": "p-crawlers-never-0-left"}
+        leftover.pop("status", None)
+        history.core.create_namespaced_pod(first["metadata"]["namespace"], leftover)
+        wait_for(lambda: serving(command, "never-0")[0] == "False", 180, "the first probe failing", interval=0.5)
+        wait_for(lambda: "replacing instance" in command.log_text(), 300, "the replacement",
+                 interval=0.25, diagnostics=lambda: command.log_text()[-3000:])
+        wait_for(lambda: "p-crawlers-never-0-left" not in pods_of(kubelet, "never-0")
+                 and len(pods_of(kubelet, "never-0")) == 2, 180, "the leftover deleted and the successor made",
+                 interval=0.25)
+        wait_for(partial(caught_up, history, kubelet), 30, "the watch caught up", interval=0.25)
+    finally:
+        history.stop()
+    assert history.error is None, history.error
+    figures.append(f"never serving, a replacement of a replacement: at most {history.most['never-0']} instances "
+                   "at any moment")
+    assert history.most["never-0"] == 2, history.most
+
+
+# -- issue 37 row 6: chronic flappers replaced; a proxy that flaps once followed ------------------
+
+
+def probes_of(command: Command, provider: str) -> int:
+    """How many probes of ``provider``'s instances the command has made (its /metrics)."""
+    total = 0.0
+    for line in command.metrics().splitlines():
+        if line.startswith("egress_proxies_probes_total{") and f'provider="{provider}"' in line:
+            total += float(line.rsplit(" ", 1)[1])
+    return int(total)
+
+
+def test_a_chronic_flapper_is_replaced_and_a_proxy_that_flaps_once_is_followed(
+        world: World, lab: Callable[..., tuple[Command, Kubelet]], tmp_path: Path, figures: list[str]) -> None:
+    """Issue 37 row 6. One proxy refuses connections 2.5 s of every 5 s for ever; another serves,
+    stops once (until the probe sees it), and serves again. With flapWindow 15 and flapPercent 25
+    (probes every second), the first is replaced, make before break, within the budget, saying so (Replacing/
+    Flapping, an Event) and its successor serves; the second is followed out of discovery and
+    back in and never replaced, its window full of probes after its spell. Neither ever has more
+    than two instances. Before: the flapper was followed in and out of discovery for ever (its
+    failure clock reset by every success), never replaced."""
+    probe = {"timeoutSeconds": 1, "unhealthyAfterSeconds": 30, "startupSeconds": 30, "flapWindow": 15,
+             "flapPercent": 25}
+    flaps, once = world.provider("flaps", tmp_path, **probe), world.provider("once", tmp_path, **probe)
+    histories = [PodHistory(world.kube, p["kubernetes"]["namespace"]) for p in (flaps, once)]
+    first_pod: dict[str, str] = {}
+
+    def place(pod: dict[str, Any]) -> Placement:
+        name, pod_name = proxy_of(pod), pod["metadata"]["name"]
+        first_pod.setdefault(name, pod_name)
+        if name == "flapper" and first_pod[name] == pod_name:
+            return Placement(world.address(pod_name), "flap", {"period": 2.5})
+        return Placement(world.address(pod_name))
+
+    try:
+        command, kubelet = lab([flaps, once], place, {"flapper": {"provider": "flaps"}, "steady": {"provider": "once"}},
+                               probe_interval=1.0)
+        wait_for(lambda: command.discovery() == ["flapper", "steady"], 300, "both serving once", interval=0.25,
+                 diagnostics=lambda: command.log_text()[-3000:])
+        (steady_pod,) = pods_of(kubelet, "steady")
+        address, _, port = str(command.status("steady")["endpoint"]).rpartition(":")
+        world.fakes.mode(address, int(port), "closed")
+        wait_for(lambda: "steady" not in command.discovery(), 30, "the one-time flap followed out", interval=0.1)
+        wait_for(lambda: command.condition("steady", "Serving").get("status") == "False", 30, "its failure seen",
+                 interval=0.1)
+        world.fakes.mode(address, int(port), "forward")
+        recovered = probes_of(command, "once")
+        wait_for(lambda: "steady" in command.discovery(), 30, "and back in", interval=0.1)
+        wait_for(lambda: command.condition("flapper", "Replacing").get("reason") == "Flapping", 180,
+                 "the chronic flapper being replaced", interval=0.25, diagnostics=lambda: command.log_text()[-3000:])
+        replacing = command.condition("flapper", "Replacing")["message"]
+        successor = replacing.split(" is being replaced by ", 1)[1].split(" ", 1)[0]
+        wait_for(lambda: pods_of(kubelet, "flapper") == [successor] and command.phase("flapper") == "Ready"
+                 and successor in command.status("flapper")["providerID"], 180,
+                 "its successor serving and the flapper deleted", interval=0.25,
+                 diagnostics=lambda: command.log_text()[-3000:])
+        assert command.condition("flapper", "Replacing") == {}, (  # done: the successor serves
+            command.status("flapper"), pods_of(kubelet, "flapper"),
+            [line for line in command.log_text().splitlines() if "flapper" in line][-30:])
+        # The steady one's window (15 probes) held its one spell through several sweeps: still followed.
+        wait_for(lambda: probes_of(command, "once") >= recovered + 20, 60, "its window past its spell",
+                 interval=0.25)
+        for history in histories:
+            wait_for(partial(caught_up, history, kubelet), 30, "the watch caught up", interval=0.25)
+    finally:
+        for history in histories:
+            history.stop()
+    log = command.log_text()
+    figures.append(f"a chronic flapper (2.5 s/2.5 s, window 15 probes at 1 s) replaced: {replacing}; at most "
+                   f"{histories[0].most.get('flapper')} instances; one that flapped once kept its "
+                   f"{len(pods_of(kubelet, 'steady'))} instance")
+    assert "replacing instance" in log and "Flapping: failed" in log
+    assert "failed" in replacing and "separate spells" in replacing
+    assert pods_of(kubelet, "steady") == [steady_pod] and command.phase("steady") == "Ready"
+    assert "steady: " not in "".join(line for line in log.splitlines() if "replacing instance" in line)
+    assert histories[0].most.get("flapper") == 2 and histories[1].most.get("steady") == 1, (
+        histories[0].most, histories[1].most)
 
 
 # -- issue 26: privacy probed for real, nothing of an answer in any record, another instance's answer --

@@ -22,11 +22,11 @@ from egress_proxies.serving.credentials import (
     AccessPolicy,
     Credential,
     Credentials,
-    FileSecrets,
     SecretBackend,
     UnknownNamespace,
     new_credential,
 )
+from egress_proxies.sources.file_secrets import FileSecrets
 from support.controller_fakes import ManualClock as Clock
 
 # The identities of the namespaces that have Proxies in most tests (their uids on Kubernetes).

@@ -578,18 +578,6 @@ def test_the_temporary_file_is_0600_before_the_rename(store: DirectoryStore, tmp
     assert seen == [0o600]
 
 
-def test_a_status_file_from_an_older_controller_is_scrubbed(store: DirectoryStore, tmp_path: Path) -> None:
-    write_proxy(tmp_path, "a", {"provider": "home-kvm", "cloudInit": "#cloud-config\npassword: hunter2\n"},
-                mode=0o600)
-    status = tmp_path / "a.status.yaml"
-    status.write_text(good_state(spec="{provider: home-kvm, cloudInit: 'password: hunter2'}").replace(
-        "name: bad", "name: eu-1"))
-    status.chmod(0o644)
-    (proxy,), _ = store.list_proxies()
-    assert proxy.uid == "0b5e6f3c-8d4a-4e21-9c7f-2a1b3c4d5e6f" and proxy.defect is None
-    assert "hunter2" not in status.read_text() and mode_of(status) == 0o600
-
-
 @pytest.fixture
 def config(tmp_path: Path) -> Path:
     path = tmp_path / "providers.yaml"

@@ -25,8 +25,9 @@ from egress_proxies.resources.proxy import (
     instance_name,
     spec_hash,
 )
-from egress_proxies.serving.credentials import AccessPolicy, Credentials, FileSecrets
+from egress_proxies.serving.credentials import AccessPolicy, Credentials
 from egress_proxies.serving.monitor import instance_identity
+from egress_proxies.sources.file_secrets import FileSecrets
 from egress_proxies.sweep.backoff import Backoff
 from egress_proxies.sweep.live import LivePath, LiveSettings
 from egress_proxies.sweep.writer import ProxyWriter
@@ -201,6 +202,31 @@ def test_a_lost_instance_is_replaced_under_a_new_name_once_unhealthy_long_enough
     assert live.store.get("eu-1").annotations[REPLACEMENTS_ANNOTATION] == f"{spec_hash(SPEC)}:1"
     first, second = live.created_names()
     assert first != second and "InstanceLost" in live.store.reasons()
+
+
+def test_a_replacement_of_a_replacement_deletes_the_other_instance_before_it_creates(live: Live) -> None:
+    """At most two instances per Proxy at any moment (issue 37): the first instance is lost and
+    replaced, its successor never becomes Ready and is lost too; the first instance (still there:
+    make before break) is deleted *before* the third is created. Before: created, then deleted,
+    three for a moment."""
+    live.store.add("eu-1", SPEC)
+    live.sweep("eu-1")
+    (first,) = live.runner.instances
+    live.runner.instances[first]["state"] = "stopped"
+    live.seconds = 10_000.0
+    live.runner.ip = None  # the successor never gets an address: never Ready
+    live.sweep("eu-1")  # the Serving=False clock starts
+    live.sweep("eu-1")  # replaced: the successor is created, the first stays
+    (second,) = set(live.runner.instances) - {first}
+    live.runner.instances[second]["state"] = "error"
+    live.runner.calls.clear()
+    live.sweep("eu-1")  # the successor is lost too
+    live.sweep("eu-1")
+    order = [(call.verb, op.args.get("name") or op.args.get("provider_id")) for call in live.runner.calls
+             if call.verb in ("create", "delete") for op in call.operations]
+    assert [verb for verb, _ in order] == ["delete", "create"], order
+    assert first not in live.runner.instances and len(live.runner.instances) == 2
+    assert live.store.reasons().count("Replaced") == 1
 
 
 def test_replacements_are_budgeted_per_provider_and_sweep() -> None:

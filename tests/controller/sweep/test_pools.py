@@ -1,5 +1,5 @@
-"""sweep/pools.py: the pools' part of a sweep -- PoolReconciler's I/O around ``resources.pool``'s
-decisions (the decisions themselves: resources/test_pool.py) and ProviderHealth -- against the
+"""sweep/pools.py: the pools' part of a sweep -- PoolReconciler's I/O around ``placement``'s
+decisions (the decisions themselves: test_placement.py) and ProviderHealth -- against the
 directory source's pools (real files on tmp_path; no runner: members are Proxy files). Through
 the real runner and libvirt's test driver: scenarios/test_directory_pools.py; through the
 Kubernetes API emulator: scenarios/test_pools_emulators.py."""

@@ -24,7 +24,8 @@ from egress_proxies.resources.proxy import (
     instance_name,
     spec_hash,
 )
-from egress_proxies.serving.credentials import Credentials, FileSecrets
+from egress_proxies.serving.credentials import Credentials
+from egress_proxies.sources.file_secrets import FileSecrets
 from egress_proxies.sweep.backoff import Backoff
 from egress_proxies.sweep.reconcile import Reconciler, ReconcileSettings
 from support.controller_fakes import FakeRunner, MemoryStore

@@ -215,9 +215,9 @@ def test_failed_backs_off_the_proxy_unless_the_provider_decided_the_delay(writer
 def test_invalid_is_failed_with_one_warning(writer: ProxyWriter, store: MemoryStore) -> None:
     store.add("eu-1", SPEC)
     for _ in range(2):
-        writer.invalid(store.get("eu-1"), "InvalidSpec", "spec.port: must be an integer 1-65535")
+        writer.invalid(store.get("eu-1"), "InvalidSpec", "spec.port: must be an integer 1024-65535")
     saved = store.get("eu-1")
     assert saved.status["phase"] == "Failed"
-    assert conditions(saved)["Ready"]["message"] == "spec.port: must be an integer 1-65535"
+    assert conditions(saved)["Ready"]["message"] == "spec.port: must be an integer 1024-65535"
     assert store.reasons() == ["InvalidSpec"]
     assert writer.backoff.due(saved.uid)  # nothing to retry sooner or later: the Proxy must change

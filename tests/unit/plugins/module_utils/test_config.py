@@ -247,16 +247,17 @@ def test_probe_absent_none_and_overrides() -> None:
     probe = parse_provider_config(with_probe({
         "httpUrl": "http://10.0.0.1/generate_204", "keyFile": KEY, "expectStatus": 200,
         "connect": "[2001:db8::1]:443", "egressEchoUrl": "http://10.0.0.1/echo", "timeoutSeconds": 3,
-        "unhealthyAfterSeconds": 60, "concurrency": 50, "roundSeconds": 20,
+        "unhealthyAfterSeconds": 60, "concurrency": 50, "roundSeconds": 20, "flapWindow": 12, "flapPercent": 40,
     })).provider("home-kvm").probe
     assert (probe.http_url, probe.key_file, probe.expect_status, probe.connect, probe.egress_echo_url,
-            probe.timeout_seconds, probe.unhealthy_after_seconds, probe.concurrency, probe.round_seconds) == (
-        "http://10.0.0.1/generate_204", KEY, 200, "[2001:db8::1]:443", "http://10.0.0.1/echo", 3, 60, 50, 20)
+            probe.timeout_seconds, probe.unhealthy_after_seconds, probe.concurrency, probe.round_seconds,
+            probe.flap_window, probe.flap_percent) == (
+        "http://10.0.0.1/generate_204", KEY, 200, "[2001:db8::1]:443", "http://10.0.0.1/echo", 3, 60, 50, 20, 12, 40)
     target = {"httpUrl": "http://probe.example.net/generate_204", "keyFile": KEY}
     defaults = parse_provider_config(with_probe(target)).provider("home-kvm").probe
     # The CONNECT check goes to the probe target's own tunnel port unless told otherwise.
-    assert (defaults.connect, defaults.timeout_seconds, defaults.concurrency, defaults.round_seconds) == (
-        "probe.example.net:443", 5, 200, 30)
+    assert (defaults.connect, defaults.timeout_seconds, defaults.concurrency, defaults.round_seconds,
+            defaults.flap_window, defaults.flap_percent) == ("probe.example.net:443", 5, 200, 30, 30, 25)
     assert parse_provider_config(with_probe({**target, "connect": "none"})).provider("home-kvm").probe.connect is None
 
 
@@ -279,6 +280,8 @@ TARGET = {"httpUrl": "http://x/generate_204", "keyFile": KEY}
     ({**TARGET, "roundSeconds": 4}, "providers[0].probe.roundSeconds: must be an integer >= 5"),
     ({**TARGET, "timeoutSeconds": 20, "roundSeconds": 10},
      "providers[0].probe.roundSeconds: must be at least timeoutSeconds (20), got 10"),
+    ({**TARGET, "flapWindow": 3}, "providers[0].probe.flapWindow: must be an integer >= 6"),
+    ({**TARGET, "flapPercent": 95}, "providers[0].probe.flapPercent: must be at most 90"),
     ({**TARGET, "httpurl": "http://x/"}, "providers[0].probe.httpurl: unknown field"),
 ])
 def test_a_bad_probe_fails_only_its_provider(probe: Any, expected: str) -> None:

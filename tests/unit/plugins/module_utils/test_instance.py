@@ -51,9 +51,18 @@ def test_invalid_names_are_permanent(name: Any) -> None:
     assert str(caught.value).startswith(f"name: {name!r} is not a valid instance name")
 
 
-@pytest.mark.parametrize("port", [1, 22, 3128, 65535])
+@pytest.mark.parametrize("port", [1024, 3128, 65535])
 def test_valid_ports(port: int) -> None:
     assert validate_port(port) == port
+
+
+@pytest.mark.parametrize("port", [1, 22, 80, 1023])
+def test_ports_below_1024_are_refused_naming_the_field_and_the_fix(port: int) -> None:
+    # Issue 38 row 3: a firewall rule or a published port for 22 opens sshd, not squid.
+    with pytest.raises(Permanent) as caught:
+        validate_port(port)
+    assert str(caught.value).startswith(f"port: {port} is below 1024, where the instance's own services listen")
+    assert str(caught.value).endswith("use 1024-65535 (default 3128)")
 
 
 @pytest.mark.parametrize(

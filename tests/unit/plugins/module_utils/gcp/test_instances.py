@@ -448,6 +448,8 @@ def test_where_cloud_init_exists_the_user_data_runs_and_the_script_waits_for_it(
 # -- the firewall (row 2) -------------------------------------------------------------------------
 
 CRAWLER = "198.51.100.7"
+# A user as the controller hands it to the module (a bcrypt-shaped hash; nothing checks it here).
+USER = {"name": "crawlers", "password_hash": "$2b$12$" + "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0"}
 
 
 def our_rules(emulator: ComputeEmulator) -> list[dict[str, Any]]:
@@ -458,10 +460,10 @@ def firewall_writes(emulator: ComputeEmulator) -> int:
     return len([r for r in emulator.requests if "/global/firewalls" in r.path and r.method != "GET"])
 
 
-def test_the_provider_opens_the_proxy_ports_to_the_allowed_sources_and_closes_them_with_the_last_instance(
+def test_each_opening_gets_a_rule_of_its_own_which_goes_with_its_last_instance(
         provider: GcpProvider, emulator: ComputeEmulator) -> None:
     # The default VPC admits nothing on the proxy port from outside (implied deny ingress); the
-    # provider keeps one rule for all its instances: their ports from their sources (IPv4).
+    # provider keeps one rule per opening (port, IPv4 sources) for the instances tagged with it.
     crawlers = parse_access({"open": True, "allowed_sources": ["198.51.100.0/24", "fd00::/8"]})
     others = parse_access({"open": True, "allowed_sources": ["192.0.2.0/24"]})
     provider.create(request(location=ZONES[0], access=crawlers, port=8080), False)
@@ -469,16 +471,23 @@ def test_the_provider_opens_the_proxy_ports_to_the_allowed_sources_and_closes_th
     assert not emulator.reachable("203.0.113.9", ZONES[0], NAME, 8080)  # not an allowed source
     assert not emulator.reachable(CRAWLER, ZONES[0], NAME, 3128)  # not its port
     provider.create(request(name="p-2", location=ZONES[1], access=others), False)
-    (rule,) = our_rules(emulator)  # one rule per provider, the union of what its instances need
-    assert (sorted(rule["sourceRanges"]), rule["allowed"]) == (["192.0.2.0/24", "198.51.100.0/24"],
-                                                             [{"IPProtocol": "tcp", "ports": ["3128", "8080"]}])
-    assert emulator.reachable("192.0.2.5", ZONES[1], "p-2", 3128)
+    provider.create(request(name="p-3", location=ZONES[1], access=others), False)
+    rules = {tuple(rule["targetTags"]): (rule["sourceRanges"], rule["allowed"]) for rule in our_rules(emulator)}
+    assert sorted(rules.values()) == [(["192.0.2.0/24"], [{"IPProtocol": "tcp", "ports": ["3128"]}]),
+                                      (["198.51.100.0/24"], [{"IPProtocol": "tcp", "ports": ["8080"]}])]
+    # Each instance carries its own opening's tag only; p-2 and p-3 share theirs (the same opening).
+    tags = {name: emulator.instances[(zone, name)]["tags"]["items"]
+            for zone, name in ((ZONES[0], NAME), (ZONES[1], "p-2"), (ZONES[1], "p-3"))}
+    assert all(len(items) == 1 and (items[0],) in rules for items in tags.values())
+    assert tags["p-2"] == tags["p-3"] != tags[NAME]
     # Idempotent: the same create again writes nothing.
     writes = firewall_writes(emulator)
     assert provider.create(request(location=ZONES[0], access=crawlers, port=8080), False)[0] is False
     assert firewall_writes(emulator) == writes
-    # Kept in step: the rule shrinks to what the remaining instance needs, and goes with the last.
+    # Kept in step: a rule stays while an instance carries its tag, and goes with the last one.
     assert provider.delete(pid(ZONES[1], "p-2"), False) is True
+    assert len(our_rules(emulator)) == 2
+    assert provider.delete(pid(ZONES[1], "p-3"), False) is True
     (rule,) = our_rules(emulator)
     assert (rule["sourceRanges"], rule["allowed"]) == (["198.51.100.0/24"], [{"IPProtocol": "tcp", "ports": ["8080"]}])
     assert provider.delete(pid(ZONES[0]), False) is True
@@ -486,12 +495,63 @@ def test_the_provider_opens_the_proxy_ports_to_the_allowed_sources_and_closes_th
     assert {r["name"] for r in emulator.firewalls.values()} >= {"default-allow-ssh", "default-allow-internal"}
 
 
+def test_one_tenants_sources_never_reach_another_tenants_proxy(provider: GcpProvider,
+                                                               emulator: ComputeEmulator) -> None:
+    # Issue 38 row 3: tenant A on port 8080 from its own range, B on 3128 from another. One rule
+    # for the provider admitted both ranges to both ports on every instance: B's address reached
+    # A's port 8080. Now each instance is reachable from its own sources on its own port only.
+    tenant_a = parse_access({"users": [USER], "allowed_sources": ["203.0.113.0/24"]})
+    tenant_b = parse_access({"users": [USER], "allowed_sources": ["198.51.100.0/24"]})
+    provider.create(request(name="tenant-a", location=ZONES[0], access=tenant_a, port=8080), False)
+    provider.create(request(name="tenant-b", location=ZONES[0], access=tenant_b), False)
+    a_address, b_address = "203.0.113.9", CRAWLER
+    assert emulator.reachable(a_address, ZONES[0], "tenant-a", 8080)
+    assert emulator.reachable(b_address, ZONES[0], "tenant-b", 3128)
+    for source, name, port in ((b_address, "tenant-a", 8080), (b_address, "tenant-a", 3128),
+                               (a_address, "tenant-b", 3128), (a_address, "tenant-b", 8080)):
+        assert not emulator.reachable(source, ZONES[0], name, port), (source, name, port)
+    # No rule of the provider's opens anything but a proxy port to a listed source.
+    assert all(rule["sourceRanges"] != ["0.0.0.0/0"] and rule["allowed"][0]["ports"] != ["22"]
+               for rule in our_rules(emulator))
+    # A tenant with users and no sources asks for no address: refused, not opened to everyone.
+    users_only = parse_access({"users": [USER]})
+    with pytest.raises(Permanent, match=r"^access\.allowed_sources: no IPv4 network to admit to port 3128: .*"
+                                        r"0\.0\.0\.0/0 written out for any address"):
+        provider.create(request(name="tenant-c", location=ZONES[0], access=users_only), False)
+    assert (ZONES[0], "tenant-c") not in emulator.instances
+    # Written out, the whole Internet is what that tenant gets, on its own instance only.
+    anywhere = parse_access({"users": [USER], "allowed_sources": ["0.0.0.0/0"]})
+    provider.create(request(name="tenant-d", location=ZONES[0], access=anywhere, port=9090), False)
+    assert emulator.reachable(a_address, ZONES[0], "tenant-d", 9090)
+    assert not emulator.reachable("192.0.2.1", ZONES[0], "tenant-a", 8080)
+    assert not emulator.reachable("192.0.2.1", ZONES[0], "tenant-b", 3128)
+
+
+def test_the_legacy_provider_rule_stays_while_an_instance_carries_its_tag_and_goes_with_the_last(
+        provider: GcpProvider, emulator: ComputeEmulator) -> None:
+    # Before issue 38 every instance carried the provider's one tag and its union rule. Those
+    # instances keep it until they are gone; no new instance gets the tag, nothing widens it.
+    legacy = provider.firewall.legacy_name
+    seed(emulator, ZONES[0], "old-1")
+    emulator.instances[(ZONES[0], "old-1")]["tags"] = {"items": [legacy]}
+    emulator.firewalls[("test-project", legacy)] = {
+        "name": legacy, "network": "projects/test-project/global/networks/default", "direction": "INGRESS",
+        "priority": 1000, "sourceRanges": ["10.0.0.0/8"], "targetTags": [legacy],
+        "allowed": [{"IPProtocol": "tcp", "ports": ["3128"]}]}
+    provider.create(request(location=ZONES[0]), False)
+    assert emulator.instances[(ZONES[0], NAME)]["tags"]["items"] != [legacy]
+    provider.delete(pid(ZONES[0]), False)
+    assert [rule["name"] for rule in our_rules(emulator)] == [legacy]
+    provider.delete(pid(ZONES[0], "old-1"), False)
+    assert our_rules(emulator) == []
+
+
 def test_a_failed_listing_never_shrinks_the_rule(provider: GcpProvider, emulator: ComputeEmulator) -> None:
     provider.create(request(location=ZONES[0]), False)
     provider.create(request(name="p-2", location=ZONES[1]), False)
     emulator.set_unreachable(ZONES[1])
     provider.delete(pid(ZONES[0]), False)
-    assert len(our_rules(emulator)) == 1  # p-2 may still need it: nothing said otherwise
+    assert len(our_rules(emulator)) == 1  # p-2 may still need its rule: nothing said otherwise
     emulator.clear_faults()
     provider.delete(pid(ZONES[1], "p-2"), False)
     assert our_rules(emulator) == []
@@ -508,7 +568,7 @@ def test_with_an_external_firewall_the_provider_only_tags_the_instances(emulator
 def test_a_firewall_the_provider_may_not_write_fails_the_create_before_any_instance(
         provider: GcpProvider, emulator: ComputeEmulator) -> None:
     emulator.fail_next("POST", r"/global/firewalls$", 403, reason="forbidden")
-    rule = r"creating firewall rule egress-proxies-[0-9a-f]{12} in project test-project: 403"
+    rule = r"creating firewall rule egress-proxies-[0-9a-f]{12}-[0-9a-f]{12} in project test-project: 403"
     with pytest.raises(Permanent, match=rule):
         provider.create(request(location=ZONES[0]), False)
     assert emulator.instances == {}

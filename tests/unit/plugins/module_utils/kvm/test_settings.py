@@ -229,3 +229,15 @@ def test_an_upper_case_ssh_transport_still_needs_the_ssh_section() -> None:
 def test_a_uri_with_whitespace_is_refused(uri: str) -> None:
     # Python's URL parser silently drops tabs and newlines, libvirt's does not.
     assert libvirt_uri_problem(uri) == "contains whitespace or control characters; remove them"
+
+
+def test_a_publish_range_below_1024_keeps_proxies_off_that_host_naming_the_field() -> None:
+    # Issue 38 row 6: a range below 1024 publishes guests on the host's own services (sshd on 22).
+    document = changed(((*KVM, "hosts", 0, "networkMode"), "nat"), ((*KVM, "hosts", 0, "publicAddress"), "10.1.2.3"),
+                       ((*KVM, "hosts", 0, "publishPorts"), "20-30"))
+    settings = parse_provider_config(document).providers[0].kvm
+    assert settings is not None
+    (error,) = settings.hosts[0].networking_errors
+    assert error.startswith("providers[0].kvm.hosts[0].publishPorts: '20-30' is not a port range first-last within "
+                            "1024-65535"), error
+    assert settings.hosts[1].networking_errors == ()
