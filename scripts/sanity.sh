@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Run `ansible-test sanity` on the collection as it ships: the artifact `ansible-galaxy
-# collection build` makes, unpacked.
+# Run `ansible-test sanity` on the collection as it ships: the artifact scripts/build_collection.sh
+# makes, unpacked.
 #
 # ansible-test insists on a tree at .../ansible_collections/<namespace>/<name>, and writes its
 # results under tests/output inside it, so it runs on a throwaway tree. Each sanity test gets its
@@ -63,7 +63,7 @@ tree=$work/ansible_collections/crawl/egress_proxies
 mkdir -p "$tree/tests"
 # What galaxy.yml's build_ignore keeps out of the artifact (the pytest suite, the controller
 # package, helper scripts) is not collection content, and is held to ruff and mypy instead.
-"$VENV/bin/ansible-galaxy" collection build --output-path "$work" "$ROOT" >/dev/null
+ANSIBLE_GALAXY=$VENV/bin/ansible-galaxy bash "$ROOT/scripts/build_collection.sh" "$work" >/dev/null
 tar -C "$tree" -xzf "$work"/crawl-egress_proxies-*.tar.gz
 # The ignore files (tests/sanity/ignore-<ansible-core version>.txt) are not part of the artifact.
 cp -r "$ROOT/tests/sanity" "$tree/tests/"

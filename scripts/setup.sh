@@ -186,4 +186,7 @@ make_current_venv
     die "the .venv-current cannot import its requirements"
 "$VENV/bin/python" -c 'import ansible, ansible_runner, libvirt, pycdlib, yaml, kubernetes, prometheus_client, egress_proxies, egress_proxies_client.scrapy_middleware' ||
     die "the .venv cannot import its requirements"
-echo "setup.sh: ready (.venv: Python $(python_version "$VENV/bin/python"))"
+# How long this run took (bash's SECONDS: since the script started), for scripts/test.sh's report
+# to hold against setup's budget.
+echo "$SECONDS" >"$VENV/.setup-seconds"
+echo "setup.sh: ready (.venv: Python $(python_version "$VENV/bin/python"), ${SECONDS} s)"

@@ -3,8 +3,12 @@
 # ruff, mypy, import-linter (the controller's layers), ansible-test sanity, ansible-lint, pytest,
 # then ansible-test sanity and the module tests again on the current ansible-core line
 # (.venv-current: 2.21 on Python 3.13).
-# Needs scripts/setup.sh first.
-# Extra arguments go to pytest, e.g. `bash scripts/test.sh -k cloudinit` (all checks still run).
+# Needs scripts/setup.sh first. Ends with every step's time against its budget (setup's, as
+# scripts/setup.sh recorded it, too), pytest's time per test directory, its slowest tests, a
+# WARNING line for each budget passed (scripts/suite_report.py), and last the line CI reads:
+# "pytest: N passed, N failed, N skipped".
+# Extra arguments go to pytest, e.g. `bash scripts/test.sh -k cloudinit` (all checks still run);
+# -m is taken: it splits pytest into its two streams (run_pytest below).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -23,14 +27,15 @@ export PATH=$VENV/bin:$PATH
 export ANSIBLE_COLLECTIONS_PATH=$VENV/collections
 export NO_COLOR=1 PY_COLORS=0
 
-summary=()
+# Each step's time goes to $steps (scripts/suite_report.py prints them against their budgets).
 report() {
-    local line
+    local junits=() current=()
+    [[ -s $junit ]] && junits+=("$junit")
+    [[ -s $junit_side ]] && junits+=("$junit_side")
+    [[ -s $junit_current ]] && current+=("$junit_current")
     echo
-    echo "== timing"
-    for line in "${summary[@]}"; do
-        echo "$line"
-    done
+    "$VENV/bin/python" scripts/suite_report.py --steps "$steps" --setup "$VENV/.setup-seconds" \
+        --junit "${junits[@]}" --junit-current "${current[@]}"
 }
 
 # step NAME COMMAND...: run one check, time it, stop everything when it fails.
@@ -41,7 +46,7 @@ step() {
     echo "== $name: $*"
     start=$SECONDS
     "$@" || status=$?
-    summary+=("$(printf '%-12s %4ds  %s' "$name" $((SECONDS - start)) "$([[ $status == 0 ]] && echo ok || echo "FAILED ($status)")")")
+    printf '%s\t%s\t%s\n' "$name" $((SECONDS - start)) "$([[ $status == 0 ]] && echo ok || echo "FAILED ($status)")" >>"$steps"
     if [[ $status != 0 ]]; then
         report
         echo "test.sh: $name failed" >&2
@@ -49,36 +54,16 @@ step() {
     fi
 }
 
-# pytest's exit code 5 means no test was collected: a broken test tree, never a success.
-run_pytest() {
-    local status=0
-    pytest --junitxml="$junit" "$@" || status=$?
-    if [[ $status == 5 ]]; then
-        echo "test.sh: pytest collected no tests; a test run must run tests" >&2
-    fi
-    return "$status"
-}
-
-# The closing line CI reads: "pytest: N passed, N failed, N skipped", from pytest's JUnit XML
-# (both runs: the main one and the current ansible-core line's).
-count_tests() {
-    python - "$junit" "$junit_current" <<'PYTHON'
-import sys
-import xml.etree.ElementTree as ET
-
-suites = []
-for path in sys.argv[1:]:
-    root = ET.parse(path).getroot()
-    suites += [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
-total, failed, skipped = (sum(int(s.get(key, 0)) for s in suites) for key in ("tests", "failures", "skipped"))
-failed += sum(int(s.get("errors", 0)) for s in suites)
-print(f"pytest: {total - failed - skipped} passed, {failed} failed, {skipped} skipped")
-PYTHON
-}
+# run_pytest: pytest in its two streams side by side.
+# shellcheck source=scripts/pytest_streams.sh
+source "$ROOT/scripts/pytest_streams.sh"
 
 junit=$(mktemp "${TMPDIR:-/tmp}/egress-proxies-junit.XXXXXX.xml")
+junit_side=$(mktemp "${TMPDIR:-/tmp}/egress-proxies-junit-side.XXXXXX.xml")
 junit_current=$(mktemp "${TMPDIR:-/tmp}/egress-proxies-junit-current.XXXXXX.xml")
-trap 'rm -f "$junit" "$junit_current"' EXIT
+side_log=$(mktemp "${TMPDIR:-/tmp}/egress-proxies-side-stream.XXXXXX.log")
+steps=$(mktemp "${TMPDIR:-/tmp}/egress-proxies-steps.XXXXXX")
+trap 'rm -f "$junit" "$junit_side" "$junit_current" "$side_log" "$steps"' EXIT
 
 step ruff ruff check --output-format=concise .
 step mypy mypy
@@ -86,8 +71,9 @@ step mypy mypy
 step imports lint-imports --no-cache --no-logo
 step sanity bash scripts/sanity.sh
 step ansible-lint ansible-lint --nocolor
-# The slowest tests, printed on every run: the suite has a 45-minute budget on a fresh clone.
-step pytest run_pytest --durations=15 "$@"
+# The slowest tests, printed on every run (each stream's, and both together in the report): the
+# whole run has a 45-minute budget on a fresh clone.
+step pytest run_pytest "$junit" "$junit_side" "$side_log" "$@"
 
 # The current ansible-core line: the same sanity run, and every test that runs the modules or
 # imports module_utils, on .venv-current. The controller there is this tree too (editable), so
@@ -110,4 +96,3 @@ run_current_pytest() {
 step sanity-2.21 env VENV="$CURRENT" bash scripts/sanity.sh
 step modules-2.21 run_current_pytest
 report
-count_tests

@@ -29,6 +29,9 @@ from support.guest_image import (
     installed_packages,
 )
 
+# The image builds run in scripts/test.sh's side stream, before the tests that boot the image.
+pytestmark = pytest.mark.vm
+
 # Writes one marker file and counts its runs in $RUNS; $FAIL makes it fail half-way.
 FAKE_SCRIPT = """\
 set -eu

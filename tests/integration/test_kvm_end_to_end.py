@@ -75,7 +75,7 @@ from support.kube_emulator import KubeEmulator, proxy_crd
 from support.libvirt_daemon import stop_process_group, wait_until
 from support.provider_config import OWNER, BaseImage, kvm_host, write_kubeconfig, write_kvm_config
 
-pytestmark = pytest.mark.timeout(1800)
+pytestmark = [pytest.mark.timeout(1800), pytest.mark.vm]
 
 HOST = "hv"
 NAMESPACE = "crawlers"

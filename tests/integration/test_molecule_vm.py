@@ -33,6 +33,8 @@ from support.figures import show
 from support.hypervisor_host import HypervisorHost
 from support.libvirt_daemon import stop_process_group
 
+pytestmark = pytest.mark.vm
+
 SCENARIO = "kvm_hypervisor_vm"
 STEPS = ("destroy", "create", "prepare", "converge", "idempotence", "verify")
 # Under software emulation every task costs the guest seconds of CPU. Measured on 2 cores: 9 min

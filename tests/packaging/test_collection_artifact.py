@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -22,7 +23,8 @@ from ansible.galaxy.dependency_resolution.versioning import meets_requirements
 from ansible.release import __version__ as ansible_core_version
 
 from support.ansible_modules import REPO
-from support.collection_artifact import InstalledCollection, dependencies_path
+from support.collection_artifact import GALAXY as GALAXY_COMMAND
+from support.collection_artifact import InstalledCollection, build_artifact, dependencies_path
 from support.libvirt_daemon import LibvirtTestDaemon
 from support.provider_config import OWNER_TAGS
 
@@ -41,14 +43,52 @@ def member_names(artifact: Path) -> list[str]:
         return [name.removeprefix("./") for name in tar.getnames()]
 
 
+def member_files(artifact: Path) -> set[str]:
+    """The artifact's files (its folders left out)."""
+    with tarfile.open(artifact) as tar:
+        return {member.name.removeprefix("./") for member in tar.getmembers() if not member.isdir()}
+
+
+def tracked_files(checkout: Path = REPO) -> list[str]:
+    """The files git tracks in ``checkout`` (its index), as the artifact would name them."""
+    listed = subprocess.run(["git", "-C", str(checkout), "ls-files", "-z"], check=True, capture_output=True,
+                            text=True).stdout
+    return [name for name in listed.split("\0") if name]
+
+
 def source_files(*folders: str) -> set[str]:
-    """Files under these folders of the working tree, as the artifact would name them."""
-    found = set()
-    for folder in folders:
-        for path in (REPO / folder).rglob("*"):
-            if path.is_file() and "__pycache__" not in path.parts:
-                found.add(str(path.relative_to(REPO)))
-    return found
+    """Tracked files under these folders, as the artifact would name them."""
+    return {name for name in tracked_files() if name.startswith(tuple(f"{folder}/" for folder in folders))}
+
+
+# What the documented commands leave in a checkout (scripts/setup.sh's venvs and editable installs,
+# scripts/test.sh's tools, lint-imports run by hand as docs/architecture.md shows it, ansible-test,
+# coverage, a build in place): each ignored by git and kept out by galaxy.yml's build_ignore.
+TOOL_LEFTOVERS = [
+    ".venv/bin/python", ".venv-current/bin/python", "controller/egress_proxies_controller.egg-info/PKG-INFO",
+    "plugins/module_utils/__pycache__/config.cpython-311.pyc", ".mypy_cache/3.11/x.json", ".ruff_cache/CACHEDIR.TAG",
+    ".pytest_cache/README.md", ".import_linter_cache/x.data.json", ".ansible/collections/x", ".cache/x",
+    "tests/output/.tmp/x", ".coverage", "htmlcov/index.html", "playbooks/site.retry",
+    "crawl-egress_proxies-0.1.0.tar.gz",
+]
+
+
+def copy_checkout(target: Path) -> Path:
+    """A git checkout at ``target`` holding this one's tracked files as they are now (the index
+    only, nothing committed), with git's own ignore rules."""
+    target.mkdir()
+    for name in tracked_files():
+        (target / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / name, target / name, follow_symlinks=False)
+    subprocess.run(["git", "init", "--quiet", str(target)], check=True)
+    subprocess.run(["git", "-C", str(target), "add", "--all"], check=True)
+    return target
+
+
+def drop(checkout: Path, names: list[str]) -> None:
+    for name in names:
+        (checkout / name).parent.mkdir(parents=True, exist_ok=True)
+        (checkout / name).write_text("left lying around\n")
 
 
 def test_the_artifact_holds_the_collection_and_nothing_else(installed_collection: InstalledCollection) -> None:
@@ -69,6 +109,44 @@ def test_the_artifact_holds_the_collection_and_nothing_else(installed_collection
     assert "playbooks/deploy_controller.yml" in files
     # The licence text and what an execution environment needs (meta/execution-environment.yml names them).
     assert {"LICENSE", "bindep.txt", "meta/execution-environment.yml", "meta/ee-requirements.txt"} <= files
+
+
+def test_the_artifact_holds_tracked_files_only_whatever_lies_in_the_checkout(tmp_path: Path) -> None:
+    """Untracked files anywhere in a checkout (a scratch module beside the real ones, notes, every
+    tool cache) stay out of what scripts/build_collection.sh builds, and a tracked file deleted in
+    the working tree is left out rather than failing the build. Before: `ansible-galaxy collection
+    build` packed whatever build_ignore did not name (.import_linter_cache went out in the artifact)."""
+    checkout = copy_checkout(tmp_path / "checkout")
+    untracked = ["plugins/modules/scratch_proxy.py", "roles/kvm_hypervisor/tasks/wip.yml", "docs/notes.md",
+                 "notes.txt", "meta/.draft.yml"]
+    drop(checkout, untracked + TOOL_LEFTOVERS)
+    (checkout / "docs" / "contract.md").unlink()
+    (tmp_path / "dist").mkdir()
+
+    files = member_files(build_artifact(tmp_path / "dist", checkout))
+
+    assert files.isdisjoint(untracked + TOOL_LEFTOVERS), sorted(files & set(untracked + TOOL_LEFTOVERS))
+    assert "docs/contract.md" not in files
+    assert {"plugins/modules/kvm_proxy.py", "roles/kvm_hypervisor/tasks/main.yml", "docs/architecture.md",
+            "meta/runtime.yml"} <= files
+    assert files - {"MANIFEST.json", "FILES.json"} <= set(tracked_files())
+
+
+def test_every_cache_a_documented_command_writes_is_ignored_by_git_and_by_the_build(tmp_path: Path) -> None:
+    """Each leftover is ignored by git (so it is never tracked, and so never built by
+    scripts/build_collection.sh) and named by build_ignore (so a plain `ansible-galaxy collection
+    build` in a checkout, as older instructions had it, leaves it out too)."""
+    checkout = copy_checkout(tmp_path / "checkout")
+    drop(checkout, TOOL_LEFTOVERS)
+    ignored = subprocess.run(["git", "-C", str(checkout), "check-ignore", "--no-index", *TOOL_LEFTOVERS],
+                             capture_output=True, text=True).stdout.split()
+    subprocess.run([str(GALAXY_COMMAND), "collection", "build", "--output-path", str(tmp_path), str(checkout)],
+                   check=True, capture_output=True, text=True)
+    (artifact,) = tmp_path.glob("crawl-egress_proxies-*.tar.gz")
+    built = member_files(artifact)
+
+    assert sorted(set(TOOL_LEFTOVERS) - set(ignored)) == []
+    assert built.isdisjoint(TOOL_LEFTOVERS), sorted(built & set(TOOL_LEFTOVERS))
 
 
 def test_the_manifest_carries_galaxy_yml(installed_collection: InstalledCollection) -> None:

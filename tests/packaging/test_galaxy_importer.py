@@ -1,5 +1,5 @@
 """galaxy-importer, the checks Galaxy and Automation Hub run on an uploaded collection, on the
-artifact the suite builds (``ansible-galaxy collection build``, tests/packaging/conftest.py).
+artifact the suite builds (scripts/build_collection.sh, tests/packaging/conftest.py).
 
 It runs everything that works offline: the metadata schema (galaxy.yml as MANIFEST.json carries
 it), ``ansible-doc`` on every plugin of the artifact, the changelog and execution-environment

@@ -1,5 +1,6 @@
-"""The collection as users get it: built with ``ansible-galaxy collection build`` and installed from
-the tarball into a clean directory, so tests run it without the source tree's symlink.
+"""The collection as users get it: built by ``scripts/build_collection.sh`` (``ansible-galaxy
+collection build`` on the files git tracks) and installed from the tarball into a clean
+directory, so tests run it without the source tree's symlink.
 
 ``installed_env`` is the environment an Ansible run needs to see only that install: the clean
 path first, then the ``site-packages`` of the pinned ``ansible`` package for the dependencies
@@ -51,8 +52,10 @@ def dependencies_path() -> str:
 
 
 def build_artifact(output: Path, source: Path = REPO) -> Path:
-    subprocess.run([str(GALAXY), "collection", "build", "--output-path", str(output), str(source)],
-                   check=True, capture_output=True, text=True)
+    """The artifact as ``scripts/build_collection.sh`` builds it: from the files git tracks in
+    ``source`` (a checkout), whatever else lies there."""
+    subprocess.run(["bash", str(source / "scripts" / "build_collection.sh"), str(output)],
+                   env={**os.environ, "ANSIBLE_GALAXY": str(GALAXY)}, check=True, capture_output=True, text=True)
     (artifact,) = output.glob("crawl-egress_proxies-*.tar.gz")
     return artifact
 

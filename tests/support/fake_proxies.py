@@ -34,6 +34,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -209,12 +210,15 @@ class FakeProxies(NamespacedProcess):
         self.directory = netns.root / name
         self.endpoints: dict[str, dict[str, Any]] = {}
         self._generation = 0
+        # A kubelet's thread places instances while the test's own thread changes modes: one
+        # change at a time, or two writes of the temporary file interleave and the process dies
+        # on a control file with extra data in it (seen under load).
+        self._lock = threading.Lock()
 
     def set(self, address: str, port: int, mode: str, users: Mapping[str, str] | None = None,
             **options: Any) -> None:
         """Make ``address:port`` answer as ``mode`` (with ``users`` and the mode's options)."""
-        self.endpoints[f"{address}:{port}"] = {"mode": mode, "users": dict(users or {}), **options}
-        self._write()
+        self._write({f"{address}:{port}": {"mode": mode, "users": dict(users or {}), **options}})
 
     def mode(self, address: str, port: int, mode: str, **options: Any) -> None:
         """Change an endpoint's mode, keeping its users."""
@@ -228,12 +232,15 @@ class FakeProxies(NamespacedProcess):
             return []
         return [json.loads(line) for line in lines if line.strip()]
 
-    def _write(self) -> None:
-        self._generation += 1
-        temporary = self.directory / "control.json.tmp"
-        temporary.write_text(json.dumps({"generation": self._generation, "endpoints": self.endpoints}))
-        os.replace(temporary, self.directory / "control.json")
-        generation = self._generation
+    def _write(self, changed: Mapping[str, dict[str, Any]]) -> None:
+        """Apply ``changed`` endpoints and wait until the process has them."""
+        with self._lock:
+            self.endpoints.update(changed)
+            self._generation += 1
+            generation = self._generation
+            temporary = self.directory / "control.json.tmp"
+            temporary.write_text(json.dumps({"generation": generation, "endpoints": self.endpoints}))
+            os.replace(temporary, self.directory / "control.json")
         wait_for(lambda: self._acknowledged() >= generation, 10, "the fake proxies to apply a change",
                  diagnostics=lambda: (self.directory / "out.log").read_text(errors="replace")[-2000:])
 
@@ -248,4 +255,4 @@ class FakeProxies(NamespacedProcess):
         self.launch([sys.executable, "-c", FAKE_PROXIES, str(self.directory / "control.json"),
                      str(self.directory / "ack"), str(self.directory / "connections.jsonl")],
                     self.directory / "out.log")
-        self._write()
+        self._write({})

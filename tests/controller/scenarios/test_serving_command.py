@@ -34,7 +34,7 @@ from support.provider_config import write_kubeconfig
 from support.squid import NetworkNamespace
 from support.waiting import wait_for
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), pytest.mark.clock]
 
 TAGS_ANNOTATION = "crawl.example.com/tags"
 
