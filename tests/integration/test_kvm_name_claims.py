@@ -136,7 +136,7 @@ def test_two_controllers_creating_one_name_at_once_make_one_domain(
     assert domains_named(daemons, NAME) == [int(instance.location[1:])]
     # Volumes only where the domain is, and the claim in the home host's pool.
     expected = {int(instance.location[1:]): [f"{NAME}-seed.iso", f"{NAME}.qcow2"]}
-    expected[home_index(settings)] = sorted(expected.get(home_index(settings), []) + [f"{NAME}.claim"])
+    expected[home_index(settings)] = sorted([*expected.get(home_index(settings), []), f"{NAME}.claim"])
     assert volumes_of(daemons, NAME) == expected
 
 
@@ -201,7 +201,8 @@ def test_a_delete_releases_the_claim_and_a_failed_create_keeps_none(
     assert volumes_of(daemons, NAME) == {}
 
     # A create that fails after taking the claim (no such network on the host it placed) releases it.
-    no_network = dataclasses.replace(settings, hosts=[dataclasses.replace(h, network="gone") for h in settings.hosts])
+    no_network = dataclasses.replace(settings,
+                                     hosts=tuple(dataclasses.replace(h, network="gone") for h in settings.hosts))
     with controller(no_network, tmp_path / "a") as provider, pytest.raises(Permanent, match="network 'gone'"):
         provider.create(request(), check_mode=False)
     assert volumes_of(daemons, NAME) == {}

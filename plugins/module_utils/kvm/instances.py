@@ -437,17 +437,6 @@ class KvmProvider:
 
     def create(self, request: InstanceRequest, check_mode: bool) -> Tuple[bool, Instance]:
         host, domain, stamp = self.plan_create(request, check_mode)
-        try:
-            return self._create_on(host, domain, request, check_mode, stamp)
-        except BaseException:
-            if stamp is not None:  # nothing was made: a retry takes the claim afresh
-                self._release(request.name, stamp)
-            raise
-
-    def _create_on(self, host: KvmHost, domain: Optional[Any], request: InstanceRequest, check_mode: bool,
-                   stamp: Optional[int]) -> Tuple[bool, Instance]:
-        if domain is None:
-            self._check_networking(host)
         if domain is not None:
             changed = False
             if not check_mode and not is_active(domain, "asking whether domain %s on host %s runs" % (
@@ -456,9 +445,16 @@ class KvmProvider:
                 changed = True
             return changed, self._describe(host, domain)
         if check_mode or stamp is None:  # stamp is None here only in check mode
+            self._check_networking(host)
             return True, Instance(provider_id=format_provider_id("kvm", host.name, request.name),
                                   name=request.name, location=host.name, state="pending", tags=dict(request.tags))
-        return True, self._build(host, request, stamp)
+        try:
+            self._check_networking(host)
+            domain = self._build(host, request, stamp)
+        except BaseException:
+            self._release(request.name, stamp)  # nothing was made: a retry takes the claim afresh
+            raise
+        return True, self._describe(host, domain)
 
     def _check_networking(self, host: KvmHost) -> None:
         """Before anything is made on ``host``: its networking fields are sound and its network
@@ -495,7 +491,8 @@ class KvmProvider:
         return define_domain(connection, build_domain_xml(spec), "defining domain %s on host %s" % (
             spec.name, host.name))
 
-    def _build(self, host: KvmHost, request: InstanceRequest, stamp: int) -> Instance:
+    def _build(self, host: KvmHost, request: InstanceRequest, stamp: int) -> Any:
+        """Make and start the domain (its volumes, its definition); on failure nothing of it stays."""
         machine = self.settings.machine_types[request.machine_type or self.settings.default_machine_type]
         image = self.settings.images[request.image or self.settings.default_image]
         connection = self.connections.open(host)
@@ -536,7 +533,7 @@ class KvmProvider:
                 release_address(connection, host, request.name, host.network)
             raise
         self.log("created domain %s on KVM host %s" % (request.name, host.name))
-        return self._describe(host, domain)
+        return domain
 
     @staticmethod
     def _remove_stale(pool: Any, volume_name: str) -> None:
