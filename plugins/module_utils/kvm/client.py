@@ -189,8 +189,8 @@ def remove_domain(domain: Any, context: str) -> None:
             domain.destroy()
         # Our domains boot BIOS (no NVRAM); managed saves and snapshot metadata would
         # otherwise make a plain undefine refuse.
-        domain.undefineFlags(libvirt.VIR_DOMAIN_UNDEFINE_MANAGED_SAVE
-                             | libvirt.VIR_DOMAIN_UNDEFINE_SNAPSHOTS_METADATA)
+        flags = libvirt.VIR_DOMAIN_UNDEFINE_MANAGED_SAVE | libvirt.VIR_DOMAIN_UNDEFINE_SNAPSHOTS_METADATA
+        domain.undefineFlags(flags)
     _absent_as_none(remove, "VIR_ERR_NO_DOMAIN", context)
 
 

@@ -145,6 +145,7 @@ class KvmProvider:
         self._claim_locks: Dict[str, threading.Lock] = {}
         # Creates without a location: every host's domains, listed once per run (``_fleet``).
         self._fleet_listing: Optional[Union[_Fleet, ProxyError]] = None
+        self._home_pools: Dict[str, name_claims.HomePool] = {}
 
     def close(self) -> None:
         self.connections.close()
@@ -386,8 +387,15 @@ class KvmProvider:
             raise
 
     def _home(self, name: str) -> name_claims.HomePool:
+        """The claims' pool of ``name``'s home host, looked up once per run."""
         home = home_host(self.settings.hosts, name)
-        return name_claims.HomePool(self.connections.open(home), home)
+        with self._placement_lock:
+            found = self._home_pools.get(home.name)
+        if found is None:
+            found = name_claims.HomePool(self.connections.open(home), home)
+            with self._placement_lock:
+                found = self._home_pools.setdefault(home.name, found)
+        return found
 
     def _claim(self, request: InstanceRequest) -> Tuple[Optional[KvmHost], Optional[Any], Optional[int]]:
         """Take the name's claim: (None, None, stamp). When another claim holds it, every candidate
