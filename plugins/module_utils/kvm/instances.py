@@ -148,6 +148,10 @@ class KvmProvider:
         self._home_pools: Dict[str, name_claims.HomePool] = {}
 
     def close(self) -> None:
+        # The run's libvirt handles go before their connections: freed at interpreter exit instead,
+        # after the libvirt module itself, each would print a traceback.
+        self._fleet_listing = None
+        self._home_pools.clear()
         self.connections.close()
         if self.transfers is not None:
             self.transfers.close()
