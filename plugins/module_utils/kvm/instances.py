@@ -372,7 +372,7 @@ class KvmProvider:
     def plan_create(self, request: InstanceRequest, check_mode: bool) -> Tuple[KvmHost, Optional[Any], Optional[int]]:
         """Validate the request against the config; return the target host, any existing domain,
         and the stamp of the name's claim this run now holds (``name_claims``; None when the
-        domain exists, and in check mode).
+        domain exists, in check mode, and with a location when the name's home host does not answer).
 
         Without a location, the run's one listing of every host says whether the name exists
         (``_known``); with one, that host is asked. A name not found is claimed before anything
@@ -383,11 +383,20 @@ class KvmProvider:
         host, domain = self._existing(request) if request.location else self._known(request.name)
         if domain is not None or check_mode:
             return (host or self._place(request)), domain, None
-        host, domain, stamp = self._claim(request)
+        try:
+            home = self._home(request.name)
+        except ProxyError as error:
+            if not request.location:
+                raise
+            # With a location only that host had to answer, and still does: the name goes unclaimed.
+            self.warn("the name %s is not claimed: its home host does not answer (%s)" % (request.name, error))
+            return self._host(request.location), None, None
+        host, domain, stamp = self._claim(request, home)
         try:
             return (host or self._place(request)), domain, stamp
         except BaseException:
-            self._release(request.name, stamp)
+            if stamp is not None:
+                self._release(request.name, stamp)
             raise
 
     def _home(self, name: str) -> name_claims.HomePool:
@@ -401,13 +410,13 @@ class KvmProvider:
                 found = self._home_pools.setdefault(home.name, found)
         return found
 
-    def _claim(self, request: InstanceRequest) -> Tuple[Optional[KvmHost], Optional[Any], Optional[int]]:
+    def _claim(self, request: InstanceRequest,
+               home: name_claims.HomePool) -> Tuple[Optional[KvmHost], Optional[Any], Optional[int]]:
         """Take the name's claim: (None, None, stamp). When another claim holds it, every candidate
         host is asked, as every create once was: the domain when one has it, (host, domain, None);
         else the claim is another run's creating it now (Transient: the retry finds its domain),
         or a leftover, taken over: at once when this controller took it (its run is over), after
         ``CLAIM_PATIENCE_SECONDS`` when another did."""
-        home = self._home(request.name)
         stamp = home.take(request.name)
         if stamp is None:
             host, domain = self._existing(request)
@@ -456,7 +465,7 @@ class KvmProvider:
                 start_domain(domain, "starting domain %s on host %s" % (request.name, host.name))
                 changed = True
             return changed, self._describe(host, domain)
-        if check_mode or stamp is None:  # stamp is None here only in check mode
+        if check_mode:
             self._check_networking(host)
             return True, Instance(provider_id=format_provider_id("kvm", host.name, request.name),
                                   name=request.name, location=host.name, state="pending", tags=dict(request.tags))
@@ -464,7 +473,8 @@ class KvmProvider:
             self._check_networking(host)
             domain = self._build(host, request, stamp)
         except BaseException:
-            self._release(request.name, stamp)  # nothing was made: a retry takes the claim afresh
+            if stamp is not None:
+                self._release(request.name, stamp)  # nothing was made: a retry takes the claim afresh
             raise
         return True, self._describe(host, domain)
 
@@ -503,7 +513,7 @@ class KvmProvider:
         return define_domain(connection, build_domain_xml(spec), "defining domain %s on host %s" % (
             spec.name, host.name))
 
-    def _build(self, host: KvmHost, request: InstanceRequest, stamp: int) -> Any:
+    def _build(self, host: KvmHost, request: InstanceRequest, stamp: Optional[int]) -> Any:
         """Make and start the domain (its volumes, its definition); on failure nothing of it stays."""
         machine = self.settings.machine_types[request.machine_type or self.settings.default_machine_type]
         image = self.settings.images[request.image or self.settings.default_image]
@@ -525,7 +535,8 @@ class KvmProvider:
                                                      io.BytesIO(seed), len(seed))
             created_volumes.append(seed_volume)
             created = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-            self._still_claimed(request.name, stamp)
+            if stamp is not None:
+                self._still_claimed(request.name, stamp)
             domain = self._define(connection, host, request, DomainSpec(
                 name=request.name, domain_type=host.domain_type, vcpus=machine.vcpus, memory_mib=machine.memory_mib,
                 machine=machine.machine, overlay_path=overlay.path(), seed_path=seed_volume.path(),
