@@ -100,7 +100,8 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.squid_install
 
 GIB = 1024 ** 3
 # How long a claim another controller holds, with no domain behind it, is waited for before it is
-# taken for a leftover of a run that died: longer than a create takes, base image upload included.
+# taken for a leftover of a run that died: the controller's default runner timeout, which no create
+# (base image upload included) outlives.
 CLAIM_PATIENCE_SECONDS = 600
 Log = Callable[[str], None]
 
