@@ -17,8 +17,12 @@ description:
     a C(meta-data) with a unique C(instance-id) and the C(guest_agent) role's vendor-data script, a
     C(org.qemu.guest_agent.0) channel, and its tags in the domain's C(<metadata>)."
   - Without O(location), the VM goes to the host with the fewest instances of the same owner; every host
-    is first checked for an existing VM of that name, so a host that does not answer fails the run
-    (RV(error_class=transient)) rather than risk a duplicate.
+    is first listed (once per run) for an existing VM of that name, so a host that does not answer fails the
+    run (RV(error_class=transient)) rather than risk a duplicate.
+  - Before anything is made the name is claimed, as volume C(<name>.claim) in the pool of the name's home
+    host (one of the configured hosts, picked by hashing the name), so two runs creating one name at once
+    make one VM; the other fails RV(error_class=transient) and finds it when retried. A delete releases
+    the claim.
   - Deleting destroys and undefines the domain and removes its overlay and seed volumes. A providerID
     naming a host that is not configured is a logged no-op success (nothing this controller can clean);
     a missing pool is success too.

@@ -145,7 +145,8 @@ class Hypervisor:
                 domain.destroy()
             domain.undefine()
         pool = self.pool()
-        for volume_name in (f"{name}.qcow2", f"{name}-seed.iso"):
+        # The one host is every name's home: the name's claim is in its pool too.
+        for volume_name in (f"{name}.qcow2", f"{name}-seed.iso", f"{name}.claim"):
             if volume_name in pool.listVolumes():
                 pool.storageVolLookupByName(volume_name).delete(0)
 

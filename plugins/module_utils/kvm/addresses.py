@@ -21,22 +21,13 @@ from __future__ import annotations
 import ipaddress
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
 
-try:
-    import libvirt
-except ImportError:  # pragma: no cover - the modules report it via missing_required_lib
-    libvirt = None
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.client import (
+    ADDRESS_SOURCES,
+    interface_addresses,
+    named_network_leases,
+)
 
-
-def _sources() -> List[int]:
-    return [
-        libvirt.VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_AGENT,
-        libvirt.VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_LEASE,
-        libvirt.VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_ARP,
-    ]
-
-
-def _sources_besides_leases() -> List[int]:
-    return [libvirt.VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_AGENT, libvirt.VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_ARP]
+SOURCES_BESIDES_LEASES = ("agent", "arp")
 
 
 def usable_address(candidates: Iterable[str]) -> Optional[str]:
@@ -54,14 +45,13 @@ def usable_address(candidates: Iterable[str]) -> Optional[str]:
     return str(usable[0]) if usable else None
 
 
-def domain_ip(domain: Any, macs: Iterable[str], sources: Optional[Sequence[int]] = None) -> Optional[str]:
+def domain_ip(domain: Any, macs: Iterable[str], sources: Sequence[str] = ADDRESS_SOURCES) -> Optional[str]:
     """The domain's IP from ``sources`` in turn (default: agent, leases, ARP), or None when none
     knows one yet."""
     wanted = {mac.lower() for mac in macs}
-    for source in _sources() if sources is None else sources:
-        try:
-            interfaces = domain.interfaceAddresses(source, 0) or {}
-        except libvirt.libvirtError:
+    for source in sources:
+        interfaces = interface_addresses(domain, source)
+        if interfaces is None:
             continue  # agent not connected, no lease support on this network, ...: try the next source
         candidates = [
             entry["addr"]
@@ -82,11 +72,7 @@ def leased_addresses(connection: Any, networks: Iterable[str]) -> Dict[str, List
     not started, no DHCP, a driver without leases) adds nothing: its domains are asked one by one."""
     by_mac: Dict[str, List[str]] = {}
     for name in sorted(set(networks)):
-        try:
-            leases = connection.networkLookupByName(name).DHCPLeases() or []
-        except libvirt.libvirtError:
-            continue
-        for lease in leases:
+        for lease in named_network_leases(connection, name) or []:
             mac, address = (lease.get("mac") or "").lower(), lease.get("ipaddr")
             if mac and address:
                 by_mac.setdefault(mac, []).append(address)
@@ -98,4 +84,4 @@ def listed_ip(domain: Any, macs: Iterable[str], leases: Mapping[str, List[str]])
     agent's, else ARP's."""
     macs = list(macs)
     leased = usable_address(address for mac in macs for address in leases.get(mac.lower(), ()))
-    return leased or domain_ip(domain, macs, _sources_besides_leases())
+    return leased or domain_ip(domain, macs, SOURCES_BESIDES_LEASES)

@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: (c) 2026, egress-proxies developers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Connections to KVM hosts, and the one place libvirt errors are classified.
+"""Connections to KVM hosts: one per host and run, with host-key verification pinned in the URI.
 
 SSH transports always verify the host key against the configured known_hosts:
 - ``qemu+libssh://`` / ``qemu+libssh2://``: libvirt's own SSH clients, which honour
@@ -34,14 +34,6 @@ from typing import Any, Callable, Dict, List, Optional
 from urllib.parse import quote, urlsplit, urlunsplit
 
 try:
-    import libvirt
-except ImportError:  # pragma: no cover - the modules report it via missing_required_lib
-    libvirt = None
-    HAS_LIBVIRT = False
-else:
-    HAS_LIBVIRT = True
-
-try:
     from cryptography.exceptions import UnsupportedAlgorithm
     from cryptography.hazmat.primitives import serialization
 except ImportError:  # pragma: no cover - cryptography ships with ansible-core
@@ -49,10 +41,14 @@ except ImportError:  # pragma: no cover - cryptography ships with ansible-core
     UnsupportedAlgorithm = ValueError  # type: ignore[assignment,misc]
 
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.errors import (
-    NotFound,
     Permanent,
     ProxyError,
     Transient,
+)
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.client import (
+    close_connection,
+    open_connection,
+    silence_stderr,
 )
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.settings import (
     KvmHost,
@@ -203,36 +199,6 @@ def _check_reachable(uri: str) -> None:
             where, CONNECT_TIMEOUT_SECONDS))
 
 
-def classify(error: Any, context: str) -> ProxyError:
-    """Map a libvirtError to our error classes. Unknown codes are transient."""
-    code = error.get_error_code()
-    message = "%s: %s" % (context, error.get_error_message() or error)
-    if _is_host_key_failure(message):
-        return Permanent(message + " (the host's key does not match kvm.ssh.knownHostsFile; "
-                         "if the host was reinstalled, update known_hosts)")
-    if code in (libvirt.VIR_ERR_NO_DOMAIN, libvirt.VIR_ERR_NO_STORAGE_VOL):
-        return NotFound(message)
-    if code in (libvirt.VIR_ERR_NO_STORAGE_POOL, libvirt.VIR_ERR_NO_NETWORK):
-        return Permanent(message + " (fix the host's pool/network in the provider config, or create it)")
-    if code in (libvirt.VIR_ERR_AUTH_FAILED, libvirt.VIR_ERR_AUTH_CANCELLED, libvirt.VIR_ERR_ACCESS_DENIED,
-                libvirt.VIR_ERR_XML_ERROR, libvirt.VIR_ERR_XML_DETAIL, libvirt.VIR_ERR_CONFIG_UNSUPPORTED,
-                libvirt.VIR_ERR_INVALID_ARG, libvirt.VIR_ERR_NO_SUPPORT, libvirt.VIR_ERR_NO_DOMAIN_METADATA):
-        return Permanent(message)
-    return Transient(message)
-
-
-def _is_host_key_failure(message: str) -> bool:
-    # libvirt reports host-key rejections under the generic SSH error codes; only the
-    # text tells them apart from a connection that merely dropped.
-    lowered = message.lower()
-    return "host key" in lowered or "hostkey" in lowered or "known_hosts" in lowered
-
-
-def silence_libvirt_stderr() -> None:
-    """libvirt prints every error to stderr by default; ours are raised and classified instead."""
-    libvirt.registerErrorHandler(lambda _ctx, _err: None, None)
-
-
 class KvmConnections:
     """One connection per host for one module run, shared by the run's threads; SSH material
     is checked lazily, once.
@@ -253,7 +219,7 @@ class KvmConnections:
         self._wrapper_dir: Optional[str] = None
         self._lock = threading.Lock()  # guards the dicts, the SSH check and the wrapper dir
         self._host_locks: Dict[str, threading.Lock] = {}
-        silence_libvirt_stderr()
+        silence_stderr()
 
     def open(self, host: KvmHost) -> Any:
         with self._lock:
@@ -292,19 +258,11 @@ class KvmConnections:
                     self._wrapper_dir = tempfile.mkdtemp(prefix="egress-proxies-ssh-")
             uri = connection_uri(uri, self.ssh, self._wrapper_dir)
             _check_reachable(uri)
-        # No keepalive: libvirt needs an event loop for it, and a module run is short-lived;
-        # the controller's runner timeout bounds a peer that dies mid-call.
-        try:
-            return libvirt.open(uri)
-        except libvirt.libvirtError as error:
-            raise classify(error, "connecting to KVM host %s" % host.name) from error
+        return open_connection(uri, "connecting to KVM host %s" % host.name)
 
     def close(self) -> None:
         for connection in self._connections.values():
-            try:
-                connection.close()
-            except libvirt.libvirtError:
-                pass
+            close_connection(connection)
         self._connections.clear()
         self._failures.clear()
         if self._wrapper_dir is not None:

@@ -36,15 +36,16 @@ from typing import Any, Callable, Dict, Iterator, List, Optional
 from urllib.error import HTTPError, URLError
 from urllib.parse import urlsplit, urlunsplit
 
-try:
-    import libvirt
-except ImportError:  # pragma: no cover - the modules report it via missing_required_lib
-    libvirt = None
-
 from ansible.module_utils.urls import open_url
 
-from ansible_collections.crawl.egress_proxies.plugins.module_utils.errors import Permanent, Transient
-from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.connection import classify
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.errors import Permanent, ProxyError, Transient
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.client import (
+    create_volume,
+    delete_volume,
+    find_volume,
+    is_test_driver,
+    upload_volume,
+)
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.settings import KvmImage
 
 MIB = 1024 * 1024
@@ -348,12 +349,7 @@ def _remove(path: str) -> None:
 
 def lookup_volume(pool: Any, name: str) -> Optional[Any]:
     """The volume, or None when the pool has no such volume."""
-    try:
-        return pool.storageVolLookupByName(name)
-    except libvirt.libvirtError as error:
-        if error.get_error_code() == libvirt.VIR_ERR_NO_STORAGE_VOL:
-            return None
-        raise classify(error, "looking up volume %s" % name) from error
+    return find_volume(pool, name)
 
 
 def volume_xml(name: str, capacity: int, volume_format: str, backing_path: Optional[str] = None,
@@ -370,43 +366,24 @@ def _xml_escape(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("'", "&apos;")
 
 
-def is_test_driver(connection: Any) -> bool:
-    """Whether ``connection`` is libvirt's test driver, which cannot upload (see the module docstring)."""
-    return bool(connection.getType().lower() == "test")
-
-
 def upload(connection: Any, volume: Any, source: Any, size: int,
            sent: Optional[Callable[[int], None]] = None) -> None:
     """Stream ``size`` bytes from the file object ``source`` into ``volume``; ``sent`` is told
     each chunk's length once libvirt took it."""
     if is_test_driver(connection):
         return  # the test driver has no virStorageVolUpload; see the module docstring
-    stream = connection.newStream(0)
-    try:
-        volume.upload(stream, 0, size, 0)
-        for chunk in iter(lambda: source.read(CHUNK), b""):
-            stream.send(chunk)
-            if sent is not None:
-                sent(len(chunk))
-        stream.finish()
-    except libvirt.libvirtError as error:
-        with contextlib.suppress(libvirt.libvirtError):
-            stream.abort()
-        raise classify(error, "uploading into volume %s" % volume.name()) from error
+    upload_volume(connection, volume, source, size, sent)
 
 
 def create_volume_with_content(connection: Any, pool: Any, name: str, volume_format: str, source: Any,
                                size: int, sent: Optional[Callable[[int], None]] = None) -> Any:
     """Create ``name`` and fill it; on any failure the half-made volume is deleted."""
-    try:
-        volume = pool.createXML(volume_xml(name, size, volume_format), 0)
-    except libvirt.libvirtError as error:
-        raise classify(error, "creating volume %s" % name) from error
+    volume = create_volume(pool, volume_xml(name, size, volume_format), "creating volume %s" % name)
     try:
         upload(connection, volume, source, size, sent)
     except BaseException:
-        with contextlib.suppress(libvirt.libvirtError):
-            volume.delete(0)
+        with contextlib.suppress(ProxyError):
+            delete_volume(volume, "deleting half-made volume %s" % name)
         raise
     return volume
 

@@ -20,12 +20,7 @@ import datetime
 import io
 import os
 import threading
-from typing import Any, Callable, Dict, List, Optional, Tuple
-
-try:
-    import libvirt
-except ImportError:  # pragma: no cover - the modules report it via missing_required_lib
-    libvirt = None
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.cloudinit import (
     build_meta_data,
@@ -37,6 +32,7 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.errors import
     NotFound,
     Permanent,
     ProxyError,
+    Transient,
 )
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.instance import (
     OWNER_TAG,
@@ -48,15 +44,29 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.instance impo
     list_locations,
     matches_tags,
 )
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm import name_claims
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.addresses import (
     domain_ip,
     leased_addresses,
     listed_ip,
 )
-from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.connection import (
-    KvmConnections,
-    classify,
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.client import (
+    create_volume,
+    define_domain,
+    delete_volume,
+    domain_state,
+    domain_states,
+    domain_xml,
+    find_domain,
+    find_pool,
+    is_active,
+    lookup_pool,
+    remove_domain,
+    start_domain,
+    undefine_domain,
+    volume_capacity,
 )
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.connection import KvmConnections
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.domain_cache import DomainCache
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.domain_xml import (
     DomainInfo,
@@ -72,6 +82,7 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.images im
     lookup_volume,
     volume_xml,
 )
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.name_claims import ClaimBook, home_host
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.networking import (
     check_mode,
     claim,
@@ -88,6 +99,10 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.provider_id i
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.squid_install import boothook
 
 GIB = 1024 ** 3
+# How long a claim another controller holds, with no domain behind it, is waited for before it is
+# taken for a leftover of a run that died: the controller's default runner timeout, which no create
+# (base image upload included) outlives.
+CLAIM_PATIENCE_SECONDS = 600
 Log = Callable[[str], None]
 
 
@@ -99,22 +114,13 @@ def seed_volume_name(domain: str) -> str:
     return "%s-seed.iso" % domain
 
 
-def _state_names() -> Dict[int, str]:
-    return {
-        libvirt.VIR_DOMAIN_NOSTATE: "pending",
-        libvirt.VIR_DOMAIN_RUNNING: "running",
-        libvirt.VIR_DOMAIN_BLOCKED: "running",
-        libvirt.VIR_DOMAIN_PAUSED: "stopped",
-        libvirt.VIR_DOMAIN_SHUTDOWN: "stopped",
-        libvirt.VIR_DOMAIN_SHUTOFF: "stopped",
-        libvirt.VIR_DOMAIN_CRASHED: "error",
-        libvirt.VIR_DOMAIN_PMSUSPENDED: "stopped",
-    }
+@dataclasses.dataclass
+class _Fleet:
+    """One listing of every configured host: where each domain name lives (the host entry it is
+    listed under) and each entry's domains with their XML and state."""
 
-
-def state_name(code: Optional[int]) -> str:
-    """The contract's state for a libvirt domain state; one libvirt does not document is an error."""
-    return _state_names().get(code, "error") if code is not None else "error"
+    where: Dict[str, KvmHost]
+    domains: Dict[str, List[Tuple[Any, DomainInfo, str]]]
 
 
 class KvmProvider:
@@ -129,6 +135,7 @@ class KvmProvider:
         self.transfers = transfers
         self.connections = KvmConnections(settings.ssh)
         self.domain_cache = DomainCache(os.path.join(cache_dir, "domains"), settings.domain_cache_seconds)
+        self.claims = ClaimBook(os.path.join(cache_dir, "claims"))
         # Placement of a batch's creates: each owner's count per host (config order), read
         # once per run and kept up to date by the run's own placements, so items placed side
         # by side spread instead of all seeing the same emptiest host.
@@ -137,8 +144,15 @@ class KvmProvider:
         # Items of one run claiming published ports and source addresses on one hypervisor take
         # turns (other runs are caught by networking.claim's check after defining).
         self._claim_locks: Dict[str, threading.Lock] = {}
+        # Creates without a location: every host's domains, listed once per run (``_fleet``).
+        self._fleet_listing: Optional[Union[_Fleet, ProxyError]] = None
+        self._home_pools: Dict[str, name_claims.HomePool] = {}
 
     def close(self) -> None:
+        # The run's libvirt handles go before their connections: freed at interpreter exit instead,
+        # after the libvirt module itself, each would print a traceback.
+        self._fleet_listing = None
+        self._home_pools.clear()
         self.connections.close()
         if self.transfers is not None:
             self.transfers.close()
@@ -162,27 +176,14 @@ class KvmProvider:
             raise Permanent("location: KVM host %r is not configured (configured: %s)" % (name, known))
         return host
 
-    def _pool(self, connection: Any, host: KvmHost) -> Any:
-        try:
-            return connection.storagePoolLookupByName(host.pool)
-        except libvirt.libvirtError as error:
-            raise classify(error, "pool %r on host %s" % (host.pool, host.name)) from error
-
-    def _find_domain(self, connection: Any, name: str) -> Optional[Any]:
-        try:
-            return connection.lookupByName(name)
-        except libvirt.libvirtError as error:
-            if error.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN:
-                return None
-            raise classify(error, "looking up domain %s" % name) from error
+    @staticmethod
+    def _pool(connection: Any, host: KvmHost) -> Any:
+        return lookup_pool(connection, host.pool, "pool %r on host %s" % (host.pool, host.name))
 
     def _describe(self, host: KvmHost, domain: Any) -> Instance:
         """One domain as an Instance: its XML, its state and (running) its IP, each its own call."""
         info = self._info(host, domain)
-        try:
-            state = state_name(domain.state(0)[0])
-        except libvirt.libvirtError as error:
-            raise classify(error, "reading state of domain %s on host %s" % (info.name, host.name)) from error
+        state = domain_state(domain, "reading state of domain %s on host %s" % (info.name, host.name))
         return self._instance(host, info, state, domain_ip(domain, info.macs) if state == "running" else None)
 
     @staticmethod
@@ -203,40 +204,37 @@ class KvmProvider:
         # not_found as "rebuild it", so a typo in the hosts list must never look like a
         # missing VM (that would duplicate every Proxy of the host).
         host = self._host(parsed.location)
-        domain = self._find_domain(self.connections.open(host), parsed.name)
+        domain = find_domain(self.connections.open(host), parsed.name)
         if domain is None:
             raise NotFound("domain %s does not exist on KVM host %s" % (parsed.name, host.name))
         return self._describe(host, domain)
 
     def _recorded(self, host: KvmHost) -> List[Tuple[Any, DomainInfo, str]]:
         """Every domain with our metadata on ``host``'s hypervisor (whichever host entry, network
-        or owner it belongs to), with its parsed XML and its state.
+        or owner it belongs to), with its parsed XML and its state."""
+        # Without our metadata a domain is never ours, and never touched.
+        return [(domain, info, state) for domain, info, state in self._domains(host) if info.ours]
+
+    def _domains(self, host: KvmHost) -> List[Tuple[Any, DomainInfo, str]]:
+        """Every domain on ``host``'s hypervisor, ours or not, with its parsed XML and its state.
 
         One call answers every domain's state (``getAllDomainStats``, which lists them too),
         then one XML read per domain the domain cache does not hold: our tags live only in the
         XML (``domain_cache``)."""
-        connection = self.connections.open(host)
-        try:
-            domains = connection.getAllDomainStats(libvirt.VIR_DOMAIN_STATS_STATE, 0)
-        except libvirt.libvirtError as error:
-            raise classify(error, "listing domains on host %s" % host.name) from error
+        domains = domain_states(self.connections.open(host), "listing domains on host %s" % host.name)
         cache = self.domain_cache.for_uri(host.uri)
         # A virDomain holds its UUID and name: asking them is no round trip.
         uuids = [domain.UUIDString() for domain, _stats in domains]
         found = []
-        for (domain, stats), uuid in zip(domains, uuids):
+        for (domain, state), uuid in zip(domains, uuids):
             info = cache.get(uuid, domain.name())
             if info is None:
                 try:
-                    info = parse_domain_xml(domain.XMLDesc(0))
-                except libvirt.libvirtError as error:
-                    if error.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN:
-                        continue  # undefined between listing and reading: not there any more
-                    raise classify(error, "reading domain on host %s" % host.name) from error
+                    info = parse_domain_xml(domain_xml(domain, "reading domain on host %s" % host.name))
+                except NotFound:
+                    continue  # undefined between listing and reading: not there any more
                 cache.put(uuid, info)
-            # Without our metadata a domain is never ours, and never touched.
-            if info.ours:
-                found.append((domain, info, state_name(stats.get("state.state"))))
+            found.append((domain, info, state))
         cache.keep_only(uuids)
         cache.save()
         return found
@@ -285,11 +283,11 @@ class KvmProvider:
     # -- create ----------------------------------------------------------------------------
 
     def _existing(self, request: InstanceRequest) -> Tuple[Optional[KvmHost], Optional[Any]]:
-        """Where a domain of this name already lives. Every candidate host must answer:
-        a host we cannot see might hold it, and creating elsewhere would duplicate it."""
+        """Where a domain of this name lives now, asking each candidate host. Every one must
+        answer: a host we cannot see might hold it, and creating elsewhere would duplicate it."""
         hosts = [self._host(request.location)] if request.location else list(self.settings.hosts)
         for host in hosts:
-            domain = self._find_domain(self.connections.open(host), request.name)
+            domain = find_domain(self.connections.open(host), request.name)
             if domain is None:
                 continue
             # Entries sharing one hypervisor see the same domains: it is the one its network names.
@@ -297,17 +295,53 @@ class KvmProvider:
                 return host, domain
         return None, None
 
-    def _info(self, host: KvmHost, domain: Any) -> DomainInfo:
-        try:
-            return parse_domain_xml(domain.XMLDesc(0))
-        except libvirt.libvirtError as error:
-            raise classify(error, "reading domain on host %s" % host.name) from error
+    def _fleet(self) -> _Fleet:
+        """Every configured host's domains, listed once per run, when its first create needs them
+        (under the placement lock, so the run's items wait for the one listing). Every host must
+        answer, as for ``_existing``; a failure is kept and fails the run's other creates too."""
+        with self._placement_lock:
+            if self._fleet_listing is None:
+                self._fleet_listing = self._list_fleet()
+            listing = self._fleet_listing
+        if isinstance(listing, ProxyError):
+            raise type(listing)(str(listing))  # a fresh one: threads must not share a traceback
+        return listing
+
+    def _list_fleet(self) -> Union[_Fleet, ProxyError]:
+        listed, failed = list_locations(self.settings.hosts, lambda host: host.name,
+                                        lambda host: [(host, self._domains(host))])
+        if failed:
+            name, error = next(iter(failed.items()))
+            return type(error)("host %s must answer before anything is created without a location: %s" % (
+                name, error))
+        fleet = _Fleet(where={}, domains={})
+        for host, domains in listed:
+            fleet.domains[host.name] = domains
+            single = len(self._sharing(host)) == 1
+            for domain, info, _state in domains:
+                # Entries sharing one hypervisor see the same domains: it is the one its network names.
+                if single or self._holds(host, info):
+                    fleet.where.setdefault(domain.name(), host)
+        return fleet
+
+    def _known(self, name: str) -> Tuple[Optional[KvmHost], Optional[Any]]:
+        """Where the run's listing saw a domain called ``name``, looked up again there (it may have
+        gone since); else nothing."""
+        host = self._fleet().where.get(name)
+        if host is None:
+            return None, None
+        domain = find_domain(self.connections.open(host), name)
+        return (host, domain) if domain is not None else (None, None)
+
+    @staticmethod
+    def _info(host: KvmHost, domain: Any) -> DomainInfo:
+        return parse_domain_xml(domain_xml(domain, "reading domain on host %s" % host.name))
 
     def _place(self, request: InstanceRequest) -> KvmHost:
         """The requested host, else the one with the fewest of our instances (config order breaks ties).
 
-        The hosts are counted once per run (under the lock, so concurrent items wait for the
-        one count instead of each listing every host) and each placement adds one.
+        The hosts are counted once per run, from the run's one listing (``_fleet``), and each
+        placement adds one.
         """
         if request.location:
             return self._host(request.location)
@@ -316,11 +350,14 @@ class KvmProvider:
         hosts = [h for h in self.settings.hosts if not h.networking_errors]
         if not hosts:
             raise Permanent("no host can take a new proxy: %s" % "; ".join(self.settings.location_errors))
+        fleet = self._fleet()
         with self._placement_lock:
             counts = self._placed.get(owner)
             if counts is None:
                 wanted = {OWNER_TAG: owner} if owner else {}
-                counts = [len(self._matching_domains(host, wanted)) for host in hosts]
+                counts = [sum(1 for _d, info, _s in fleet.domains[host.name]
+                              if info.ours and matches_tags(info.tags, wanted) and self._holds(host, info))
+                          for host in hosts]
                 self._placed[owner] = counts
             index = min(range(len(hosts)), key=lambda i: (counts[i], i))
             counts[index] += 1
@@ -333,31 +370,114 @@ class KvmProvider:
         hosts = [self._host(location)] if location else list(self.settings.hosts)
         return [format_provider_id("kvm", host.name, name) for host in hosts]
 
-    def plan_create(self, request: InstanceRequest) -> Tuple[KvmHost, Optional[Any]]:
-        """Validate the request against the config; return the target host and any existing domain."""
+    def plan_create(self, request: InstanceRequest, check_mode: bool) -> Tuple[KvmHost, Optional[Any], Optional[int]]:
+        """Validate the request against the config; return the target host, any existing domain,
+        and the stamp of the name's claim this run now holds (``name_claims``; None when the
+        domain exists, in check mode, and with a location when the name's home host does not answer).
+
+        Without a location, the run's one listing of every host says whether the name exists
+        (``_known``); with one, that host is asked. A name not found is claimed before anything
+        is made (docs/kvm-provider.md, "Creating without a duplicate")."""
         choose_key("machine_type", request.machine_type, self.settings.default_machine_type,
                    self.settings.machine_types, "a machine type")
         choose_key("image", request.image, self.settings.default_image, self.settings.images, "an image")
-        host, domain = self._existing(request)
-        return (host or self._place(request)), domain
+        host, domain = self._existing(request) if request.location else self._known(request.name)
+        if domain is not None or check_mode:
+            return (host or self._place(request)), domain, None
+        try:
+            home = self._home(request.name)
+        except ProxyError as error:
+            if not request.location:
+                raise
+            # With a location only that host had to answer, and still does: the name goes unclaimed.
+            self.warn("the name %s is not claimed: its home host does not answer (%s)" % (request.name, error))
+            return self._host(request.location), None, None
+        host, domain, stamp = self._claim(request, home)
+        try:
+            return (host or self._place(request)), domain, stamp
+        except BaseException:
+            if stamp is not None:
+                self._release(request.name, stamp)
+            raise
+
+    def _home(self, name: str) -> name_claims.HomePool:
+        """The claims' pool of ``name``'s home host, looked up once per run."""
+        home = home_host(self.settings.hosts, name)
+        with self._placement_lock:
+            found = self._home_pools.get(home.name)
+        if found is None:
+            found = name_claims.HomePool(self.connections.open(home), home)
+            with self._placement_lock:
+                found = self._home_pools.setdefault(home.name, found)
+        return found
+
+    def _claim(self, request: InstanceRequest,
+               home: name_claims.HomePool) -> Tuple[Optional[KvmHost], Optional[Any], Optional[int]]:
+        """Take the name's claim: (None, None, stamp). When another claim holds it, every candidate
+        host is asked, as every create once was: the domain when one has it, (host, domain, None);
+        else the claim is another run's creating it now (Transient: the retry finds its domain),
+        or a leftover, taken over: at once when this controller took it (its run is over), after
+        ``CLAIM_PATIENCE_SECONDS`` when another did."""
+        stamp = home.take(request.name)
+        if stamp is None:
+            host, domain = self._existing(request)
+            if domain is not None:
+                return host, domain, None
+            held = home.stamp(request.name)
+            if (held is not None and not self.claims.is_mine(request.name, held) and
+                    self.claims.waited(request.name, held) < CLAIM_PATIENCE_SECONDS):
+                raise Transient("the name %s is claimed on host %s by another run and no host holds its domain yet: "
+                                "that run is creating it (a claim nobody completes is taken over after %d s); "
+                                "will retry" % (request.name, home.home.name, CLAIM_PATIENCE_SECONDS))
+            # A leftover (this controller's, from a run that is over; another's, past its patience), or
+            # released meanwhile: replaced by a new stamp, which the old run's _still_claimed cannot match.
+            home.release(request.name, held)
+            stamp = home.take(request.name, avoid=held)
+            if stamp is None:
+                raise Transient("the name %s was claimed on host %s by another run at the same time; will retry" % (
+                    request.name, home.home.name))
+        self.claims.took(request.name, stamp)
+        return None, None, stamp
+
+    def _release(self, name: str, stamp: Optional[int] = None) -> None:
+        """Release ``name``'s claim (given ``stamp``: only while it is still that one). One that
+        cannot be released sends a later create of the name to ask every host and wait its
+        patience out, so this warns rather than failing a delete that succeeded."""
+        self.claims.forget(name)
+        try:
+            self._home(name).release(name, stamp)
+        except ProxyError as error:
+            self.warn("the claim of the name %s stays on host %s (%s); a later create of that name asks every "
+                      "host" % (name, home_host(self.settings.hosts, name).name, error))
+
+    def _still_claimed(self, name: str, stamp: int) -> None:
+        """Right before the domain is defined: the claim still carries this run's stamp, else
+        another run took it over (this one was taken for dead) and this one stops."""
+        if self._home(name).stamp(name) != stamp:
+            raise Transient("the claim of the name %s was taken over by another run while this one was creating "
+                            "it; nothing of it is left, the retry finds the other's domain" % name)
 
     def create(self, request: InstanceRequest, check_mode: bool) -> Tuple[bool, Instance]:
-        host, domain = self.plan_create(request)
-        if domain is None:
-            self._check_networking(host)
+        host, domain, stamp = self.plan_create(request, check_mode)
         if domain is not None:
             changed = False
-            if domain.isActive() == 0 and not check_mode:
-                try:
-                    domain.create()
-                except libvirt.libvirtError as error:
-                    raise classify(error, "starting domain %s on host %s" % (request.name, host.name)) from error
+            if not check_mode and not is_active(domain, "asking whether domain %s on host %s runs" % (
+                    request.name, host.name)):
+                start_domain(domain, "starting domain %s on host %s" % (request.name, host.name))
                 changed = True
             return changed, self._describe(host, domain)
         if check_mode:
+            self._check_networking(host)
             return True, Instance(provider_id=format_provider_id("kvm", host.name, request.name),
                                   name=request.name, location=host.name, state="pending", tags=dict(request.tags))
-        return True, self._build(host, request)
+        try:
+            self._check_networking(host)
+            domain = self._build(host, request, stamp)
+        except BaseException:
+            if stamp is not None:
+                self._release(request.name, stamp)  # nothing was made: a retry takes the claim afresh
+            raise
+        return True, self._describe(host, domain)
 
     def _check_networking(self, host: KvmHost) -> None:
         """Before anything is made on ``host``: its networking fields are sound and its network
@@ -391,12 +511,11 @@ class KvmProvider:
 
     @staticmethod
     def _define_xml(connection: Any, host: KvmHost, spec: DomainSpec) -> Any:
-        try:
-            return connection.defineXML(build_domain_xml(spec))
-        except libvirt.libvirtError as error:
-            raise classify(error, "defining domain %s on host %s" % (spec.name, host.name)) from error
+        return define_domain(connection, build_domain_xml(spec), "defining domain %s on host %s" % (
+            spec.name, host.name))
 
-    def _build(self, host: KvmHost, request: InstanceRequest) -> Instance:
+    def _build(self, host: KvmHost, request: InstanceRequest, stamp: Optional[int]) -> Any:
+        """Make and start the domain (its volumes, its definition); on failure nothing of it stays."""
         machine = self.settings.machine_types[request.machine_type or self.settings.default_machine_type]
         image = self.settings.images[request.image or self.settings.default_image]
         connection = self.connections.open(host)
@@ -417,26 +536,28 @@ class KvmProvider:
                                                      io.BytesIO(seed), len(seed))
             created_volumes.append(seed_volume)
             created = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+            if stamp is not None:
+                self._still_claimed(request.name, stamp)
             domain = self._define(connection, host, request, DomainSpec(
                 name=request.name, domain_type=host.domain_type, vcpus=machine.vcpus, memory_mib=machine.memory_mib,
                 machine=machine.machine, overlay_path=overlay.path(), seed_path=seed_volume.path(),
                 network=host.network, tags=dict(request.tags), created=created, port=request.port))
             try:
-                domain.create()
-            except libvirt.libvirtError as error:
-                with contextlib.suppress(libvirt.libvirtError):
-                    domain.undefine()
-                raise classify(error, "starting domain %s on host %s" % (request.name, host.name)) from error
+                start_domain(domain, "starting domain %s on host %s" % (request.name, host.name))
+            except ProxyError:
+                with contextlib.suppress(ProxyError):
+                    undefine_domain(domain, "undefining domain %s on host %s" % (request.name, host.name))
+                raise
         except BaseException:
             # Nothing half-made stays behind: a later retry starts from a clean slate.
             for volume in created_volumes:
-                with contextlib.suppress(libvirt.libvirtError):
-                    volume.delete(0)
+                with contextlib.suppress(ProxyError):
+                    delete_volume(volume, "deleting half-made volume %s on host %s" % (volume.name(), host.name))
             with contextlib.suppress(ProxyError):
                 release_address(connection, host, request.name, host.network)
             raise
         self.log("created domain %s on KVM host %s" % (request.name, host.name))
-        return self._describe(host, domain)
+        return domain
 
     @staticmethod
     def _remove_stale(pool: Any, volume_name: str) -> None:
@@ -445,18 +566,16 @@ class KvmProvider:
         the domain is defined, so nothing uses it."""
         stale = lookup_volume(pool, volume_name)
         if stale is not None:
-            with contextlib.suppress(libvirt.libvirtError):
-                stale.delete(0)
+            with contextlib.suppress(ProxyError):
+                delete_volume(stale, "deleting stale volume %s" % volume_name)
 
     def _create_overlay(self, pool: Any, name: str, capacity: int, base: Any, base_format: str) -> Any:
         volume_name = overlay_volume_name(name)
         self._remove_stale(pool, volume_name)
-        try:
-            base_capacity = base.info()[1]
-            return pool.createXML(volume_xml(volume_name, max(capacity, base_capacity), "qcow2", base.path(),
-                                             base_format), 0)
-        except libvirt.libvirtError as error:
-            raise classify(error, "creating overlay %s" % volume_name) from error
+        context = "creating overlay %s" % volume_name
+        base_capacity = volume_capacity(base, context)
+        return create_volume(pool, volume_xml(volume_name, max(capacity, base_capacity), "qcow2", base.path(),
+                                              base_format), context)
 
     # -- delete ----------------------------------------------------------------------------
 
@@ -472,7 +591,7 @@ class KvmProvider:
             return False
         connection = self.connections.open(host)
         changed = False
-        domain = self._find_domain(connection, parsed.name)
+        domain = find_domain(connection, parsed.name)
         network = host.network
         if domain is not None:
             changed = True
@@ -482,39 +601,26 @@ class KvmProvider:
         # Its reserved address goes with it (its port and source address went with its metadata).
         if not check_mode and release_address(connection, host, parsed.name, network):
             changed = True
-        return self._remove_volumes(connection, host, parsed.name, check_mode) or changed
+        changed = self._remove_volumes(connection, host, parsed.name, check_mode) or changed
+        if not check_mode:
+            self._release(parsed.name)  # last: the name stays claimed while anything of it is left
+        return changed
 
-    def _remove_domain(self, domain: Any, name: str, host: KvmHost) -> None:
-        try:
-            if domain.isActive():
-                domain.destroy()
-            # Our domains boot BIOS (no NVRAM); managed saves and snapshot metadata would
-            # otherwise make a plain undefine refuse.
-            flags = libvirt.VIR_DOMAIN_UNDEFINE_MANAGED_SAVE | libvirt.VIR_DOMAIN_UNDEFINE_SNAPSHOTS_METADATA
-            domain.undefineFlags(flags)
-        except libvirt.libvirtError as error:
-            if error.get_error_code() != libvirt.VIR_ERR_NO_DOMAIN:  # gone meanwhile: fine
-                raise classify(error, "removing domain %s on host %s" % (name, host.name)) from error
+    @staticmethod
+    def _remove_domain(domain: Any, name: str, host: KvmHost) -> None:
+        remove_domain(domain, "removing domain %s on host %s" % (name, host.name))  # gone meanwhile: fine
 
     def _remove_volumes(self, connection: Any, host: KvmHost, name: str, check_mode: bool) -> bool:
-        try:
-            pool = connection.storagePoolLookupByName(host.pool)
-        except libvirt.libvirtError as error:
-            if error.get_error_code() == libvirt.VIR_ERR_NO_STORAGE_POOL:
-                # Refusing would pin the Proxy's finalizer; with no pool there is nothing to remove.
-                return False
-            raise classify(error, "pool %r on host %s" % (host.pool, host.name)) from error
+        storage_pool = find_pool(connection, host.pool, "pool %r on host %s" % (host.pool, host.name))
+        if storage_pool is None:
+            # Refusing would pin the Proxy's finalizer; with no pool there is nothing to remove.
+            return False
         changed = False
         for volume_name in (overlay_volume_name(name), seed_volume_name(name)):
-            volume = lookup_volume(pool, volume_name)
+            volume = lookup_volume(storage_pool, volume_name)
             if volume is None:
                 continue
             changed = True
-            if check_mode:
-                continue
-            try:
-                volume.delete(0)
-            except libvirt.libvirtError as error:
-                if error.get_error_code() != libvirt.VIR_ERR_NO_STORAGE_VOL:
-                    raise classify(error, "deleting volume %s on host %s" % (volume_name, host.name)) from error
+            if not check_mode:
+                delete_volume(volume, "deleting volume %s on host %s" % (volume_name, host.name))
         return changed

@@ -10,7 +10,7 @@ from typing import List, Tuple
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.cloudinit import HAS_PYCDLIB
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.config import HAS_YAML
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.errors import Permanent
-from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.connection import HAS_LIBVIRT
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.client import HAS_LIBVIRT
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.images import (
     TransferReport,
     default_cache_dir,

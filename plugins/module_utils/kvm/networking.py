@@ -25,13 +25,15 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, List, Optional, Sequence, Set, Tuple
 
-try:
-    import libvirt
-except ImportError:  # pragma: no cover - the modules report it via missing_required_lib
-    libvirt = None
-
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.errors import Permanent, ProxyError, Transient
-from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.connection import classify
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.client import (
+    add_dhcp_host,
+    delete_dhcp_host,
+    find_network,
+    network_leases,
+    network_xml,
+    undefine_domain,
+)
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.domain_xml import DomainInfo, GuestNetwork
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.settings import KvmHost
 
@@ -91,19 +93,11 @@ def parse_network_xml(xml: str) -> NetworkFacts:
 
 def lookup_network(connection: Any, host: KvmHost, name: Optional[str] = None) -> Optional[Any]:
     """The libvirt network ``name`` (default: the host's), or None when it does not exist."""
-    try:
-        return connection.networkLookupByName(name or host.network)
-    except libvirt.libvirtError as error:
-        if error.get_error_code() == libvirt.VIR_ERR_NO_NETWORK:
-            return None
-        raise classify(error, "network %r on host %s" % (name or host.network, host.name)) from error
+    return find_network(connection, name or host.network, "network %r on host %s" % (name or host.network, host.name))
 
 
 def network_facts(network: Any, host: KvmHost) -> NetworkFacts:
-    try:
-        return parse_network_xml(network.XMLDesc(0))
-    except libvirt.libvirtError as error:
-        raise classify(error, "reading network %r on host %s" % (network.name(), host.name)) from error
+    return parse_network_xml(network_xml(network, "reading network %r on host %s" % (network.name(), host.name)))
 
 
 def check_mode(host: KvmHost, facts: NetworkFacts) -> None:
@@ -128,16 +122,9 @@ def check_mode(host: KvmHost, facts: NetworkFacts) -> None:
 # --- guest addresses: reserved in the network's DHCP ------------------------------------------
 
 
-def _update_flags(network: Any) -> int:
-    live = libvirt.VIR_NETWORK_UPDATE_AFFECT_LIVE if network.isActive() else 0
-    return int(live | libvirt.VIR_NETWORK_UPDATE_AFFECT_CONFIG)
-
-
 def _leased(network: Any) -> Set[str]:
-    try:
-        return {lease["ipaddr"] for lease in network.DHCPLeases() or [] if lease.get("ipaddr")}
-    except libvirt.libvirtError:
-        return set()  # a driver without leases (libvirt's test driver): the reservations say enough
+    # None from a driver without leases (libvirt's test driver): the reservations say enough.
+    return {lease["ipaddr"] for lease in network_leases(network) or [] if lease.get("ipaddr")}
 
 
 def _free_addresses(facts: NetworkFacts, leased: Set[str]) -> List[str]:
@@ -167,15 +154,10 @@ def reserve_address(network: Any, host: KvmHost, name: str) -> Reservation:
         host_part = random.randrange(1 << 24)  # a MAC in QEMU's locally administered 52:54:00 prefix
         wanted = Reservation(mac="52:54:00:%02x:%02x:%02x" % (host_part >> 16, (host_part >> 8) & 255, host_part & 255),
                              name=name, address=free[0])
-        try:
-            network.update(libvirt.VIR_NETWORK_UPDATE_COMMAND_ADD_LAST, libvirt.VIR_NETWORK_SECTION_IP_DHCP_HOST,
-                           -1, wanted.xml(), _update_flags(network))
+        if add_dhcp_host(network, wanted.xml(), "reserving %s on network %r of host %s" % (
+                wanted.address, facts.name, host.name)):
             return wanted
-        except libvirt.libvirtError as error:
-            if error.get_error_code() != libvirt.VIR_ERR_OPERATION_INVALID:
-                raise classify(error, "reserving %s on network %r of host %s" % (
-                    wanted.address, facts.name, host.name)) from error
-            failed.add(wanted.address)  # taken meanwhile by another run: read again, take the next
+        failed.add(wanted.address)  # taken meanwhile by another run: read again, take the next
     raise Transient("reserving an address on network %r of host %s: every try was taken by another run at the "
                     "same time; the next attempt starts afresh" % (host.network, host.name))
 
@@ -188,12 +170,8 @@ def release_address(connection: Any, host: KvmHost, name: str, network_name: Opt
     reservation = network_facts(network, host).reservation(name)
     if reservation is None:
         return False
-    try:
-        network.update(libvirt.VIR_NETWORK_UPDATE_COMMAND_DELETE, libvirt.VIR_NETWORK_SECTION_IP_DHCP_HOST,
-                       -1, reservation.xml(), _update_flags(network))
-    except libvirt.libvirtError as error:
-        raise classify(error, "removing the reservation of %s on network %r of host %s" % (
-            name, network.name(), host.name)) from error
+    delete_dhcp_host(network, reservation.xml(), "removing the reservation of %s on network %r of host %s" % (
+        name, network.name(), host.name))
     return True
 
 
@@ -278,8 +256,4 @@ def claim(host: KvmHost, reservation: Reservation, name: str, recorded: Callable
 
 def _undefine(domain: Any, host: KvmHost, name: str) -> None:
     """Undefine a domain ``claim`` defined and never started."""
-    try:
-        domain.undefine()
-    except libvirt.libvirtError as error:
-        if error.get_error_code() != libvirt.VIR_ERR_NO_DOMAIN:
-            raise classify(error, "undefining domain %s on host %s" % (name, host.name)) from error
+    undefine_domain(domain, "undefining domain %s on host %s" % (name, host.name))

@@ -20,10 +20,10 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.errors import
     ProxyError,
     Transient,
 )
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.client import classify
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.connection import (
     check_known_hosts,
     check_private_key,
-    classify,
     connection_uri,
     transport_of,
 )

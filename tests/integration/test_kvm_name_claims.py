@@ -1,0 +1,241 @@
+"""Creating without a duplicate (docs/kvm-provider.md, "Creating without a duplicate"), against
+libvirt's test driver served by one libvirtd per host.
+
+Two KvmProviders with cache directories of their own stand for two controllers that both believe
+they lead; their creates run side by side in threads, each over its own connections to the
+daemons. Where a test needs the two to meet at one moment, a wrapper around ``HomePool.take``
+holds a thread there (the claim itself is libvirt's: nothing is faked).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import libvirt
+import pytest
+
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.config import load_provider_config
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.errors import Permanent, Transient
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.instance import InstanceRequest
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm import instances, name_claims
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.instances import KvmProvider
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.settings import KvmHost, KvmSettings
+from support.libvirt_daemon import LibvirtTestDaemon
+from support.provider_config import OWNER_TAGS, BaseImage, kvm_host, write_kvm_config
+
+HOSTS = 3
+POOL = "default-pool"  # the test driver's built-in pool
+NAME = "p-race"
+
+
+@pytest.fixture(scope="module")
+def daemons() -> Iterator[list[LibvirtTestDaemon]]:
+    with contextlib.ExitStack() as stack:
+        yield [stack.enter_context(LibvirtTestDaemon()) for _ in range(HOSTS)]
+
+
+@pytest.fixture
+def settings(daemons: list[LibvirtTestDaemon], image: BaseImage, tmp_path: Path) -> KvmSettings:
+    for daemon in daemons:
+        daemon.reset()
+    config = write_kvm_config(tmp_path / "providers.yaml",
+                              [kvm_host(f"h{index}", daemon.uri, pool=POOL) for index, daemon in enumerate(daemons)],
+                              image)
+    loaded = load_provider_config(str(config)).provider("lab", "kvm").kvm
+    assert loaded is not None
+    return loaded
+
+
+@contextlib.contextmanager
+def controller(settings: KvmSettings, cache: Path) -> Iterator[KvmProvider]:
+    """One module run of a controller whose cache directory is ``cache``."""
+    provider = KvmProvider(settings, str(cache), log=lambda _message: None)
+    try:
+        yield provider
+    finally:
+        provider.close()
+
+
+def request(name: str = NAME) -> InstanceRequest:
+    return InstanceRequest(name=name, user_data=b"#cloud-config\n", tags=dict(OWNER_TAGS))
+
+
+def domains_named(daemons: list[LibvirtTestDaemon], name: str) -> list[int]:
+    """The hosts (by index) holding a domain called ``name``."""
+    return [index for index, daemon in enumerate(daemons) if name in daemon.connection.listDefinedDomains()
+            + [daemon.connection.lookupByID(i).name() for i in daemon.connection.listDomainsID()]]
+
+
+def volumes_of(daemons: list[LibvirtTestDaemon], name: str) -> dict[int, list[str]]:
+    found = {}
+    for index, daemon in enumerate(daemons):
+        names = sorted(v for v in daemon.connection.storagePoolLookupByName(POOL).listVolumes() if v.startswith(name))
+        if names:
+            found[index] = names
+    return found
+
+
+def home_index(settings: KvmSettings, name: str = NAME) -> int:
+    return [h.name for h in settings.hosts].index(name_claims.home_host(settings.hosts, name).name)
+
+
+def test_two_controllers_creating_one_name_at_once_make_one_domain(
+        settings: KvmSettings, daemons: list[LibvirtTestDaemon], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Both listed every host (no NAME anywhere) before either claims; the winner then waits until
+    # the loser is done, so the loser finds the claim taken and no domain yet: the window in
+    # which two runs asking every host would each have made one.
+    both_listed = threading.Barrier(2, timeout=60)
+    loser_done = threading.Event()
+    take = name_claims.HomePool.take
+
+    def meeting_take(self: name_claims.HomePool, name: str, avoid: int | None = None) -> int | None:
+        both_listed.wait()
+        stamp = take(self, name, avoid)
+        if stamp is not None and avoid is None:
+            assert loser_done.wait(60)
+        return stamp
+    monkeypatch.setattr(name_claims.HomePool, "take", meeting_take)
+
+    outcomes: dict[str, Any] = {}
+
+    def create(who: str) -> None:
+        with controller(settings, tmp_path / who) as provider:
+            try:
+                outcomes[who] = provider.create(request(), check_mode=False)
+            except Transient as error:
+                outcomes[who] = error
+                loser_done.set()
+
+    threads = [threading.Thread(target=create, args=(who,)) for who in ("a", "b")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+
+    errors = [o for o in outcomes.values() if isinstance(o, Transient)]
+    made = [o for o in outcomes.values() if not isinstance(o, Exception)]
+    assert len(errors) == 1 and len(made) == 1, outcomes
+    assert "claimed on host" in str(errors[0]) and "will retry" in str(errors[0])
+    changed, instance = made[0]
+    assert changed is True
+    assert domains_named(daemons, NAME) == [int(instance.location[1:])]
+
+    # The loser's retry (its next run) finds the winner's domain in its listing.
+    loser = next(who for who, o in outcomes.items() if isinstance(o, Transient))
+    monkeypatch.setattr(name_claims.HomePool, "take", take)
+    with controller(settings, tmp_path / loser) as provider:
+        again_changed, again = provider.create(request(), check_mode=False)
+    assert (again_changed, again.provider_id) == (False, instance.provider_id)
+    assert domains_named(daemons, NAME) == [int(instance.location[1:])]
+    # Volumes only where the domain is, and the claim in the home host's pool.
+    expected = {int(instance.location[1:]): [f"{NAME}-seed.iso", f"{NAME}.qcow2"]}
+    expected[home_index(settings)] = sorted([*expected.get(home_index(settings), []), f"{NAME}.claim"])
+    assert volumes_of(daemons, NAME) == expected
+
+
+def test_a_claim_left_by_this_controllers_dead_run_is_taken_over_at_once(
+        settings: KvmSettings, daemons: list[LibvirtTestDaemon], tmp_path: Path) -> None:
+    with controller(settings, tmp_path / "a") as dead_run:
+        stamp = dead_run._home(NAME).take(NAME)  # claimed, then the run died before defining anything
+        assert stamp is not None
+        dead_run.claims.took(NAME, stamp)
+    with controller(settings, tmp_path / "a") as provider:
+        changed, instance = provider.create(request(), check_mode=False)
+        assert provider._home(NAME).stamp(NAME) not in (None, stamp)  # a new stamp: the old run cannot match it
+    assert changed is True
+    assert domains_named(daemons, NAME) == [int(instance.location[1:])]
+
+
+def test_another_controllers_claim_is_waited_for_then_taken_over(
+        settings: KvmSettings, daemons: list[LibvirtTestDaemon], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    with controller(settings, tmp_path / "b") as other:
+        assert other._home(NAME).take(NAME) is not None  # b claimed NAME and never made it
+
+    with controller(settings, tmp_path / "a") as provider, pytest.raises(Transient, match="claimed on host h"):
+        provider.create(request(), check_mode=False)
+    assert domains_named(daemons, NAME) == []
+
+    # Past its patience (counted from a's first sighting, kept in a's cache), b's claim is a leftover.
+    monkeypatch.setattr(instances, "CLAIM_PATIENCE_SECONDS", 0)
+    with controller(settings, tmp_path / "a") as provider:
+        changed, instance = provider.create(request(), check_mode=False)
+    assert changed is True
+    assert domains_named(daemons, NAME) == [int(instance.location[1:])]
+
+
+def test_a_run_whose_claim_was_taken_over_leaves_nothing(
+        settings: KvmSettings, daemons: list[LibvirtTestDaemon], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    check_networking = KvmProvider._check_networking
+
+    def taken_over_meanwhile(self: KvmProvider, host: KvmHost) -> None:
+        check_networking(self, host)
+        # Another controller took this run for dead: it replaced the claim with its own stamp.
+        with controller(settings, tmp_path / "b") as other:
+            home = other._home(NAME)
+            home.release(NAME)
+            assert home.take(NAME) is not None
+    monkeypatch.setattr(KvmProvider, "_check_networking", taken_over_meanwhile)
+
+    with controller(settings, tmp_path / "a") as provider, pytest.raises(Transient, match="taken over"):
+        provider.create(request(), check_mode=False)
+    assert domains_named(daemons, NAME) == []
+    # Nothing of a's is left; the claim is b's, still there.
+    assert volumes_of(daemons, NAME) == {home_index(settings): [f"{NAME}.claim"]}
+
+
+def test_a_delete_releases_the_claim_and_a_failed_create_keeps_none(
+        settings: KvmSettings, daemons: list[LibvirtTestDaemon], tmp_path: Path) -> None:
+    with controller(settings, tmp_path / "a") as provider:
+        _changed, instance = provider.create(request(), check_mode=False)
+        assert f"{NAME}.claim" in volumes_of(daemons, NAME)[home_index(settings)]
+        assert provider.delete(instance.provider_id, check_mode=False) is True
+    assert volumes_of(daemons, NAME) == {}
+
+    # A create that fails after taking the claim (no such network on the host it placed) releases it.
+    no_network = dataclasses.replace(settings,
+                                     hosts=tuple(dataclasses.replace(h, network="gone") for h in settings.hosts))
+    with controller(no_network, tmp_path / "a") as provider, pytest.raises(Permanent, match="network 'gone'"):
+        provider.create(request(), check_mode=False)
+    assert volumes_of(daemons, NAME) == {}
+
+
+class CountedConnection:
+    """A connection whose method calls are counted by method, and passed through."""
+
+    def __init__(self, target: Any, calls: Counter[str]) -> None:
+        self._target = target
+        self._calls = calls
+
+    def __getattr__(self, name: str) -> Any:
+        attribute = getattr(self._target, name)
+        if not callable(attribute):
+            return attribute
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            self._calls[name] += 1
+            return attribute(*args, **kwargs)
+        return call
+
+
+def test_creates_without_a_location_list_each_host_once_and_ask_no_host_per_create(
+        settings: KvmSettings, daemons: list[LibvirtTestDaemon], tmp_path: Path) -> None:
+    creates = 6
+    with controller(settings, tmp_path / "a") as provider:
+        calls: Counter[str] = Counter()
+        opened = provider.connections.open
+        provider.connections.open = lambda host: CountedConnection(opened(host), calls)  # type: ignore[method-assign]
+        made = [provider.create(request(f"p-{n}"), check_mode=False)[1] for n in range(creates)]
+    assert sorted(Counter(i.location for i in made).values()) == [2, 2, 2]  # spread as before
+    assert calls["getAllDomainStats"] == HOSTS  # one listing of each host for the whole run
+    assert calls["lookupByName"] == 0  # no host is asked per create whether the name exists
+    with pytest.raises(libvirt.libvirtError):
+        daemons[0].connection.lookupByName("p-never-made")
