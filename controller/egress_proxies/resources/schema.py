@@ -5,7 +5,7 @@ Kubernetes object stored before its schema tightened never passed the current on
 
 ``validation_errors``: every Proxy of a sweep (``reconcile``, through ``ValidationMemo``), its
 namespace and name included (``identity_errors``); an invalid one fails alone.
-``pool_spec_errors``: every ProxyPool's spec (``pools.parse_spec``, which adds the checks across
+``pool_spec_errors``: every ProxyPool's spec (``resources.pool.parse_spec``, which adds the checks across
 fields that a schema cannot express).
 """
 

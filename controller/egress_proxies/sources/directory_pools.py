@@ -1,4 +1,4 @@
-"""ProxyPools from the directory source (``pools.PoolStore`` for ``directory.DirectoryStore``).
+"""ProxyPools from the directory source (``store.PoolStore`` for ``directory.DirectoryStore``).
 
 A pool is a ``kind: ProxyPool`` file beside the Proxy files (the Proxy store ignores it). Its
 record (uid, resourceVersion, generation, annotations, finalizers, status) is the hidden file

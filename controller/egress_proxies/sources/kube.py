@@ -3,7 +3,7 @@
 ``KubeStore`` is ``store.ProxyStore`` for ``crawl.example.com/v1alpha1`` proxies, ``KubeLeases``
 is the Lease adapter ``leader.LeaseElector`` writes through, and ``kube_client`` builds the
 ApiClient (in-cluster or from a kubeconfig). The loop and the command build these; everything
-above sees plain dicts, ``model.Proxy`` and ``store.StoreError`` subclasses. Client errors
+above sees plain dicts, ``resources.proxy.Proxy`` and ``store.StoreError`` subclasses. Client errors
 become those subclasses in ``store_error`` and nowhere else.
 """
 
@@ -342,7 +342,7 @@ class KubeStore:
 
 
 class KubePools:
-    """``pools.PoolStore`` on the Kubernetes API: ProxyPools (status subresource, Events) and the
+    """``store.PoolStore`` on the Kubernetes API: ProxyPools (status subresource, Events) and the
     member Proxies a pool creates and deletes. Same namespace rule as ``KubeStore``."""
 
     def __init__(self, api_client: client.ApiClient, namespace: str | None = None,

@@ -1,4 +1,4 @@
-"""What ProxyPools and Proxies share: the parsing of an object's metadata (model.CustomObject)
+"""What ProxyPools and Proxies share: the parsing of an object's metadata (``resources.proxy.CustomObject``)
 and validation against the CRDs' own schemas (schema.py), as the packaged controller reads them.
 """
 
