@@ -18,13 +18,14 @@ from egress_proxies.resources import times
 from egress_proxies.resources.conditions import PRIVATE, PROVIDER_LISTED, READY, SERVING, Wanted, find_condition
 from egress_proxies.resources.pool import QUARANTINED
 from egress_proxies.resources.proxy import PHASE_PROVISIONING, PHASE_QUARANTINED, PHASE_READY
+from egress_proxies.serving.discovery import UNVERIFIED
 from egress_proxies.serving.probe import ProbeOutcome
 
 # Status fields that describe one instance, dropped when another takes its place.
 INSTANCE_FIELDS = ("ip", "endpoint", "egressIP", "probe", "credentialGeneration")
-# Serving reasons of an instance that may still serve: not probed yet, or not probed at all.
+# The Serving reason of an instance that may still serve, not probed yet (not probed at all:
+# ``discovery.UNVERIFIED``).
 AWAITING = "AwaitingProbe"
-UNVERIFIED = "Unverified"
 # The Ready reason of an instance kept in discovery while every probe of its provider fails at once.
 PROVIDER_WIDE_FAILURE = "ProviderWideFailure"
 # The Serving reasons of an instance that is not there to serve at all (lost, not "slow").
@@ -87,7 +88,7 @@ def judge(status: Mapping[str, Any], seen: Observation, now: str) -> Verdict:
     """The Proxy's next phase and conditions, from its current ``status`` and what was ``seen``;
     ``now`` stamps when an instance first served (``status.readySince``). A quarantined instance
     is ``Quarantined`` whatever else holds (its Serving and Private conditions still tell the
-    truth: ``serves`` reads them), until it is gone."""
+    truth: ``discovery.serves`` reads them), until it is gone."""
     verdict = _judge(status, seen, now)
     if not seen.quarantined:
         return verdict
@@ -95,16 +96,6 @@ def judge(status: Mapping[str, Any], seen: Observation, now: str) -> Verdict:
     still = "it still serves and " if verdict.phase == PHASE_READY else ""
     message = f"a crawler quarantined {where}; {still}it is being replaced"
     return dataclasses.replace(verdict, phase=PHASE_QUARANTINED, ready=("False", QUARANTINED, message))
-
-
-def serves(status: Mapping[str, Any]) -> bool:
-    """Whether the instance the status describes serves crawlers, whatever its phase says (a
-    quarantined one may: its pool keeps it listed while it needs it, ``pool.kept_listed``):
-    running with an address and, where probed, passing the probes without being open to strangers."""
-    serving = find_condition(status, SERVING)
-    if not status.get("endpoint") or find_condition(status, PRIVATE).get("reason") == "NotPrivate":
-        return False
-    return serving.get("status") == "True" or serving.get("reason") == UNVERIFIED
 
 
 def _judge(status: Mapping[str, Any], seen: Observation, now: str) -> Verdict:
