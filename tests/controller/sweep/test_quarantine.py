@@ -114,6 +114,7 @@ def test_a_sweep_that_caught_up_is_what_counts_and_without_floors_everything_lea
     # A sweep later: eu-0's replacement serves and eu-0 is no longer listed.
     replacement = store.add("eu-4", {"provider": "home-kvm"})
     replacement.raw = listed[0].raw
+    replacement.status = {"providerID": f"{ID}-4", "phase": "Ready"}
     listed = [p for p in listed if p.name != "eu-0"] + [replacement]
     view.publish(listed, {("crawlers", "eu"): floor}, 0.0)
     assert quarantine("crawlers", "eu-2", "banned", "op").hidden is True  # eu-1, eu-3, eu-4 besides it
