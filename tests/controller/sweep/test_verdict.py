@@ -71,7 +71,7 @@ CASES = [
     ("auth none, serving", {}, Observation(RUNNING, 3128, probed=True, outcome=outcome(True, private=None),
                                            built_private=OPEN),
      "Ready", "Serving", ("True", "Serving"), "AuthDisabled"),
-    # Quarantined whatever else holds; Serving and Private still tell the truth (verdict.serves).
+    # Quarantined whatever else holds; Serving and Private still tell the truth (discovery.serves).
     ("quarantined, serving", {}, Observation(RUNNING, 3128, probed=True, outcome=outcome(True),
                                              built_private=BUILT_PRIVATE, quarantined=True),
      "Quarantined", "Quarantined", ("True", "Serving"), "CredentialsRequired"),
