@@ -150,7 +150,6 @@ class Reconciler:
         self.settings = settings or ReconcileSettings()
         self.backoff = parts.backoff
         self.writer = ProxyWriter(store, self.backoff, parts.now, parts.purge)
-        self.live_parts = LiveParts(self.writer, self._seconds_since, self.monitor, self.discovery)
         self.validation = ValidationMemo()
         self.providers: ProviderSet | None = None
         self.containment = Containment("Proxy")
@@ -278,10 +277,11 @@ class Reconciler:
             by_provider.setdefault(proxy.provider, []).append(proxy)
         live_settings = LiveSettings(self.settings.batch_size, self.settings.parallel_batches,
                                      self.settings.stale_listing_seconds)
+        parts = LiveParts(self.writer, self._seconds_since, self.monitor, self.discovery)
         sweep = SweepPass(config.owner, contain, report.add, access=access)
 
         def reconcile_provider(name: str) -> None:
-            live_path = LivePath(live_settings, self.live_parts, sweep, config.probes[name])
+            live_path = LivePath(live_settings, parts, sweep, config.probes[name])
             try:
                 live_path.reconcile(clients[name], by_provider.get(name, []), listings[name])
             except Exception as error:  # a bug must not take the other providers' sweep with it
