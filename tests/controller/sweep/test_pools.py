@@ -16,6 +16,7 @@ import yaml
 
 from egress_proxies.resources.pool import SERIAL_ANNOTATION
 from egress_proxies.resources.proxy import FINALIZER, Proxy
+from egress_proxies.serving.discovery import PoolFloor
 from egress_proxies.sources.directory import DirectoryStore
 from egress_proxies.sources.directory_pools import DirectoryPools
 from egress_proxies.sweep.pools import PoolReconciler, ProviderHealth
@@ -217,3 +218,13 @@ def test_a_crash_on_one_pool_is_recorded_on_it_and_the_others_go_on(pools: Pools
 ])
 def test_provider_health_says_why_a_placement_cannot_be_used(health: ProviderHealth, why: str | None) -> None:
     assert health.broken("a", failover_after=60.0) == why
+
+
+def test_a_process_that_does_not_sweep_reads_the_floors_a_sweep_records(pools: Pools) -> None:
+    pools.write("eu", {**SPEC, "minReady": 2})
+    pools.write("bad", {**SPEC, "replicas": "three"})  # invalid: no floor
+    floors = pools.reconciler.read_floors()
+    [eu] = [p for p in pools.source.list_pools() if p.name == "eu"]
+    assert floors == {("crawlers", "eu"): PoolFloor(eu.uid, 2)}
+    pools.sweep()
+    assert pools.reconciler.floors == floors
