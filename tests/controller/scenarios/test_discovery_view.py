@@ -119,9 +119,11 @@ def test_a_standby_and_the_leader_hand_out_the_same_set(api: client.ApiClient, c
         # The floor (minReady 2) keeps one quarantined member listed beside the one left serving, by
         # name; the other quarantined one, the deleting Proxy and the replacements are not handed out.
         expected = sorted([members[0], members[2], "solo"])
-        for process in (leader, standby):
-            wait_for(lambda process=process: sorted(p.name for p in process.discovery.handed_out()) == expected,
-                     20, f"{expected} handed out")
+        def handed_out(process: Controller) -> list[str]:
+            return sorted(p.name for p in process.discovery.handed_out())
+
+        wait_for(lambda: handed_out(leader) == expected, 20, f"the leader to hand out {expected}")
+        wait_for(lambda: handed_out(standby) == expected, 20, f"the standby to hand out {expected}")
         stored = {p.name: p for p in KubeStore(api).list_proxies()[0]}
         assert stored[members[0]].status["phase"] == "Quarantined" and stored["leaving"].deleting
         assert len(stored) == 7  # the two replacements exist, not serving
