@@ -246,7 +246,9 @@ class DiscoveryView:
         """The source served now without the withdrawn and hidden ones. The hidden are forgotten
         once the source has caught up with them: the Proxy gone, or on another instance now."""
         source = self._swept_now() if self._serving_sweeps else self._stored
-        listed = [p for p in source if p.uid not in self._withdrawn]
+        listed = [p for p in source if p.uid not in self._withdrawn] if self._withdrawn else list(source)
+        if not self._hidden:  # the common case: every crawler's poll, nothing quarantined lately
+            return listed
         current = {(p.namespace, p.name): p.status.get("providerID") for p in listed}
         self._hidden = {key: provider_id for key, provider_id in self._hidden.items()
                         if current.get(key) == provider_id}
