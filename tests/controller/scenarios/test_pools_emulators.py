@@ -334,7 +334,8 @@ def test_quarantine_over_http_hides_at_once_replaces_records_and_rate_limits(
         image: BaseImage, tmp_path: Path) -> None:
     objects, core = client.CustomObjectsApi(api), client.CoreV1Api(api)
     rec = reconciler(api, write_config(tmp_path / "providers.yaml", hosts, image), tmp_path / "work")
-    create_pool(objects, "eu", {"replicas": 2, "template": {}, "placement": [{"provider": "kvm-a"}]})
+    # minReady 1: the pool keeps its floor without the member quarantined below, so it leaves at once.
+    create_pool(objects, "eu", {"replicas": 2, "minReady": 1, "template": {}, "placement": [{"provider": "kvm-a"}]})
     objects.create_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, {
         "apiVersion": f"{GROUP}/{VERSION}", "kind": "Proxy", "metadata": {"name": "solo", "namespace": NAMESPACE},
         "spec": {"provider": "kvm-b"}})
