@@ -74,8 +74,8 @@ from egress_proxies.providers.runner import AnsibleRunner, Operation, OperationR
 from egress_proxies.resources.proxy import GROUP, PHASE_READY, PLURAL, VERSION, Proxy, spec_hash  # noqa: E402
 from egress_proxies.sources.kube import KubeStore  # noqa: E402
 from egress_proxies.sweep.backoff import Backoff  # noqa: E402
-from egress_proxies.sweep.live import LivePath, LiveSettings  # noqa: E402
-from egress_proxies.sweep.reconcile import Reconciler, ReconcileSettings, SweepReport  # noqa: E402
+from egress_proxies.sweep.live import LiveParts, LivePath, LiveSettings, SweepPass  # noqa: E402
+from egress_proxies.sweep.reconcile import Reconciler, ReconcileSettings, SweepParts, SweepReport  # noqa: E402
 from support.ansible_modules import collections_path  # noqa: E402
 from support.libvirt_daemon import LibvirtTestDaemon  # noqa: E402
 from support.provider_config import kvm_host, make_base_image, write_kubeconfig, write_kvm_config  # noqa: E402
@@ -426,9 +426,9 @@ class PerObjectStrategy:
         self.config_path = config_path
         providers = reconciler.providers or check_config(runner, config_path)
         self.clients = providers.clients(runner)
-        self.live = {name: LivePath(reconciler.writer, LiveSettings(), providers.owner, contain=_run_step,
-                                    count=lambda _counter, _amount: None, seconds_since=lambda _stamp: 0.0,
-                                    plan=providers.probes[name]) for name in self.clients}
+        parts = LiveParts(reconciler.writer, seconds_since=lambda _stamp: 0.0)
+        sweep = SweepPass(providers.owner, contain=_run_step, count=lambda _counter, _amount: None)
+        self.live = {name: LivePath(LiveSettings(), parts, sweep, providers.probes[name]) for name in self.clients}
 
     def reconcile(self, proxy: Proxy) -> None:
         (result,) = self.clients[proxy.provider].get([Target(proxy.uid, proxy.status["providerID"])])
@@ -811,7 +811,7 @@ def run(args: argparse.Namespace, stack: contextlib.ExitStack, shutdown: Shutdow
     say(f"creating {args.proxies} Proxies in the emulator ...")
     create_proxies(objects, BATCH_NAMESPACE, args.proxies, fleet)
     store = KubeStore(api, namespace=BATCH_NAMESPACE)
-    reconciler = Reconciler(store, runner, str(config), settings, backoff=Backoff())
+    reconciler = Reconciler(store, runner, str(config), settings, parts=SweepParts(backoff=Backoff()))
 
     say("batch: sweeping from empty until all are Ready ...")
     results.from_empty = until_ready(reconciler, store, runner, fleet, args.max_sweeps, kubelet)
@@ -836,7 +836,8 @@ def run(args: argparse.Namespace, stack: contextlib.ExitStack, shutdown: Shutdow
     create_proxies(objects, PER_OBJECT_NAMESPACE, results.sample, fleet)
     sample_store = KubeStore(api, namespace=PER_OBJECT_NAMESPACE)
     per_object = Reconciler(sample_store, runner, str(config),
-                            ReconcileSettings(gc_grace_seconds=10**9, batch_size=1), backoff=Backoff())
+                            ReconcileSettings(gc_grace_seconds=10**9, batch_size=1),
+                            parts=SweepParts(backoff=Backoff()))
     results.per_object_empty = until_ready(per_object, sample_store, runner, fleet, args.max_sweeps, kubelet)
 
     # Read before the daemons and the emulators are stopped and waited for, so that

@@ -51,9 +51,10 @@ for path in (REPO / "controller", REPO / "clients" / "python"):
         sys.path.insert(0, str(path))
 
 from egress_proxies.health import SweepHealth  # noqa: E402
-from egress_proxies.http_server import ControllerHTTPServer, TokenScopes  # noqa: E402
+from egress_proxies.http_server import ControllerHTTPServer, DiscoveryAccess, TokenScopes  # noqa: E402
 from egress_proxies.resources.pool import POOL_LABEL  # noqa: E402
 from egress_proxies.resources.proxy import Proxy  # noqa: E402
+from egress_proxies.serving.discovery import DiscoveryView  # noqa: E402
 from egress_proxies_client import POLICIES, DiscoveryError, ProxyClient, Refresh  # noqa: E402
 
 TOKEN = "bench-crawler-token"
@@ -90,16 +91,23 @@ class TimedServer(ControllerHTTPServer):
         self.connections.append((started, time.monotonic() - started))
 
 
-def start_server(proxies: list[Proxy], directory: Path) -> TimedServer:
+def view_of(proxies: list[Proxy]) -> DiscoveryView:
+    """A view handing out ``proxies``, as a process that read them from the store does."""
+    view = DiscoveryView()
+    view.load_stored(proxies, {}, time.monotonic())
+    return view
+
+
+def start_server(view: DiscoveryView, directory: Path) -> TimedServer:
     tokens = directory / "tokens.yaml"
     digest = hashlib.sha256(TOKEN.encode()).hexdigest()
     tokens.write_text(f"- {{name: bench, namespaces: [{NAMESPACE}], sha256: {digest}}}\n")
     health = SweepHealth(60)
     health.sweep_started()
     health.sweep_finished(True)
-    server = TimedServer(health, lambda: list(proxies), "bench-operator-token",
-                                  token_scopes=TokenScopes(tokens),
-                                  proxy_url=lambda p: f"http://crawl-{p.namespace}:{'x' * 32}@{p.status['endpoint']}")
+    server = TimedServer(health, view, DiscoveryAccess(
+        "bench-operator-token", TokenScopes(tokens),
+        lambda p: f"http://crawl-{p.namespace}:{'x' * 32}@{p.status['endpoint']}"))
     server.start("127.0.0.1", 0)
     return server
 
@@ -114,8 +122,9 @@ def serve(count: int, change_every: float) -> None:
     the bound, when it cannot keep up) show as failed requests."""
     logging.basicConfig(level=logging.ERROR)
     proxies = [member(index) for index in range(count)]
+    view = view_of(proxies)
     with tempfile.TemporaryDirectory(prefix="discovery-bench-") as directory:
-        server = start_server(proxies, Path(directory))
+        server = start_server(view, Path(directory))
         say(str(server.port))
 
         def answer() -> None:
@@ -129,7 +138,8 @@ def serve(count: int, change_every: float) -> None:
             time.sleep(change_every)
             generation += 1
             index = generation % count
-            proxies[index] = member(index, generation)  # the server copies the list per request
+            proxies[index] = member(index, generation)
+            view.load_stored(proxies, {}, time.monotonic())
 
 
 def run_clients(url: str, count: int, start: float, end: float) -> None:
@@ -252,7 +262,7 @@ def pick_phase(directory: Path) -> None:
     say("pick (ProxyClient.pick, in this process):")
     for size in (10, 1000):
         proxies = [member(index) for index in range(size)]
-        server = start_server(proxies, directory)
+        server = start_server(view_of(proxies), directory)
         try:
             for policy in POLICIES:
                 client = ProxyClient(f"http://127.0.0.1:{server.port}", TOKEN, pool=f"{NAMESPACE}/{POOL}",

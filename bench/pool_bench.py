@@ -49,7 +49,7 @@ from kubernetes import client
 from pool_fill import KUBE_LAUNCHER, POOL_CRD, run_fill
 
 from egress_proxies.health import SweepHealth
-from egress_proxies.http_server import ControllerHTTPServer, TokenScopes
+from egress_proxies.http_server import ControllerHTTPServer, DiscoveryAccess
 from egress_proxies.providers.runner import AnsibleRunner
 from egress_proxies.resources.pool import POOL_LABEL, POOL_PLURAL, QUARANTINE_ANNOTATION
 from egress_proxies.resources.proxy import GROUP, PLURAL, VERSION
@@ -57,7 +57,7 @@ from egress_proxies.sources.kube import KubePools, KubeStore
 from egress_proxies.sweep.backoff import Backoff
 from egress_proxies.sweep.pools import PoolReconciler
 from egress_proxies.sweep.quarantine import Quarantine
-from egress_proxies.sweep.reconcile import Reconciler, ReconcileSettings
+from egress_proxies.sweep.reconcile import Reconciler, ReconcileSettings, SweepParts
 from support.ansible_modules import collections_path
 from support.compute_emulator import ComputeEmulator
 from support.libvirt_daemon import LibvirtTestDaemon
@@ -184,7 +184,8 @@ def run(args: argparse.Namespace, stack: contextlib.ExitStack) -> None:
     stack.callback(runner.cancel)
     store = KubeStore(api, namespace=NAMESPACE)
     reconciler = Reconciler(store, runner, str(config), ReconcileSettings(gc_grace_seconds=10**9),
-                            backoff=Backoff(), pools=PoolReconciler(KubePools(api, namespace=NAMESPACE), store))
+                            parts=SweepParts(backoff=Backoff(),
+                                             pools=PoolReconciler(KubePools(api, namespace=NAMESPACE), store)))
     bench = Bench(api, reconciler, Kubelet(client.CoreV1Api(api)))
     say(f"pool of {n} over {len(daemons)} KVM test-driver host(s), the Compute emulator and Kubernetes Pods")
     bench.objects.create_namespaced_custom_object(GROUP, VERSION, NAMESPACE, POOL_PLURAL, {
@@ -219,8 +220,9 @@ def run(args: argparse.Namespace, stack: contextlib.ExitStack) -> None:
     bench.until(lambda: len(bench.members()) == n and bench.serving() == n, args.max_sweeps)
 
     # 3. quarantine -> replaced, through the HTTP server
-    server = ControllerHTTPServer(SweepHealth(60), lambda: list(reconciler.last_ready), TOKEN,
-                                  token_scopes=TokenScopes(None), quarantine=Quarantine(store))
+    reconciler.discovery.serve_sweeps(True)  # a leader: what its sweeps publish
+    server = ControllerHTTPServer(SweepHealth(60), reconciler.discovery,
+                                  DiscoveryAccess(TOKEN, quarantine=Quarantine(store, reconciler.discovery)))
     server.start("127.0.0.1", 0)
     stack.callback(server.stop)
     victim = sorted(m["metadata"]["name"] for m in bench.members())[0]

@@ -39,10 +39,10 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from egress_proxies.http_server import proxy_entry
 from egress_proxies.providers.client import Instance
 from egress_proxies.resources.pool import Placement, PoolSpec
 from egress_proxies.resources.proxy import Proxy
+from egress_proxies.serving.discovery import proxy_entry
 from egress_proxies.serving.probe import ProbeOutcome, ProbeReason
 from egress_proxies.sweep import placement
 from egress_proxies.sweep.flapping import chronic

@@ -22,6 +22,8 @@ from egress_proxies.health import SweepHealth
 from egress_proxies.http_server import (
     QUARANTINE_PER_MINUTE,
     ControllerHTTPServer,
+    DiscoveryAccess,
+    ServerSettings,
     TokenScopes,
     TokensFileError,
     token_from_env,
@@ -43,7 +45,7 @@ from egress_proxies.sweep.backoff import Backoff
 from egress_proxies.sweep.live import LiveSettings
 from egress_proxies.sweep.pools import PoolReconciler
 from egress_proxies.sweep.quarantine import Quarantine
-from egress_proxies.sweep.reconcile import Reconciler, ReconcileSettings
+from egress_proxies.sweep.reconcile import Reconciler, ReconcileSettings, SweepParts
 
 log = logging.getLogger("egress_proxies")
 
@@ -354,8 +356,8 @@ def build_pieces(settings: Settings, runner: AnsibleRunner) -> Pieces | None:
         store, runner, str(settings.provider_config),
         ReconcileSettings(gc_grace_seconds=settings.gc_grace_seconds, gc_dry_run=settings.gc_dry_run,
                           batch_size=settings.batch_size),
-        backoff=Backoff(), purge=runner.purge_artifacts, monitor=monitor, credentials=credentials,
-        pools=pools)
+        SweepParts(backoff=Backoff(), purge=runner.purge_artifacts, monitor=monitor, credentials=credentials,
+                   pools=pools))
     health = SweepHealth(settings.interval_seconds, leader=elector is None)
     metrics.LEADER.labels(name=settings.lease_name).set_function(lambda: 1.0 if health.leader else 0.0)
     metrics.MAX_RUNNERS.set(runner.max_concurrent)
@@ -386,11 +388,10 @@ def serve(settings: Settings, pieces: Pieces, scopes: TokenScopes) -> int:
     controller = pieces.controller
     token = token_from_env()
     warn_if_no_token(token, log)
-    server = ControllerHTTPServer(pieces.health, controller.ready_proxies, token, token_scopes=scopes,
-                                  proxy_url=proxy_url(pieces.credentials),
-                                  quarantine=Quarantine(pieces.store, controller.ready_proxies,
-                                                        lambda: pieces.pools.floors),
-                                  quarantine_per_minute=settings.quarantine_per_minute)
+    access = DiscoveryAccess(token, scopes, proxy_url(pieces.credentials),
+                             Quarantine(pieces.store, controller.discovery))
+    server = ControllerHTTPServer(pieces.health, controller.discovery, access,
+                                  ServerSettings(quarantine_per_minute=settings.quarantine_per_minute))
     host, port = settings.listen
     server.start(host, port)
     log.info("serving health, metrics and discovery on %s:%d", host, server.port)

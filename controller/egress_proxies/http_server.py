@@ -41,7 +41,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from http import HTTPStatus
 from pathlib import Path
 from typing import Any
@@ -52,9 +52,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, 
 
 from egress_proxies.health import SweepHealth
 from egress_proxies.http1 import MAX_HEAD_BYTES, MalformedHead, parse_request, read_head
-from egress_proxies.resources.conditions import SERVING, find_condition
 from egress_proxies.resources.pool import pool_of
 from egress_proxies.resources.proxy import NAMESPACE_RULE, Proxy, is_namespace_name
+from egress_proxies.serving.discovery import DiscoveryView, proxy_entry
 from egress_proxies.sources.store import StoreError
 from egress_proxies.sweep.quarantine import QuarantineError, QuarantineOutcome
 
@@ -97,27 +97,6 @@ def warn_if_no_token(token: str | None, logger: logging.Logger) -> None:
         logger.warning("!!! %s is not set: the crawler discovery endpoint (/v1/proxies) refuses every request "
                        "with 503 until it is. Create the Secret egress-proxies-discovery (key: token) and "
                        "restart the controller. !!!", TOKEN_ENV)
-
-
-def proxy_entry(proxy: Proxy) -> dict[str, Any]:
-    """One Ready (serving, where probed) proxy as crawlers see it."""
-    probe = proxy.status.get("probe") or {}
-    serving = find_condition(proxy.status, SERVING)
-    return {
-        "name": proxy.name,
-        "namespace": proxy.namespace,
-        "provider": proxy.provider,
-        "location": proxy.spec.get("location"),
-        "ip": proxy.status.get("ip"),
-        "port": proxy.port,
-        "endpoint": proxy.status.get("endpoint"),
-        "providerID": proxy.status.get("providerID"),
-        "egressIP": proxy.status.get("egressIP"),
-        # True: a request through it worked at lastProbeTime; Unknown: its provider is not probed.
-        "serving": serving.get("status", "Unknown"),
-        "latencySeconds": probe.get("latencySeconds"),
-        "lastProbeTime": probe.get("lastProbeTime"),
-    }
 
 
 ALL_NAMESPACES = None  # the operator's token (DISCOVERY_TOKEN): every namespace, no credentials
@@ -273,39 +252,54 @@ class TokenScopes:
             self._entries, self._stamp = entries, stamp
 
 
+@dataclass(frozen=True)
+class ServerSettings:
+    """How much the server takes on: see the constants above. ``registry``: the metrics served."""
+
+    registry: CollectorRegistry = REGISTRY
+    request_timeout: float = REQUEST_TIMEOUT
+    max_connections: int = MAX_CONNECTIONS
+    workers: int = WORKERS
+    quarantine_per_minute: float = QUARANTINE_PER_MINUTE
+
+
+@dataclass(frozen=True)
+class DiscoveryAccess:
+    """Who may use discovery and the quarantine route. ``token``: the operator's (every namespace;
+    None: only scoped tokens, or discovery off); ``scopes``: the crawlers' tokens; ``proxy_url``:
+    the crawler's URL of a proxy, credentials included, only ever served to a scoped token;
+    ``quarantine``: ``quarantine.Quarantine`` (None: the route answers 503)."""
+
+    token: str | None
+    scopes: TokenScopes = field(default_factory=lambda: TokenScopes(None))
+    proxy_url: Callable[[Proxy], str | None] | None = None
+    quarantine: Callable[[str, str, str, str], QuarantineOutcome] | None = None
+
+
 class ControllerHTTPServer:
     """Serves the routes above from a daemon thread; ``start()``, ``port``, ``stop()``.
 
-    ``ready_proxies`` returns the Ready proxies at the time of the call (``loop.Controller.
-    ready_proxies``); it is called once per discovery request, from a worker thread.
+    ``discovery`` is only read: what it hands out at the time of each discovery request
+    (``DiscoveryView.handed_out``), from a worker thread.
     """
 
-    def __init__(self, health: SweepHealth, ready_proxies: Callable[[], list[Proxy]], discovery_token: str | None,
-                 registry: CollectorRegistry = REGISTRY, request_timeout: float = REQUEST_TIMEOUT,
-                 max_connections: int = MAX_CONNECTIONS, workers: int = WORKERS,
-                 token_scopes: TokenScopes | None = None,
-                 proxy_url: Callable[[Proxy], str | None] | None = None,
-                 quarantine: Callable[[str, str, str, str], QuarantineOutcome] | None = None,
-                 quarantine_per_minute: float = QUARANTINE_PER_MINUTE) -> None:
+    def __init__(self, health: SweepHealth, discovery: DiscoveryView, access: DiscoveryAccess,
+                 settings: ServerSettings | None = None) -> None:
+        settings = settings or ServerSettings()
         self.health = health
-        # POST /v1/proxies/{namespace}/{name}/quarantine (pool_reconcile.Quarantine); None: 503.
-        self.quarantine = quarantine
-        self.quarantine_per_minute = quarantine_per_minute
+        self.discovery = discovery
+        self.quarantine = access.quarantine
+        self.quarantine_per_minute = settings.quarantine_per_minute
         self._buckets: dict[bytes, _Bucket] = {}
-        # (namespace, name) -> the providerID quarantined through this server: hidden from
-        # discovery at once, before any sweep has read the annotation back.
-        self._quarantined: dict[tuple[str, str], str] = {}
-        self._quarantine_lock = threading.Lock()
-        self.token_scopes = token_scopes or TokenScopes(None)
-        # The crawler's URL of a proxy, credentials included; only ever served to a scoped token.
-        self.proxy_url = proxy_url
-        self.ready_proxies = ready_proxies
-        self.registry = registry
-        self.request_timeout = request_timeout
-        self.max_connections = max_connections
+        self._bucket_lock = threading.Lock()
+        self.token_scopes = access.scopes
+        self.proxy_url = access.proxy_url
+        self.registry = settings.registry
+        self.request_timeout = settings.request_timeout
+        self.max_connections = settings.max_connections
         # Bytes, so compare_digest also works on a header with non-ASCII characters (str would raise).
-        self._token = discovery_token.encode() if discovery_token else None
-        self._workers = workers
+        self._token = access.token.encode() if access.token else None
+        self._workers = settings.workers
         self._socket: socket.socket | None = None
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -490,15 +484,6 @@ class ControllerHTTPServer:
         log.info("%s request from %s refused: %s", what, peer, "wrong token" if header is not None else "no token")
         return 401, _TEXT, b"unauthorized\n", {"WWW-Authenticate": challenge}
 
-    def hidden(self, proxy: Proxy) -> bool:
-        """Quarantined here since the sweep that listed it, and let go by its pool's floor (so it
-        leaves discovery at once, not a sweep later). What the sweeps list is theirs to decide: a
-        quarantined member its pool still needs for minReady is listed on purpose."""
-        provider_id = proxy.status.get("providerID")
-        with self._quarantine_lock:
-            recent = self._quarantined.get((proxy.namespace, proxy.name))
-        return recent is not None and recent == provider_id
-
     def _discovery(self, header: str | None, peer: str, as_text: bool,
                    within: tuple[str, str | None] | None = None) -> Response:
         """The Ready proxies the token may see; ``within``: (namespace, pool name or None for the
@@ -510,16 +495,9 @@ class ControllerHTTPServer:
             return self._refused(header, peer, "discovery")
         if within is not None and namespaces is not None and within[0] not in namespaces:
             return 403, _TEXT, f"this token does not cover namespace {within[0]}\n".encode(), {}
-        ready = self.ready_proxies()
-        with self._quarantine_lock:
-            # Forget what the sweeps have caught up with: a Proxy gone, or on another instance now.
-            current = {(p.namespace, p.name): p.status.get("providerID") for p in ready}
-            self._quarantined = {key: provider_id for key, provider_id in self._quarantined.items()
-                                 if current.get(key) == provider_id}
-        proxies = sorted((p for p in ready if (namespaces is None or p.namespace in namespaces)
-                          and (within is None or (p.namespace == within[0]
-                                                  and within[1] in (None, pool_of(p))))
-                          and not self.hidden(p)),
+        proxies = sorted((p for p in self.discovery.handed_out()
+                          if (namespaces is None or p.namespace in namespaces)
+                          and (within is None or (p.namespace == within[0] and within[1] in (None, pool_of(p))))),
                          key=lambda p: (p.namespace, p.name))
         entries = [proxy_entry(proxy) for proxy in proxies]
         if namespaces is not None and self.proxy_url is not None:
@@ -565,15 +543,12 @@ class ControllerHTTPServer:
         except StoreError as error:
             log.warning("quarantine of %s/%s failed: %s", namespace, name, error)
             return 503, _TEXT, b"the Proxy could not be updated; try again\n", {}
-        if outcome.hidden:
-            with self._quarantine_lock:
-                self._quarantined[(namespace, name)] = outcome.provider_id
         return 200, "application/json", json.dumps(outcome.answer()).encode(), {}
 
     def _take(self, token: bytes) -> int:
         """One quarantine from this token's bucket: 0, or the seconds to wait (Retry-After)."""
         key = hashlib.sha256(token).digest()
-        with self._quarantine_lock:
+        with self._bucket_lock:
             bucket = self._buckets.setdefault(key, _Bucket(self.quarantine_per_minute))
             return bucket.take()
 

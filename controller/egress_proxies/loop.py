@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from egress_proxies.health import SweepHealth
-from egress_proxies.resources.proxy import PHASE_READY, Proxy
 from egress_proxies.sources.store import Gone, ProxyStore, StoreError, WatchExpired
 from egress_proxies.sweep.reconcile import Reconciler, SweepReport
 
@@ -70,17 +69,12 @@ class Controller:
         # would take the Lease back.
         self._elect_lock = threading.Lock()
         self.sweeps = 0
-        # What discovery serves until this process's own sweep has run in its current term:
-        # the Ready Proxies as stored (a standby reads them every interval), so a standby, or
-        # a leader that has just taken over, never answers with an empty list by accident.
-        self._view_lock = threading.Lock()
-        self._stored_ready: list[Proxy] = []
-        # uids of Proxies the watch saw deleted or deleting: out of discovery at once, not after
-        # the sweep in flight (which may be deleting their instances while discovery hands them out).
-        # uid -> when it was seen (monotonic); dropped once a sweep or a stored read that began
-        # later has published a view, which leaves deleting Proxies out by itself.
-        self._withdrawn: dict[str, float] = {}
-        self._serving_sweep = False
+        # What crawlers are handed (the sweep publishes to it): the stored set until this
+        # process's own sweep has run in its current term (a standby reads it every interval).
+        self.discovery = reconciler.discovery
+        # Whether this process leads is decided beside whether its sweeps are served: a term
+        # lost between the two must not leave a standby serving its old sweep.
+        self._term_lock = threading.Lock()
 
     def trigger(self) -> None:
         """Ask for a sweep soon (from a watch event, or a test)."""
@@ -92,32 +86,17 @@ class Controller:
         if self.reconciler.monitor is not None:
             self.reconciler.monitor.stop()
 
-    def ready_proxies(self) -> list[Proxy]:
-        """The Ready Proxies discovery serves: the last sweep's while this process leads and
-        has swept in this term, else the Ready ones as stored (read every interval)."""
-        with self._view_lock:
-            ready = self.reconciler.last_ready if self._serving_sweep else self._stored_ready
-            return [p for p in ready if p.uid not in self._withdrawn]
-
-    def _forget_withdrawn(self, before: float) -> None:
-        """A view read after ``before`` knows of deletions seen before it (it leaves deleting
-        Proxies out itself)."""
-        with self._view_lock:
-            self._withdrawn = {uid: seen for uid, seen in self._withdrawn.items() if seen >= before}
-
     def refresh_stored_view(self) -> bool:
-        """Read the Proxies from the store and keep the Ready ones for discovery; False when
-        the store could not be read (the previous view stays)."""
+        """Read the Proxies (and the pools' floors) from the store for discovery; False when the
+        store could not be read (the previous view stays)."""
         started = time.monotonic()
         try:
             proxies, _ = self.store.list_proxies()
         except StoreError as error:
             log.warning("discovery: could not read the stored Proxies (serving the last read): %s", error)
             return False
-        ready = [p for p in proxies if p.status.get("phase") == PHASE_READY and not p.deleting]
-        with self._view_lock:
-            self._stored_ready = ready
-        self._forget_withdrawn(started)
+        pools = self.reconciler.pools
+        self.discovery.load_stored(proxies, pools.read_floors() if pools is not None else {}, started)
         self.health.view_loaded()
         return True
 
@@ -219,8 +198,8 @@ class Controller:
             elif not leading and self._leader.is_set():
                 log.warning("lost the leadership; sweeps stop until it is regained")
                 self._leader.clear()
-                with self._view_lock:
-                    self._serving_sweep = False
+                with self._term_lock:
+                    self.discovery.serve_sweeps(False)
                 self.trigger()  # read the stored view at once: this process serves it from now on
             self.health.set_leader(leading)
             self.stopping.wait(self.settings.renew_seconds)
@@ -230,17 +209,17 @@ class Controller:
             # Ask the elector, not only our flag: a loop that stalled past the lease must not
             # sweep once more on leadership it no longer holds.
             if self._leader.is_set() and (self.elector is None or self.elector.is_leader):
-                if not self._serving_sweep:
-                    # A new term: serve the stored Ready Proxies until this term's first sweep
-                    # is done (it may take minutes when it creates instances).
+                if not self.discovery.serving_sweeps:
+                    # A new term: serve the stored set until this term's first sweep is done (it
+                    # may take minutes when it creates instances).
                     self.refresh_stored_view()
-                before = self.reconciler.published
+                before = self.discovery.published
                 self.sweep_once()
-                with self._view_lock:
-                    # Only a sweep that got as far as computing the Ready list replaces the stored
-                    # view (one whose listing failed leaves last_ready as it was: maybe empty).
-                    if self.reconciler.published != before:
-                        self._serving_sweep = self._leader.is_set()
+                with self._term_lock:
+                    # Only a sweep that got as far as publishing replaces the stored set (one
+                    # whose listing failed leaves the sweep's set as it was: maybe empty).
+                    if self.discovery.published != before:
+                        self.discovery.serve_sweeps(self._leader.is_set())
             else:
                 self.refresh_stored_view()
             self._wake.wait(self.settings.interval_seconds)
@@ -255,8 +234,6 @@ class Controller:
         self.health.sweep_started()
         started = time.monotonic()
         report = self.reconciler.sweep()
-        if report.ok:
-            self._forget_withdrawn(started)
         self.health.sweep_finished(report.ok, "" if report.clean else report.summary())
         self.sweeps += 1
         log.log(logging.INFO if report.clean else logging.WARNING,
@@ -298,8 +275,7 @@ class Controller:
                 for event in self.store.watch_proxies(resource_version, self.settings.watch_timeout_seconds):
                     resource_version = event.proxy.resource_version or resource_version
                     if event.type == "DELETED" or event.proxy.deleting:
-                        with self._view_lock:
-                            self._withdrawn[event.proxy.uid] = time.monotonic()
+                        self.discovery.withdraw(event.proxy.uid, time.monotonic())
                     self.trigger()
                     if self.stopping.is_set():
                         return

@@ -12,7 +12,8 @@ import pytest
 
 from egress_proxies.health import SweepHealth
 from egress_proxies.http1 import MAX_HEAD_BYTES, MalformedHead, parse_request, parse_response
-from egress_proxies.http_server import ControllerHTTPServer
+from egress_proxies.http_server import ControllerHTTPServer, DiscoveryAccess
+from egress_proxies.serving.discovery import DiscoveryView
 from egress_proxies.serving.probe import ProbeDestination, Prober, ProbeReason, ProbeTarget
 from egress_proxies.serving.target import ProbeTargetServer
 
@@ -84,7 +85,7 @@ def exchange(port: int, request: bytes) -> bytes:
 
 
 def test_the_controller_server_answers_431_over_the_limit_and_400_to_a_bad_request_line() -> None:
-    server = ControllerHTTPServer(SweepHealth(30.0), list, None)
+    server = ControllerHTTPServer(SweepHealth(30.0), DiscoveryView(), DiscoveryAccess(None))
     server.start("127.0.0.1", 0)
     try:
         assert exchange(server.port, b"GET /healthz HTTP/1.1\r\n" + OVERSIZED + b"\r\n\r\n").startswith(

@@ -28,6 +28,7 @@ from egress_proxies.health import SweepHealth
 from egress_proxies.http_server import (
     EMPTY_SHA256,
     ControllerHTTPServer,
+    DiscoveryAccess,
     TokenEntry,
     TokenScopes,
     TokensFileError,
@@ -36,6 +37,7 @@ from egress_proxies.http_server import (
     warn_if_no_token,
 )
 from egress_proxies.resources.proxy import Proxy
+from egress_proxies.serving.discovery import DiscoveryView
 
 TOKEN = "s3cret-discovery-token-0123456789"
 INTERVAL = 10.0
@@ -63,6 +65,13 @@ def ready_proxy(name: str, ip: str, port: int, location: str | None = "beelink")
 
 READY = [ready_proxy("eu-2", "192.0.2.11", 8080, location=None), ready_proxy("eu-1", "192.0.2.10", 3128)]
 
+def shown(proxies: list[Proxy]) -> DiscoveryView:
+    """A view handing out ``proxies``, as a process that read them from the store does."""
+    view = DiscoveryView()
+    view.load_stored(proxies, {}, 0.0)
+    return view
+
+
 ServerFactory = Callable[..., tuple[ControllerHTTPServer, FakeClock, SweepHealth]]
 
 
@@ -74,7 +83,7 @@ def serve() -> Iterator[ServerFactory]:
     def start(token: str | None = TOKEN) -> tuple[ControllerHTTPServer, FakeClock, SweepHealth]:
         clock = FakeClock()
         health = SweepHealth(INTERVAL, clock=clock)
-        server = ControllerHTTPServer(health, lambda: list(READY), token)
+        server = ControllerHTTPServer(health, shown(READY), DiscoveryAccess(token))
         server.start("127.0.0.1", 0)
         servers.append(server)
         return server, clock, health
@@ -87,7 +96,7 @@ def serve() -> Iterator[ServerFactory]:
 @pytest.fixture(scope="module")
 def token_server() -> Iterator[ControllerHTTPServer]:
     """One server with the token, for the tests that only read (stopping one takes a poll interval)."""
-    server = ControllerHTTPServer(SweepHealth(INTERVAL), lambda: list(READY), TOKEN)
+    server = ControllerHTTPServer(SweepHealth(INTERVAL), shown(READY), DiscoveryAccess(TOKEN))
     server.start("127.0.0.1", 0)
     yield server
     server.stop()
@@ -430,8 +439,8 @@ def test_a_changed_file_with_a_bad_entry_refuses_that_one_and_keeps_the_others(
 def test_an_empty_bearer_token_gets_nothing_from_a_server_with_scoped_tokens(tmp_path: Path) -> None:
     scopes = TokenScopes(tokens_file(tmp_path / "tokens.yaml", [TEAM_ENTRY]))
     scopes.check()
-    server = ControllerHTTPServer(SweepHealth(INTERVAL), lambda: list(READY), None, token_scopes=scopes,
-                                  proxy_url=lambda proxy: f"http://user:secret@{proxy.status['endpoint']}")
+    access = DiscoveryAccess(None, scopes, lambda proxy: f"http://user:secret@{proxy.status['endpoint']}")
+    server = ControllerHTTPServer(SweepHealth(INTERVAL), shown(READY), access)
     server.start("127.0.0.1", 0)
     try:
         assert get(server, "/v1/proxies.txt", token=TEAM)[0] == 200
@@ -555,8 +564,8 @@ def raw_get(server: ControllerHTTPServer, path: str, token: str = TOKEN,
 
 
 def test_discovery_answers_304_while_the_list_is_unchanged() -> None:
-    proxies = list(READY)
-    server = ControllerHTTPServer(SweepHealth(INTERVAL), lambda: list(proxies), TOKEN)
+    view = shown(READY)
+    server = ControllerHTTPServer(SweepHealth(INTERVAL), view, DiscoveryAccess(TOKEN))
     server.start("127.0.0.1", 0)
     try:
         code, headers, body = raw_get(server, "/v1/proxies")
@@ -571,7 +580,7 @@ def test_discovery_answers_304_while_the_list_is_unchanged() -> None:
         assert raw_get(server, "/v1/proxies.txt")[1]["ETag"] != etag  # another representation
         # A wrong token learns nothing, not even that the list is unchanged.
         assert raw_get(server, "/v1/proxies", token="wrong", if_none_match=etag)[0] == 401
-        proxies.pop()
+        view.load_stored(READY[:1], {}, 0.0)
         code, headers, body = raw_get(server, "/v1/proxies", if_none_match=etag)
         assert code == 200 and headers["ETag"] != etag and len(json.loads(body)["proxies"]) == 1
     finally:
@@ -581,7 +590,7 @@ def test_discovery_answers_304_while_the_list_is_unchanged() -> None:
 def test_one_namespace_is_listed_for_a_token_that_covers_it(tmp_path: Path) -> None:
     tokens = tmp_path / "tokens.yaml"
     tokens.write_text(f"- {{name: others, namespaces: [others], sha256: {hashlib.sha256(b'others').hexdigest()}}}\n")
-    server = ControllerHTTPServer(SweepHealth(INTERVAL), lambda: list(READY), TOKEN, token_scopes=TokenScopes(tokens))
+    server = ControllerHTTPServer(SweepHealth(INTERVAL), shown(READY), DiscoveryAccess(TOKEN, TokenScopes(tokens)))
     server.start("127.0.0.1", 0)
     try:
         code, _, body = raw_get(server, "/v1/namespaces/crawlers/proxies")

@@ -26,10 +26,11 @@ import pytest
 from kubernetes import client
 
 from egress_proxies.health import SweepHealth
-from egress_proxies.http_server import ControllerHTTPServer
+from egress_proxies.http_server import ControllerHTTPServer, DiscoveryAccess
 from egress_proxies.leader import LeaseElector
 from egress_proxies.loop import Controller, LoopSettings
 from egress_proxies.resources.proxy import Proxy
+from egress_proxies.serving.discovery import DiscoveryView
 from egress_proxies.sources.kube import KubeLeases
 from egress_proxies.sources.store import WatchEvent
 from egress_proxies.sweep.reconcile import Reconciler, SweepReport
@@ -45,8 +46,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 class FakeReconciler:
-    """What the loop needs of ``Reconciler``: ``sweep()``, ``last_ready``, ``published`` (the sweeps
-    that set it) and ``monitor`` (none: no probing).
+    """What the loop needs of ``Reconciler``: ``sweep()``, which publishes to ``discovery``, ``pools``
+    (none: no floors) and ``monitor`` (none: no probing).
 
     ``block`` holds a sweep until set; ``fail`` makes the next sweep raise; ``ready`` is what a
     finished sweep found Ready (a new list each sweep, as the real one assigns).
@@ -54,8 +55,8 @@ class FakeReconciler:
 
     def __init__(self, ready: Callable[[], list[Proxy]] = list) -> None:
         self.ready = ready
-        self.last_ready: list[Proxy] = []
-        self.published = 0
+        self.discovery = DiscoveryView()
+        self.pools = None
         self.monitor = None
         self.block = threading.Event()
         self.block.set()
@@ -64,13 +65,13 @@ class FakeReconciler:
         self.sweeps = 0
 
     def sweep(self) -> SweepReport:
+        started = time.monotonic()
         self.in_sweep.set()
         try:
             self.block.wait()
             if self.fail is not None:
                 raise self.fail
-            self.last_ready = list(self.ready())
-            self.published += 1
+            self.discovery.publish(self.ready(), {}, started)
             self.sweeps += 1
             return SweepReport()
         finally:
@@ -251,12 +252,12 @@ def test_a_standby_serves_discovery_from_the_stored_status(leases: KubeLeases) -
     assert not standby.health.ready()[0]  # before it has read the store it is not ready
     thread = start(standby)
     try:
-        wait_for(lambda: standby.ready_proxies(), 5, "the stored view")
-        assert sorted(p.name for p in standby.ready_proxies()) == ["eu-1", "eu-2"]
+        wait_for(lambda: standby.discovery.handed_out(), 5, "the stored view")
+        assert sorted(p.name for p in standby.discovery.handed_out()) == ["eu-1", "eu-2"]
         assert standby.health.ready() == (True, "standby: waiting for the leader Lease")
         # It follows the store: a Proxy that went Ready meanwhile is served next interval.
         store.objects[("crawlers", "eu-3")].status = {"phase": "Ready", "ip": "192.0.2.30"}
-        wait_for(lambda: len(standby.ready_proxies()) == 3, 5, "the refreshed view")
+        wait_for(lambda: len(standby.discovery.handed_out()) == 3, 5, "the refreshed view")
         assert standby.reconciler.sweeps == 0  # type: ignore[attr-defined]  # and never swept
     finally:
         standby.stop()
@@ -283,17 +284,17 @@ def test_a_proxy_seen_deleting_leaves_discovery_before_the_sweep_in_flight_ends(
     controller = make_controller(reconciler, store, None, "solo", watch=True)
     thread = start(controller)
     try:
-        wait_for(lambda: len(controller.ready_proxies()) == 2, 5, "the first sweep's view")
+        wait_for(lambda: len(controller.discovery.handed_out()) == 2, 5, "the first sweep's view")
         reconciler.block.clear()  # the next sweep (the one deleting eu-1's instance) takes a while
         wait_for(reconciler.in_sweep.is_set, 5, "a sweep in flight")
         deleting.set()
-        wait_for(lambda: [p.name for p in controller.ready_proxies()] == ["eu-2"], 5, "eu-1 out of discovery")
-        assert [p.name for p in reconciler.last_ready] == ["eu-1", "eu-2"]  # the sweep has not said so yet
+        wait_for(lambda: [p.name for p in controller.discovery.handed_out()] == ["eu-2"], 5, "eu-1 out of discovery")
+        assert [p.name for p in reconciler.discovery.swept] == ["eu-1", "eu-2"]  # the sweep has not said so yet
         both.pop(0)  # a sweep that began after the deletion leaves it out itself
         reconciler.block.set()
         wait_for(lambda: reconciler.sweeps >= 3, 5, "a sweep after the deletion")
-        assert [p.name for p in controller.ready_proxies()] == ["eu-2"]
-        assert controller._withdrawn == {}  # forgotten once a later view knows
+        assert [p.name for p in controller.discovery.handed_out()] == ["eu-2"]
+        assert controller.discovery._withdrawn == {}  # forgotten once a later view knows
     finally:
         controller.stop()
         thread.join(timeout=10)
@@ -316,7 +317,7 @@ def test_after_the_leaders_stop_the_successor_never_serves_an_empty_list(kube: K
     leader = make_controller(FakeReconciler(stored_ready), store, leases, "first")
     successor_reconciler = FakeReconciler(stored_ready)
     successor = make_controller(successor_reconciler, store, leases, "second")
-    server = ControllerHTTPServer(successor.health, successor.ready_proxies, TOKEN)
+    server = ControllerHTTPServer(successor.health, successor.discovery, DiscoveryAccess(TOKEN))
     server.start("127.0.0.1", 0)
     threads = [start(leader)]
     try:

@@ -10,6 +10,7 @@ carry the URL ``http://crawl-<namespace>:<PASSWORD>@<endpoint>``, as the control
 from __future__ import annotations
 
 import hashlib
+import time
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -17,9 +18,9 @@ from urllib.parse import quote
 import yaml
 
 from egress_proxies.health import SweepHealth
-from egress_proxies.http_server import ControllerHTTPServer, Response, TokenScopes
+from egress_proxies.http_server import ControllerHTTPServer, DiscoveryAccess, Response, ServerSettings, TokenScopes
 from egress_proxies.resources.pool import POOL_LABEL
-from egress_proxies.resources.proxy import Proxy
+from egress_proxies.serving.discovery import DiscoveryView
 from egress_proxies.sweep.quarantine import Quarantine
 
 from .controller_fakes import MemoryStore
@@ -41,7 +42,8 @@ class CountingServer(ControllerHTTPServer):
 
 
 class DiscoveryServer:
-    """Ready Proxies (``add``) behind a started ``CountingServer``; ``stop``, ``restart``."""
+    """Ready Proxies (``add``) behind a started ``CountingServer``, its discovery view read from the
+    store at each change (``load``); ``stop``, ``restart``."""
 
     def __init__(self, directory: Path, quarantine_per_minute: float = 10.0) -> None:
         self.store = MemoryStore()
@@ -53,20 +55,26 @@ class DiscoveryServer:
         self.port = self.server.port
 
     def _server(self) -> CountingServer:
+        """A new process's server: its discovery view read from the store (as a standby's is)."""
         health = SweepHealth(60)
         health.sweep_started()
         health.sweep_finished(True)
         password = quote(PASSWORD, safe="")
-        return CountingServer(health, self.ready, OPERATOR_TOKEN, token_scopes=TokenScopes(self.tokens),
-                              proxy_url=lambda p: f"http://crawl-{p.namespace}:{password}@{p.status['endpoint']}",
-                              quarantine=Quarantine(self.store), quarantine_per_minute=self.quarantine_per_minute)
+        self.view = DiscoveryView()
+        self.load()
+        access = DiscoveryAccess(OPERATOR_TOKEN, TokenScopes(self.tokens),
+                                 lambda p: f"http://crawl-{p.namespace}:{password}@{p.status['endpoint']}",
+                                 Quarantine(self.store, self.view))
+        settings = ServerSettings(quarantine_per_minute=self.quarantine_per_minute)
+        return CountingServer(health, self.view, access, settings)
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def ready(self) -> list[Proxy]:
-        return [p for p in list(self.store.objects.values()) if p.status.get("phase") == "Ready"]
+    def load(self) -> None:
+        """The view reads the store again (after a change a test made)."""
+        self.view.load_stored(self.store.list_proxies()[0], {}, time.monotonic())
 
     def write_tokens(self, scopes: dict[str, list[str]]) -> None:
         """Replace the tokens file (the server reads it again when it changes)."""
@@ -83,12 +91,14 @@ class DiscoveryServer:
                          "providerID": f"k8s://namespaces/egress/pods/{name}-{ip}"}
         if pool is not None:
             stored.raw = {"metadata": {"labels": {POOL_LABEL: pool}}}
+        self.load()
 
     def replace(self, name: str, ip: str, namespace: str = "crawlers") -> None:
         """The Proxy's instance replaced: a new address and providerID (the list changes)."""
         stored = self.store.objects[(namespace, name)]
         stored.status = {**stored.status, "ip": ip, "endpoint": f"{ip}:{stored.status['endpoint'].split(':')[1]}",
                          "providerID": f"k8s://namespaces/egress/pods/{name}-{ip}"}
+        self.load()
 
     def stop(self) -> None:
         self.server.stop()

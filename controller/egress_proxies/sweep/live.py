@@ -50,6 +50,7 @@ from egress_proxies.resources.proxy import (
     spec_hash,
 )
 from egress_proxies.serving.credentials import AccessPolicy
+from egress_proxies.serving.discovery import DiscoveryView
 from egress_proxies.serving.monitor import ServingMonitor, Watched, instance_identity, probe_target, target_key
 from egress_proxies.serving.probe import ProbeOutcome, ProbeReason, unknown_outcome
 from egress_proxies.serving.proof import read_key
@@ -110,29 +111,47 @@ class LiveSettings:
     max_replacements: int = 5
 
 
+@dataclass(frozen=True)
+class LiveParts:
+    """What every live path works with, sweep after sweep: the writer; ``seconds_since`` a stamp
+    (the clock); the monitor (None: nothing is probed, and running with an address is Ready,
+    reported unverified: the decision tests, the libvirt test driver); and the discovery view the
+    probe's verdicts update at once (a view of their own when nobody reads it)."""
+
+    writer: ProxyWriter
+    seconds_since: Callable[[str], float]
+    monitor: ServingMonitor | None = None
+    discovery: DiscoveryView = dataclasses.field(default_factory=DiscoveryView)
+
+
+@dataclass(frozen=True)
+class SweepPass:
+    """What one sweep hands every provider's live path: the owner its instances are tagged with,
+    how a Proxy's step is contained and a counter counted (the sweep's report), the endpoints to
+    probe (filled in as Proxies are observed), and who may use each instance (None: instances are
+    built without an ``access`` option, open as their user-data makes them)."""
+
+    owner: str
+    contain: Callable[[Proxy, Callable[[], object]], None]
+    count: Callable[[str, int], None]
+    targets: dict[str, Watched] = dataclasses.field(default_factory=dict)
+    access: AccessPolicy | None = None
+
+
 class LivePath:
-    def __init__(self, writer: ProxyWriter, settings: LiveSettings, owner: str,
-                 contain: Callable[[Proxy, Callable[[], object]], None], count: Callable[[str, int], None],
-                 seconds_since: Callable[[str], float], plan: ProbeSettings,
-                 monitor: ServingMonitor | None = None,
-                 targets: dict[str, Watched] | None = None,
-                 access: AccessPolicy | None = None,
-                 published: Callable[[Proxy], None] | None = None) -> None:
-        self.writer = writer
+    def __init__(self, settings: LiveSettings, parts: LiveParts, sweep: SweepPass, plan: ProbeSettings) -> None:
         self.settings = settings
-        self.owner = owner
-        self.contain = contain
-        self.count = count
-        self.seconds_since = seconds_since
-        # Without a monitor nothing is probed (tests of the decisions, the libvirt test driver):
-        # running with an address is Ready, reported unverified.
-        self.plan = plan if monitor is not None else dataclasses.replace(plan, enabled=False)
-        self.monitor = monitor
-        self.targets = targets if targets is not None else {}
-        # None: instances are built without an ``access`` option (open as their user-data makes them).
-        self.access = access
-        # Told of every verdict the probe's verdict thread writes (discovery follows it at once).
-        self.published = published or _nothing
+        self.writer = parts.writer
+        self.seconds_since = parts.seconds_since
+        self.monitor = parts.monitor
+        self.discovery = parts.discovery
+        self.owner = sweep.owner
+        self.contain = sweep.contain
+        self.count = sweep.count
+        self.targets = sweep.targets
+        self.access = sweep.access
+        # Without a monitor nothing is probed: the provider's plan is not used.
+        self.plan = plan if parts.monitor is not None else dataclasses.replace(plan, enabled=False)
         self._probe_key: bytes | str | None = None  # the probe target's key, or why it cannot be read
 
     def _build(self, proxy: Proxy) -> tuple[str, AccessRequest | None]:
@@ -444,7 +463,7 @@ class LivePath:
         def write_verdict() -> None:
             latest = self.writer.latest.get(proxy.uid, proxy)
             if not latest.deleting:
-                self.published(self.observe(latest, instance, desired))
+                self.discovery.follow(self.observe(latest, instance, desired))
 
         served = (proxy.status.get("probe") or {}).get("servedProviderID") == instance.provider_id
         self.targets[target.key] = Watched(proxy.provider, target, write_verdict, served)
@@ -509,9 +528,8 @@ class LivePath:
         return failed
 
 
-def _nothing(*_: object) -> None:
-    """The outcome of an instance that is not probed (not running, or probe: none); also what is
-    done with a verdict nobody listens for."""
+def _nothing() -> None:
+    """The outcome of an instance that is not probed (not running, or probe: none)."""
 
 
 def _unknown(reason: ProbeReason, why: str) -> Callable[[], ProbeOutcome | None]:

@@ -22,7 +22,7 @@ The decisions (docs/architecture.md, "Pools"):
   A member built from an older template is rotated the same way.
 - **Quarantine**: a member whose quarantine annotation names its current instance is not ready,
   not counted against the surge, and replaced like a retiring one. Discovery keeps listing as
-  many quarantined members as the pool needs to keep ``minReady`` discoverable (``kept_listed``),
+  many quarantined members as the pool needs to keep ``minReady`` discoverable (``discovery.kept_listed``),
   so no burst of quarantines empties a pool: each leaves once its replacement serves.
 - **Steps**: a sweep creates and deletes at most a bounded number of members (``Budget``), so a
   fill of thousands goes in steps of the size of one round of create batches, and every sweep
@@ -90,15 +90,6 @@ def jitter_factor(name: str, jitter: float) -> float:
     maxAge is its own, stable across restarts, and a pool created at once does not rotate at once."""
     u = int(hashlib.sha256(name.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF * 2 - 1
     return 1 + jitter * u
-
-
-def kept_listed(floor: int, serving: int, quarantined_serving: Sequence[str]) -> list[str]:
-    """The quarantined members discovery still lists: as many as the pool needs to keep ``floor``
-    (its ``minReady``) discoverable beside the ``serving`` ones, by name (stable from sweep to
-    sweep, so one leaves discovery for good once its replacement serves). A quarantine never
-    takes a pool's discoverable members below its floor: a burst of them from one crawler
-    replaces the members make-before-break instead of emptying the pool."""
-    return sorted(quarantined_serving)[:max(0, floor - serving)]
 
 
 @dataclass

@@ -32,16 +32,14 @@ from egress_proxies.resources.pool import (
     member_name,
     owned_by,
     parse_spec,
-    pool_of,
-    quarantined,
 )
-from egress_proxies.resources.proxy import FINALIZER, PHASE_READY, Proxy
+from egress_proxies.resources.proxy import FINALIZER, Proxy
 from egress_proxies.resources.schema import identity_errors, spec_errors
+from egress_proxies.serving.discovery import Floors, PoolFloor
 from egress_proxies.sources.store import Conflict, Gone, PoolStore, ProxyStore, StoreError, retry_on_conflict
 from egress_proxies.sweep.containment import Containment
-from egress_proxies.sweep.placement import Budget, Decision, Member, decide, interleaved, kept_listed
+from egress_proxies.sweep.placement import Budget, Decision, Member, decide, interleaved
 from egress_proxies.sweep.pool_status import failed_status, pool_status
-from egress_proxies.sweep.verdict import serves
 
 log = logging.getLogger(__name__)
 
@@ -49,15 +47,6 @@ log = logging.getLogger(__name__)
 # Member creates and deletes per sweep, all pools together, unless told: one round of create
 # batches at the default batch size (``cli`` passes --batch-size times the batches run side by side).
 DEFAULT_STEP = 200
-
-
-@dataclass(frozen=True)
-class PoolFloor:
-    """What discovery needs of a pool to keep its floor: its uid (members are those it controls)
-    and how many members must stay discoverable (its ``minReady``)."""
-
-    uid: str
-    floor: int
 
 
 @dataclass(frozen=True)
@@ -89,26 +78,6 @@ class ProviderHealth:
         return None
 
 
-def kept_in_discovery(proxies: Sequence[Proxy], floors: Mapping[tuple[str, str], PoolFloor]) -> list[Proxy]:
-    """The quarantined members discovery still lists beside the Ready Proxies: per pool, as many
-    as it needs to keep its floor (``placement.kept_listed``) of those whose instance still serves."""
-    serving: dict[tuple[str, str], int] = {}
-    candidates: dict[tuple[str, str], dict[str, Proxy]] = {}
-    for proxy in proxies:
-        key = (proxy.namespace, pool_of(proxy) or "")
-        floor = floors.get(key)
-        if proxy.deleting or floor is None or controller_of(proxy) != floor.uid:
-            continue
-        if quarantined(proxy):
-            # Its phase is Quarantined, or still Ready when its provider could not be listed.
-            if proxy.status.get("phase") == PHASE_READY or serves(proxy.status):
-                candidates.setdefault(key, {})[proxy.name] = proxy
-        elif proxy.status.get("phase") == PHASE_READY:
-            serving[key] = serving.get(key, 0) + 1
-    return [found[name] for key, found in candidates.items()
-            for name in kept_listed(floors[key].floor, serving.get(key, 0), list(found))]
-
-
 def _valid_spec(pool: Pool) -> tuple[PoolSpec | None, list[str]]:
     """The pool's typed spec, or every problem with it (its defect, its namespace and name, its
     fields, its template). A bad name fails the pool before anything is written: members are
@@ -122,6 +91,16 @@ def _valid_spec(pool: Pool) -> tuple[PoolSpec | None, list[str]]:
         errors = [e.replace("spec.", "spec.template.", 1) for e in spec_errors(sample)]
     errors = identity + errors
     return (spec if not errors else None), errors
+
+
+def pool_floors(pools: Sequence[Pool]) -> dict[tuple[str, str], PoolFloor]:
+    """Each pool's floor for discovery, as a sweep records it: a deleting or invalid pool has none."""
+    floors: dict[tuple[str, str], PoolFloor] = {}
+    for pool in pools:
+        spec, _ = _valid_spec(pool)
+        if spec is not None and not pool.deleting:
+            floors[(pool.namespace, pool.name)] = PoolFloor(pool.uid, spec.available_minimum)
+    return floors
 
 
 def _broken(spec: PoolSpec, health: ProviderHealth) -> dict[int, str]:
@@ -158,6 +137,15 @@ class PoolReconciler:
         # members: one Event each while that lasts, not one per sweep.
         self._foreign: set[tuple[str, str]] = set()
         self._sweeps = 0
+
+    def read_floors(self) -> Floors:
+        """Each pool's floor read from the source now, for a process that does not sweep (a
+        standby's stored view); the last ones read (or swept) when the pools cannot be listed."""
+        try:
+            self.floors = pool_floors(self.pools.list_pools())
+        except StoreError as error:
+            log.debug("pools could not be listed for discovery's floors: %s", error)
+        return self.floors
 
     def reconcile(self, proxies: Sequence[Proxy], health: ProviderHealth) -> bool:
         """One pass over every pool; True when a member was created or deleted (list again)."""

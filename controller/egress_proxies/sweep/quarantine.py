@@ -3,27 +3,25 @@
 and a metric; the pool replaces a quarantined member (``pools``) and ``live`` replaces the
 instance of a quarantined bare Proxy.
 
-Whether the Proxy leaves discovery at once is decided here: a pool member leaves only while its
-pool keeps ``minReady`` members discoverable without it (``placement.kept_listed``; the sweep decides
-the same from then on). Beyond that it is quarantined all the same (marked, replaced) and stays
-listed until its replacement serves, and the answer says so: no burst of quarantines, from any
-number of tokens, empties a pool.
+Whether the Proxy leaves discovery at once is decided by the view (``DiscoveryView.hide``): a
+pool member leaves only while its pool keeps ``minReady`` members discoverable without it (the
+sweep decides the same from then on: ``discovery.handed_out``). Beyond that it is quarantined all
+the same (marked, replaced) and stays listed until its replacement serves, and the answer says
+so: no burst of quarantines, from any number of tokens, empties a pool.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
-from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from egress_proxies import metrics
 from egress_proxies.resources import reasons
-from egress_proxies.resources.pool import QUARANTINE_ANNOTATION, controller_of, pool_of
+from egress_proxies.resources.pool import QUARANTINE_ANNOTATION, pool_of
 from egress_proxies.resources.proxy import Proxy
+from egress_proxies.serving.discovery import DiscoveryView
 from egress_proxies.sources.store import Gone, ProxyStore, retry_on_conflict
-from egress_proxies.sweep.pools import PoolFloor
 
 log = logging.getLogger(__name__)
 
@@ -55,21 +53,12 @@ class QuarantineOutcome:
 
 
 class Quarantine:
-    """Marks a Proxy's current instance as quarantined.
+    """Marks a Proxy's current instance as quarantined, and takes it out of ``discovery`` at once
+    where its pool's floor allows (``DiscoveryView.hide``)."""
 
-    ``listed``: what discovery lists now (``loop.Controller.ready_proxies``); ``floors``: each
-    pool's floor as of the last sweep (``PoolReconciler.floors``). Without them (a standby, a
-    test) every quarantined Proxy leaves discovery at once."""
-
-    def __init__(self, store: ProxyStore, listed: Callable[[], list[Proxy]] | None = None,
-                 floors: Callable[[], Mapping[tuple[str, str], PoolFloor]] | None = None) -> None:
+    def __init__(self, store: ProxyStore, discovery: DiscoveryView) -> None:
         self.store = store
-        self.listed = listed
-        self.floors = floors
-        # (namespace, name) -> providerID hidden here since the listing last showed it: counted out
-        # of its pool's discoverable members until a sweep has caught up.
-        self._hidden: dict[tuple[str, str], str] = {}
-        self._lock = threading.Lock()
+        self.discovery = discovery
 
     def __call__(self, namespace: str, name: str, reason: str, who: str) -> QuarantineOutcome:
         """The outcome; raises QuarantineError (404, 409) for what the caller must be told, and
@@ -105,22 +94,12 @@ class Quarantine:
 
     def _hides(self, proxy: Proxy) -> tuple[bool, str]:
         """Whether the Proxy leaves discovery now: always for a bare Proxy; for a pool member only
-        while its pool keeps its floor discoverable without it."""
-        pool = pool_of(proxy)
-        floor = self.floors().get((proxy.namespace, pool)) if pool and self.floors is not None else None
-        if floor is None or self.listed is None or controller_of(proxy) != floor.uid:
+        while its pool keeps its floor discoverable without it. Why, for the answer."""
+        hiding = self.discovery.hide(proxy)
+        if hiding.floor is None:
             return True, "out of discovery now; its instance is replaced"
-        key = (proxy.namespace, proxy.name)
-        with self._lock:
-            listed = self.listed()
-            shown = {(p.namespace, p.name): p.status.get("providerID") for p in listed}
-            self._hidden = {k: v for k, v in self._hidden.items() if shown.get(k) == v}
-            others = [p for p in listed if p.namespace == proxy.namespace and pool_of(p) == pool
-                      and controller_of(p) == floor.uid and p.name != proxy.name
-                      and (p.namespace, p.name) not in self._hidden]
-            if len(others) >= floor.floor:
-                self._hidden[key] = str(proxy.status.get("providerID") or "")
-                return True, "out of discovery now; its pool replaces it"
-        return False, (f"still listed: its pool {proxy.namespace}/{pool} keeps {floor.floor} member(s) discoverable "
-                       f"(minReady) and would have {len(others)} without it; it leaves discovery once its "
-                       "replacement serves")
+        if hiding.hidden:
+            return True, "out of discovery now; its pool replaces it"
+        return False, (f"still listed: its pool {proxy.namespace}/{pool_of(proxy)} keeps {hiding.floor.floor} "
+                       f"member(s) discoverable (minReady) and would have {hiding.others} without it; it leaves "
+                       "discovery once its replacement serves")

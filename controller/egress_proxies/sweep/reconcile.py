@@ -28,7 +28,6 @@ from egress_proxies.providers.errors import ErrorClass, ProviderError
 from egress_proxies.providers.runner import Runner
 from egress_proxies.resources import reasons, times
 from egress_proxies.resources.conditions import SERVING, find_condition
-from egress_proxies.resources.pool import quarantined
 from egress_proxies.resources.proxy import (
     FINALIZER,
     PHASE_DELETING,
@@ -41,15 +40,15 @@ from egress_proxies.resources.proxy import (
 )
 from egress_proxies.resources.schema import ValidationMemo
 from egress_proxies.serving.credentials import AccessPolicy, Credentials
+from egress_proxies.serving.discovery import DiscoveryView
 from egress_proxies.serving.monitor import ServingMonitor, Watched
 from egress_proxies.sources.store import ProxyStore, StoreError
 from egress_proxies.sweep.backoff import Backoff
 from egress_proxies.sweep.containment import Containment
 from egress_proxies.sweep.deletion import DeletePath
 from egress_proxies.sweep.garbage import GarbageCollector, GarbageSettings
-from egress_proxies.sweep.live import LivePath, LiveSettings
-from egress_proxies.sweep.pools import PoolReconciler, ProviderHealth, kept_in_discovery
-from egress_proxies.sweep.verdict import serves
+from egress_proxies.sweep.live import LiveParts, LivePath, LiveSettings, SweepPass
+from egress_proxies.sweep.pools import PoolReconciler, ProviderHealth
 from egress_proxies.sweep.writer import ProxyWriter
 
 log = logging.getLogger(__name__)
@@ -113,34 +112,45 @@ class SweepReport:
         return "ok" if not problems else "ok with problems: " + "; ".join(problems)
 
 
+@dataclass(frozen=True)
+class SweepParts:
+    """What a sweep works with besides the store, the runner and the provider config. Each
+    default is what a test of the decisions runs with; the command passes every part."""
+
+    backoff: Backoff = field(default_factory=Backoff)
+    # The clock status stamps are written with.
+    now: Callable[[], str] = times.stamp
+    # Removes the runner's artifacts of Proxies that are gone (None: nothing to remove).
+    purge: Callable[[set[str]], int] | None = None
+    # None: nothing is probed, and running with an address is Ready (unverified).
+    monitor: ServingMonitor | None = None
+    # None: instances get no ``access`` (as open as their user-data makes them): the decision
+    # tests. The command always passes the credential store: private by default.
+    credentials: Credentials | None = None
+    # None: no pools (a source without them, the decision tests). Reconciled first in a sweep.
+    pools: PoolReconciler | None = None
+    # What crawlers are handed: each sweep publishes to it, the probe's verdicts update it.
+    discovery: DiscoveryView = field(default_factory=DiscoveryView)
+
+
 class Reconciler:
     def __init__(self, store: ProxyStore, runner: Runner, config_path: str, settings: ReconcileSettings | None = None,
-                 backoff: Backoff | None = None, now: Callable[[], str] = times.stamp,
-                 purge: Callable[[set[str]], int] | None = None, monitor: ServingMonitor | None = None,
-                 credentials: Credentials | None = None, pools: PoolReconciler | None = None) -> None:
+                 parts: SweepParts | None = None) -> None:
+        parts = parts or SweepParts()
         self.store = store
-        # None: no pools (a source without them, the decision tests). Reconciled first in a sweep.
-        self.pools = pools
+        self.pools = parts.pools
         # Since when (time.monotonic) each provider's listing has failed, sweep after sweep: a
         # pool's placement there is degraded once that lasts its failoverAfter.
         self._failing_since: dict[str, float] = {}
-        # None: instances get no ``access`` (as open as their user-data makes them): the decision
-        # tests. The command always passes the credential store: private by default.
-        self.credentials = credentials
-        # None: nothing is probed, and running with an address is Ready (unverified).
-        self.monitor = monitor
+        self.credentials = parts.credentials
+        self.monitor = parts.monitor
+        self.discovery = parts.discovery
         self.runner = runner
         self.config_path = config_path
         self.settings = settings or ReconcileSettings()
-        self.backoff = backoff or Backoff()
-        self.writer = ProxyWriter(store, self.backoff, now, purge)
+        self.backoff = parts.backoff
+        self.writer = ProxyWriter(store, self.backoff, parts.now, parts.purge)
         self.validation = ValidationMemo()
-        # Discovery's view: the Ready Proxies by uid, as the last sweep left them and the probe's
-        # verdicts changed them since; ``published`` counts the sweeps that set it.
-        self._view_lock = threading.Lock()
-        self._ready: dict[str, Proxy] = {}
-        self._ready_list: list[Proxy] | None = []
-        self.published = 0
         self.providers: ProviderSet | None = None
         self.containment = Containment("Proxy")
 
@@ -150,7 +160,7 @@ class Reconciler:
         report = SweepReport()
         with metrics.SWEEP_SECONDS.time():
             try:
-                self._sweep(report)
+                self._sweep(report, time.monotonic())
             except (ConfigUnreadable, StoreError) as error:
                 report.ok = False
                 report.errors.append(str(error))
@@ -166,7 +176,7 @@ class Reconciler:
         self.providers = check_config(self.runner, self.config_path, previous=self.providers)
         return self.providers
 
-    def _sweep(self, report: SweepReport) -> None:
+    def _sweep(self, report: SweepReport, started: float) -> None:
         config = self._checked_config(report)
         clients = config.clients(self.runner)
         # The instances are listed while the Proxies are read: neither needs the other, and the
@@ -190,6 +200,7 @@ class Reconciler:
         GarbageCollector(self.store, GarbageSettings(self.settings.gc_grace_seconds, self.settings.gc_dry_run),
                          config.owner, report.add, report.add_gc).collect(usable, unreconciled, clients, listings)
         self._finish(report, config, listings, unusable, targets)
+        self._publish(list(self.writer.latest.values()), started)
 
     def _checked_config(self, report: SweepReport) -> ProviderSet:
         config = self.provider_set()
@@ -266,11 +277,11 @@ class Reconciler:
             by_provider.setdefault(proxy.provider, []).append(proxy)
         live_settings = LiveSettings(self.settings.batch_size, self.settings.parallel_batches,
                                      self.settings.stale_listing_seconds)
-        targets: dict[str, Watched] = {}
+        parts = LiveParts(self.writer, self._seconds_since, self.monitor, self.discovery)
+        sweep = SweepPass(config.owner, contain, report.add, access=access)
 
         def reconcile_provider(name: str) -> None:
-            live_path = LivePath(self.writer, live_settings, config.owner, contain, report.add, self._seconds_since,
-                                 config.probes[name], self.monitor, targets, access, self._verdict_written)
+            live_path = LivePath(live_settings, parts, sweep, config.probes[name])
             try:
                 live_path.reconcile(clients[name], by_provider.get(name, []), listings[name])
             except Exception as error:  # a bug must not take the other providers' sweep with it
@@ -283,7 +294,7 @@ class Reconciler:
             if name not in clients:
                 for proxy in group:
                     contain(proxy, partial(self._provider_unusable, proxy, config, unusable.get(name)))
-        return targets
+        return sweep.targets
 
     def _provider_unusable(self, proxy: Proxy, config: ProviderSet, why: str | None) -> None:
         """A live Proxy whose provider has an invalid section (``why``) or is not configured."""
@@ -294,7 +305,7 @@ class Reconciler:
 
     def _finish(self, report: SweepReport, config: ProviderSet, listings: Mapping[str, Listing],
                 unusable: Mapping[str, str], targets: Mapping[str, Watched]) -> None:
-        """The sweep's report, the endpoints to probe from now on, and the view discovery serves."""
+        """The sweep's report and the endpoints to probe from now on."""
         for name, listing in listings.items():
             if listing.error is not None:
                 report.providers_failed.setdefault(name, str(listing.error))
@@ -305,60 +316,26 @@ class Reconciler:
             report.proxies_failed.update({f"pool {key}": why for key, why in self.pools.failed.items()})
         if self.monitor is not None:
             self.monitor.watch(targets, config.probes)
-        self._publish(list(self.writer.latest.values()))
 
     def _admit(self, proxy: Proxy, usable: list[Proxy]) -> None:
         usable.append(self.writer.ensure_finalizer(proxy))
 
-    def _publish(self, final: list[Proxy]) -> None:
-        """The phase and serving gauges, and the Proxies discovery hands out, in one pass."""
+    def _publish(self, final: list[Proxy], started: float) -> None:
+        """The phase and serving gauges; and discovery's view, with the pools' floors (the members
+        a pool still needs for its minReady stay listed: ``discovery.handed_out``)."""
         phases: dict[str, int] = {}
         serving: dict[str, int] = {"True": 0, "False": 0, "Unknown": 0}
-        ready = []
         for proxy in final:
             phase = str(proxy.status.get("phase") or PHASE_PENDING)
             phases[phase] = phases.get(phase, 0) + 1
             state = str(find_condition(proxy.status, SERVING).get("status") or "Unknown")
             serving[state] = serving.get(state, 0) + 1
-            # A deleting Proxy is never handed out, whatever its last phase: its instance is going.
-            # A quarantined one neither (still Ready only when its provider could not be listed).
-            if phase == PHASE_READY and not proxy.deleting and not quarantined(proxy):
-                ready.append(proxy)
         for phase in (PHASE_PENDING, PHASE_PROVISIONING, PHASE_READY, PHASE_QUARANTINED, PHASE_DELETING,
                       PHASE_FAILED):
             metrics.PROXIES.labels(phase=phase).set(phases.get(phase, 0))
         for state, count in serving.items():
             metrics.SERVING.labels(serving=state).set(count)
-        # But for the members a pool still needs for its minReady (pools.kept_in_discovery).
-        kept = kept_in_discovery(final, self.pools.floors) if self.pools is not None else []
-        with self._view_lock:
-            self._ready = {p.uid: p for p in ready + kept}
-            self._ready_list = None
-            self.published += 1
-
-    @property
-    def last_ready(self) -> list[Proxy]:
-        """The Ready Proxies discovery hands out (the same list until the view changes)."""
-        with self._view_lock:
-            if self._ready_list is None:
-                self._ready_list = list(self._ready.values())
-            return self._ready_list
-
-    def _verdict_written(self, proxy: Proxy) -> None:
-        """A probe's verdict was written between sweeps: discovery follows it at once. A
-        quarantined Proxy stays listed only where the last sweep kept it for its pool's floor, and
-        only while it serves."""
-        with self._view_lock:
-            if quarantined(proxy):
-                ready = proxy.uid in self._ready and not proxy.deleting and serves(proxy.status)
-            else:
-                ready = proxy.status.get("phase") == PHASE_READY and not proxy.deleting
-            if ready or proxy.uid in self._ready:
-                if ready:
-                    self._ready[proxy.uid] = proxy
-                else:
-                    del self._ready[proxy.uid]
-                self._ready_list = None
+        self.discovery.publish(final, self.pools.floors if self.pools is not None else {}, started)
 
     def _contain(self, proxy: Proxy, action: Callable[[], object], *, report: SweepReport) -> None:
         """Run one Proxy's step; whatever goes wrong stays with that Proxy."""

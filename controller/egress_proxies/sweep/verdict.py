@@ -81,7 +81,7 @@ def judge(status: Mapping[str, Any], seen: Observation, now: str) -> Verdict:
     """The Proxy's next phase and conditions, from its current ``status`` and what was ``seen``;
     ``now`` stamps when an instance first served (``status.readySince``). A quarantined instance
     is ``Quarantined`` whatever else holds (its Serving and Private conditions still tell the
-    truth: ``serves`` reads them), until it is gone."""
+    truth: ``discovery.serves`` reads them), until it is gone."""
     verdict = _judge(status, seen, now)
     if not seen.quarantined:
         return verdict
@@ -89,16 +89,6 @@ def judge(status: Mapping[str, Any], seen: Observation, now: str) -> Verdict:
     still = "it still serves and " if verdict.phase == PHASE_READY else ""
     message = f"a crawler quarantined {where}; {still}it is being replaced"
     return dataclasses.replace(verdict, phase=PHASE_QUARANTINED, ready=("False", reasons.QUARANTINED, message))
-
-
-def serves(status: Mapping[str, Any]) -> bool:
-    """Whether the instance the status describes serves crawlers, whatever its phase says (a
-    quarantined one may: its pool keeps it listed while it needs it, ``placement.kept_listed``):
-    running with an address and, where probed, passing the probes without being open to strangers."""
-    serving = find_condition(status, SERVING)
-    if not status.get("endpoint") or find_condition(status, PRIVATE).get("reason") == reasons.NOT_PRIVATE:
-        return False
-    return serving.get("status") == "True" or serving.get("reason") == reasons.UNVERIFIED
 
 
 def _judge(status: Mapping[str, Any], seen: Observation, now: str) -> Verdict:

@@ -28,7 +28,7 @@ from egress_proxies.resources.proxy import FINALIZER, GROUP, PLURAL, VERSION
 from egress_proxies.serving.credentials import Credentials
 from egress_proxies.sources.kube import KubeLeases, KubeSecrets, KubeStore
 from egress_proxies.sweep.backoff import Backoff
-from egress_proxies.sweep.reconcile import Reconciler, ReconcileSettings
+from egress_proxies.sweep.reconcile import Reconciler, ReconcileSettings, SweepParts
 from support.ansible_modules import collections_path, run_module
 from support.controller_fakes import RecordingRunner
 from support.kube_emulator import KubeEmulator
@@ -64,7 +64,8 @@ def runner(tmp_path: Path) -> RecordingRunner:
 
 def make_reconciler(api: client.ApiClient, runner: RecordingRunner, config: Path,
                     **settings: Any) -> Reconciler:
-    return Reconciler(KubeStore(api), runner, str(config), ReconcileSettings(**settings), backoff=Backoff())
+    return Reconciler(KubeStore(api), runner, str(config), ReconcileSettings(**settings),
+                      parts=SweepParts(backoff=Backoff()))
 
 
 def create_proxy(objects: client.CustomObjectsApi, name: str, spec: dict[str, Any],
@@ -238,7 +239,7 @@ def test_delete_on_a_transient_failure_backs_off(api: client.ApiClient, objects:
     # A base far above a sweep's duration: on a loaded machine the second sweep's listing alone
     # took longer than the default 5 s (-20 % jitter), so the backoff had already run out.
     reconciler = Reconciler(KubeStore(api), runner, str(config), ReconcileSettings(),
-                            backoff=Backoff(base_seconds=120.0))
+                            parts=SweepParts(backoff=Backoff(base_seconds=120.0)))
     reconciler.sweep()
     proxy = read_proxy(objects, "eu-1")
     assert proxy is not None
@@ -310,8 +311,9 @@ def test_controller_killed_mid_create_leaves_exactly_one_instance(
     runner = AnsibleRunner(tmp_path / "killed", timeout_seconds=120, max_concurrent=2)
     assert list((tmp_path / "killed" / "runs").iterdir()) == []
     assert not [path for path in temp_dirs if path.exists()]
-    restarted = Reconciler(KubeStore(api), runner, str(config), backoff=Backoff(),
-                           credentials=Credentials(KubeSecrets(api, "egress-proxies")))
+    restarted = Reconciler(KubeStore(api), runner, str(config),
+                           parts=SweepParts(backoff=Backoff(),
+                                            credentials=Credentials(KubeSecrets(api, "egress-proxies"))))
     restarted.sweep()
     restarted.sweep()
     assert domains(libvirt_test) == killed and len(killed) == 1  # found again, never made twice

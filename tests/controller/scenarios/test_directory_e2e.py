@@ -17,7 +17,7 @@ import yaml
 from egress_proxies.providers.runner import AnsibleRunner
 from egress_proxies.sources.directory import DirectoryStore
 from egress_proxies.sweep.backoff import Backoff
-from egress_proxies.sweep.reconcile import Reconciler
+from egress_proxies.sweep.reconcile import Reconciler, SweepParts
 from support.ansible_modules import collections_path
 from support.libvirt_daemon import LibvirtTestDaemon
 from support.waiting import wait_for
@@ -86,7 +86,7 @@ def test_renaming_a_proxy_file_keeps_its_instance(tmp_path: Path, testdriver_con
     write_proxy(proxies, "old-name", "eu-1")
     runner = AnsibleRunner(tmp_path / "work", timeout_seconds=120, collections_path=collections_path())
     with DirectoryStore(proxies) as store:
-        reconciler = Reconciler(store, runner, str(testdriver_config), backoff=Backoff())
+        reconciler = Reconciler(store, runner, str(testdriver_config), parts=SweepParts(backoff=Backoff()))
         assert reconciler.sweep().ok
         (before,), _ = store.list_proxies()
         assert before.status["phase"] == "Ready"

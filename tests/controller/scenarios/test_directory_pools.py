@@ -15,7 +15,7 @@ from egress_proxies.sources.directory import DirectoryStore
 from egress_proxies.sources.directory_pools import DirectoryPools
 from egress_proxies.sweep.backoff import Backoff
 from egress_proxies.sweep.pools import PoolReconciler
-from egress_proxies.sweep.reconcile import Reconciler
+from egress_proxies.sweep.reconcile import Reconciler, SweepParts
 from support.ansible_modules import collections_path
 
 
@@ -34,8 +34,9 @@ def test_a_pool_file_makes_member_files_and_deleting_it_deletes_them(
     store = DirectoryStore(proxies)
     runner = AnsibleRunner(tmp_path / "work", timeout_seconds=120, max_concurrent=2,
                            collections_path=collections_path())
-    rec = Reconciler(store, runner, str(testdriver_config), backoff=Backoff(base_seconds=0, jitter=0),
-                     pools=PoolReconciler(DirectoryPools(store), store))
+    rec = Reconciler(store, runner, str(testdriver_config),
+                     parts=SweepParts(backoff=Backoff(base_seconds=0, jitter=0),
+                                      pools=PoolReconciler(DirectoryPools(store), store)))
     for _ in range(2):
         assert rec.sweep().ok
     members = sorted(p for p in proxies.glob("eu-*.yaml") if not p.name.endswith(".status.yaml"))

@@ -28,7 +28,7 @@ from egress_proxies.resources.proxy import FINALIZER, GROUP, PLURAL, VERSION, Pr
 from egress_proxies.sources.kube import KubeStore
 from egress_proxies.sources.store import Conflict
 from egress_proxies.sweep.backoff import Backoff
-from egress_proxies.sweep.reconcile import Reconciler, ReconcileSettings
+from egress_proxies.sweep.reconcile import Reconciler, ReconcileSettings, SweepParts
 from support.ansible_modules import collections_path
 from support.controller_fakes import FakeRunner, MemoryStore, RecordingRunner
 from support.kube_emulator import KubeEmulator
@@ -61,7 +61,7 @@ def config(tmp_path: Path) -> Path:
 
 def sweep(store: MemoryStore, runner: FakeRunner, config: Path, **settings: Any) -> Reconciler:
     rec = Reconciler(store, runner, str(config), ReconcileSettings(**settings),
-                     backoff=Backoff(base_seconds=0, jitter=0))
+                     parts=SweepParts(backoff=Backoff(base_seconds=0, jitter=0)))
     rec.sweep()
     return rec
 
@@ -84,7 +84,7 @@ def test_a_malformed_proxy_fails_alone_naming_its_field(case: str, config: Path)
     store.add("good", GOOD)
     document, expected = MALFORMED[case]
     add_raw(store, "bad", document)
-    rec = Reconciler(store, runner, str(config), backoff=Backoff(base_seconds=0, jitter=0))
+    rec = Reconciler(store, runner, str(config), parts=SweepParts(backoff=Backoff(base_seconds=0, jitter=0)))
     report = rec.sweep()
     assert report.ok and not report.clean and set(report.proxies_failed) == {"crawlers/bad"}
     assert store.get("good").status["phase"] == "Ready"
@@ -129,7 +129,7 @@ def test_an_unexpected_error_on_one_proxy_is_contained(config: Path, caplog: pyt
         return original(proxy)
 
     store.replace_status = replace_status  # type: ignore[method-assign]
-    rec = Reconciler(store, runner, str(config), backoff=Backoff(base_seconds=0, jitter=0))
+    rec = Reconciler(store, runner, str(config), parts=SweepParts(backoff=Backoff(base_seconds=0, jitter=0)))
     report = rec.sweep()
     assert report.ok and "crawlers/cursed" in report.proxies_failed
     assert store.get("good").status["phase"] == "Ready"
@@ -153,7 +153,7 @@ def test_persistent_conflicts_on_one_proxy_fail_only_that_proxy(config: Path) ->
         return original(proxy)
 
     store.replace_status = replace_status  # type: ignore[method-assign]
-    rec = Reconciler(store, runner, str(config), backoff=Backoff(base_seconds=0, jitter=0))
+    rec = Reconciler(store, runner, str(config), parts=SweepParts(backoff=Backoff(base_seconds=0, jitter=0)))
     reports = [rec.sweep() for _ in range(5)]
     assert all(r.ok for r in reports)
     assert store.get("good").status["phase"] == "Ready"
@@ -184,7 +184,7 @@ def test_one_invalid_provider_section_fails_only_its_own_proxies(config: Path) -
     runner = FakeRunner(invalid_providers={"cluster": ["providers[1].kubernetes.namespace: 'Egress' is invalid"]})
     store.add("kvm-1", GOOD)
     store.add("k8s-1", {"provider": "cluster"})
-    rec = Reconciler(store, runner, str(config), backoff=Backoff(base_seconds=0, jitter=0))
+    rec = Reconciler(store, runner, str(config), parts=SweepParts(backoff=Backoff(base_seconds=0, jitter=0)))
     report = rec.sweep()
     assert report.ok and not report.clean
     assert report.config_errors == ["providers[1].kubernetes.namespace: 'Egress' is invalid"]
@@ -199,7 +199,7 @@ def test_one_invalid_provider_section_fails_only_its_own_proxies(config: Path) -
 
 def test_the_config_is_checked_again_only_when_it_changes(config: Path) -> None:
     store, runner = MemoryStore(), FakeRunner()
-    rec = Reconciler(store, runner, str(config), backoff=Backoff(base_seconds=0, jitter=0))
+    rec = Reconciler(store, runner, str(config), parts=SweepParts(backoff=Backoff(base_seconds=0, jitter=0)))
     rec.sweep()
     rec.sweep()
     assert [c.verb for c in runner.calls].count("check") == 1
@@ -211,7 +211,7 @@ def test_the_config_is_checked_again_only_when_it_changes(config: Path) -> None:
 def test_a_failed_listing_keeps_ready_proxies_ready_for_a_bounded_time(config: Path) -> None:
     store, runner = MemoryStore(), FakeRunner()
     store.add("eu-1", GOOD)
-    rec = Reconciler(store, runner, str(config), backoff=Backoff(base_seconds=0, jitter=0))
+    rec = Reconciler(store, runner, str(config), parts=SweepParts(backoff=Backoff(base_seconds=0, jitter=0)))
     rec.sweep()
     # The host holding the instance cannot be listed: the partial listing does not show it.
     hidden = dict(runner.instances)
@@ -220,7 +220,7 @@ def test_a_failed_listing_keeps_ready_proxies_ready_for_a_bounded_time(config: P
     report = rec.sweep()
     assert report.ok and set(report.providers_failed) == {"home-kvm"}
     saved = store.get("eu-1")
-    assert saved.status["phase"] == "Ready" and [p.key for p in rec.last_ready] == ["crawlers/eu-1"]
+    assert saved.status["phase"] == "Ready" and [p.key for p in rec.discovery.swept] == ["crawlers/eu-1"]
     listed = next(c for c in saved.status["conditions"] if c["type"] == "ProviderListed")
     assert listed["status"] == "False" and "libvirtd is restarting" in listed["message"]
     # Past the bound it is no longer vouched for.
@@ -228,7 +228,7 @@ def test_a_failed_listing_keeps_ready_proxies_ready_for_a_bounded_time(config: P
     store.objects[("crawlers", "eu-1")].status = saved.status
     rec.sweep()
     assert store.get("eu-1").status["phase"] == "Provisioning"
-    assert rec.last_ready == [] and runner.verbs().count("create") == 1  # no create on a failed listing
+    assert rec.discovery.swept == [] and runner.verbs().count("create") == 1  # no create on a failed listing
     runner.instances.update(hidden)
     runner.list_failure = None
     rec.sweep()
@@ -239,7 +239,7 @@ def test_a_running_instance_whose_address_cannot_be_read_keeps_its_address(confi
     """libvirtd restarted: the domains run on, but their leases/agent answer nothing for a while."""
     store, runner = MemoryStore(), FakeRunner()
     store.add("eu-1", GOOD)
-    rec = Reconciler(store, runner, str(config), backoff=Backoff(base_seconds=0, jitter=0))
+    rec = Reconciler(store, runner, str(config), parts=SweepParts(backoff=Backoff(base_seconds=0, jitter=0)))
     rec.sweep()
     for instance in runner.instances.values():
         instance["ip"] = None
@@ -325,7 +325,7 @@ def test_kubernetes_source_with_a_cr_stored_before_the_schema_tightened(
                             "metadata": {"name": "old", "namespace": "crawlers"}, "spec": {**good, "port": "abc"}})
     os.environ.setdefault("ANSIBLE_COLLECTIONS_PATH", collections_path())
     runner = RecordingRunner(AnsibleRunner(tmp_path / "work", timeout_seconds=120, max_concurrent=2))
-    report = Reconciler(KubeStore(api), runner, str(testdriver_config), backoff=Backoff()).sweep()
+    report = Reconciler(KubeStore(api), runner, str(testdriver_config), parts=SweepParts(backoff=Backoff())).sweep()
     assert report.ok and set(report.proxies_failed) == {"crawlers/old"}
 
     def read(name: str) -> dict[str, Any]:

@@ -23,7 +23,7 @@ from egress_proxies.providers.runner import AnsibleRunner
 from egress_proxies.resources.proxy import GROUP, PLURAL, VERSION
 from egress_proxies.sources.kube import KubeStore
 from egress_proxies.sweep.backoff import Backoff
-from egress_proxies.sweep.reconcile import Reconciler
+from egress_proxies.sweep.reconcile import Reconciler, SweepParts
 from support.ansible_modules import collections_path
 from support.compute_emulator import ComputeEmulator
 from support.controller_fakes import RecordingRunner
@@ -105,7 +105,8 @@ def test_three_providers_one_sweep_and_one_failing_provider_degrades_only_its_ow
     runner = RecordingRunner(AnsibleRunner(tmp_path / "work", timeout_seconds=120, max_concurrent=3,
                                           collections_path=collections_path()))
     # Immediate retries, so the recovery shows in the very next sweep.
-    reconciler = Reconciler(KubeStore(api), runner, str(config), backoff=Backoff(base_seconds=0, jitter=0))
+    reconciler = Reconciler(KubeStore(api), runner, str(config),
+                            parts=SweepParts(backoff=Backoff(base_seconds=0, jitter=0)))
 
     try:
         assert reconciler.sweep().ok

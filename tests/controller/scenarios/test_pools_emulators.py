@@ -22,7 +22,7 @@ import yaml
 from kubernetes import client
 
 from egress_proxies.health import SweepHealth
-from egress_proxies.http_server import ControllerHTTPServer, TokenScopes
+from egress_proxies.http_server import ControllerHTTPServer, DiscoveryAccess, ServerSettings, TokenScopes
 from egress_proxies.providers.runner import AnsibleRunner
 from egress_proxies.resources.pool import PLACEMENT_LABEL, POOL_LABEL, POOL_PLURAL, QUARANTINE_ANNOTATION
 from egress_proxies.resources.proxy import GROUP, PLURAL, VERSION
@@ -30,7 +30,7 @@ from egress_proxies.sources.kube import KubePools, KubeStore
 from egress_proxies.sweep.backoff import Backoff
 from egress_proxies.sweep.pools import PoolReconciler
 from egress_proxies.sweep.quarantine import Quarantine
-from egress_proxies.sweep.reconcile import Reconciler
+from egress_proxies.sweep.reconcile import Reconciler, SweepParts
 from support.ansible_modules import collections_path
 from support.kube_emulator import KubeEmulator, proxy_crd
 from support.libvirt_daemon import LibvirtTestDaemon
@@ -91,8 +91,9 @@ def write_config(path: Path, hosts: tuple[LibvirtTestDaemon, LibvirtTestDaemon],
 def reconciler(api: client.ApiClient, config: Path, work: Path) -> Reconciler:
     store = KubeStore(api)
     runner = AnsibleRunner(work, timeout_seconds=120, max_concurrent=2, collections_path=collections_path())
-    return Reconciler(store, runner, str(config), backoff=Backoff(base_seconds=0, jitter=0),
-                      pools=PoolReconciler(KubePools(api), store))
+    return Reconciler(store, runner, str(config),
+                      parts=SweepParts(backoff=Backoff(base_seconds=0, jitter=0),
+                                       pools=PoolReconciler(KubePools(api), store)))
 
 
 def create_pool(objects: client.CustomObjectsApi, name: str, spec: dict[str, Any]) -> None:
@@ -333,7 +334,8 @@ def test_quarantine_over_http_hides_at_once_replaces_records_and_rate_limits(
         image: BaseImage, tmp_path: Path) -> None:
     objects, core = client.CustomObjectsApi(api), client.CoreV1Api(api)
     rec = reconciler(api, write_config(tmp_path / "providers.yaml", hosts, image), tmp_path / "work")
-    create_pool(objects, "eu", {"replicas": 2, "template": {}, "placement": [{"provider": "kvm-a"}]})
+    # minReady 1: the pool keeps its floor without the member quarantined below, so it leaves at once.
+    create_pool(objects, "eu", {"replicas": 2, "minReady": 1, "template": {}, "placement": [{"provider": "kvm-a"}]})
     objects.create_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, {
         "apiVersion": f"{GROUP}/{VERSION}", "kind": "Proxy", "metadata": {"name": "solo", "namespace": NAMESPACE},
         "spec": {"provider": "kvm-b"}})
@@ -347,9 +349,9 @@ def test_quarantine_over_http_hides_at_once_replaces_records_and_rate_limits(
          "sha256": hashlib.sha256(CRAWLER_TOKEN.encode()).hexdigest()},
         {"name": "others", "namespaces": ["others"],
          "sha256": hashlib.sha256(OTHER_TOKEN.encode()).hexdigest()}]))
-    server = ControllerHTTPServer(SweepHealth(60), lambda: list(rec.last_ready), TOKEN,
-                                  token_scopes=TokenScopes(tokens), quarantine=Quarantine(rec.store),
-                                  quarantine_per_minute=3)
+    rec.discovery.serve_sweeps(True)  # a leader: what its sweeps publish
+    access = DiscoveryAccess(TOKEN, TokenScopes(tokens), quarantine=Quarantine(rec.store, rec.discovery))
+    server = ControllerHTTPServer(SweepHealth(60), rec.discovery, access, ServerSettings(quarantine_per_minute=3))
     server.start("127.0.0.1", 0)
     try:
         code, _, body = http_call(server, "GET", f"/v1/pools/{NAMESPACE}/eu/proxies", CRAWLER_TOKEN)

@@ -27,13 +27,13 @@ from kubernetes import client
 
 from egress_proxies.cli import proxy_url
 from egress_proxies.health import SweepHealth
-from egress_proxies.http_server import ControllerHTTPServer, TokenScopes
+from egress_proxies.http_server import ControllerHTTPServer, DiscoveryAccess, TokenScopes
 from egress_proxies.serving.credentials import Credentials
 from egress_proxies.serving.monitor import ServingMonitor
 from egress_proxies.sources.file_secrets import FileSecrets
 from egress_proxies.sources.kube import KubeSecrets
 from egress_proxies.sweep.backoff import Backoff
-from egress_proxies.sweep.reconcile import Reconciler
+from egress_proxies.sweep.reconcile import Reconciler, SweepParts
 from support.controller_fakes import FakeRunner, MemoryStore, ScriptedProber, probe_settings
 from support.kube_emulator import KubeEmulator
 
@@ -61,7 +61,7 @@ def test_a_namespace_credential_is_made_once_kept_private_and_delivered_as_a_has
     store.add("eu-1", SPEC)
     store.add("eu-2", SPEC)
     store.add("other", SPEC, namespace="team-b")
-    Reconciler(store, runner, str(config), backoff=Backoff(), credentials=credentials).sweep()
+    Reconciler(store, runner, str(config), parts=SweepParts(backoff=Backoff(), credentials=credentials)).sweep()
     stored = tmp_path / "credentials" / "crawlers.yaml"
     assert stat.S_IMODE(stored.stat().st_mode) == 0o600
     assert stat.S_IMODE((tmp_path / "credentials").stat().st_mode) == 0o700
@@ -91,7 +91,7 @@ def test_rotation_replaces_instances_make_before_break(tmp_path: Path, config: P
     credentials = Credentials(FileSecrets(tmp_path / "credentials"))
     store, runner = MemoryStore(), FakeRunner()
     store.add("eu-1", SPEC)
-    rec = Reconciler(store, runner, str(config), backoff=Backoff(), credentials=credentials)
+    rec = Reconciler(store, runner, str(config), parts=SweepParts(backoff=Backoff(), credentials=credentials))
     rec.sweep()
     before = credentials.current("crawlers")
     (old,) = runner.instances
@@ -112,7 +112,7 @@ def test_auth_none_is_open_with_a_warning_and_explicit_sources(tmp_path: Path, c
     credentials = Credentials(FileSecrets(tmp_path / "credentials"))
     store, runner = MemoryStore(), FakeRunner()
     store.add("open", {**SPEC, "auth": "none", "allowedSources": ["0.0.0.0/0"]})
-    rec = Reconciler(store, runner, str(config), backoff=Backoff(), credentials=credentials)
+    rec = Reconciler(store, runner, str(config), parts=SweepParts(backoff=Backoff(), credentials=credentials))
     rec.sweep()
     (access,) = created_access(runner)
     assert access == {"users": [], "allowed_sources": ["0.0.0.0/0"], "allowed_destinations": [], "open": True}
@@ -135,7 +135,7 @@ def test_internal_destinations_are_opened_by_the_proxy_else_by_its_provider(tmp_
     store.add("provider-default", SPEC)
     store.add("own-list", {**SPEC, "allowedDestinations": ["10.128.0.0/20"]})
     store.add("bad", {**SPEC, "allowedDestinations": ["10.128.0.1/20"]})
-    rec = Reconciler(store, runner, str(config), backoff=Backoff(), credentials=credentials)
+    rec = Reconciler(store, runner, str(config), parts=SweepParts(backoff=Backoff(), credentials=credentials))
     rec.sweep()
     assert sorted(a["allowed_destinations"] for a in created_access(runner)) == [["10.128.0.0/20"],
                                                                                ["192.168.122.1/32"]]
@@ -155,10 +155,10 @@ def test_a_new_access_policy_replaces_every_instance_make_before_break(tmp_path:
     credentials = Credentials(FileSecrets(tmp_path / "credentials"))
     store, runner = MemoryStore(), FakeRunner(policy_version="1")
     store.add("eu-1", SPEC)
-    Reconciler(store, runner, str(config), backoff=Backoff(), credentials=credentials).sweep()
+    Reconciler(store, runner, str(config), parts=SweepParts(backoff=Backoff(), credentials=credentials)).sweep()
     (old,) = runner.instances
     runner.policy_version = "2"  # the controller restarts with the upgraded collection
-    Reconciler(store, runner, str(config), backoff=Backoff(), credentials=credentials).sweep()
+    Reconciler(store, runner, str(config), parts=SweepParts(backoff=Backoff(), credentials=credentials)).sweep()
     (new,) = runner.instances
     assert new != old
     assert [r for r in store.reasons() if r in ("Replacing", "Replaced")] == ["Replacing", "Replaced"]
@@ -172,7 +172,8 @@ def test_a_proxy_that_serves_without_credentials_is_never_handed_out(tmp_path: P
     prober.private["192.0.2.10"] = False  # it serves without credentials too: an open relay
     monitor = ServingMonitor(prober)  # type: ignore[arg-type]
     store.add("eu-1", SPEC)
-    rec = Reconciler(store, runner, str(config), backoff=Backoff(), credentials=credentials, monitor=monitor)
+    rec = Reconciler(store, runner, str(config),
+                     parts=SweepParts(backoff=Backoff(), credentials=credentials, monitor=monitor))
     rec.sweep()
     monitor.probe_now()
     rec.sweep()
@@ -181,7 +182,7 @@ def test_a_proxy_that_serves_without_credentials_is_never_handed_out(tmp_path: P
     assert target.credentials.password == credentials.current("crawlers").password
     proxy = store.get("eu-1")
     assert proxy.status["phase"] == "Provisioning" and proxy.status["conditions"][0]["reason"] == "NotPrivate"
-    assert rec.last_ready == [] and "NotPrivate" in store.reasons()
+    assert rec.discovery.swept == [] and "NotPrivate" in store.reasons()
 
 
 def test_secrets_rotate_by_annotation_on_the_kubernetes_secret(kube: KubeEmulator, api: client.ApiClient) -> None:
@@ -216,7 +217,7 @@ def test_discovery_is_scoped_by_token_and_only_scoped_tokens_get_credentials(
     store, runner = MemoryStore(), FakeRunner()
     store.add("eu-1", SPEC)
     store.add("other", SPEC, namespace="team-b")
-    rec = Reconciler(store, runner, str(config), backoff=Backoff(), credentials=credentials)
+    rec = Reconciler(store, runner, str(config), parts=SweepParts(backoff=Backoff(), credentials=credentials))
     rec.sweep()
     tokens = tmp_path / "tokens.yaml"
     tokens.write_text(yaml.safe_dump([{"name": "crawlers-team", "namespaces": ["crawlers"],
@@ -224,8 +225,9 @@ def test_discovery_is_scoped_by_token_and_only_scoped_tokens_get_credentials(
     health = SweepHealth(60)
     health.sweep_started()
     health.sweep_finished(True)
-    server = ControllerHTTPServer(health, lambda: list(rec.last_ready), "operator-token",
-                                  token_scopes=TokenScopes(tokens), proxy_url=proxy_url(credentials))
+    rec.discovery.serve_sweeps(True)  # a leader whose sweep has published
+    server = ControllerHTTPServer(health, rec.discovery,
+                                  DiscoveryAccess("operator-token", TokenScopes(tokens), proxy_url(credentials)))
     server.start("127.0.0.1", 0)
 
     def discovery(token: str, path: str = "/v1/proxies") -> tuple[int, str]:
@@ -251,4 +253,4 @@ def test_discovery_is_scoped_by_token_and_only_scoped_tokens_get_credentials(
     finally:
         server.stop()
     assert password not in caplog.text
-    assert password not in json.dumps([p.status for p in rec.last_ready])
+    assert password not in json.dumps([p.status for p in rec.discovery.swept])

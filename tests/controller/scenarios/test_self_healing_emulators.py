@@ -29,7 +29,7 @@ from egress_proxies.serving.monitor import ServingMonitor
 from egress_proxies.serving.probe import Prober
 from egress_proxies.sources.kube import KubeStore
 from egress_proxies.sweep.backoff import Backoff
-from egress_proxies.sweep.reconcile import Reconciler
+from egress_proxies.sweep.reconcile import Reconciler, SweepParts
 from support.ansible_modules import collections_path
 from support.compute_emulator import ComputeEmulator
 from support.kube_emulator import KubeEmulator
@@ -64,7 +64,8 @@ def reconciler(api: client.ApiClient, config: Path, work: Path, clock: Clock) ->
     # A monitor as the command has one; probe: none gives it nothing to probe, and its prober
     # would refuse anything but loopback if it ever did.
     monitor = ServingMonitor(Prober(allowed_networks=["127.0.0.0/8"]))
-    rec = Reconciler(KubeStore(api), runner, str(config), backoff=Backoff(base_seconds=0, jitter=0), monitor=monitor)
+    rec = Reconciler(KubeStore(api), runner, str(config),
+                     parts=SweepParts(backoff=Backoff(base_seconds=0, jitter=0), monitor=monitor))
     rec._seconds_since = clock.seconds_since  # type: ignore[method-assign]
     return rec
 

@@ -21,12 +21,12 @@ import pytest
 import yaml
 
 from egress_proxies.health import SweepHealth
-from egress_proxies.http_server import ControllerHTTPServer
+from egress_proxies.http_server import ControllerHTTPServer, DiscoveryAccess
 from egress_proxies.resources.proxy import REPLACEMENTS_ANNOTATION, Proxy
 from egress_proxies.serving.monitor import ServingMonitor
 from egress_proxies.serving.probe import Prober, ProbeReason
 from egress_proxies.sweep.backoff import Backoff
-from egress_proxies.sweep.reconcile import Reconciler, ReconcileSettings
+from egress_proxies.sweep.reconcile import Reconciler, ReconcileSettings, SweepParts
 from support.controller_fakes import FakeRunner, MemoryStore, ScriptedProber, probe_settings
 from support.probe_target import ProbeTargetProcess
 from support.squid import NetworkNamespace, Squid
@@ -55,7 +55,7 @@ class Lab:
 
     def reconciler(self, **settings: Any) -> Reconciler:
         rec = Reconciler(self.store, self.runner, str(self.config), ReconcileSettings(**settings),
-                         backoff=Backoff(base_seconds=0, jitter=0), monitor=self.monitor)
+                         parts=SweepParts(backoff=Backoff(base_seconds=0, jitter=0), monitor=self.monitor))
         rec._seconds_since = self.seconds_since  # type: ignore[method-assign]
         return rec
 
@@ -93,7 +93,7 @@ def test_ready_only_once_a_request_through_it_worked(config: Path) -> None:
     rec.sweep()
     first = lab.store.get("eu-1")
     assert first.status["phase"] == "Provisioning" and first.status["conditions"][0]["reason"] == "AwaitingProbe"
-    assert rec.last_ready == []  # discovery never lists it before a probe went through
+    assert rec.discovery.swept == []  # discovery never lists it before a probe went through
     lab.monitor.probe_now()
     rec.sweep()
     ready = lab.store.get("eu-1")
@@ -101,7 +101,7 @@ def test_ready_only_once_a_request_through_it_worked(config: Path) -> None:
     assert serving_condition(ready)["status"] == "True"
     assert ready.status["egressIP"] == "198.51.100.7"
     assert ready.status["probe"]["latencySeconds"] == 0.012
-    assert [p.key for p in rec.last_ready] == ["crawlers/eu-1"]
+    assert [p.key for p in rec.discovery.swept] == ["crawlers/eu-1"]
 
 
 def test_a_restarted_controller_keeps_a_serving_proxy_ready_until_its_own_first_probe(config: Path) -> None:
@@ -115,7 +115,7 @@ def test_a_restarted_controller_keeps_a_serving_proxy_ready_until_its_own_first_
     restarted.sweep()
     kept = lab.store.get("eu-1")
     assert kept.status["phase"] == "Ready" and serving_condition(kept)["status"] == "True"
-    assert [p.key for p in restarted.last_ready] == ["crawlers/eu-1"]  # never out of discovery
+    assert [p.key for p in restarted.discovery.swept] == ["crawlers/eu-1"]  # never out of discovery
     # Its own first probe decides from then on.
     (instance,) = lab.runner.instances.values()
     lab.prober.serving[instance["ip"]] = ProbeReason.CONNECTION_REFUSED
@@ -123,7 +123,7 @@ def test_a_restarted_controller_keeps_a_serving_proxy_ready_until_its_own_first_
     restarted.sweep()
     down = lab.store.get("eu-1")
     assert down.status["phase"] == "Provisioning" and serving_condition(down)["reason"] == "ConnectionRefused"
-    assert restarted.last_ready == []
+    assert restarted.discovery.swept == []
 
 
 def ready_then_refusing(lab: Lab, rec: Reconciler) -> dict[str, Any]:
@@ -143,7 +143,7 @@ def test_a_proxy_that_stops_serving_leaves_discovery_then_is_replaced(config: Pa
     old = ready_then_refusing(lab, rec)
     down = lab.store.get("eu-1")
     assert down.status["phase"] == "Provisioning" and down.status["conditions"][0]["reason"] == "NotServing"
-    assert serving_condition(down)["reason"] == "ConnectionRefused" and rec.last_ready == []
+    assert serving_condition(down)["reason"] == "ConnectionRefused" and rec.discovery.swept == []
     assert len(lab.runner.instances) == 1  # not yet: unhealthyAfter has not passed
     lab.clock["offset"] = 301
     rec.sweep()
@@ -197,16 +197,16 @@ def test_replacements_are_budgeted_and_paused_in_an_outage(config: Path) -> None
         lab.store.add(f"p{n}", SPEC)
     rec = lab.reconciler()
     lab.sweep_probe_sweep(rec)
-    assert len(rec.last_ready) == 20
+    assert len(rec.discovery.swept) == 20
     # The probe target does not answer the controller: nothing is known of any proxy, so none
     # leaves discovery and none is replaced, however long it lasts.
     lab.prober.target_down = True
     lab.monitor.probe_now()
-    assert len(rec.last_ready) == 20  # the verdicts were written by the probe, not by a sweep
+    assert len(rec.discovery.swept) == 20  # the verdicts were written by the probe, not by a sweep
     lab.clock["offset"] = 10_000
     rec.sweep()
-    assert len(lab.runner.instances) == 20 and len(rec.last_ready) == 20
-    assert {serving_condition(p)["reason"] for p in rec.last_ready} == {"ProbeTargetUnreachable"}
+    assert len(lab.runner.instances) == 20 and len(rec.discovery.swept) == 20
+    assert {serving_condition(p)["reason"] for p in rec.discovery.swept} == {"ProbeTargetUnreachable"}
     lab.prober.target_down = False
     lab.clock["offset"] = 0
     # Every probe fails at once while the target answers: a provider-wide failure, not theirs.
@@ -217,8 +217,8 @@ def test_replacements_are_budgeted_and_paused_in_an_outage(config: Path) -> None
     rec.sweep()
     lab.clock["offset"] = 10_000
     rec.sweep()
-    assert len(lab.runner.instances) == 20 and len(rec.last_ready) == 20
-    assert {p.status["conditions"][0]["reason"] for p in rec.last_ready} == {"ProviderWideFailure"}
+    assert len(lab.runner.instances) == 20 and len(rec.discovery.swept) == 20
+    assert {p.status["conditions"][0]["reason"] for p in rec.discovery.swept} == {"ProviderWideFailure"}
     # Five instances are lost while the rest serve: at most 10 % (2) are replaced per sweep.
     for instance in lab.runner.instances.values():
         lab.prober.serving[instance["ip"]] = True
@@ -300,7 +300,7 @@ def test_a_chronic_flapper_is_replaced_make_before_break_and_one_flap_is_followe
             for address in each:
                 lab.prober.serving[address] = True if serves == "+" else ProbeReason.CONNECTION_REFUSED
         lab.monitor.probe_now()
-        followed.append("steady" in {p.name for p in rec.last_ready})
+        followed.append("steady" in {p.name for p in rec.discovery.swept})
     assert followed == [c == "+" for c in "+++----++++"]  # followed out of discovery and back
     rec.sweep()
     replacing = {p.name: p for p in lab.store.objects.values() if any(
@@ -311,7 +311,7 @@ def test_a_chronic_flapper_is_replaced_make_before_break_and_one_flap_is_followe
         condition["message"]), condition
     assert "Flapping" in lab.store.reasons("crawlers/flapper")
     assert len(lab.runner.instances) == 12  # make before break: the flapper stays for now
-    assert "steady" in {p.name for p in rec.last_ready} and "Flapping" not in lab.store.reasons("crawlers/steady")
+    assert "steady" in {p.name for p in rec.discovery.swept} and "Flapping" not in lab.store.reasons("crawlers/steady")
     lab.sweep_probe_sweep(rec)  # the successor serves: the flapper goes, the condition with it
     flapper = lab.store.get("flapper")
     assert flapper.status["phase"] == "Ready" and flapper.status["ip"] != ip["flapper"]
@@ -342,11 +342,13 @@ def test_through_real_squid_discovery_lists_only_a_serving_proxy(
     store.add("eu-1", SPEC)
     # Only the namespace's own network may ever be probed.
     monitor = ServingMonitor(Prober(allowed_networks=[ns.network]))
-    rec = Reconciler(store, runner, str(config), backoff=Backoff(base_seconds=0, jitter=0), monitor=monitor)
+    rec = Reconciler(store, runner, str(config),
+                     parts=SweepParts(backoff=Backoff(base_seconds=0, jitter=0), monitor=monitor))
     health = SweepHealth(60)
     health.sweep_started()
     health.sweep_finished(True)
-    server = ControllerHTTPServer(health, lambda: list(rec.last_ready), "token")
+    rec.discovery.serve_sweeps(True)  # a leader: what its sweeps publish
+    server = ControllerHTTPServer(health, rec.discovery, DiscoveryAccess("token"))
     server.start("127.0.0.1", 0)
 
     def discovery() -> list[dict[str, Any]]:

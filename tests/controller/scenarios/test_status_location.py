@@ -19,7 +19,7 @@ from egress_proxies.providers.runner import AnsibleRunner
 from egress_proxies.resources.proxy import GROUP, PLURAL, VERSION
 from egress_proxies.sources.kube import KubeStore
 from egress_proxies.sweep.backoff import Backoff
-from egress_proxies.sweep.reconcile import Reconciler
+from egress_proxies.sweep.reconcile import Reconciler, SweepParts
 from support.ansible_modules import REPO, collections_path
 from support.kube_emulator import KubeEmulator
 from support.libvirt_daemon import LibvirtTestDaemon
@@ -55,7 +55,7 @@ def test_the_location_the_provider_chose_is_in_status_and_the_wide_column(
     os.environ.setdefault("ANSIBLE_COLLECTIONS_PATH", collections_path())
     runner = AnsibleRunner(tmp_path / "work", timeout_seconds=120, max_concurrent=2)
 
-    assert Reconciler(KubeStore(api), runner, str(testdriver_config), backoff=Backoff()).sweep().ok
+    assert Reconciler(KubeStore(api), runner, str(testdriver_config), parts=SweepParts(backoff=Backoff())).sweep().ok
 
     proxy = objects.get_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, "anywhere")
     assert isinstance(proxy, dict)

@@ -25,7 +25,7 @@ from egress_proxies.sources import directory
 from egress_proxies.sources.directory import LOCK_NAME, DirectoryLocked, DirectoryStore
 from egress_proxies.sources.store import Conflict, StoreError
 from egress_proxies.sweep.backoff import Backoff
-from egress_proxies.sweep.reconcile import Reconciler
+from egress_proxies.sweep.reconcile import Reconciler, SweepParts
 from support.controller_fakes import FakeRunner
 
 CONTROLLER = Path(egress_proxies.__file__).resolve().parents[1]
@@ -227,7 +227,7 @@ def test_a_renamed_file_through_sweeps_keeps_its_instance(tmp_path: Path, config
     write_proxy(tmp_path / "proxies", "a", {"provider": "home-kvm", "cloudInit": "#cloud-config\n"})
     with DirectoryStore(tmp_path / "proxies") as proxies:
         runner = FakeRunner()
-        reconciler = Reconciler(proxies, runner, str(config), backoff=Backoff())
+        reconciler = Reconciler(proxies, runner, str(config), parts=SweepParts(backoff=Backoff()))
         assert reconciler.sweep().ok
         (instance,) = runner.instances
         (tmp_path / "proxies" / "a.yaml").rename(tmp_path / "proxies" / "b.yaml")
@@ -434,7 +434,7 @@ def test_a_corrupt_status_file_or_a_duplicate_beside_a_good_proxy_does_not_fail_
     write_proxy(proxies_dir, "twin-2", {"provider": "home-kvm"}, name="twin")
     with DirectoryStore(proxies_dir) as proxies:
         runner = FakeRunner()
-        report = Reconciler(proxies, runner, str(config), backoff=Backoff()).sweep()
+        report = Reconciler(proxies, runner, str(config), parts=SweepParts(backoff=Backoff())).sweep()
         assert report.ok, report.errors
         (good,) = [p for p in proxies.list_proxies()[0] if p.name == "good"]
         assert good.status["phase"] == "Ready" and good.defect is None
@@ -606,7 +606,7 @@ def test_an_edited_file_is_validated_again_and_an_unchanged_one_is_not(tmp_path:
     write_proxy(tmp_path / "proxies", "a", good)
     write_proxy(tmp_path / "proxies", "b", good, name="eu-2")
     with DirectoryStore(tmp_path / "proxies") as proxies:
-        reconciler = Reconciler(proxies, FakeRunner(), str(config), backoff=Backoff())
+        reconciler = Reconciler(proxies, FakeRunner(), str(config), parts=SweepParts(backoff=Backoff()))
         assert reconciler.sweep().ok and sorted(validated) == ["eu-1", "eu-2"]
         validated.clear()
         reconciler.sweep()

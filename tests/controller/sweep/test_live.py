@@ -29,7 +29,7 @@ from egress_proxies.serving.credentials import AccessPolicy, Credentials
 from egress_proxies.serving.monitor import instance_identity
 from egress_proxies.sources.file_secrets import FileSecrets
 from egress_proxies.sweep.backoff import Backoff
-from egress_proxies.sweep.live import LivePath, LiveSettings
+from egress_proxies.sweep.live import LiveParts, LivePath, LiveSettings, SweepPass
 from egress_proxies.sweep.writer import ProxyWriter
 from support.controller_fakes import FakeRunner, MemoryStore
 
@@ -47,8 +47,8 @@ class Live:
         self.client = ProviderClient(self.runner, "providers.yaml", "home-kvm", ProviderType.KVM)
         self.counts: Counter[str] = Counter()
         self.seconds = 0.0  # what seconds_since answers for every stamp
-        self.path = LivePath(self.writer, LiveSettings(**settings), OWNER, self.contain, self.count,
-                             lambda _stamp: self.seconds, NOT_PROBED, access=access)
+        self.path = LivePath(LiveSettings(**settings), LiveParts(self.writer, lambda _stamp: self.seconds),
+                             SweepPass(OWNER, self.contain, self.count, access=access), NOT_PROBED)
 
     @staticmethod
     def contain(_proxy: Proxy, action: Callable[[], object]) -> None:

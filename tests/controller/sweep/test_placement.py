@@ -25,7 +25,6 @@ from egress_proxies.sweep.placement import (
     decide,
     interleaved,
     jitter_factor,
-    kept_listed,
     split,
 )
 from egress_proxies.sweep.pool_status import pool_status
@@ -116,21 +115,6 @@ def test_the_decision_table(case: Case) -> None:
 
 
 # -- quarantine, steps, jitter ---------------------------------------------------------------------
-
-@pytest.mark.parametrize(("floor", "serving", "quarantined_serving", "listed"), [
-    (4, 4, [], []),
-    (4, 3, ["eu-b"], ["eu-b"]),  # its replacement is not serving yet: it stays listed
-    (4, 4, ["eu-b"], []),  # it is: out
-    (4, 0, ["eu-d", "eu-a", "eu-c", "eu-b"], ["eu-a", "eu-b", "eu-c", "eu-d"]),  # a burst: none leaves
-    (2, 0, ["eu-d", "eu-a", "eu-c", "eu-b"], ["eu-a", "eu-b"]),  # minReady 2: two leave at once
-    (2, 1, ["eu-d", "eu-a"], ["eu-a"]),
-    (0, 0, ["eu-a"], []),
-])
-def test_quarantined_members_stay_listed_only_to_keep_min_ready(floor: int, serving: int,
-                                                                 quarantined_serving: list[str],
-                                                                 listed: list[str]) -> None:
-    assert kept_listed(floor, serving, quarantined_serving) == listed
-
 
 def test_a_budget_grants_what_is_left_and_creates_interleave_placements() -> None:
     budget = Budget(5)

@@ -14,11 +14,12 @@ from typing import Any
 import pytest
 import yaml
 
-from egress_proxies.resources.pool import POOL_LABEL, QUARANTINE_ANNOTATION, SERIAL_ANNOTATION
+from egress_proxies.resources.pool import SERIAL_ANNOTATION
 from egress_proxies.resources.proxy import FINALIZER, Proxy
+from egress_proxies.serving.discovery import PoolFloor
 from egress_proxies.sources.directory import DirectoryStore
 from egress_proxies.sources.directory_pools import DirectoryPools
-from egress_proxies.sweep.pools import PoolFloor, PoolReconciler, ProviderHealth, kept_in_discovery
+from egress_proxies.sweep.pools import PoolReconciler, ProviderHealth
 
 HEALTHY = ProviderHealth(configured=("a", "b"), invalid={})
 SPEC: dict[str, Any] = {"replicas": 3, "template": {"cloudInit": "#cloud-config\n"},
@@ -219,32 +220,11 @@ def test_provider_health_says_why_a_placement_cannot_be_used(health: ProviderHea
     assert health.broken("a", failover_after=60.0) == why
 
 
-def member(name: str, phase: str, quarantined: bool = False, uid: str = "pool-uid",
-           serving: str = "True") -> Proxy:
-    """A member of pool eu as the sweep leaves it: its phase, and whether a crawler quarantined it."""
-    owner = {"kind": "ProxyPool", "name": "eu", "uid": uid, "controller": True}
-    provider_id = f"kvm://hosts/h1/domains/{name}"
-    return Proxy("crawlers", name, name, {"provider": "a"},
-                 status={"phase": phase, "providerID": provider_id, "endpoint": "192.0.2.1:3128",
-                         "conditions": [{"type": "Serving", "status": serving, "reason": "Serving"}]},
-                 annotations={QUARANTINE_ANNOTATION: provider_id} if quarantined else {},
-                 raw={"metadata": {"labels": {POOL_LABEL: "eu"}, "ownerReferences": [owner]}})
-
-
-@pytest.mark.parametrize(("proxies", "listed"), [
-    # A burst quarantined all four; the floor (2) keeps two listed, by name, until replacements serve.
-    ([member(f"eu-{i}", "Quarantined", quarantined=True) for i in range(4)], ["eu-0", "eu-1"]),
-    ([member("eu-0", "Quarantined", quarantined=True), member("eu-1", "Quarantined", quarantined=True),
-      member("eu-5", "Ready"), member("eu-6", "Provisioning")], ["eu-0"]),
-    ([member("eu-0", "Quarantined", quarantined=True), member("eu-5", "Ready"), member("eu-6", "Ready")], []),
-    # One that no longer serves is no use; one still Ready (its provider unlisted) still serves.
-    ([member("eu-0", "Quarantined", quarantined=True, serving="False"),
-      member("eu-1", "Ready", quarantined=True)], ["eu-1"]),
-    # Members of another pool of that name (an old uid) are not this pool's.
-    ([member("eu-0", "Quarantined", quarantined=True, uid="old-uid")], []),
-])
-def test_discovery_keeps_listing_quarantined_members_only_to_keep_min_ready(proxies: list[Proxy],
-                                                                            listed: list[str]) -> None:
-    floors = {("crawlers", "eu"): PoolFloor("pool-uid", 2)}
-    assert sorted(p.name for p in kept_in_discovery(proxies, floors)) == listed
-    assert kept_in_discovery(proxies, {}) == []  # no pool, no floor: nothing quarantined is listed
+def test_a_process_that_does_not_sweep_reads_the_floors_a_sweep_records(pools: Pools) -> None:
+    pools.write("eu", {**SPEC, "minReady": 2})
+    pools.write("bad", {**SPEC, "replicas": "three"})  # invalid: no floor
+    floors = pools.reconciler.read_floors()
+    [eu] = [p for p in pools.source.list_pools() if p.name == "eu"]
+    assert floors == {("crawlers", "eu"): PoolFloor(eu.uid, 2)}
+    pools.sweep()
+    assert pools.reconciler.floors == floors

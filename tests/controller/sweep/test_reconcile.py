@@ -27,7 +27,7 @@ from egress_proxies.resources.proxy import (
 from egress_proxies.serving.credentials import Credentials
 from egress_proxies.sources.file_secrets import FileSecrets
 from egress_proxies.sweep.backoff import Backoff
-from egress_proxies.sweep.reconcile import Reconciler, ReconcileSettings
+from egress_proxies.sweep.reconcile import Reconciler, ReconcileSettings, SweepParts
 from support.controller_fakes import FakeRunner, MemoryStore
 from support.controller_fakes import ManualClock as Clock
 
@@ -61,7 +61,7 @@ def runner() -> FakeRunner:
 def reconciler(store: MemoryStore, runner: FakeRunner, config: Path, clock: Clock,
                **settings: object) -> Reconciler:
     return Reconciler(store, runner, str(config), ReconcileSettings(**settings),  # type: ignore[arg-type]
-                      backoff=Backoff(clock=clock, rng=lambda: 0.5))
+                      SweepParts(backoff=Backoff(clock=clock, rng=lambda: 0.5)))
 
 
 def test_create_ready_with_finalizer_status_and_tags(store: MemoryStore, runner: FakeRunner, config: Path,
@@ -71,8 +71,8 @@ def test_create_ready_with_finalizer_status_and_tags(store: MemoryStore, runner:
     report = rec.sweep()
     assert report.ok and report.created == 1
     # What discovery serves and the phase gauge: the sweep's end state.
-    assert [p.key for p in rec.last_ready] == ["crawlers/eu-1"]
-    assert rec.last_ready[0].status["endpoint"] == "192.0.2.10:3128"
+    assert [p.key for p in rec.discovery.swept] == ["crawlers/eu-1"]
+    assert rec.discovery.swept[0].status["endpoint"] == "192.0.2.10:3128"
     assert REGISTRY.get_sample_value("egress_proxies_proxies", {"phase": "Ready"}) == 1
     # One list per provider, one batched create: never a runner call per Proxy.
     assert runner.verbs() == ["list", "list", "create"]
@@ -293,7 +293,7 @@ def test_delete_without_provider_id_releases(store: MemoryStore, runner: FakeRun
     rec.sweep()
     assert not store.exists("eu-1")
     assert "get" not in runner.verbs() and "delete" not in runner.verbs()
-    assert rec.last_ready == []  # a released Proxy is no longer reported
+    assert rec.discovery.swept == []  # a released Proxy is no longer reported
 
 
 def test_delete_with_skip_cleanup_abandons_before_the_provider_lookup(store: MemoryStore, runner: FakeRunner,
@@ -442,8 +442,9 @@ def test_gc_dry_run_only_reports(store: MemoryStore, runner: FakeRunner, config:
 def with_credentials(store: MemoryStore, runner: FakeRunner, config: Path, clock: Clock,
                      directory: Path) -> tuple[Reconciler, Credentials]:
     credentials = Credentials(FileSecrets(directory))
-    return Reconciler(store, runner, str(config), backoff=Backoff(clock=clock, rng=lambda: 0.5),
-                      credentials=credentials), credentials
+    return Reconciler(store, runner, str(config),
+                      parts=SweepParts(backoff=Backoff(clock=clock, rng=lambda: 0.5),
+                                       credentials=credentials)), credentials
 
 
 def test_each_sweep_binds_the_credentials_to_the_namespaces_the_source_reports(

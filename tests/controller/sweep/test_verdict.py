@@ -10,8 +10,9 @@ import pytest
 
 from egress_proxies.providers.client import Instance
 from egress_proxies.resources.conditions import PRIVATE, PROVIDER_LISTED, SERVING
+from egress_proxies.serving.discovery import serves
 from egress_proxies.serving.probe import ProbeOutcome, ProbeReason, unknown_outcome
-from egress_proxies.sweep.verdict import Observation, judge, serves, with_known_address
+from egress_proxies.sweep.verdict import Observation, judge, with_known_address
 
 NOW = "2026-12-06T10:00:00Z"
 PROBED_AT = datetime(2026, 12, 6, 9, 59, 50, tzinfo=UTC)
@@ -70,7 +71,7 @@ CASES = [
     ("auth none, serving", {}, Observation(RUNNING, 3128, probed=True, outcome=outcome(True, private=None),
                                            built_private=OPEN),
      "Ready", "Serving", ("True", "Serving"), "AuthDisabled"),
-    # Quarantined whatever else holds; Serving and Private still tell the truth (verdict.serves).
+    # Quarantined whatever else holds; Serving and Private still tell the truth (discovery.serves).
     ("quarantined, serving", {}, Observation(RUNNING, 3128, probed=True, outcome=outcome(True),
                                              built_private=BUILT_PRIVATE, quarantined=True),
      "Quarantined", "Quarantined", ("True", "Serving"), "CredentialsRequired"),
