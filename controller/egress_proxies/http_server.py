@@ -9,7 +9,7 @@ Started by ``cli`` next to ``loop.Controller``. Routes:
   ``/v1/namespaces/{namespace}/proxies[.txt]`` for one namespace; 403 for a token without it.
 - ``POST /v1/proxies/{namespace}/{name}/quarantine`` with ``{"reason": "..."}``: a crawler reports
   the proxy's current instance unusable (banned); it leaves discovery at once and is replaced
-  (``pool_reconcile.Quarantine``). Same tokens and scopes as discovery, rate-limited per token.
+  (``sweep.quarantine.Quarantine``). Same tokens and scopes as discovery, rate-limited per token.
 - ``/v1/proxies`` (JSON) and ``/v1/proxies.txt`` (``ip:port`` lines): the Ready proxies, for
   crawlers. Always behind ``Authorization: Bearer <DISCOVERY_TOKEN>``: the list is a map of
   egress addresses, so it is never served unauthenticated -- without a configured token the

@@ -30,12 +30,14 @@ def modules() -> list[tuple[Path, str]]:
 
 
 def named(relative: str, lines: list[str]) -> bool:
-    """Written whole (`sweep/live.py`), or as a sibling in a row that names its folder
+    """Written whole (`sweep/live.py`, `plugins/modules/kvm_proxy.py`), or as a sibling in a row that names its folder
     (`kvm/instances.py`, `images.py`): the document's way of listing a folder's files."""
     folder, _, name = relative.rpartition("/")
     for line in lines:
         spans = CODE_SPAN.findall(line)
-        if relative in spans or (not folder and name in spans):
+        if relative in spans or any(span.endswith(f"/{relative}") for span in spans):
+            return True
+        if not folder and name in spans:
             return True
         if folder and name in spans and any(span.startswith(f"{folder}/") for span in spans):
             return True
