@@ -30,8 +30,8 @@ def outcome(serving: bool, reason: ProbeReason = ProbeReason.SERVING, private: b
 
 
 def ready_status(**extra: Any) -> dict[str, Any]:
-    return {"phase": "Ready", "providerID": ID, "ip": "192.0.2.10", "endpoint": "192.0.2.10:3128", "readyProviderID": ID,
-            "readySince": "2026-12-06T09:00:00Z",
+    return {"phase": "Ready", "providerID": ID, "ip": "192.0.2.10", "endpoint": "192.0.2.10:3128",
+            "readyProviderID": ID, "readySince": "2026-12-06T09:00:00Z",
             "conditions": [{"type": "Ready", "status": "True", "reason": "Serving", "message": "it serves"},
                            {"type": SERVING, "status": "True", "reason": "Serving", "message": "served"},
                            {"type": PRIVATE, "status": "True", "reason": "CredentialsRequired", "message": "m"}],
