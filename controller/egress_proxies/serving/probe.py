@@ -489,12 +489,11 @@ class Prober:
     def _refusal(self, target: ProbeTarget) -> str | None:
         if self.allowed_networks is None:
             return None
-        try:
-            address = ipaddress.ip_address(target.host)
-        except ValueError:
+        inside = _inside(target.host, self.allowed_networks)
+        if inside is None:
             return (f"NotAllowed: {target.host!r} is not an IP address and probing is limited to "
                     f"{_networks(self.allowed_networks)}; nothing was sent")
-        if any(address in network for network in self.allowed_networks):
+        if inside:
             return None
         return (f"NotAllowed: {target.endpoint} is outside the probe's allowed networks "
                 f"{_networks(self.allowed_networks)}; nothing was sent")
@@ -676,6 +675,17 @@ def _expect_proof(destination: ProbeDestination, nonce: str, response: _Response
     if not proves(destination.proof_key, nonce, response.headers.get(PROOF_HEADER.lower())):
         raise _CheckFailed(reason, f"{reason}: {through}: the answer carries no valid proof of the probe's nonce, "
                                    "so it did not come from the probe target")
+
+
+@functools.lru_cache(maxsize=65536)
+def _inside(host: str, networks: tuple[Network, ...]) -> bool | None:
+    """Whether the address ``host`` is inside one of ``networks`` (None: not an address); kept, as
+    every round asks it again for every endpoint."""
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return None
+    return any(address in network for network in networks)
 
 
 def _networks(networks: Sequence[Network]) -> str:
