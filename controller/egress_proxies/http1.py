@@ -9,20 +9,27 @@ error page). Our own rather than a library's because it is the probe's inner loo
 for the same work, cost ~17x the CPU per request (docs/performance.md, "One HTTP/1.1 parser").
 
 A head is read with ``read_head`` from an ``asyncio.StreamReader`` made with
-``limit=MAX_HEAD_BYTES`` (``asyncio.open_connection``/``start_server``), so nothing longer than
-that is ever buffered: a longer head raises ``asyncio.LimitOverrunError``. A malformed one raises
+``limit=MAX_HEAD_BYTES`` (``asyncio.start_server``), or the probe's ``serving.received``
+protocol made with that limit, so nothing longer than that is ever buffered: a longer head raises
+``asyncio.LimitOverrunError``. A malformed one raises
 ``MalformedHead``, whose message is fixed words only: a head may echo what was sent to it,
 credentials included.
 """
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
+from typing import Protocol
 
 # The request or status line and the header fields, with the blank line that ends them.
 MAX_HEAD_BYTES = 16 * 1024
 _END = b"\r\n\r\n"
+
+
+class HeadSource(Protocol):
+    """What a head is read from: an ``asyncio.StreamReader``, or anything that reads like one."""
+
+    async def readuntil(self, separator: bytes = ..., /) -> bytes: ...
 
 
 class MalformedHead(ValueError):
@@ -52,7 +59,7 @@ class ResponseHead:
         return _keep_alive(self.version, self.headers)
 
 
-async def read_head(reader: asyncio.StreamReader) -> bytes:
+async def read_head(reader: HeadSource) -> bytes:
     """The next head from ``reader``, without its final blank line. Raises what ``readuntil``
     raises: ``IncompleteReadError`` (the peer closed first), ``LimitOverrunError`` (longer than
     the reader's limit, ``MAX_HEAD_BYTES``)."""

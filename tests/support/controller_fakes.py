@@ -229,7 +229,8 @@ class FakeRunner:
         provider_id = f"kvm://hosts/h1/domains/{args['name']}"
         instance = self.instances.setdefault(provider_id, {
             "provider_id": provider_id, "name": args["name"], "location": "h1", "state": "running",
-            "ip": self.ip, "tags": dict(args["tags"]), "created": self.created})
+            "ip": self.ip, "endpoint": f"{self.ip}:{args.get('port') or 3128}" if self.ip else None,
+            "tags": dict(args["tags"]), "created": self.created})
         return OperationResult(ok=True, result={"changed": True, "instance": instance, "provider_id": provider_id})
 
     def verbs(self) -> list[str]:

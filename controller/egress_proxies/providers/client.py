@@ -75,17 +75,11 @@ class Instance:
                    created=str(data["created"]) if data.get("created") else None,
                    endpoint=str(data["endpoint"]) if data.get("endpoint") else None)
 
-    def endpoint_for(self, port: int) -> str:
-        """What crawlers dial: the provider's endpoint; ``ip:port`` for an instance reported without
-        one (a collection older than the endpoint in the contract)."""
-        if self.endpoint:
-            return self.endpoint
-        return f"[{self.ip}]:{port}" if self.ip and ":" in self.ip else f"{self.ip}:{port}"
-
     @property
     def running(self) -> bool:
-        """Running with an address: the provider's half of Ready."""
-        return self.state == "running" and bool(self.ip)
+        """Running with an address and an endpoint (docs/contract.md: a provider reports an
+        instance ``running`` only once it has both): the provider's half of Ready."""
+        return self.state == "running" and bool(self.ip) and bool(self.endpoint)
 
     @property
     def uid(self) -> str | None:

@@ -91,8 +91,8 @@ def probe_target(settings: ProbeSettings, proxy: Proxy, instance: Instance, key:
                 if credentials is not None and instance.name else None)
     # The endpoint the provider reports (a node's or a load balancer's for an exposed Pod, the
     # hypervisor's published port): where crawlers connect, so where the probe does.
-    host, _, port = instance.endpoint_for(proxy.port).rpartition(":")
-    return ProbeTarget(key=target_key(instance, proxy.port), host=host.strip("[]"), port=int(port),
+    host, _, port = str(instance.endpoint).rpartition(":")
+    return ProbeTarget(key=target_key(instance), host=host.strip("[]"), port=int(port),
                        destination=destination, credentials=credentials, identity=identity,
                        expect_private=credentials is not None)
 
@@ -104,10 +104,10 @@ def instance_identity(instance_name: str) -> str:
     return "probe-" + hashlib.sha256(instance_name.encode()).hexdigest()[:20]
 
 
-def target_key(instance: Instance, port: int) -> str:
+def target_key(instance: Instance) -> str:
     """An outcome belongs to one instance at one endpoint: a replacement is never judged by its
     predecessor's probe."""
-    return f"{instance.provider_id}@{instance.endpoint_for(port)}"
+    return f"{instance.provider_id}@{instance.endpoint}"
 
 
 @dataclass(frozen=True)

@@ -49,9 +49,10 @@ Only the proxy endpoint and the probe target are ever connected to. ``Prober(all
 whose instances the controller cannot reach say ``probe: none`` and are never probed.
 Credentials go into ``Proxy-Authorization`` only; they are never in a repr, a message or a log.
 
-Protocol: raw HTTP/1.1 over ``asyncio.open_connection``, persistent connections
-(``_Connection``), heads read and parsed by ``egress_proxies.http1`` (as the probe target and the
-controller's HTTP server do); the figures are in docs/performance.md (bench/probe_bench.py).
+Protocol: raw HTTP/1.1 over ``loop.create_connection`` with a protocol of our own
+(``serving.received``: cheaper than asyncio's streams), persistent connections (``_Connection``),
+heads read and parsed by ``egress_proxies.http1`` (as the probe target and the controller's HTTP
+server do); the figures are in docs/performance.md (bench/probe_bench.py).
 """
 
 from __future__ import annotations
@@ -74,6 +75,7 @@ from urllib.parse import urlsplit
 from egress_proxies.http1 import MAX_HEAD_BYTES, MalformedHead, ResponseHead, parse_response, read_head
 from egress_proxies.resources import times
 from egress_proxies.serving.proof import PROOF_HEADER, new_nonce, proves, with_nonce
+from egress_proxies.serving.received import ReceivedBytes
 
 log = logging.getLogger(__name__)
 
@@ -487,12 +489,11 @@ class Prober:
     def _refusal(self, target: ProbeTarget) -> str | None:
         if self.allowed_networks is None:
             return None
-        try:
-            address = ipaddress.ip_address(target.host)
-        except ValueError:
+        inside = _inside(target.host, self.allowed_networks)
+        if inside is None:
             return (f"NotAllowed: {target.host!r} is not an IP address and probing is limited to "
                     f"{_networks(self.allowed_networks)}; nothing was sent")
-        if any(address in network for network in self.allowed_networks):
+        if inside:
             return None
         return (f"NotAllowed: {target.endpoint} is outside the probe's allowed networks "
                 f"{_networks(self.allowed_networks)}; nothing was sent")
@@ -574,8 +575,7 @@ class _Connection:
         self._port = port
         self._timeout = timeout
         self._via = "at" if direct else "through"  # the endpoint is the server itself, or a proxy
-        self._reader: asyncio.StreamReader | None = None
-        self._writer: asyncio.StreamWriter | None = None
+        self._received: ReceivedBytes | None = None
 
     @property
     def endpoint(self) -> str:
@@ -595,22 +595,25 @@ class _Connection:
             return await self._request(request, what, keep_body, tunnel)
 
     def close(self, abort: bool = False) -> None:
-        if self._writer is not None:
+        transport = self._received.transport if self._received is not None else None
+        if transport is not None:
             if abort:
                 # A peer that never answers may never read either: do not wait on a FIN.
-                self._writer.transport.abort()
+                transport.abort()
             else:
-                self._writer.close()
-        self._reader = self._writer = None
+                transport.close()
+        self._received = None
 
     async def _exchange(self, request: bytes, keep_body: bool, tunnel: bool) -> tuple[_Response, bool]:
-        reused = self._writer is not None
+        reused = self._received is not None
         started = self._prober.clock()
-        if self._reader is None or self._writer is None:
-            self._reader, self._writer = await asyncio.open_connection(self._host, self._port,
-                                                                       limit=MAX_HEAD_BYTES)
-        reader = self._reader
-        self._writer.write(request)
+        if self._received is None:
+            received = ReceivedBytes(MAX_HEAD_BYTES)
+            self._received = received
+            await asyncio.get_running_loop().create_connection(lambda: received, self._host, self._port)
+        reader = self._received
+        assert reader.transport is not None  # connected
+        reader.transport.write(request)
         try:
             head = await read_head(reader)
         except (asyncio.IncompleteReadError, ConnectionResetError, BrokenPipeError) as err:
@@ -674,6 +677,17 @@ def _expect_proof(destination: ProbeDestination, nonce: str, response: _Response
                                    "so it did not come from the probe target")
 
 
+@functools.lru_cache(maxsize=65536)
+def _inside(host: str, networks: tuple[Network, ...]) -> bool | None:
+    """Whether the address ``host`` is inside one of ``networks`` (None: not an address); kept, as
+    every round asks it again for every endpoint."""
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return None
+    return any(address in network for network in networks)
+
+
 def _networks(networks: Sequence[Network]) -> str:
     return ", ".join(str(network) for network in networks)
 
@@ -734,7 +748,7 @@ def _connect_request(target: str, auth: str | None) -> bytes:
     return _request_lines(f"CONNECT {target} HTTP/1.1", target, auth)
 
 
-async def _read_chunked(reader: asyncio.StreamReader, limit: int, keep_body: bool) -> bytes | None:
+async def _read_chunked(reader: ReceivedBytes, limit: int, keep_body: bool) -> bytes | None:
     """A chunked body (None: longer than ``limit`` and not wanted, the connection is not reusable)."""
     body = b""
     while True:
@@ -754,7 +768,7 @@ async def _read_chunked(reader: asyncio.StreamReader, limit: int, keep_body: boo
         await reader.readexactly(2)  # the chunk's CRLF
 
 
-async def _read_body(reader: asyncio.StreamReader, answer: ResponseHead, *, keep_body: bool,
+async def _read_body(reader: ReceivedBytes, answer: ResponseHead, *, keep_body: bool,
                      tunnel: bool) -> tuple[bytes, bool]:
     """(body, whether the connection can carry another request) for one response.
 

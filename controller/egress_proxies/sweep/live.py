@@ -290,7 +290,7 @@ class LivePath:
         """Why the instance is a chronic flapper by its probes' recent verdicts (None: it is not)."""
         if self.monitor is None or not self.plan.enabled:
             return None
-        record = self.monitor.record(target_key(with_known_address(proxy.status, current), proxy.port))
+        record = self.monitor.record(target_key(with_known_address(proxy.status, current)))
         if record is None:
             return None
         return flapping.chronic(record.recent, self.plan.flap_window, self.plan.flap_percent)
@@ -302,7 +302,7 @@ class LivePath:
         kept across restarts). A lost instance is not probed: the condition's transition it is."""
         record = None
         if self.monitor is not None and serving.get("reason") not in LOST_REASONS:
-            record = self.monitor.record(target_key(with_known_address(proxy.status, current), proxy.port))
+            record = self.monitor.record(target_key(with_known_address(proxy.status, current)))
         if record is not None and record.last_success is not None:
             return times.stamp(record.failing_since) if record.failing_since is not None else None
         return str(serving.get("lastTransitionTime") or "")

@@ -68,12 +68,13 @@ class Verdict:
 
 
 def with_known_address(status: Mapping[str, Any], instance: Instance) -> Instance:
-    """The instance, with the address its status recorded when the provider could not read it this
-    time (a hypervisor's daemon just restarted, a lease file rotated): the address of a running
-    instance that was Ready does not change."""
+    """The instance, with the address and endpoint its status recorded when the provider could not
+    read them this time (a hypervisor's daemon just restarted, a lease file rotated): those of a
+    running instance that was Ready do not change."""
     if (instance.state == "running" and not instance.ip and status.get("ip")
             and status.get("providerID") == instance.provider_id and status.get("phase") == PHASE_READY):
-        return dataclasses.replace(instance, ip=str(status["ip"]))
+        return dataclasses.replace(instance, ip=str(status["ip"]),
+                                   endpoint=instance.endpoint or str(status.get("endpoint") or "") or None)
     return instance
 
 
@@ -110,7 +111,7 @@ def _judge(status: Mapping[str, Any], seen: Observation, now: str) -> Verdict:
         waiting = ("False", reasons.PROVISIONING, f"{where} is {instance.state}, waiting for it to run with an IP")
         not_yet = ("Unknown", reasons.AWAITING_PROBE, "not running yet")
         return Verdict(PHASE_PROVISIONING, waiting, {SERVING: not_yet, PROVIDER_LISTED: None}, fields, new_instance)
-    endpoint = instance.endpoint_for(seen.port)
+    endpoint = str(instance.endpoint)  # running: the provider reported it
     fields.update(ip=instance.ip, endpoint=endpoint)
     if seen.credential_generation is not None:
         fields["credentialGeneration"] = seen.credential_generation

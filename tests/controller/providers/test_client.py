@@ -59,7 +59,8 @@ def client(runner: Answers, provider_type: ProviderType = ProviderType.KVM) -> P
 
 def test_an_instance_is_typed_from_the_contracts_dict() -> None:
     instance = Instance.from_result({"provider_id": "kvm://x", "name": "p", "location": "h1", "state": "running",
-                                     "ip": "192.0.2.10", "created": "2026-01-01T00:00:00Z",
+                                     "ip": "192.0.2.10", "endpoint": "192.0.2.10:3128",
+                                     "created": "2026-01-01T00:00:00Z",
                                      "tags": {OWNER_TAG: "o", UID_TAG: "u", PROXY_TAG: "ns/p", SPEC_HASH_TAG: "h"}})
     assert instance.running and (instance.owner, instance.uid, instance.proxy_key, instance.spec_hash) == (
         "o", "u", "ns/p", "h")

@@ -242,7 +242,7 @@ def test_a_running_instance_whose_address_cannot_be_read_keeps_its_address(confi
     rec = Reconciler(store, runner, str(config), parts=SweepParts(backoff=Backoff(base_seconds=0, jitter=0)))
     rec.sweep()
     for instance in runner.instances.values():
-        instance["ip"] = None
+        instance.update(ip=None, endpoint=None)  # a KVM endpoint is its ip:port
     rec.sweep()
     saved = store.get("eu-1")
     assert saved.status["phase"] == "Ready" and saved.status["ip"] == "192.0.2.10"

@@ -24,7 +24,8 @@ from support.controller_fakes import ScriptedProber
 from support.waiting import wait_for
 
 NOW = datetime.datetime(2026, 12, 3, tzinfo=datetime.UTC)
-INSTANCE = Instance(provider_id="kvm://hosts/h1/domains/p-eu-1", name="p-eu-1", state="running", ip="192.0.2.10")
+INSTANCE = Instance(provider_id="kvm://hosts/h1/domains/p-eu-1", name="p-eu-1", state="running", ip="192.0.2.10",
+                    endpoint="192.0.2.10:8080")
 KEY = b"k" * 32
 DESTINATION = ProbeDestination(http_url="http://probe.test/generate_204", proof_key=KEY)
 
@@ -78,7 +79,7 @@ def test_a_target_takes_the_providers_checks_overridden_by_the_proxys_spec() -> 
     assert destination.connect is None  # the spec turned the CONNECT check off
     assert destination.egress_echo_url == "http://echo.test/echo"
     assert (destination.proof_key, destination.check_timeout) == (KEY, 7.0)  # probe.timeoutSeconds honoured
-    assert probe.key == target_key(INSTANCE, 8080) and not probe.expect_private and probe.identity is None
+    assert probe.key == target_key(INSTANCE) and not probe.expect_private and probe.identity is None
 
 
 def test_with_credentials_the_target_expects_a_private_proxy_and_logs_in_as_the_instance() -> None:
@@ -103,15 +104,17 @@ def test_the_target_is_the_endpoint_the_provider_hands_out_not_the_instances_own
                   endpoint="[2001:db8::1]:3128")
     assert probe_target(settings(httpUrl="http://example.test/"), Proxy("crawlers", "eu-1", "uid-1", {}),
                         v6, KEY).host == "2001:db8::1"
-    assert target_key(behind, 3128) != target_key(Instance(provider_id=behind.provider_id, state="running",
-                                                           ip="10.244.1.7", endpoint="192.0.2.22:31234"), 3128)
+    assert target_key(behind) != target_key(Instance(provider_id=behind.provider_id, state="running",
+                                                     ip="10.244.1.7", endpoint="192.0.2.22:31234"))
 
 
 def test_an_outcome_belongs_to_one_instance_at_one_address() -> None:
-    moved = Instance(provider_id=INSTANCE.provider_id, state="running", ip="192.0.2.11")
-    replaced = Instance(provider_id="kvm://hosts/h1/domains/p-eu-1-2", state="running", ip="192.0.2.10")
-    keys = {target_key(INSTANCE, 3128), target_key(moved, 3128), target_key(replaced, 3128),
-            target_key(INSTANCE, 8080)}
+    moved = Instance(provider_id=INSTANCE.provider_id, state="running", ip="192.0.2.11", endpoint="192.0.2.11:8080")
+    replaced = Instance(provider_id="kvm://hosts/h1/domains/p-eu-1-2", state="running", ip="192.0.2.10",
+                        endpoint="192.0.2.10:8080")
+    other_port = Instance(provider_id=INSTANCE.provider_id, state="running", ip="192.0.2.10",
+                          endpoint="192.0.2.10:3128")
+    keys = {target_key(INSTANCE), target_key(moved), target_key(replaced), target_key(other_port)}
     assert len(keys) == 4
 
 

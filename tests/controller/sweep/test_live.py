@@ -114,7 +114,7 @@ def test_a_spec_change_makes_the_new_instance_before_it_breaks_the_old(live: Liv
     assert old in live.runner.instances and len(live.runner.instances) == 2
     assert live.store.get("eu-1").status["phase"] == "Provisioning"
     for instance in live.runner.instances.values():
-        instance["ip"] = "192.0.2.11"
+        instance.update(ip="192.0.2.11", endpoint="192.0.2.11:8080")
     live.sweep("eu-1")
     assert old not in live.runner.instances and len(live.runner.instances) == 1
     assert live.store.reasons()[-1] == "Replaced"
@@ -125,7 +125,7 @@ def test_a_running_instance_without_an_address_this_time_keeps_its_address(live:
     live.store.add("eu-1", SPEC)
     live.sweep("eu-1")
     for instance in live.runner.instances.values():
-        instance["ip"] = None
+        instance.update(ip=None, endpoint=None)  # a KVM endpoint is its ip:port
     live.sweep("eu-1")
     assert live.store.get("eu-1").status["phase"] == "Ready"
     assert live.store.get("eu-1").status["ip"] == "192.0.2.10"

@@ -141,7 +141,7 @@ def test_old_instance_stays_until_the_new_one_is_ready(store: MemoryStore, runne
     assert "delete" not in runner.verbs()
     assert store.get("eu-1").status["phase"] == "Provisioning"
     for instance in runner.instances.values():
-        instance["ip"] = "192.0.2.11"
+        instance.update(ip="192.0.2.11", endpoint="192.0.2.11:8080")
     rec.sweep()
     assert len(runner.instances) == 1
     assert store.get("eu-1").status["phase"] == "Ready"

@@ -17,7 +17,8 @@ from egress_proxies.sweep.verdict import Observation, judge, with_known_address
 NOW = "2026-12-06T10:00:00Z"
 PROBED_AT = datetime(2026, 12, 6, 9, 59, 50, tzinfo=UTC)
 ID = "kvm://hosts/h1/domains/p-a"
-RUNNING = Instance(provider_id=ID, name="p-a", location="h1", state="running", ip="192.0.2.10")
+RUNNING = Instance(provider_id=ID, name="p-a", location="h1", state="running", ip="192.0.2.10",
+                   endpoint="192.0.2.10:3128")
 BUILT_PRIVATE = ("True", "CredentialsRequired", "requests need the crawlers credentials, from 10.0.0.0/8")
 OPEN = ("False", "AuthDisabled", "spec.auth is none: anyone from 10.0.0.0/8 who reaches it can use this proxy")
 
@@ -30,8 +31,8 @@ def outcome(serving: bool, reason: ProbeReason = ProbeReason.SERVING, private: b
 
 
 def ready_status(**extra: Any) -> dict[str, Any]:
-    return {"phase": "Ready", "providerID": ID, "ip": "192.0.2.10", "readyProviderID": ID,
-            "readySince": "2026-12-06T09:00:00Z",
+    return {"phase": "Ready", "providerID": ID, "ip": "192.0.2.10", "endpoint": "192.0.2.10:3128",
+            "readyProviderID": ID, "readySince": "2026-12-06T09:00:00Z",
             "conditions": [{"type": "Ready", "status": "True", "reason": "Serving", "message": "it serves"},
                            {"type": SERVING, "status": "True", "reason": "Serving", "message": "served"},
                            {"type": PRIVATE, "status": "True", "reason": "CredentialsRequired", "message": "m"}],
@@ -142,7 +143,7 @@ def test_an_instance_that_stops_serving_keeps_the_record_that_it_served() -> Non
 
 
 def test_another_instance_starts_from_a_clean_status() -> None:
-    other = Instance("kvm://hosts/h1/domains/p-b", state="running", ip="192.0.2.11")
+    other = Instance("kvm://hosts/h1/domains/p-b", state="running", ip="192.0.2.11", endpoint="192.0.2.11:3128")
     verdict = judge(ready_status(probe={"servedProviderID": ID}), Observation(other, 3128, probed=True), NOW)
     assert verdict.new_instance
     # Not probed yet, and its predecessor's Ready verdict does not carry over.
@@ -171,13 +172,15 @@ def test_the_endpoint_is_the_providers_and_the_ip_the_instances_own() -> None:
     verdict = judge({}, Observation(exposed, 3128, probed=True, outcome=outcome(True)), NOW)
     assert (verdict.fields["ip"], verdict.fields["endpoint"]) == ("10.244.1.7", "198.51.100.20:3128")
     assert "198.51.100.20:3128" in verdict.ready[2]
-    # Without one (a collection older than the endpoint), ip:port as before.
-    assert judge({}, Observation(RUNNING, 8080), NOW).fields["endpoint"] == "192.0.2.10:8080"
+    # Without one the instance is not running yet for the controller (docs/contract.md).
+    no_endpoint = Instance(ID, name="p-a", state="running", ip="192.0.2.10")
+    assert judge({}, Observation(no_endpoint, 3128), NOW).ready[1] == "Provisioning"
 
 
 def test_a_ready_instance_keeps_its_address_when_the_provider_cannot_read_it() -> None:
     unknown = Instance(ID, state="running", ip=None)
-    assert with_known_address(ready_status(), unknown).ip == "192.0.2.10"
+    known = with_known_address(ready_status(), unknown)
+    assert (known.ip, known.endpoint, known.running) == ("192.0.2.10", "192.0.2.10:3128", True)
     # Not for another instance, nor for one that was never Ready.
     assert with_known_address(ready_status(providerID="other"), unknown).ip is None
     assert with_known_address({**ready_status(), "phase": "Provisioning"}, unknown).ip is None
