@@ -76,9 +76,9 @@ from egress_proxies.resources.proxy import (
     UID_TAG,
     VERSION,
 )
-from support.ansible_modules import collections_path
-from support.libvirt_daemon import LibvirtTestDaemon
-from support.provider_config import OWNER, kvm_host, make_base_image, write_kubeconfig, write_kvm_config
+from support.collection.modules import collections_path
+from support.collection.provider_config import OWNER, kvm_host, make_base_image, write_kubeconfig, write_kvm_config
+from support.hosts.libvirt_daemon import LibvirtTestDaemon
 
 # The instances are read back with the collection's own parser of its domain metadata.
 if collections_path() not in sys.path:
@@ -107,7 +107,8 @@ TRANSIENT_LINE = re.compile(r" egress_proxies\.status: \S+: (\w+): transient: ")
 # answers each with one JSON line: the back door and the fault switch live in its process.
 KUBE_LAUNCHER = """
 import json, sys
-from support.kube_emulator import KubeEmulator, proxy_crd
+from support.kube.emulator import KubeEmulator
+from support.kube.resources import proxy_crd
 emulator = KubeEmulator(port=0, namespaces=sys.argv[1:], crds=[proxy_crd()]).start()
 print(emulator.url, flush=True)
 for line in sys.stdin:

@@ -62,9 +62,10 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from support.guest_image import BUILD_SCRIPT, CACHE_ROOT, cache_key, guest_image  # noqa: E402
-from support.hypervisor_host import HypervisorHost, bootstrap  # noqa: E402
-from support.libvirt_daemon import LibvirtTestDaemon, stop_process_group  # noqa: E402
+from support.hosts.hypervisor_host import HypervisorHost, bootstrap  # noqa: E402
+from support.hosts.libvirt_daemon import LibvirtTestDaemon  # noqa: E402
+from support.images.guest_image import BUILD_SCRIPT, CACHE_ROOT, cache_key, guest_image  # noqa: E402
+from support.process import stop_process_group  # noqa: E402
 
 EXAMPLE = ROOT / "controller" / "examples" / "proxy-kvm-squid.yaml"
 PROVIDER, LOCATION = "home-kvm", "beelink"  # what the example Proxies name

@@ -28,7 +28,7 @@ from egress_proxies.resources.proxy import Proxy
 from egress_proxies.serving.credentials import Credentials, FileSecrets
 from egress_proxies.sources.directory import DirectoryStore
 from egress_proxies.sources.directory_pools import DirectoryPools
-from support.controller_fakes import FakeRunner
+from support.controller.fakes import FakeRunner
 
 EGRESS_PROXIES = str(Path(sys.executable).parent / "egress-proxies")
 

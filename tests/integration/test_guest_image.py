@@ -19,15 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from support.guest_image import (
-    BUILD_SCRIPT,
-    PRUNE_AFTER,
-    VARIANTS,
-    cache_key,
-    cached_build,
-    guest_image,
-    installed_packages,
-)
+from support.images.cache import PRUNE_AFTER
+from support.images.guest_image import BUILD_SCRIPT, VARIANTS, cache_key, cached_build, guest_image, installed_packages
 
 # Writes one marker file and counts its runs in $RUNS; $FAIL makes it fail half-way.
 FAKE_SCRIPT = """\

@@ -1,7 +1,7 @@
 """The operator's access policy (squid_access.py, squid_install.py) through real squid.
 
 Debian 12's squid 5.7, one per delivered policy, each in the same network namespace of the test's
-own (tests/support/squid.py), as an instance would run it:
+own (tests/support/netns/squid.py), as an instance would run it:
 
 - **kvm**: Debian's stock /etc/squid/squid.conf and the files the KVM boothook *itself* wrote when
   run (inside the proxy's namespace, so it found that namespace's addresses as its own, in a
@@ -72,7 +72,9 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.squid_install
     install_script,
 )
 from support.figures import show
-from support.squid import SQUID_USER, DnsServer, NetworkNamespace, Squid, TargetServer
+from support.netns.namespace import NetworkNamespace
+from support.netns.squid import SQUID_USER, Squid
+from support.netns.targets import DnsServer, TargetServer
 
 STOCK = Path("/etc/squid")
 STOCK_INCLUDE = "include /etc/squid/conf.d/*.conf"

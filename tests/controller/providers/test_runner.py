@@ -33,9 +33,9 @@ from egress_proxies.providers.runner import (
     run_failure,
     run_temp_dir,
 )
-from support.ansible_modules import collections_path
-from support.libvirt_daemon import LibvirtTestDaemon
-from support.provider_config import OWNER, OWNER_TAGS, BaseImage, kvm_host, write_kvm_config
+from support.collection.modules import collections_path
+from support.collection.provider_config import OWNER, OWNER_TAGS, BaseImage, kvm_host, write_kvm_config
+from support.hosts.libvirt_daemon import LibvirtTestDaemon
 
 POOL = "default-pool"
 

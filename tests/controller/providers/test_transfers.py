@@ -27,9 +27,9 @@ from egress_proxies.logs import JSONFormatter
 from egress_proxies.providers.client import CreateRequest, ProviderClient, ProviderType
 from egress_proxies.providers.runner import AnsibleRunner, Operation, OperationResult
 from egress_proxies.providers.transfers import WITHHELD_URL, ProgressTail, describe, loggable_url
-from support.ansible_modules import collections_path, run_module
-from support.libvirt_daemon import LibvirtTestDaemon
-from support.provider_config import OWNER_TAGS, BaseImage, kvm_host, write_kvm_config
+from support.collection.modules import collections_path, run_module
+from support.collection.provider_config import OWNER_TAGS, BaseImage, kvm_host, write_kvm_config
+from support.hosts.libvirt_daemon import LibvirtTestDaemon
 
 MIB = 1024 * 1024
 LOGGER = "egress_proxies.providers.transfers"

@@ -40,7 +40,7 @@ from egress_proxies.sources.kube import (
     paged_list,
 )
 from egress_proxies.sources.store import Conflict, Gone, StoreError, WatchEvent, WatchExpired
-from support.kube_emulator import KubeEmulator
+from support.kube.emulator import KubeEmulator
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -16,7 +16,8 @@ import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from support import REPO
+
 GALAXY = Path(sys.executable).parent / "ansible-galaxy"
 
 

@@ -13,8 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from egress_proxies.providers.runner import AnsibleRunner, Operation
-
-REPO = Path(__file__).resolve().parents[2]
+from support import REPO
 
 
 @dataclass

@@ -64,7 +64,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from .compute_firewall import FirewallError, admits, default_network_rules, validate_rule
+from support.compute.firewall import FirewallError, admits, default_network_rules, validate_rule
 
 API = "https://www.googleapis.com/compute/v1"
 LABEL_KEY_RE = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")

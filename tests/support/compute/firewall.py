@@ -1,4 +1,4 @@
-"""VPC firewall rules as the Compute emulator keeps and applies them (tests/support/compute_emulator.py).
+"""VPC firewall rules as the Compute emulator keeps and applies them (tests/support/compute/emulator.py).
 
 What holds on the real API, each rule with its source:
 

@@ -27,7 +27,7 @@ import yaml
 
 from egress_proxies.providers.runner import AnsibleRunner
 from support import waiting
-from support.ansible_modules import collections_path
+from support.collection.modules import collections_path
 
 EGRESS_PROXIES = str(Path(sys.executable).parent / "egress-proxies")
 _SERVING = re.compile(r"serving health, metrics and discovery on [^ ]+:(\d+)$")
@@ -149,11 +149,8 @@ class ControllerProcess:
 
     def wait_for(self, condition: Callable[[], object], seconds: float, what: str, interval: float = 0.2) -> None:
         """``waiting.wait_for``, failing at once (with the log) when the controller exits."""
-        def done() -> object:
-            assert self.process is not None and self.process.poll() is None, "the controller exited; " + \
-                self.log_tail()
-            return condition()
-        waiting.wait_for(done, seconds, what, interval=interval, diagnostics=self.log_tail)
+        assert self.process is not None, "the controller is not started"
+        waiting.wait_for(condition, seconds, what, interval, self.log_tail, process=self.process)
 
     def wait_sweeps(self, count: int, seconds: float) -> None:
         """Until ``count`` more sweeps have finished."""

@@ -23,7 +23,6 @@ import signal
 import socket
 import subprocess
 import threading
-import time
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -33,11 +32,12 @@ from typing import Any
 import yaml
 from kubernetes import client
 
-from .ansible_modules import collections_path
-from .fake_proxies import FakeProxies
-from .kube_emulator import KubeEmulator
-from .probe_target import EGRESS_PROXIES
-from .provider_config import OWNER, write_kubeconfig
+from support.collection.modules import collections_path
+from support.collection.provider_config import OWNER, write_kubeconfig
+from support.kube.emulator import KubeEmulator
+from support.netns.fake_proxies import FakeProxies
+from support.netns.probe_target import EGRESS_PROXIES
+from support.waiting import wait_for
 
 OPERATOR_TOKEN = "serving-lab-operator-token"
 IMAGE = "ubuntu/squid:6.6-24.04_beta"
@@ -184,11 +184,8 @@ class Command:
         with open(self.log, "ab") as log:
             self._process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
                                              stdin=subprocess.DEVNULL, start_new_session=True)
-        deadline = time.monotonic() + 60
-        while "serving health, metrics and discovery" not in self.log_text():
-            if self._process.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError(f"the controller did not start:\n{self.log_text()[-3000:]}")
-            time.sleep(0.1)
+        wait_for(lambda: "serving health, metrics and discovery" in self.log_text(), 60, "the controller to start",
+                 0.1, lambda: self.log_text()[-3000:], process=self._process)
 
     def stop(self) -> None:
         if self._process is not None:

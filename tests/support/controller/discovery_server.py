@@ -21,8 +21,7 @@ from egress_proxies.http_server import ControllerHTTPServer, Response, TokenScop
 from egress_proxies.resources.pool import POOL_LABEL
 from egress_proxies.resources.proxy import Proxy
 from egress_proxies.sweep.quarantine import Quarantine
-
-from .controller_fakes import MemoryStore
+from support.controller.fakes import MemoryStore
 
 CRAWLER_TOKEN, OTHER_TOKEN, OPERATOR_TOKEN = "crawler-token", "other-team-token", "operator-token"
 PASSWORD = "s3cret/with:odd@chars"

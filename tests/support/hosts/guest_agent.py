@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import base64
 import json
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import libvirt
 import libvirt_qemu
+
+from support.waiting import wait_for
 
 # Seconds libvirt waits for the agent to answer one command.
 AGENT_COMMAND_TIMEOUT = 10
@@ -39,18 +40,15 @@ def agent_command(domain: libvirt.virDomain, command: str, **arguments: Any) -> 
 def guest_exec(domain: libvirt.virDomain, argv: Sequence[str], timeout: float = 60.0) -> GuestProcess:
     """Run ``argv`` in the guest and wait for it to exit."""
     started = agent_command(domain, "guest-exec", path=argv[0], arg=list(argv[1:]), **{"capture-output": True})
-    deadline = time.monotonic() + timeout
-    while True:
-        status = agent_command(domain, "guest-exec-status", pid=started["pid"])
-        if status["exited"]:
-            return GuestProcess(
-                exit_code=int(status.get("exitcode", -1)),
-                stdout=base64.b64decode(status.get("out-data", "")).decode(errors="replace"),
-                stderr=base64.b64decode(status.get("err-data", "")).decode(errors="replace"),
-            )
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{list(argv)} still running in the guest after {timeout} s")
-        time.sleep(0.5)
+    def exited() -> dict[str, Any] | None:
+        status: dict[str, Any] = agent_command(domain, "guest-exec-status", pid=started["pid"])
+        return status if status["exited"] else None
+    status = wait_for(exited, timeout, f"{list(argv)} to exit in the guest", interval=0.5, error=TimeoutError)
+    return GuestProcess(
+        exit_code=int(status.get("exitcode", -1)),
+        stdout=base64.b64decode(status.get("out-data", "")).decode(errors="replace"),
+        stderr=base64.b64decode(status.get("err-data", "")).decode(errors="replace"),
+    )
 
 
 def read_guest_file(domain: libvirt.virDomain, path: str) -> bytes:

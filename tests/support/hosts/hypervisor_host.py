@@ -25,9 +25,9 @@ host with ``playbooks/bootstrap_hypervisor.yml`` and :func:`bootstrap` runs that
 
 For molecule (and by hand) the host can outlive the Python process that made it::
 
-    cd tests && python -m support.hypervisor_host up --state FILE [--inventory FILE]
-    cd tests && python -m support.hypervisor_host restart-libvirtd --state FILE
-    cd tests && python -m support.hypervisor_host down --state FILE
+    cd tests && python -m support.hosts.hypervisor_host up --state FILE [--inventory FILE]
+    cd tests && python -m support.hosts.hypervisor_host restart-libvirtd --state FILE
+    cd tests && python -m support.hosts.hypervisor_host down --state FILE
 
 ``up`` leaves the daemons running and writes what ``down`` needs to the state file; ``down``
 kills every process in the namespace, removes namespace, veth pair and files, and marks the
@@ -48,7 +48,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -56,17 +56,18 @@ from typing import Any, Self
 
 import libvirt
 
-from .libvirt_daemon import (
+from support import REPO
+from support.hosts.libvirt_daemon import private_mounts_script, private_state_dir
+from support.process import (
     DaemonStartError,
+    kill_namespace_processes,
     log_tail,
-    private_mounts_script,
-    private_state_dir,
+    run_checked,
     stop_process_group,
     tcp_port_accepts,
     unix_socket_accepts,
-    wait_until,
 )
-from .waiting import wait_for
+from support.waiting import wait_for
 
 # Seen from our side only: the veth pair uses 10.213.<n>.0/30 and the isolated libvirt network
 # inside the namespace uses 10.214.<n>.0/24, where <n> is the first free slot.
@@ -79,7 +80,6 @@ SLOTS = range(1, 255)
 # The host ports a publishing nat network publishes proxies on.
 PUBLISH_PORTS = "40000-40009"
 
-REPO = Path(__file__).resolve().parents[2]
 BOOTSTRAP_PLAYBOOK = REPO / "playbooks" / "bootstrap_hypervisor.yml"
 # The name the bootstrap inventory gives the host, in the group the playbook targets by default.
 INVENTORY_HOST = "hypervisor"
@@ -98,17 +98,9 @@ remember_owner = 0
 """
 
 
-def _run(cmd: Sequence[str]) -> subprocess.CompletedProcess[str]:
-    """Run a set-up command; on failure raise with its stderr, the part worth reading."""
-    result = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    if result.returncode != 0:
-        raise DaemonStartError(f"{shlex.join(cmd)} failed: {result.stderr.strip()}")
-    return result
-
-
 def _generate_key(path: Path) -> str:
     """Make an ed25519 key pair at ``path``; return the public key's ``type base64`` part."""
-    _run(
+    run_checked(
         [
             "ssh-keygen",
             "-q",
@@ -305,30 +297,16 @@ class HypervisorHost:
             )
         self._pid = self._process.pid
         logs = [self.root / "daemons.out", self.root / "libvirtd.log"]
-        remaining = self.start_timeout
+        deadline = time.monotonic() + self.start_timeout
+
+        def wait(ready: Callable[[], bool], what: str) -> None:
+            wait_for(ready, max(0.0, deadline - time.monotonic()), what, diagnostics=lambda: log_tail(logs),
+                     process=self._process, error=DaemonStartError)
         # Only once the marker exists does /proc/<pid>/root show the private /run, not the host's.
-        remaining -= wait_until(
-            marker.exists,
-            what="namespace set-up",
-            timeout=remaining,
-            process=self._process,
-            logs=logs,
-        )
+        wait(marker.exists, "namespace set-up")
         libvirt_socket = f"/proc/{self._process.pid}/root/run/libvirt/libvirt-sock"
-        remaining -= wait_until(
-            lambda: unix_socket_accepts(libvirt_socket),
-            what="libvirtd",
-            timeout=remaining,
-            process=self._process,
-            logs=logs,
-        )
-        wait_until(
-            lambda: tcp_port_accepts(self.address, 22),
-            what="sshd",
-            timeout=remaining,
-            process=self._process,
-            logs=logs,
-        )
+        wait(lambda: unix_socket_accepts(libvirt_socket), "libvirtd")
+        wait(lambda: tcp_port_accepts(self.address, 22), "sshd")
         self._connection = libvirt.open(self.uri())
         self.startup_seconds = time.monotonic() - started
 
@@ -355,14 +333,14 @@ class HypervisorHost:
 
     def _create_veth_pair(self) -> None:
         outside, inside, ns = self._veth_outside, self._veth_inside, self.namespace
-        _run(
+        run_checked(
             ["ip", "link", "add", outside, "type", "veth", "peer", inside, "netns", ns]
         )
-        _run(["ip", "addr", "add", f"{self.gateway}/30", "dev", outside])
-        _run(["ip", "link", "set", outside, "up"])
-        _run(["ip", "-n", ns, "addr", "add", f"{self.address}/30", "dev", inside])
-        _run(["ip", "-n", ns, "link", "set", inside, "up"])
-        _run(["ip", "-n", ns, "link", "set", "lo", "up"])
+        run_checked(["ip", "addr", "add", f"{self.gateway}/30", "dev", outside])
+        run_checked(["ip", "link", "set", outside, "up"])
+        run_checked(["ip", "-n", ns, "addr", "add", f"{self.address}/30", "dev", inside])
+        run_checked(["ip", "-n", ns, "link", "set", inside, "up"])
+        run_checked(["ip", "-n", ns, "link", "set", "lo", "up"])
 
     def _write_ssh_files(self) -> Path:
         """Host and client keys, authorized_keys, known_hosts; return the sshd config."""
@@ -403,35 +381,6 @@ class HypervisorHost:
             f'log_outputs = "3:file:{self.root / "libvirtd.log"}"\n'
         )
 
-    def _namespace_pids(self) -> list[int]:
-        result = subprocess.run(
-            ["ip", "netns", "pids", self.namespace],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        return [int(pid) for pid in result.stdout.split()]
-
-    def _kill_namespace_processes(self, timeout: float = 15.0) -> None:
-        """SIGTERM everything in the namespace, wait for it to go, SIGKILL what is left.
-
-        libvirt's qemu and dnsmasq leave our process group, so the namespace is what finds them.
-        """
-        deadline = time.monotonic() + timeout
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            for pid in self._namespace_pids():
-                try:
-                    os.kill(pid, sig)
-                except ProcessLookupError:
-                    pass
-            while time.monotonic() < deadline:
-                if self._process is not None:
-                    self._process.poll()  # reap our own child so it leaves the list
-                if not self._namespace_pids():
-                    return
-                time.sleep(0.1)
-            deadline = time.monotonic() + 5.0
-
     def stop(self) -> None:
         """Kill everything, remove the namespace, veth pair and files; safe to repeat."""
         if self._connection is not None:
@@ -441,7 +390,9 @@ class HypervisorHost:
                 pass  # the host is being torn down anyway
             self._connection = None
         if self.slot:
-            self._kill_namespace_processes()
+            process = self._process
+            kill_namespace_processes(self.namespace, timeout=15.0,
+                                     reap=process.poll if process is not None else None)
         if self._process is not None:
             stop_process_group(self._process)
             self._process = None
@@ -559,10 +510,10 @@ class HypervisorHost:
         PUBLISH_PORTS) and gives each a source address of its own: ``source_addresses`` additional
         addresses, added to the host's end of the veth pair first (the role checks the host has them)."""
         sources = [f"{SOURCE_ADDRESS_PREFIX}.{self.slot}.{n}" for n in range(1, source_addresses + 1)]
-        present = _run(["ip", "-n", self.namespace, "-4", "-o", "address", "show"]).stdout
+        present = run_checked(["ip", "-n", self.namespace, "-4", "-o", "address", "show"]).stdout
         for address in sources:
             if f" {address}/" not in present:
-                _run(["ip", "-n", self.namespace, "address", "add", f"{address}/32", "dev", self._veth_inside])
+                run_checked(["ip", "-n", self.namespace, "address", "add", f"{address}/32", "dev", self._veth_inside])
         return {"kvm_hypervisor_network_forward_mode": "nat", "kvm_hypervisor_public_address": self.address,
                 "kvm_hypervisor_publish_ports": PUBLISH_PORTS, "kvm_hypervisor_source_addresses": sources}
 
@@ -641,13 +592,13 @@ def bootstrap(host: HypervisorHost, *, check: bool = True, check_mode: bool = Fa
 
     The inventory is :meth:`HypervisorHost.bootstrap_inventory` (``role_vars`` override its
     variables); ansible-playbook is the one beside this interpreter, the collections those of
-    :func:`support.ansible_modules.collections_path`. With ``check`` a failed run raises
+    :func:`support.collection.modules.collections_path`. With ``check`` a failed run raises
     :class:`BootstrapError`; ``check_mode`` runs the playbook with ``--check``.
     """
     # Imported here: the harness itself (and its CLI) needs neither.
     import ansible_runner
 
-    from .ansible_modules import collections_path
+    from support.collection.modules import collections_path
 
     inventory = host.bootstrap_inventory(**role_vars)
     known_hosts = Path(inventory[INVENTORY_GROUP]["hosts"][INVENTORY_HOST]["kvm_hypervisor_known_hosts_file"])
@@ -721,7 +672,7 @@ def _restart_libvirtd(state: Path) -> None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m support.hypervisor_host",
+        prog="python -m support.hosts.hypervisor_host",
         description="Start a test hypervisor host that outlives this command, or stop one.",
     )
     commands = parser.add_subparsers(dest="command", required=True)

@@ -1,10 +1,10 @@
 """A fresh Debian 12 VM to bootstrap with the kvm_hypervisor role: the ``kvm_hypervisor_vm`` scenario.
 
-The VM boots from the cached guest image (:mod:`support.guest_image`) under software emulation,
-inside a :class:`~support.hypervisor_host.HypervisorHost`: libvirtd and sshd in a network
+The VM boots from the cached guest image (:mod:`support.images.guest_image`) under software emulation,
+inside a :class:`~support.hosts.hypervisor_host.HypervisorHost`: libvirtd and sshd in a network
 namespace this machine creates. Its only network is a libvirt network inside that namespace
 without ``<forward>`` (libvirt's DHCP hands out no router), so it reaches nothing but the
-namespace. The role's Debian packages come from a flat repository (:mod:`support.package_repo`)
+namespace. The role's Debian packages come from a flat repository (:mod:`support.images.package_repo`)
 served over HTTP inside the namespace.
 
 The guest image has no SSH server, as a cloud image would. Its first boot installs one
@@ -22,8 +22,8 @@ Ansible reaches the guest from this machine through the namespace's sshd (``ssh 
 verifying their host keys). Commands that must come from inside the namespace (the verify
 step's ``virsh``) run under ``ip netns exec``.
 
-    cd tests && python -m support.hypervisor_vm up --state FILE --lab FILE --inventory FILE
-    cd tests && python -m support.hypervisor_host down --state FILE
+    cd tests && python -m support.hosts.hypervisor_vm up --state FILE --lab FILE --inventory FILE
+    cd tests && python -m support.hosts.hypervisor_host down --state FILE
 
 ``up`` starts the host, serves the repository, makes keys, seed ISO and overlay disk, and writes
 the lab file (JSON: what create.yml defines with community.libvirt, what verify.yml checks) and
@@ -46,9 +46,10 @@ from xml.sax.saxutils import quoteattr
 
 import yaml
 
-from .guest_image import guest_image
-from .hypervisor_host import INVENTORY_GROUP, INVENTORY_HOST, REPO, HypervisorHost
-from .package_repo import PackageRepo, package_repo, serve_repo
+from support import REPO
+from support.hosts.hypervisor_host import INVENTORY_GROUP, INVENTORY_HOST, HypervisorHost
+from support.images.guest_image import guest_image
+from support.images.package_repo import PackageRepo, package_repo, serve_repo
 
 ROLE_DEFAULTS = REPO / "roles" / "kvm_hypervisor" / "defaults" / "main.yml"
 IMAGE_VARIANT = "agent"
@@ -290,7 +291,7 @@ def up(state: Path, lab_file: Path, inventory_file: Path) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m support.hypervisor_vm",
+    parser = argparse.ArgumentParser(prog="python -m support.hosts.hypervisor_vm",
                                      description="Prepare a fresh Debian VM's host, repository, keys and disk.")
     commands = parser.add_subparsers(dest="command", required=True)
     start = commands.add_parser("up", help="start the host; write the lab file and the inventory")

@@ -1,4 +1,4 @@
-"""A private ``libvirtd`` serving libvirt's test driver, plus the process plumbing it shares.
+"""A private ``libvirtd`` serving libvirt's test driver.
 
 Every Ansible module run is a new process, so an in-process ``test:///default`` connection would
 start from scratch each time. Instead one ``libvirtd`` holds the test driver's state and every
@@ -6,26 +6,25 @@ process (pytest, ansible, a ``python -c``) reaches it at ``test+unix:///default?
 
 The daemon runs in its own mount namespace with a tmpfs on ``/run`` and private, empty copies of
 libvirt's state directories bound over the real ones, so it can never touch the host's
-``/run/libvirt``, autostart the host's networks or leave state behind. The helpers at the top are
+``/run/libvirt``, autostart the host's networks or leave state behind. The private mounts are
 also used by ``hypervisor_host`` for the same reasons.
 """
 
 from __future__ import annotations
 
-import os
 import shlex
 import shutil
-import signal
-import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Self
 
 import libvirt
+
+from support.process import DaemonStartError, log_tail, stop_process_group, unix_socket_accepts
+from support.waiting import wait_for
 
 # libvirt's state lives under these; each daemon gets its own empty copy of each.
 LIBVIRT_STATE_DIRS = (
@@ -34,10 +33,6 @@ LIBVIRT_STATE_DIRS = (
     "/var/cache/libvirt",
     "/var/log/libvirt",
 )
-
-
-class DaemonStartError(RuntimeError):
-    """A test daemon did not come up; the message carries the tail of its logs."""
 
 
 def private_mounts_script(root: Path) -> str:
@@ -61,80 +56,6 @@ def private_mounts_script(root: Path) -> str:
 def private_state_dir(root: Path, state_dir: str) -> Path:
     """Where private_mounts_script keeps the private copy of ``state_dir``."""
     return root / state_dir.strip("/").replace("/", "-")
-
-
-def unix_socket_accepts(path: str) -> bool:
-    """True when something accepts connections on the unix socket ``path``."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        sock.settimeout(1.0)
-        try:
-            sock.connect(path)
-        except OSError:
-            return False
-    return True
-
-
-def tcp_port_accepts(address: str, port: int) -> bool:
-    """True when something accepts TCP connections on ``address:port``."""
-    try:
-        with socket.create_connection((address, port), timeout=1.0):
-            return True
-    except OSError:
-        return False
-
-
-def log_tail(paths: Iterable[Path], lines: int = 30) -> str:
-    """The last ``lines`` lines of each existing log, labelled, for start-up error messages."""
-    parts = []
-    for path in paths:
-        try:
-            text = path.read_text(errors="replace")
-        except OSError:
-            continue
-        tail = "\n".join(text.splitlines()[-lines:])
-        parts.append(f"--- {path} ---\n{tail}")
-    return "\n".join(parts) or "(no log output)"
-
-
-def wait_until(
-    ready: Callable[[], bool],
-    *,
-    what: str,
-    timeout: float,
-    process: subprocess.Popen[bytes],
-    logs: Sequence[Path],
-) -> float:
-    """Poll ``ready`` until it holds; return the seconds it took.
-
-    Fails fast (with the logs) when ``process`` exits, instead of waiting out the timeout.
-    """
-    start = time.monotonic()
-    while not ready():
-        if process.poll() is not None:
-            raise DaemonStartError(
-                f"{what}: process exited with {process.returncode}\n{log_tail(logs)}"
-            )
-        if time.monotonic() - start > timeout:
-            raise DaemonStartError(
-                f"{what}: not ready after {timeout:.0f}s\n{log_tail(logs)}"
-            )
-        time.sleep(0.05)
-    return time.monotonic() - start
-
-
-def stop_process_group(process: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
-    """SIGTERM the session ``process`` leads (started with start_new_session), then SIGKILL."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(process.pid, sig)
-        except ProcessLookupError:
-            pass
-        try:
-            process.wait(timeout=timeout)
-            return
-        except subprocess.TimeoutExpired:
-            continue
-    process.wait()
 
 
 class LibvirtTestDaemon:
@@ -222,13 +143,8 @@ class LibvirtTestDaemon:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-        wait_until(
-            lambda: unix_socket_accepts(str(self.socket_path)),
-            what="libvirtd (test driver)",
-            timeout=self.start_timeout,
-            process=self._process,
-            logs=self._logs(),
-        )
+        wait_for(lambda: unix_socket_accepts(str(self.socket_path)), self.start_timeout, "libvirtd (test driver)",
+                 diagnostics=lambda: log_tail(self._logs()), process=self._process, error=DaemonStartError)
         self._connection = libvirt.open(self.uri)
         self.startup_seconds = time.monotonic() - started
         self._baseline_pools = {

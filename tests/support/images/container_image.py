@@ -10,7 +10,7 @@ consumes is made beforehand, once per machine, from Debian's mirror and the Pyth
                                                           build.log
     /var/cache/egress-proxies-tests/wheelhouses/<key>/*.whl, *.tar.gz  `build_env.sh wheelhouse`
 
-``container-base`` keys cover tests/support/container_base/build.sh and the package list;
+``container-base`` keys cover tests/support/images/container_base/build.sh and the package list;
 ``wheelhouses`` keys cover requirements.txt, constraints.txt and build_env.sh's build backend
 pin. A key directory appears only complete and a lock makes concurrent callers wait for one
 build, as in guest_image.py. The image build itself (:meth:`Buildah.build`) runs in a network
@@ -40,8 +40,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .guest_image import _locked, _prune
-from .libvirt_daemon import log_tail, stop_process_group
+from support.images.cache import BUILDING_PREFIX, locked, prune
+from support.process import log_tail, stop_process_group
 
 CACHE_ROOT = Path("/var/cache/egress-proxies-tests")
 BASE_SCRIPT = Path(__file__).resolve().parent / "container_base" / "build.sh"
@@ -51,7 +51,6 @@ DEBS_MOUNT = "/mnt/egress-proxies-debs"
 FETCH_TIMEOUT = 1800.0
 # What `buildah from scratch` lacks and every Debian image sets.
 BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-_BUILDING_PREFIX = ".building-"
 # cgroup2 mounted beside cgroup v1 (see Crun._crun).
 UNIFIED = "/sys/fs/cgroup/unified"
 
@@ -74,17 +73,17 @@ def cached(cache_root: Path, key: str, make: Callable[[Path, Path], None]) -> Pa
     """``cache_root/key``, made first by ``make(staging_dir, log)`` when it does not exist yet."""
     key_dir = cache_root / key
     if not key_dir.is_dir():
-        with _locked(cache_root):
+        with locked(cache_root):
             # Another caller may have made it while this one waited for the lock.
             if not key_dir.is_dir():
                 # Under the lock, so a leftover staging directory belongs to a build that died.
-                for stale in cache_root.glob(_BUILDING_PREFIX + "*"):
+                for stale in cache_root.glob(BUILDING_PREFIX + "*"):
                     if stale.is_dir():
                         shutil.rmtree(stale)
                     else:
                         stale.unlink()
-                staging = cache_root / f"{_BUILDING_PREFIX}{key}"
-                log = cache_root / f"{_BUILDING_PREFIX}{key}.log"
+                staging = cache_root / f"{BUILDING_PREFIX}{key}"
+                log = cache_root / f"{BUILDING_PREFIX}{key}.log"
                 staging.mkdir()
                 try:
                     make(staging, log)
@@ -93,7 +92,7 @@ def cached(cache_root: Path, key: str, make: Callable[[Path, Path], None]) -> Pa
                     raise
                 log.rename(staging / "build.log")
                 staging.rename(key_dir)
-                _prune(cache_root, keep=key_dir)
+                prune(cache_root, keep=key_dir)
     os.utime(key_dir)  # in use, for pruning
     return key_dir
 

@@ -1,6 +1,6 @@
 """The Debian 12 guest images the end-to-end tests boot, built once per machine and cached.
 
-``tests/support/guest_image/build.sh`` builds both variants in one debootstrap run (130-200 s
+``tests/support/images/guest_image/build.sh`` builds both variants in one debootstrap run (130-200 s
 here, most of it debootstrap): ``agent`` has qemu-guest-agent, ``no-agent`` is the same disk
 with it purged, so the provider must find the IP from DHCP leases or ARP. In ``no-agent`` the
 vendor-data agent install fails at once (the image has no apt sources), which cloud-init
@@ -20,29 +20,23 @@ starting their own. Keys no caller has used for a day are pruned after a build.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import os
 import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
-from .libvirt_daemon import log_tail, stop_process_group
-from .provider_config import BaseImage
+from support.collection.provider_config import BaseImage
+from support.images.cache import BUILDING_PREFIX, locked, prune
+from support.process import log_tail, stop_process_group
 
 BUILD_SCRIPT = Path(__file__).resolve().parent / "guest_image" / "build.sh"
 CACHE_ROOT = Path("/var/cache/egress-proxies-tests/guest-images")
 VARIANTS = ("agent", "no-agent")
 # Far above a build's 130-200 s, for a slow mirror; pytest's own timeout usually ends it first.
 BUILD_TIMEOUT = 1800.0
-PRUNE_AFTER = 24 * 3600.0
-# Dot-names in the cache root are never keys.
-_LOCK_NAME = ".lock"
-_BUILDING_PREFIX = ".building-"
 
 
 def cache_key(script: bytes) -> str:
@@ -73,25 +67,14 @@ def cached_build(cache_root: Path = CACHE_ROOT, script: Path = BUILD_SCRIPT) -> 
     """The directory holding ``script``'s output, built first when it does not exist yet."""
     key_dir = cache_root / cache_key(script.read_bytes())
     if not key_dir.is_dir():
-        with _locked(cache_root):
+        with locked(cache_root):
             # Another caller may have built it while this one waited for the lock.
             if not key_dir.is_dir():
                 _build(script, key_dir)
-                _prune(cache_root, keep=key_dir)
+                prune(cache_root, keep=key_dir)
     # Marks the key as in use, for pruning.
     os.utime(key_dir)
     return key_dir
-
-
-@contextmanager
-def _locked(cache_root: Path) -> Iterator[None]:
-    cache_root.mkdir(parents=True, exist_ok=True)
-    with open(cache_root / _LOCK_NAME, "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def _build(script: Path, key_dir: Path) -> None:
@@ -100,14 +83,14 @@ def _build(script: Path, key_dir: Path) -> None:
     Runs under the lock, so a leftover temporary directory belongs to a build that died.
     """
     cache_root = key_dir.parent
-    for stale in cache_root.glob(_BUILDING_PREFIX + "*"):
+    for stale in cache_root.glob(BUILDING_PREFIX + "*"):
         if stale.is_dir():
             shutil.rmtree(stale)
         else:
             stale.unlink()
-    staging = cache_root / f"{_BUILDING_PREFIX}{key_dir.name}"
+    staging = cache_root / f"{BUILDING_PREFIX}{key_dir.name}"
     staging.mkdir()
-    log = cache_root / f"{_BUILDING_PREFIX}{key_dir.name}.log"
+    log = cache_root / f"{BUILDING_PREFIX}{key_dir.name}.log"
     start = time.monotonic()
     with open(log, "wb") as output:
         # Its own session, so a timeout (ours or pytest's) stops the whole build with SIGTERM,
@@ -127,11 +110,3 @@ def _build(script: Path, key_dir: Path) -> None:
     # Rare and slow, so worth a line wherever output is shown (pytest -s, a failed test's report).
     print(f"guest images {key_dir.name}: built in {time.monotonic() - start:.0f} s into {key_dir}",  # noqa: T201
           file=sys.stderr)
-
-
-def _prune(cache_root: Path, keep: Path) -> None:
-    """Remove the keys (other than ``keep``) that no caller has used for PRUNE_AFTER seconds."""
-    horizon = time.time() - PRUNE_AFTER
-    for entry in cache_root.iterdir():
-        if entry != keep and not entry.name.startswith(".") and entry.is_dir() and entry.stat().st_mtime < horizon:
-            shutil.rmtree(entry)

@@ -8,7 +8,7 @@ guest needs, served over HTTP on the guest network's bridge (see :func:`serve_re
 --download-only`` of the requested packages against the *guest image's* dpkg status (read out of
 the cached qcow2), not the host's, so every dependency and recommendation the guest lacks is
 fetched even when this machine has it installed already. The downloads come from the same mirror
-and suite the image was built from (``tests/support/guest_image/build.sh``), verified with
+and suite the image was built from (``tests/support/images/guest_image/build.sh``), verified with
 Debian's archive keyring. The result is cached::
 
     /var/cache/egress-proxies-tests/package-repos/<key>/repo/*.deb, Packages, Release
@@ -32,9 +32,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .guest_image import _locked
-from .hypervisor_host import HypervisorHost
-from .libvirt_daemon import wait_until
+from support.hosts.hypervisor_host import HypervisorHost
+from support.images.cache import BUILDING_PREFIX, locked
+from support.process import DaemonStartError, log_tail
+from support.waiting import wait_for
 
 CACHE_ROOT = Path("/var/cache/egress-proxies-tests/package-repos")
 # The guest image's source (build.sh): the repository holds versions consistent with it.
@@ -45,7 +46,6 @@ KEYRING = Path("/usr/share/keyrings/debian-archive-keyring.gpg")
 FORMAT = 1
 # apt-get update plus the downloads; generous for a slow mirror.
 FETCH_TIMEOUT = 1200.0
-_BUILDING_PREFIX = ".building-"
 
 
 @dataclass(frozen=True)
@@ -70,7 +70,7 @@ def package_repo(packages: Sequence[str], image: Path, image_sha256: str,
     key_dir = cache_root / cache_key(packages, image_sha256)
     seconds = 0.0
     if not key_dir.is_dir():
-        with _locked(cache_root):
+        with locked(cache_root):
             if not key_dir.is_dir():
                 started = time.monotonic()
                 _build(packages, image, key_dir)
@@ -95,9 +95,9 @@ def _run(cmd: Sequence[str], *, cwd: Path | None = None, env: dict[str, str] | N
 
 def _build(packages: Sequence[str], image: Path, key_dir: Path) -> None:
     cache_root = key_dir.parent
-    for stale in cache_root.glob(_BUILDING_PREFIX + "*"):
+    for stale in cache_root.glob(BUILDING_PREFIX + "*"):
         shutil.rmtree(stale, ignore_errors=True)
-    staging = cache_root / f"{_BUILDING_PREFIX}{key_dir.name}"
+    staging = cache_root / f"{BUILDING_PREFIX}{key_dir.name}"
     staging.mkdir(parents=True)
     try:
         with tempfile.TemporaryDirectory(prefix="package-repo-", dir=cache_root) as scratch:
@@ -198,6 +198,7 @@ def serve_repo(host: HypervisorHost, repo: Path, address: str, port: int, log: P
             ["ip", "netns", "exec", host.namespace, sys.executable, "-c", SERVER, address, str(port), str(repo)],
             stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://{address}:{port}/Release"
-    wait_until(lambda: host.run_in_namespace(["curl", "-sf", "-o", "/dev/null", url], check=False).returncode == 0,
-               what=f"the package repository at {url}", timeout=30, process=server, logs=[log])
+    wait_for(lambda: host.run_in_namespace(["curl", "-sf", "-o", "/dev/null", url], check=False).returncode == 0,
+             30, f"the package repository at {url}", diagnostics=lambda: log_tail([log]), process=server,
+             error=DaemonStartError)
     return server.pid

@@ -1,5 +1,5 @@
 """Admission and defaulting the Kubernetes API emulator applies to Pods and Services on create
-(tests/support/kube_emulator.py), each rule after the real server's source:
+(tests/support/kube/emulator.py), each rule after the real server's source:
 
 - **Pod Security admission** (k8s.io/pod-security-admission, ``admission/admission.go`` and
   ``policy/check_*.go``): the namespace's ``pod-security.kubernetes.io/enforce`` label names a

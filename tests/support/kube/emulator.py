@@ -43,7 +43,7 @@ tested here: its client-side apply is a GET, then a POST or a JSON merge patch, 
 merge patch on a custom resource is refused with 415 as on the real server (custom resources
 have no patch strategy), which is what makes ``kubernetes.core.k8s`` fall back to a merge patch.
 
-Strict where the code under test depends on it (``tests/support/kube_validation.py`` holds the
+Strict where the code under test depends on it (``tests/support/kube/validation.py`` holds the
 rules and cites their sources):
 
 - custom resources exist only once their CustomResourceDefinition is created (through the API
@@ -70,7 +70,7 @@ rules and cites their sources):
   node lifecycle and taint eviction controllers when a node stops reporting, ``node_returns`` for
   its kubelet coming back, ``provision_load_balancer`` for the cloud's service controller; a thread
   stands in for the kubelet's end of graceful deletion and for the namespace controller;
-- admission after validation (``tests/support/kube_admission.py``): namespace lifecycle, Pod
+- admission after validation (``tests/support/kube/admission.py``): namespace lifecycle, Pod
   Security from the namespace's ``pod-security.kubernetes.io/enforce`` label, ResourceQuota on Pod
   counts (both 403 Forbidden as the real plugins word it); a new Service gets its cluster IP and
   node ports allocated.
@@ -89,60 +89,63 @@ here every status write changes only ``status``, as for custom resources).
 
 from __future__ import annotations
 
-import base64
 import copy
-import json
 import logging
-import queue
 import random
 import re
 import secrets
-import select
 import socket
 import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
-from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
+from http.server import ThreadingHTTPServer
 from types import TracebackType
 from typing import Any, cast
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import urlsplit
 
-import yaml
-
-from .kube_admission import default_service, pod_security_violation, quota_violation
-from .kube_validation import (
+from support.kube.admission import default_service, pod_security_violation, quota_violation
+from support.kube.errors import ApiError, conflict, invalid, namespace_not_found, not_found, object_details
+from support.kube.handler import Fault, Handler, Route
+from support.kube.paging import decode_continue, encode_continue, expired_continue, list_limit
+from support.kube.patches import PatchFailed, json_patch, merge_patch, reject_strategic_directives
+from support.kube.resources import (
+    CRD_KEY,
+    DEFAULT_RESOURCES,
+    LEASES_KEY,
+    NAMESPACE_FINALIZER,
+    NAMESPACES_KEY,
+    PODS_KEY,
+    QUOTAS_KEY,
+    SERVICES_KEY,
+    SYSTEM_NAMESPACES,
+    Obj,
+    ResourceType,
+)
+from support.kube.selectors import Filter
+from support.kube.validation import (
     FieldError,
     GoValue,
     StructuralSchema,
-    aggregate,
+    crd_errors,
     dns1123_subdomain_errors,
     is_micro_time,
     micro_time_error,
     validate_metadata,
     validate_pod,
 )
+from support.kube.watch import Event, Watcher
 
 LOG = logging.getLogger(__name__)
 
-Obj = dict[str, Any]
-
 DEFAULT_HISTORY_LIMIT = 1000
-# How often an idle watch wakes up to notice a client that went away or a server stopping.
-_WATCH_POLL_SECONDS = 0.1
 _VERBS = ["create", "delete", "get", "list", "patch", "update", "watch"]
 _STATUS_VERBS = ["get", "patch", "update"]
 # The alphabet and length the real API server appends to generateName.
 _GENERATE_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
 _GENERATE_SUFFIX_LEN = 5
-# The namespaces a new cluster has (kube-apiserver's system namespaces controller makes them).
-SYSTEM_NAMESPACES = ("default", "kube-node-lease", "kube-public", "kube-system")
-PROXY_CRD_PATH = Path(__file__).resolve().parents[2] / "controller" / "manifests" / "crd.yaml"
 # pkg/registry/core/pod/strategy.go: a Pod without terminationGracePeriodSeconds gets 30 (the
 # API server defaults it on create; the emulator applies it at deletion instead).
 DEFAULT_POD_GRACE_SECONDS = 30
@@ -152,482 +155,10 @@ DEFAULT_POD_GRACE_SECONDS = 30
 UNREACHABLE_TOLERATION_SECONDS = 300
 # How often the kubelet stand-in looks for Pods whose grace period has passed.
 _GRACE_POLL_SECONDS = 0.05
-_REASONS = {
-    400: "BadRequest",
-    403: "Forbidden",
-    404: "NotFound",
-    405: "MethodNotAllowed",
-    409: "Conflict",
-    410: "Expired",
-    415: "UnsupportedMediaType",
-    422: "Invalid",
-    429: "TooManyRequests",
-    500: "InternalError",
-    503: "ServiceUnavailable",
-    504: "Timeout",
-}
-
-
-@dataclass(frozen=True)
-class ResourceType:
-    """One row of the resource table: everything the server needs to serve a kind."""
-
-    group: str
-    """API group; ``""`` for the core group served under ``/api``."""
-    version: str
-    kind: str
-    plural: str
-    namespaced: bool
-    status_subresource: bool
-    """With it, main writes ignore ``status``, ``/status`` writes change only ``status``, and
-    ``generation`` counts ``spec`` changes; without it, any non-metadata change bumps it."""
-    returns_deleted_object: bool = False
-    """Whether an immediate DELETE answers with the object (pods, custom resources) or with a
-    ``Status`` of success (most other built-in kinds)."""
-    initial_status: Mapping[str, Any] | None = None
-    """What the server puts in ``status`` on create (the real server resets it for these kinds)."""
-    custom: bool = False
-    """A custom resource (served from a CRD): it has no strategic merge patch, only JSON merge
-    and JSON patch."""
-    scale: tuple[str, str, str | None] | None = None
-    """The CRD's scale subresource: (specReplicasPath, statusReplicasPath, labelSelectorPath)."""
-
-    @property
-    def api_version(self) -> str:
-        return f"{self.group}/{self.version}" if self.group else self.version
-
-    @property
-    def key(self) -> str:
-        """``plural`` for the core group, ``plural.group`` otherwise (kubectl's spelling)."""
-        return f"{self.plural}.{self.group}" if self.group else self.plural
-
-
-CRD_KEY = "customresourcedefinitions.apiextensions.k8s.io"
-NAMESPACES_KEY = "namespaces"
-NAMESPACE_FINALIZER = "kubernetes"
-PODS_KEY = "pods"
-SERVICES_KEY = "services"
-QUOTAS_KEY = "resourcequotas"
-LEASES_KEY = "leases.coordination.k8s.io"
-
-
-def proxy_crd() -> Obj:
-    """The project's Proxy CRD, as ``controller/manifests/crd.yaml`` ships it."""
-    return cast(Obj, yaml.safe_load(PROXY_CRD_PATH.read_text()))
-
-DEFAULT_RESOURCES: tuple[ResourceType, ...] = (
-    ResourceType("", "v1", "Namespace", "namespaces", False, True, False, {"phase": "Active"}),
-    ResourceType("", "v1", "Pod", "pods", True, True, True, {"phase": "Pending"}),
-    ResourceType("", "v1", "Secret", "secrets", True, False),
-    ResourceType("", "v1", "ConfigMap", "configmaps", True, False),
-    ResourceType("", "v1", "Event", "events", True, False),
-    ResourceType("", "v1", "ServiceAccount", "serviceaccounts", True, False),
-    ResourceType("", "v1", "Service", "services", True, True, False, {"loadBalancer": {}}),
-    ResourceType("", "v1", "ResourceQuota", "resourcequotas", True, True),
-    ResourceType("coordination.k8s.io", "v1", "Lease", "leases", True, False),
-    # What deploy_controller.yml installs besides the kinds above.
-    ResourceType("apps", "v1", "Deployment", "deployments", True, True),
-    ResourceType("rbac.authorization.k8s.io", "v1", "ClusterRole", "clusterroles", False, False),
-    ResourceType("rbac.authorization.k8s.io", "v1", "ClusterRoleBinding", "clusterrolebindings", False, False),
-    ResourceType("rbac.authorization.k8s.io", "v1", "Role", "roles", True, False),
-    ResourceType("rbac.authorization.k8s.io", "v1", "RoleBinding", "rolebindings", True, False),
-    ResourceType("apiextensions.k8s.io", "v1", "CustomResourceDefinition", "customresourcedefinitions", False,
-                 True),
-)
-
-
-class ApiError(Exception):
-    """An error the server answers with a ``Status`` object."""
-
-    def __init__(
-        self, code: int, message: str, reason: str | None = None, details: Obj | None = None
-    ) -> None:
-        super().__init__(message)
-        self.code = code
-        self.reason = reason or _REASONS.get(code, HTTPStatus(code).phrase.replace(" ", ""))
-        self.message = message
-        self.details = details
-        # A 410 for an expired continue token carries the token for the rest of the list.
-        self.list_continue: str | None = None
-
-    def status(self) -> Obj:
-        body: Obj = {
-            "kind": "Status",
-            "apiVersion": "v1",
-            "metadata": {} if self.list_continue is None else {"continue": self.list_continue},
-            "status": "Failure",
-            "message": self.message,
-            "reason": self.reason,
-            "code": self.code,
-        }
-        if self.details is not None:
-            body["details"] = self.details
-        return body
-
-
-def _details(rtype: ResourceType, name: str) -> Obj:
-    return {"name": name, "group": rtype.group, "kind": rtype.plural}
-
-
-def _not_found(rtype: ResourceType, name: str) -> ApiError:
-    return ApiError(404, f'{rtype.key} "{name}" not found', details=_details(rtype, name))
-
-
-def _conflict(rtype: ResourceType, name: str) -> ApiError:
-    return ApiError(
-        409,
-        f'Operation cannot be fulfilled on {rtype.key} "{name}": the object has been modified; '
-        "please apply your changes to the latest version and try again",
-        details=_details(rtype, name),
-    )
-
-
-def _invalid(rtype: ResourceType, name: str, errors: list[FieldError]) -> ApiError:
-    """``apierrors.NewInvalid``: 422, the qualified kind (``Proxy.crawl.example.com``, ``Pod``),
-    every field error in the message and one cause per error."""
-    qualified = f"{rtype.kind}.{rtype.group}" if rtype.group else rtype.kind
-    return ApiError(
-        422, f'{qualified} "{name}" is invalid: {aggregate(errors)}',
-        details={"name": name, "group": rtype.group, "kind": rtype.kind,
-                 "causes": [e.cause() for e in errors]},
-    )
-
-
-def _namespace_not_found(namespace: str) -> ApiError:
-    # NamespaceLifecycle admission returns the NotFound of its own namespace lookup.
-    return ApiError(404, f'namespaces "{namespace}" not found',
-                    details={"name": namespace, "group": "", "kind": "namespaces"})
 
 
 def _timestamp(moment: float) -> str:
     return datetime.fromtimestamp(moment, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-
-# --- selectors -------------------------------------------------------------------------------
-
-_KEY = r"(?:[A-Za-z0-9][-A-Za-z0-9_./]*)?[A-Za-z0-9]"
-_VALUE = r"(?:(?:[A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?"
-_SET_TERM = re.compile(rf"\s*({_KEY})\s+(in|notin)\s*\(([^()]*)\)\s*")
-_EQ_TERM = re.compile(rf"\s*({_KEY})\s*(==|=|!=)\s*({_VALUE})\s*")
-_EXISTS_TERM = re.compile(rf"\s*(!?)\s*({_KEY})\s*")
-
-
-@dataclass(frozen=True)
-class _Requirement:
-    key: str
-    op: str  # "in", "notin", "exists", "!exists"
-    values: frozenset[str] = frozenset()
-
-    def matches(self, labels: Mapping[str, str]) -> bool:
-        if self.op == "exists":
-            return self.key in labels
-        if self.op == "!exists":
-            return self.key not in labels
-        if self.op == "in":
-            return self.key in labels and labels[self.key] in self.values
-        # "notin" and "!=" match objects without the key, as in the real selector semantics.
-        return self.key not in labels or labels[self.key] not in self.values
-
-
-def _split_terms(selector: str) -> list[str]:
-    """Split on commas outside parentheses (``a in (x,y),b`` is two terms)."""
-    terms, depth, start = [], 0, 0
-    for i, char in enumerate(selector):
-        if char == "(":
-            depth += 1
-        elif char == ")":
-            depth -= 1
-        elif char == "," and depth == 0:
-            terms.append(selector[start:i])
-            start = i + 1
-    terms.append(selector[start:])
-    return [term for term in terms if term.strip()]
-
-
-def parse_label_selector(selector: str) -> list[_Requirement]:
-    """Parse a label selector string; raises 400 BadRequest like the real server."""
-    requirements = []
-    for term in _split_terms(selector):
-        if match := _SET_TERM.fullmatch(term):
-            values = frozenset(v.strip() for v in match.group(3).split(",") if v.strip())
-            requirements.append(_Requirement(match.group(1), match.group(2), values))
-        elif match := _EQ_TERM.fullmatch(term):
-            op = "notin" if match.group(2) == "!=" else "in"
-            requirements.append(_Requirement(match.group(1), op, frozenset({match.group(3)})))
-        elif match := _EXISTS_TERM.fullmatch(term):
-            requirements.append(
-                _Requirement(match.group(2), "!exists" if match.group(1) else "exists")
-            )
-        else:
-            raise ApiError(400, f"unable to parse requirement: {term.strip()!r}")
-    return requirements
-
-
-_FIELDS = {"metadata.name": "name", "metadata.namespace": "namespace"}
-_FIELD_TERM = re.compile(r"\s*([a-zA-Z.]+)\s*(==|=|!=)\s*([^,]*?)\s*")
-
-
-def parse_field_selector(selector: str) -> list[_Requirement]:
-    """Parse a field selector over ``metadata.name`` and ``metadata.namespace`` (all we serve)."""
-    requirements = []
-    for term in _split_terms(selector):
-        match = _FIELD_TERM.fullmatch(term)
-        if not match:
-            raise ApiError(400, f"invalid selector: {term.strip()!r}")
-        if match.group(1) not in _FIELDS:
-            raise ApiError(
-                400,
-                f'"{match.group(1)}" is not a known field selector: only "metadata.name", '
-                '"metadata.namespace"',
-            )
-        op = "notin" if match.group(2) == "!=" else "in"
-        requirements.append(_Requirement(_FIELDS[match.group(1)], op, frozenset({match.group(3)})))
-    return requirements
-
-
-@dataclass(frozen=True)
-class _Filter:
-    """Which objects of one resource a list or watch sees."""
-
-    rtype: ResourceType
-    namespace: str | None
-    labels: list[_Requirement]
-    fields: list[_Requirement]
-
-    def matches(self, obj: Obj) -> bool:
-        meta = obj["metadata"]
-        if self.namespace is not None and meta.get("namespace") != self.namespace:
-            return False
-        labels = meta.get("labels") or {}
-        fields = {"name": meta["name"], "namespace": meta.get("namespace", "")}
-        return all(r.matches(labels) for r in self.labels) and all(
-            r.matches(fields) for r in self.fields
-        )
-
-
-# --- patches ---------------------------------------------------------------------------------
-
-_STRATEGIC_DIRECTIVES = ("$patch", "$retainKeys", "$setElementOrder", "$deleteFromPrimitiveList")
-
-
-def merge_patch(target: Any, patch: Any) -> Any:
-    """RFC 7386 JSON merge patch: maps merge recursively, ``null`` deletes, anything else replaces."""
-    if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
-    result = dict(target) if isinstance(target, dict) else {}
-    for key, value in patch.items():
-        if value is None:
-            result.pop(key, None)
-        else:
-            result[key] = merge_patch(result.get(key), value)
-    return result
-
-
-def _reject_strategic_directives(patch: Any) -> None:
-    """Fail loudly rather than store ``$patch`` keys that the real server would interpret."""
-    if isinstance(patch, dict):
-        for key, value in patch.items():
-            if key in _STRATEGIC_DIRECTIVES or key.startswith("$setElementOrder/"):
-                raise ApiError(400, f"strategic merge directive {key} is not supported by the emulator")
-            _reject_strategic_directives(value)
-    elif isinstance(patch, list):
-        for item in patch:
-            _reject_strategic_directives(item)
-
-
-class _PatchFailed(Exception):
-    """A JSON patch operation that cannot apply; the server answers 422."""
-
-
-def _pointer(path: str) -> list[str]:
-    if path == "":
-        return []
-    if not path.startswith("/"):
-        raise _PatchFailed(f"invalid JSON pointer {path!r}")
-    return [part.replace("~1", "/").replace("~0", "~") for part in path[1:].split("/")]
-
-
-def _list_index(container: list[Any], token: str, for_insert: bool) -> int:
-    if for_insert and token == "-":
-        return len(container)
-    if not token.isdigit():
-        raise _PatchFailed(f"invalid array index {token!r}")
-    index = int(token)
-    if index > len(container) or (index == len(container) and not for_insert):
-        raise _PatchFailed(f"array index {index} out of bounds")
-    return index
-
-
-def _resolve(doc: Any, tokens: list[str]) -> Any:
-    for token in tokens:
-        if isinstance(doc, dict):
-            if token not in doc:
-                raise _PatchFailed(f"path element {token!r} not found")
-            doc = doc[token]
-        elif isinstance(doc, list):
-            doc = doc[_list_index(doc, token, for_insert=False)]
-        else:
-            raise _PatchFailed(f"cannot descend into {token!r}")
-    return doc
-
-
-def _add(doc: Any, tokens: list[str], value: Any) -> Any:
-    if not tokens:
-        return copy.deepcopy(value)
-    parent = _resolve(doc, tokens[:-1])
-    if isinstance(parent, dict):
-        parent[tokens[-1]] = copy.deepcopy(value)
-    elif isinstance(parent, list):
-        parent.insert(_list_index(parent, tokens[-1], for_insert=True), copy.deepcopy(value))
-    else:
-        raise _PatchFailed(f"cannot add to a {type(parent).__name__}")
-    return doc
-
-
-def _remove(doc: Any, tokens: list[str]) -> Any:
-    if not tokens:
-        raise _PatchFailed("cannot remove the whole document")
-    parent = _resolve(doc, tokens[:-1])
-    if isinstance(parent, dict):
-        if tokens[-1] not in parent:
-            raise _PatchFailed(f"unable to remove nonexistent key {tokens[-1]!r}")
-        return parent.pop(tokens[-1])
-    if isinstance(parent, list):
-        return parent.pop(_list_index(parent, tokens[-1], for_insert=False))
-    raise _PatchFailed(f"cannot remove from a {type(parent).__name__}")
-
-
-def json_patch(doc: Any, operations: Any) -> Any:
-    """Apply an RFC 6902 JSON patch to a copy of ``doc``; raises ``_PatchFailed``."""
-    doc = copy.deepcopy(doc)
-    for op in operations:
-        name, tokens = op.get("op"), _pointer(op.get("path", ""))
-        if name == "add":
-            doc = _add(doc, tokens, op["value"])
-        elif name == "remove":
-            _remove(doc, tokens)
-        elif name == "replace":
-            if tokens:
-                _remove(doc, tokens)  # replace requires the target to exist
-            doc = _add(doc, tokens, op["value"])
-        elif name == "move":
-            doc = _add(doc, tokens, _remove(doc, _pointer(op["from"])))
-        elif name == "copy":
-            doc = _add(doc, tokens, _resolve(doc, _pointer(op["from"])))
-        elif name == "test":
-            if _resolve(doc, tokens) != op.get("value"):
-                raise _PatchFailed(f"testing value {op.get('path')} failed")
-        else:
-            raise _PatchFailed(f"unsupported operation {name!r}")
-    return doc
-
-
-# --- paged lists -------------------------------------------------------------------------------
-
-# staging/src/k8s.io/apiserver/pkg/storage/etcd3/errors.go: the 410 for a continue token whose
-# snapshot was compacted away carries a token for the rest of the list at the latest version.
-_INCONSISTENT_CONTINUE = (
-    "The provided continue parameter is too old to display a consistent list result. You can start a new list "
-    "without the continue parameter, or use the continue token in this response to retrieve the remainder of the "
-    "results. Continuing with the provided token results in an inconsistent list - objects that were created, "
-    "modified, or deleted between the time the first chunk was returned and now may show up in the list.")
-
-
-def _list_limit(raw: str | None) -> int:
-    """``limit``: 0 (or none) lists everything in one answer."""
-    if raw in (None, ""):
-        return 0
-    assert raw is not None
-    if not raw.lstrip("-").isdigit():
-        raise ApiError(400, f"invalid limit {raw!r}: must be an integer")
-    return max(int(raw), 0)
-
-
-def _encode_continue(start: str, rv: int) -> str:
-    """staging/src/k8s.io/apiserver/pkg/storage/continue.go ``EncodeContinue``: the key to start
-    from (below the resource's prefix) and the resourceVersion of the list's snapshot, as JSON in
-    unpadded URL-safe base64."""
-    token = json.dumps({"v": "meta.k8s.io/v1", "rv": rv, "start": start}, separators=(",", ":"))
-    return base64.urlsafe_b64encode(token.encode()).decode().rstrip("=")
-
-
-def _decode_continue(token: str) -> tuple[str, int]:
-    """continue.go ``DecodeContinue``, refusing what it refuses as the handler does: 400
-    ``invalid continue token: continue key is not valid: ...``."""
-    def invalid(why: str) -> ApiError:
-        return ApiError(400, f"invalid continue token: continue key is not valid: {why}")
-
-    try:
-        decoded = json.loads(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)))
-    except ValueError:
-        raise invalid("not base64-encoded JSON") from None
-    if not isinstance(decoded, dict) or decoded.get("v") != "meta.k8s.io/v1":
-        raise invalid("server does not recognize this encoded version")
-    rv, start = decoded.get("rv"), decoded.get("start")
-    if not isinstance(rv, int) or isinstance(rv, bool) or rv == 0:
-        raise invalid("incorrect encoded start resourceVersion (version meta.k8s.io/v1)")
-    if not isinstance(start, str) or not start:
-        raise invalid("encoded start key empty (version meta.k8s.io/v1)")
-    if start.startswith("/") or ".." in start.split("/"):
-        raise invalid(start)
-    return start, rv
-
-
-def _expired_continue(start: str) -> ApiError:
-    """410 Expired, with ``metadata.continue`` set to a token for the rest of the list as it is
-    now (``handleCompactedErrorForPaging``: resourceVersion -1)."""
-    error = ApiError(410, _INCONSISTENT_CONTINUE, reason="Expired")
-    error.list_continue = _encode_continue(start, -1)
-    return error
-
-
-# --- the store -------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Event:
-    rv: int
-    rtype: ResourceType
-    type: str  # ADDED, MODIFIED, DELETED
-    obj: Obj
-    previous: Obj | None
-
-    def seen_by(self, flt: _Filter) -> tuple[str, Obj] | None:
-        """The event as a filtered watch sees it: an object leaving the selection is DELETED
-        for that watch and one entering it is ADDED, as with the real server."""
-        if self.rtype != flt.rtype:
-            return None
-        now = flt.matches(self.obj)
-        before = self.previous is not None and flt.matches(self.previous)
-        if self.type == "MODIFIED" and before != now:
-            return ("ADDED", self.obj) if now else ("DELETED", self.obj)
-        return (self.type, self.obj) if now else None
-
-
-@dataclass
-class _Watcher:
-    flt: _Filter
-    events: queue.Queue[tuple[str, Obj] | None] = field(default_factory=queue.Queue)
-
-
-@dataclass
-class _Fault:
-    method: str
-    path: re.Pattern[str]
-    status: int
-    remaining: int
-    reason: str | None
-    message: str
-    retry_after: int | None
-
-
-@dataclass(frozen=True)
-class _Route:
-    rtype: ResourceType
-    namespace: str | None
-    name: str | None
-    subresource: str | None
 
 
 class KubeEmulator:
@@ -656,12 +187,12 @@ class KubeEmulator:
         # A watch reads resourceVersion "0" as "any version: send the current state", so the
         # counter starts above it; a list of an empty server then gives a resumable "1".
         self._rv = 1
-        self._history: deque[_Event] = deque()
+        self._history: deque[Event] = deque()
         # Every event after this resourceVersion is still in the history.
         self._history_floor = self._rv
-        self._watchers: list[_Watcher] = []
+        self._watchers: list[Watcher] = []
         self._watchers_changed = threading.Condition(self._lock)
-        self._faults: list[_Fault] = []
+        self._faults: list[Fault] = []
         # fail_randomly: (rate, generator); injected so far, by status.
         self._random_faults: tuple[float, random.Random] = (0.0, random.Random())
         self.random_faults_injected: dict[int, int] = {}
@@ -695,7 +226,7 @@ class KubeEmulator:
     def start(self) -> KubeEmulator:
         if self._server is not None:
             raise RuntimeError("emulator already started")
-        server = ThreadingHTTPServer(("127.0.0.1", self._port), _Handler)
+        server = ThreadingHTTPServer(("127.0.0.1", self._port), Handler)
         server.daemon_threads = True
         cast(Any, server).emulator = self
         self._server = server
@@ -772,7 +303,7 @@ class KubeEmulator:
             retry_after = 1
         with self._lock:
             self._faults.append(
-                _Fault(method.upper(), re.compile(path_regex), status, count, reason, message,
+                Fault(method.upper(), re.compile(path_regex), status, count, reason, message,
                        retry_after)
             )
 
@@ -790,20 +321,20 @@ class KubeEmulator:
         ``labels`` such as ``pod-security.kubernetes.io/enforce: restricted``."""
         rtype = self._type_by_key(NAMESPACES_KEY)
         metadata: Obj = {"name": name, **({"labels": dict(labels)} if labels else {})}
-        return self._create(_Route(rtype, None, None, None),
+        return self._create(Route(rtype, None, None, None),
                             {"apiVersion": "v1", "kind": "Namespace", "metadata": metadata})
 
     def create(self, resource: str, namespace: str | None, obj: Obj) -> Obj:
         """Create an object exactly as a POST would (validated, admitted, its ADDED event sent),
         without a round trip: how a test or the bench fills the server with many objects.
         ``resource`` is ``pods`` or ``proxies.crawl.example.com``."""
-        return self._create(_Route(self._type_by_key(resource), namespace, None, None), copy.deepcopy(obj))
+        return self._create(Route(self._type_by_key(resource), namespace, None, None), copy.deepcopy(obj))
 
     def install_crd(self, crd: Obj) -> Obj:
         """Create a CustomResourceDefinition (e.g. ``proxy_crd()``): its kind is served from then
         on, with its schema, exactly as after a POST of the CRD."""
         rtype = self._type_by_key(CRD_KEY)
-        return self._create(_Route(rtype, None, None, None), copy.deepcopy(crd))
+        return self._create(Route(rtype, None, None, None), copy.deepcopy(crd))
 
     def store_unvalidated(self, obj: Obj) -> Obj:
         """TEST BACK DOOR: store a custom resource exactly as given, without pruning, defaulting
@@ -936,7 +467,7 @@ class KubeEmulator:
         rtype = self._type_by_key(SERVICES_KEY)
         ingress = {"ip": ip} if ip else {"hostname": hostname}
         with self._lock:
-            old = self._stored(_Route(rtype, namespace, name, None))
+            old = self._stored(Route(rtype, namespace, name, None))
             new = copy.deepcopy(old)
             new["status"] = {"loadBalancer": {"ingress": [ingress]}}
             new["metadata"]["resourceVersion"] = self._next_rv()
@@ -947,7 +478,7 @@ class KubeEmulator:
     def _kubelet_write(self, namespace: str, name: str, change: Any) -> Obj:
         rtype = self._type_by_key(PODS_KEY)
         with self._lock:
-            old = self._stored(_Route(rtype, namespace, name, None))
+            old = self._stored(Route(rtype, namespace, name, None))
             new = copy.deepcopy(old)
             change(new)
             new["metadata"]["resourceVersion"] = self._next_rv()
@@ -1044,7 +575,7 @@ class KubeEmulator:
 
     # -- request plumbing --------------------------------------------------------------------
 
-    def _record(self, method: str, target: str) -> _Fault | None:
+    def _record(self, method: str, target: str) -> Fault | None:
         """Log the request and return the injected fault it triggers, if any."""
         path = urlsplit(target).path
         with self._lock:
@@ -1062,10 +593,10 @@ class KubeEmulator:
                 status = 409 if method != "GET" and draw.random() < 0.5 else 500
                 self.random_faults_injected[status] = self.random_faults_injected.get(status, 0) + 1
                 reason = "Conflict" if status == 409 else "InternalError"
-                return _Fault(method, re.compile(""), status, 1, reason, "injected failure (fail_randomly)", None)
+                return Fault(method, re.compile(""), status, 1, reason, "injected failure (fail_randomly)", None)
         return None
 
-    def _route(self, path: str) -> _Route | Obj:
+    def _route(self, path: str) -> Route | Obj:
         """Map a URL path to a resource route, or to a discovery document."""
         parts = [p for p in path.split("/") if p]
         if parts == ["api"]:
@@ -1103,7 +634,7 @@ class KubeEmulator:
             raise ApiError(404, "the server could not find the requested resource")
         if len(rest) == 3 and rest[2] == "scale" and rtype.scale is None:
             raise ApiError(404, "the server could not find the requested resource")
-        return _Route(rtype, namespace, rest[1] if len(rest) > 1 else None,
+        return Route(rtype, namespace, rest[1] if len(rest) > 1 else None,
                       rest[2] if len(rest) > 2 else None)
 
     def _group_list(self) -> Obj:
@@ -1143,7 +674,7 @@ class KubeEmulator:
     # history (``_state_at``), and lists send stored objects without copying them.
 
     def _emit(self, rtype: ResourceType, etype: str, obj: Obj, previous: Obj | None) -> None:
-        event = _Event(int(obj["metadata"]["resourceVersion"]), rtype, etype,
+        event = Event(int(obj["metadata"]["resourceVersion"]), rtype, etype,
                        copy.deepcopy(obj), previous)
         self._history.append(event)
         while len(self._history) > self._history_limit:
@@ -1157,7 +688,7 @@ class KubeEmulator:
         self._rv += 1
         return str(self._rv)
 
-    def _create(self, route: _Route, body: Obj) -> Obj:
+    def _create(self, route: Route, body: Obj) -> Obj:
         rtype = route.rtype
         if route.name is not None or route.subresource is not None:
             raise ApiError(405, "the server does not allow this method on the requested resource")
@@ -1179,7 +710,7 @@ class KubeEmulator:
                                                route.namespace or "")
             if not meta.get("name"):
                 if not meta.get("generateName"):
-                    raise _invalid(rtype, "", [FieldError("FieldValueRequired", "metadata.name",
+                    raise invalid(rtype, "", [FieldError("FieldValueRequired", "metadata.name",
                                                           detail="name or generateName is required")])
                 while True:
                     suffix = "".join(secrets.choice(_GENERATE_ALPHABET)
@@ -1191,7 +722,7 @@ class KubeEmulator:
             name_errors = [FieldError("FieldValueInvalid", "metadata.name", name, msg)
                            for msg in dns1123_subdomain_errors(str(name))]
             if name_errors:
-                raise _invalid(rtype, name, name_errors)
+                raise invalid(rtype, name, name_errors)
             for server_owned in ("deletionTimestamp", "deletionGracePeriodSeconds",
                                  "managedFields", "selfLink"):
                 meta.pop(server_owned, None)
@@ -1209,7 +740,7 @@ class KubeEmulator:
             # Storage answers last: an invalid object is 422 even when its name is taken.
             if self._key(rtype, meta) in self._objects:
                 raise ApiError(409, f'{rtype.key} "{name}" already exists',
-                               reason="AlreadyExists", details=_details(rtype, name))
+                               reason="AlreadyExists", details=object_details(rtype, name))
             meta.update(uid=str(uuid.uuid4()), resourceVersion=self._next_rv(), generation=1,
                         creationTimestamp=self._timestamp())
             if rtype.key == CRD_KEY:
@@ -1220,7 +751,7 @@ class KubeEmulator:
 
     def _require_namespace(self, namespace: str) -> None:
         if (NAMESPACES_KEY, "", namespace) not in self._objects:
-            raise _namespace_not_found(namespace)
+            raise namespace_not_found(namespace)
 
     def _require_active_namespace(self, rtype: ResourceType, name: str, namespace: str) -> None:
         """NamespaceLifecycle admission (plugin/pkg/admission/namespace/lifecycle/admission.go):
@@ -1252,14 +783,14 @@ class KubeEmulator:
         if rtype.key == PODS_KEY and creating:
             errors += validate_pod(obj)
         if rtype.key == CRD_KEY:
-            errors += _crd_errors(obj)
+            errors += crd_errors(obj)
         if schema is not None:
             # The API server reads the old object from storage with the schema's defaults applied
             # (apiextensions-apiserver defaults on read as well as on write), so ratcheting compares
             # defaulted with defaulted: a field defaulted since it was stored is no change.
             errors += schema.validate(obj, None if old is None else schema.prune_and_default(old))
         if errors:
-            raise _invalid(rtype, name, errors)
+            raise invalid(rtype, name, errors)
         if creating and rtype.key == PODS_KEY:
             self._admit_pod(name, obj)
         if creating and rtype.key == SERVICES_KEY:
@@ -1286,7 +817,7 @@ class KubeEmulator:
         problem = default_service(service, {p for p in taken_ports if isinstance(p, int)},
                                   {str((o.get("spec") or {}).get("clusterIP")) for o in services})
         if problem is not None:
-            raise _invalid(rtype, name, [FieldError("FieldValueInvalid", *problem)])
+            raise invalid(rtype, name, [FieldError("FieldValueInvalid", *problem)])
 
     def _serve_crd(self, crd: Obj) -> None:
         """Serve (or re-serve, on an update) the kind a CRD defines, with its schema; the CRD's
@@ -1341,32 +872,32 @@ class KubeEmulator:
     def _key(rtype: ResourceType, meta: Mapping[str, Any]) -> tuple[str, str, str]:
         return rtype.key, meta.get("namespace") or "", meta["name"]
 
-    def _stored(self, route: _Route) -> Obj:
+    def _stored(self, route: Route) -> Obj:
         assert route.name is not None
         obj = self._objects.get((route.rtype.key, route.namespace or "", route.name))
         if obj is None:
-            raise _not_found(route.rtype, route.name)
+            raise not_found(route.rtype, route.name)
         return obj
 
-    def _get(self, route: _Route) -> Obj:
+    def _get(self, route: Route) -> Obj:
         with self._lock:
             return copy.deepcopy(self._stored(route))
 
-    def _list(self, flt: _Filter, query: Mapping[str, str]) -> Obj:
+    def _list(self, flt: Filter, query: Mapping[str, str]) -> Obj:
         """A list, in storage key order, paged as the real server pages it (module docstring,
         "Paged lists"): ``limit`` items at most, and a ``continue`` token for the rest while there
         is more; every page shows the objects as they were when the first page was served."""
-        limit = _list_limit(query.get("limit"))
+        limit = list_limit(query.get("limit"))
         token = query.get("continue") or ""
         if token and query.get("resourceVersion") not in (None, "", "0"):
             # etcd3/store.go GetList (storage.ValidateListOptions in later releases).
             raise ApiError(400, "specifying resource version is not allowed when using continue")
         with self._lock:
-            start, rv = _decode_continue(token) if token else ("", self._rv)
+            start, rv = decode_continue(token) if token else ("", self._rv)
             if rv == -1:  # the token of a 410: the rest of the list as it is now (inconsistent)
                 rv = self._rv
             if rv < self._history_floor:
-                raise _expired_continue(start)
+                raise expired_continue(start)
             state = self._state_at(flt.rtype, rv)
             # Keys below the request's own prefix (a namespace's, or the whole resource's).
             prefix = f"{flt.namespace}/" if flt.namespace is not None else ""
@@ -1387,7 +918,7 @@ class KubeEmulator:
             items = [state[key] for key in page]
         metadata: Obj = {"resourceVersion": str(rv)}
         if read < len(keys):
-            metadata["continue"] = _encode_continue(keys[read - 1] + "\x00", rv)
+            metadata["continue"] = encode_continue(keys[read - 1] + "\x00", rv)
             if not (flt.labels or flt.fields):
                 # ListMeta.remainingItemCount: "If the list request contained label or field
                 # selectors, then the number of remaining items is unknown and the field will be
@@ -1417,7 +948,7 @@ class KubeEmulator:
                 state[storage_key(event.previous)] = event.previous
         return state
 
-    def _scale(self, route: _Route, method: str, content_type: str, body: Any) -> Obj:
+    def _scale(self, route: Route, method: str, content_type: str, body: Any) -> Obj:
         """The scale subresource of a custom resource, as apiextensions-apiserver serves it
         (registry/customresource/etcd.go ScaleREST): an ``autoscaling/v1`` Scale whose
         ``spec.replicas`` is read from and written to ``specReplicasPath``, ``status.replicas``
@@ -1456,7 +987,7 @@ class KubeEmulator:
                 if media == "application/json-patch+json":
                     try:
                         wanted = json_patch(current, body)
-                    except (_PatchFailed, KeyError, TypeError) as exc:
+                    except (PatchFailed, KeyError, TypeError) as exc:
                         raise ApiError(422, f"the server rejected our request due to an error in our request: "
                                             f"{exc}") from exc
                 elif media in ("application/merge-patch+json", "application/strategic-merge-patch+json"):
@@ -1471,26 +1002,26 @@ class KubeEmulator:
                 raise ApiError(400, "the body must be an autoscaling/v1 Scale")
             replicas = (wanted.get("spec") or {}).get("replicas")
             if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 0:
-                raise _invalid(rtype, route.name, [FieldError(
+                raise invalid(rtype, route.name, [FieldError(
                     "FieldValueInvalid", "spec.replicas", GoValue(replicas),
                     "must be greater than or equal to 0")])
             rv = (wanted.get("metadata") or {}).get("resourceVersion")
             if rv not in (None, "") and str(rv) != old["metadata"]["resourceVersion"]:
-                raise _conflict(rtype, route.name)
+                raise conflict(rtype, route.name)
             new = copy.deepcopy(old)
             target: Any = new
             assert spec_path is not None
             for part in spec_path[:-1]:
                 target = target.setdefault(part, {})
             target[spec_path[-1]] = replicas
-            updated = self._update_locked(_Route(rtype, route.namespace, route.name, None), new)
+            updated = self._update_locked(Route(rtype, route.namespace, route.name, None), new)
             return scale_of(updated)
 
-    def _update(self, route: _Route, body: Obj) -> Obj:
+    def _update(self, route: Route, body: Obj) -> Obj:
         with self._lock:
             return self._update_locked(route, body, put=True)
 
-    def _update_locked(self, route: _Route, body: Obj, put: bool = False) -> Obj:
+    def _update_locked(self, route: Route, body: Obj, put: bool = False) -> Obj:
         """PUT semantics, shared by PATCH (which builds the full object first from the stored
         one, so it always carries the current resourceVersion)."""
         rtype, name = route.rtype, route.name
@@ -1517,7 +1048,7 @@ class KubeEmulator:
                     FieldError("FieldValueInvalid", "metadata.resourceVersion", GoValue("0x0"),
                                "must be specified for an update").cause()]})
         if rv not in (None, "") and str(rv) != old["metadata"]["resourceVersion"]:
-            raise _conflict(rtype, name)
+            raise conflict(rtype, name)
         if route.subresource == "status":
             # Only status changes; everything else is copied from the stored object.
             new = copy.deepcopy(old)
@@ -1545,7 +1076,7 @@ class KubeEmulator:
                 added = set(new_meta.get("finalizers") or []) - set(
                     old["metadata"].get("finalizers") or [])
                 if added:
-                    raise _invalid(rtype, name, [FieldError(
+                    raise invalid(rtype, name, [FieldError(
                         "FieldValueForbidden", "metadata.finalizers",
                         detail="no new finalizers can be added if the object is being deleted, found new "
                                f"finalizers {sorted(added)}")])
@@ -1577,7 +1108,7 @@ class KubeEmulator:
             return {k: v for k, v in obj.items() if k != "metadata"}
         return content(old) != content(new)
 
-    def _patch(self, route: _Route, content_type: str, patch: Any) -> Obj:
+    def _patch(self, route: Route, content_type: str, patch: Any) -> Obj:
         media = content_type.split(";")[0].strip().lower()
         with self._lock:
             old = self._stored(route)
@@ -1586,7 +1117,7 @@ class KubeEmulator:
                     raise ApiError(400, "a JSON patch must be a list of operations")
                 try:
                     new = json_patch(old, patch)
-                except (_PatchFailed, KeyError, TypeError) as exc:
+                except (PatchFailed, KeyError, TypeError) as exc:
                     raise ApiError(422, f"the server rejected our request due to an error in "
                                         f"our request: {exc}") from exc
             elif media in ("application/merge-patch+json",
@@ -1598,7 +1129,7 @@ class KubeEmulator:
                         raise ApiError(415, "the body of the request was in an unknown format - "
                                             "accepted media types include: application/json-patch+json, "
                                             "application/merge-patch+json, application/apply-patch+yaml")
-                    _reject_strategic_directives(patch)
+                    reject_strategic_directives(patch)
                 new = merge_patch(old, patch)
             else:
                 raise ApiError(415, f"the body of the request was in an unknown format - "
@@ -1609,7 +1140,7 @@ class KubeEmulator:
                 raise ApiError(422, "the patched object is not a JSON object")
             return self._update_locked(route, new)
 
-    def _delete(self, route: _Route, options: Obj) -> tuple[Obj, bool]:
+    def _delete(self, route: Route, options: Obj) -> tuple[Obj, bool]:
         """Delete or, with finalizers, mark for deletion; returns (object, deleted now)."""
         rtype, name = route.rtype, route.name
         assert name is not None
@@ -1619,7 +1150,7 @@ class KubeEmulator:
             for field_name in ("uid", "resourceVersion"):
                 wanted = preconditions.get(field_name)
                 if wanted and wanted != old["metadata"].get(field_name):
-                    raise _conflict(rtype, name)
+                    raise conflict(rtype, name)
             meta = old["metadata"]
             if rtype.key == NAMESPACES_KEY:
                 return self._terminate_namespace(rtype, old), False
@@ -1665,7 +1196,7 @@ class KubeEmulator:
             if (old.get("spec") or {}).get("finalizers"):
                 raise ApiError(409, f'Operation cannot be fulfilled on namespaces "{name}": The system is ensuring '
                                     "all content is removed from this namespace.  Upon completion, this namespace "
-                                    "will automatically be purged by the system.", details=_details(rtype, name))
+                                    "will automatically be purged by the system.", details=object_details(rtype, name))
             return copy.deepcopy(old)
         new = copy.deepcopy(old)
         new["metadata"].update(deletionTimestamp=self._timestamp(), resourceVersion=self._next_rv())
@@ -1688,7 +1219,7 @@ class KubeEmulator:
         for (type_key, namespace, name), deleting in content:
             if not deleting:
                 try:
-                    self._delete(_Route(self._type_by_key(type_key), namespace, name, None), {})
+                    self._delete(Route(self._type_by_key(type_key), namespace, name, None), {})
                 except ApiError:
                     pass  # deleted meanwhile
         with self._lock:
@@ -1737,11 +1268,11 @@ class KubeEmulator:
         self._emit(rtype, "MODIFIED", new, old)
         return copy.deepcopy(new)
 
-    def _open_watch(self, flt: _Filter, resource_version: str | None) -> tuple[
-            _Watcher, list[tuple[str, Obj]], Obj | None]:
+    def _open_watch(self, flt: Filter, resource_version: str | None) -> tuple[
+            Watcher, list[tuple[str, Obj]], Obj | None]:
         """Register a watch; returns it, the events to send first, and an ERROR Status when
         ``resource_version`` is older than the history (the stream then sends only that)."""
-        watcher = _Watcher(flt)
+        watcher = Watcher(flt)
         with self._lock:
             if resource_version in (None, "", "0"):
                 # "Start at most recent": the current state as synthetic ADDED events.
@@ -1763,249 +1294,8 @@ class KubeEmulator:
             self._watchers_changed.notify_all()
         return watcher, initial, None
 
-    def _close_watch(self, watcher: _Watcher) -> None:
+    def _close_watch(self, watcher: Watcher) -> None:
         with self._lock:
             if watcher in self._watchers:
                 self._watchers.remove(watcher)
                 self._watchers_changed.notify_all()
-
-
-# --- HTTP ------------------------------------------------------------------------------------
-
-
-class _Handler(BaseHTTPRequestHandler):
-    """Translates HTTP to the emulator's verbs; every error becomes a Status object."""
-
-    protocol_version = "HTTP/1.1"  # keep-alive and chunked watch streams, as the client expects
-    # A real API server never waits on Nagle: without this every small request sits ~40 ms on a
-    # delayed ACK (measured: 44 ms against 0.6 ms per GET).
-    disable_nagle_algorithm = True
-    server_version = "kube-emulator"
-
-    @property
-    def emulator(self) -> KubeEmulator:
-        return cast(KubeEmulator, cast(Any, self.server).emulator)
-
-    def setup(self) -> None:
-        super().setup()
-        with self.emulator._lock:
-            self.emulator._connections.add(self.connection)
-
-    def finish(self) -> None:
-        with self.emulator._lock:
-            self.emulator._connections.discard(self.connection)
-        try:
-            super().finish()
-        except OSError:
-            pass  # the client or stop() already closed the socket
-
-    def log_message(self, format: str, *args: Any) -> None:
-        LOG.debug("%s %s", self.address_string(), format % args)
-
-    def do_GET(self) -> None:
-        self._dispatch("GET")
-
-    def do_POST(self) -> None:
-        self._dispatch("POST")
-
-    def do_PUT(self) -> None:
-        self._dispatch("PUT")
-
-    def do_PATCH(self) -> None:
-        self._dispatch("PATCH")
-
-    def do_DELETE(self) -> None:
-        self._dispatch("DELETE")
-
-    def _dispatch(self, method: str) -> None:
-        emulator = self.emulator
-        # Always consume the body first, so a keep-alive connection stays in step.
-        raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        fault = emulator._record(method, self.path)
-        try:
-            if fault is not None:
-                headers = {}
-                if fault.retry_after is not None:
-                    headers["Retry-After"] = str(fault.retry_after)
-                raise _InjectedError(fault, headers)
-            url = urlsplit(self.path)
-            query = {k: v[-1] for k, v in parse_qs(url.query, keep_blank_values=True).items()}
-            route = emulator._route(url.path)
-            if not isinstance(route, _Route):
-                if method != "GET":
-                    raise ApiError(405, "the server does not allow this method on the "
-                                        "requested resource")
-                self._send_json(200, route)
-                return
-            self._serve(method, route, query, _parse_json(raw))
-        except _InjectedError as exc:
-            self._send_json(exc.code, exc.status(), exc.headers)
-        except ApiError as exc:
-            self._send_json(exc.code, exc.status())
-        except Exception as exc:  # an emulator bug answers 500, as a panic does on a real server
-            LOG.exception("kube emulator failed on %s %s", method, self.path)
-            self._send_json(500, ApiError(500, f"emulator bug: {exc!r}").status())
-
-    def _serve(self, method: str, route: _Route, query: dict[str, str], body: Any) -> None:
-        emulator = self.emulator
-        if method == "GET" and route.name is None:
-            flt = _Filter(route.rtype, route.namespace,
-                          parse_label_selector(query.get("labelSelector", "")),
-                          parse_field_selector(query.get("fieldSelector", "")))
-            if query.get("watch", "").lower() in ("1", "true"):
-                self._watch(flt, query)
-            else:
-                self._send_json(200, emulator._list(flt, query))
-        elif route.subresource == "scale" and method in ("GET", "PUT", "PATCH"):
-            self._send_json(200, emulator._scale(route, method, self.headers.get("Content-Type", ""), body))
-        elif method == "GET":
-            self._send_json(200, emulator._get(route))
-        elif method == "POST":
-            self._send_json(201, emulator._create(route, _object_body(body)))
-        elif route.name is None:
-            raise ApiError(405, "the server does not allow this method on the requested resource")
-        elif method == "PUT":
-            self._send_json(200, emulator._update(route, _object_body(body)))
-        elif method == "PATCH":
-            self._send_json(200, emulator._patch(route, self.headers.get("Content-Type", ""),
-                                                body))
-        elif route.subresource is not None:
-            raise ApiError(405, "the server does not allow this method on the requested resource")
-        else:  # DELETE
-            # endpoints/handlers/delete.go: DeleteOptions come from the body when there is one,
-            # else from the query string.
-            options = body if isinstance(body, dict) and body else {}
-            if not options and "gracePeriodSeconds" in query:
-                if not query["gracePeriodSeconds"].lstrip("-").isdigit():
-                    raise ApiError(400, f"invalid gracePeriodSeconds {query['gracePeriodSeconds']!r}")
-                options = {"gracePeriodSeconds": int(query["gracePeriodSeconds"])}
-            obj, deleted = emulator._delete(route, options)
-            if deleted and not route.rtype.returns_deleted_object:
-                obj = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
-                       "details": {**_details(route.rtype, route.name),
-                                   "uid": obj["metadata"]["uid"]}}
-            self._send_json(200, obj)
-
-    def _send_json(self, code: int, payload: Obj, headers: Mapping[str, str] | None = None) -> None:
-        data = json.dumps(payload).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        for name, value in (headers or {}).items():
-            self.send_header(name, value)
-        self.end_headers()
-        self.wfile.write(data)
-
-    def _watch(self, flt: _Filter, query: dict[str, str]) -> None:
-        emulator = self.emulator
-        timeout = query.get("timeoutSeconds")
-        if timeout is not None and not timeout.isdigit():
-            raise ApiError(400, f"invalid timeoutSeconds {timeout!r}")
-        deadline = time.monotonic() + int(timeout) if timeout else None
-        watcher, initial, error = emulator._open_watch(flt, query.get("resourceVersion"))
-        self.close_connection = True  # a watch ends its connection, like a timed-out stream
-        try:
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Transfer-Encoding", "chunked")
-            self.end_headers()
-            if error is not None:
-                self._send_chunk({"type": "ERROR", "object": error})
-            else:
-                for etype, obj in initial:
-                    self._send_chunk({"type": etype, "object": obj})
-                for etype, obj in self._live_events(watcher, deadline):
-                    self._send_chunk({"type": etype, "object": obj})
-            self.wfile.write(b"0\r\n\r\n")
-        except OSError:
-            LOG.debug("watch client went away")
-        finally:
-            emulator._close_watch(watcher)
-
-    def _live_events(self, watcher: _Watcher, deadline: float | None) -> Iterator[tuple[str, Obj]]:
-        """Events until the deadline, server stop, or the client closing its socket."""
-        while not self.emulator._stopping.is_set():
-            wait = _WATCH_POLL_SECONDS
-            if deadline is not None:
-                wait = min(wait, deadline - time.monotonic())
-                if wait <= 0:
-                    return
-            try:
-                item = watcher.events.get(timeout=wait)
-            except queue.Empty:
-                if self._client_gone():
-                    return
-                continue
-            if item is None:
-                return
-            yield item
-
-    def _client_gone(self) -> bool:
-        readable, _, _ = select.select([self.connection], [], [], 0)
-        if not readable:
-            return False
-        try:
-            return bool(self.connection.recv(1, socket.MSG_PEEK) == b"")
-        except OSError:
-            return True
-
-    def _send_chunk(self, payload: Obj) -> None:
-        data = json.dumps(payload).encode() + b"\n"
-        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
-
-
-class _InjectedError(ApiError):
-    def __init__(self, fault: _Fault, headers: dict[str, str]) -> None:
-        super().__init__(fault.status, fault.message, fault.reason)
-        self.headers = headers
-
-
-def _parse_json(raw: bytes) -> Any:
-    if not raw.strip():
-        return None
-    try:
-        return json.loads(raw)
-    except ValueError as exc:
-        raise ApiError(400, f"request body is not JSON: {exc}") from exc
-
-
-def _object_body(body: Any) -> Obj:
-    if not isinstance(body, dict):
-        raise ApiError(400, "the request body must be a JSON object")
-    return body
-
-
-def _crd_errors(crd: Obj) -> list[FieldError]:
-    """The parts of apiextensions' ``ValidateCustomResourceDefinition`` the emulator needs to
-    serve a kind: group, names, scope, versions (one storage version, each with a schema, which
-    apiextensions.k8s.io/v1 requires) and a name that is ``<plural>.<group>``."""
-    spec = crd.get("spec")
-    if not isinstance(spec, dict):
-        return [FieldError("FieldValueRequired", "spec")]
-    errors: list[FieldError] = []
-    group, names = spec.get("group"), spec.get("names") or {}
-    for path, value in (("spec.group", group), ("spec.names.plural", names.get("plural")),
-                        ("spec.names.kind", names.get("kind"))):
-        if not value:
-            errors.append(FieldError("FieldValueRequired", path))
-    if spec.get("scope") not in ("Namespaced", "Cluster"):
-        errors.append(FieldError("FieldValueNotSupported", "spec.scope", spec.get("scope"),
-                                 'supported values: "Cluster", "Namespaced"'))
-    name = crd["metadata"].get("name")
-    if group and names.get("plural") and name != f"{names['plural']}.{group}":
-        errors.append(FieldError("FieldValueInvalid", "metadata.name", name,
-                                 'must be spec.names.plural+"."+spec.group'))
-    versions = spec.get("versions")
-    if not isinstance(versions, list) or not versions:
-        return [*errors, FieldError("FieldValueInvalid", "spec.versions", versions,
-                                    "must have exactly one version marked as storage version")]
-    if sum(1 for v in versions if isinstance(v, dict) and v.get("storage")) != 1:
-        errors.append(FieldError("FieldValueInvalid", "spec.versions", versions,
-                                 "must have exactly one version marked as storage version"))
-    for i, version in enumerate(versions):
-        if not isinstance(version, dict) or not version.get("name"):
-            errors.append(FieldError("FieldValueRequired", f"spec.versions[{i}].name"))
-        elif not (version.get("schema") or {}).get("openAPIV3Schema"):
-            errors.append(FieldError("FieldValueRequired", f"spec.versions[{i}].schema.openAPIV3Schema",
-                                     detail="schemas are required"))
-    return errors

@@ -569,3 +569,39 @@ def _field_errors(error: jsonschema.ValidationError) -> Iterator[FieldError]:
         "maxItems": f"{where} should have at most {expected} items",
     }
     yield FieldError("FieldValueInvalid", path, value, details.get(keyword, f"{where}: {error.message}"))
+
+
+def crd_errors(crd: Obj) -> list[FieldError]:
+    """The parts of apiextensions' ``ValidateCustomResourceDefinition`` the emulator needs to
+    serve a kind: group, names, scope, versions (one storage version, each with a schema, which
+    apiextensions.k8s.io/v1 requires) and a name that is ``<plural>.<group>``."""
+    spec = crd.get("spec")
+    if not isinstance(spec, dict):
+        return [FieldError("FieldValueRequired", "spec")]
+    errors: list[FieldError] = []
+    group, names = spec.get("group"), spec.get("names") or {}
+    for path, value in (("spec.group", group), ("spec.names.plural", names.get("plural")),
+                        ("spec.names.kind", names.get("kind"))):
+        if not value:
+            errors.append(FieldError("FieldValueRequired", path))
+    if spec.get("scope") not in ("Namespaced", "Cluster"):
+        errors.append(FieldError("FieldValueNotSupported", "spec.scope", spec.get("scope"),
+                                 'supported values: "Cluster", "Namespaced"'))
+    name = crd["metadata"].get("name")
+    if group and names.get("plural") and name != f"{names['plural']}.{group}":
+        errors.append(FieldError("FieldValueInvalid", "metadata.name", name,
+                                 'must be spec.names.plural+"."+spec.group'))
+    versions = spec.get("versions")
+    if not isinstance(versions, list) or not versions:
+        return [*errors, FieldError("FieldValueInvalid", "spec.versions", versions,
+                                    "must have exactly one version marked as storage version")]
+    if sum(1 for v in versions if isinstance(v, dict) and v.get("storage")) != 1:
+        errors.append(FieldError("FieldValueInvalid", "spec.versions", versions,
+                                 "must have exactly one version marked as storage version"))
+    for i, version in enumerate(versions):
+        if not isinstance(version, dict) or not version.get("name"):
+            errors.append(FieldError("FieldValueRequired", f"spec.versions[{i}].name"))
+        elif not (version.get("schema") or {}).get("openAPIV3Schema"):
+            errors.append(FieldError("FieldValueRequired", f"spec.versions[{i}].schema.openAPIV3Schema",
+                                     detail="schemas are required"))
+    return errors

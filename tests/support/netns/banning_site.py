@@ -1,6 +1,6 @@
 """A web site for crawl tests that bans a client address, inside a network namespace of the test's.
 
-:class:`BanningSite` runs one Python process in the namespace (tests/support/squid.py) on an
+:class:`BanningSite` runs one Python process in the namespace (tests/support/netns/squid.py) on an
 address of its own, port 8080. Its pages form a binary tree: ``/page/<n>`` (0 <= n < ``pages``)
 links to ``/page/<2n+1>`` and ``/page/<2n+2>``, and ``/`` is page 0, so a crawler that follows
 every link fetches each page once, ``pages`` in all. Every answer waits ``delay`` seconds first
@@ -20,8 +20,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from .libvirt_daemon import tcp_port_accepts
-from .squid import NetworkNamespace, TargetServer
+from support.netns.namespace import NetworkNamespace
+from support.netns.targets import TargetServer
+from support.process import tcp_port_accepts
 
 SITE_PORT = 8080
 

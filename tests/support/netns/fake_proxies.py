@@ -37,8 +37,8 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from .squid import NamespacedProcess, NetworkNamespace
-from .waiting import wait_for
+from support.netns.namespace import NamespacedProcess, NetworkNamespace
+from support.waiting import wait_for
 
 FAKE_PROXIES = r"""
 import asyncio, base64, json, os, sys, time

@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from egress_proxies.serving.probe import ProbeDestination
-
-from .libvirt_daemon import tcp_port_accepts, wait_until
-from .squid import NamespacedProcess, NetworkNamespace
+from support.netns.namespace import NamespacedProcess, NetworkNamespace
+from support.process import DaemonStartError, log_tail, tcp_port_accepts
+from support.waiting import wait_for
 
 EGRESS_PROXIES = str(Path(sys.executable).parent / "egress-proxies")
 HTTP_PORT = 8080
@@ -59,10 +59,9 @@ class ProbeTargetProcess(NamespacedProcess):
         process = self.launch([EGRESS_PROXIES, "probe-target", "--listen", f"{self.address}:{HTTP_PORT}",
                                "--listen", f"{self.address}:{TUNNEL_PORT}", "--key-file", str(self.key_file)],
                               directory / "out.log")
-        for port in (HTTP_PORT, TUNNEL_PORT):
-            wait_until(lambda port=port: tcp_port_accepts(self.address, port),  # type: ignore[misc]
-                       what=f"the probe target on {self.address}:{port}", timeout=30, process=process,
-                       logs=[directory / "out.log"])
+        wait_for(lambda: all(tcp_port_accepts(self.address, port) for port in (HTTP_PORT, TUNNEL_PORT)), 30,
+                 f"the probe target on {self.address}:{HTTP_PORT},{TUNNEL_PORT}",
+                 diagnostics=lambda: log_tail([directory / "out.log"]), process=process, error=DaemonStartError)
 
     def pause(self) -> None:
         os.kill(self.pid, signal.SIGSTOP)

@@ -1,5 +1,5 @@
 """A kubelet for the Kubernetes provider's Pods that runs each one for real: squid with the Pod's own
-generated squid.conf, in a network namespace the test made (tests/support/squid.py).
+generated squid.conf, in a network namespace the test made (tests/support/netns/squid.py).
 
 The Kubernetes API emulator has no kubelet (``KubeEmulator.kubelet_run`` only writes the status a
 kubelet would). :class:`SquidKubelet` watches one namespace's Pods (a list every ``poll`` seconds)
@@ -15,7 +15,7 @@ and, for each new Pod the provider made, does what a kubelet and a container run
   (``tcp_outgoing_address``), so a site sees each Pod's own egress address, as it would see each
   proxy's;
 - **container**: the container's command (its ``/bin/sh -c`` preamble, which writes the error
-  pages and the Pod's own addresses, then ``squid -N -f <conf>``) as :class:`~support.squid.Squid`
+  pages and the Pod's own addresses, then ``squid -N -f <conf>``) as :class:`~support.netns.squid.Squid`
   runs it: the preamble as the launcher with the Pod's downward-API environment (``POD_IPS``,
   ``NODE_IP``), the same binary and flags, the Pod's config plus the harness's housekeeping lines;
 - **status**: once squid accepts connections (what the Pod's tcpSocket readiness probe checks),
@@ -40,9 +40,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .kube_emulator import KubeEmulator
-from .libvirt_daemon import DaemonStartError
-from .squid import SQUID_USER, NetworkNamespace, Squid
+from support.kube.emulator import KubeEmulator
+from support.netns.namespace import NetworkNamespace
+from support.netns.squid import SQUID_USER, Squid
+from support.process import DaemonStartError
 
 LOG = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 # Build the local stand-in for controller/Containerfile's base image (docker.io/library/
 # debian:12.11-slim), for image builds where no registry is reachable, into OUTDIR:
 #
-#   bash tests/support/container_base/build.sh OUTDIR PACKAGE...   # as root; OUTDIR empty
+#   bash tests/support/images/container_base/build.sh OUTDIR PACKAGE...   # as root; OUTDIR empty
 #
 # OUTDIR then holds:
 #   rootfs.tar   a Debian 12 minbase root filesystem, slimmed as Debian's -slim images are
@@ -15,7 +15,7 @@
 # The root filesystem's only apt source is `deb [trusted=yes] file:/mnt/egress-proxies-debs ./`:
 # an image build bind-mounts debs/ there (`buildah build --volume DIR/debs:/mnt/egress-proxies-debs`),
 # so the Containerfile's unchanged `apt-get update && apt-get install` runs with no network.
-# tests/support/container_image.py caches OUTDIR keyed by this file and the package list.
+# tests/support/images/container_image.py caches OUTDIR keyed by this file and the package list.
 set -euo pipefail
 
 SUITE=bookworm

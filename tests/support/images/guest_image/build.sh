@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Build the Debian 12 guest images the end-to-end tests boot, into OUTDIR:
 #
-#   bash tests/support/guest_image/build.sh OUTDIR     # as root; OUTDIR exists and is empty
+#   bash tests/support/images/guest_image/build.sh OUTDIR     # as root; OUTDIR exists and is empty
 #
 # OUTDIR then holds, per variant (agent, no-agent): <variant>.qcow2, <variant>.qcow2.sha256
 # (sha256sum's format) and <variant>.packages (the installed packages, "name<TAB>version").
-# tests/support/guest_image.py runs this and caches OUTDIR keyed by this file's sha256, so any
+# tests/support/images/guest_image.py runs this and caches OUTDIR keyed by this file's sha256, so any
 # edit here means a rebuild: keep everything the image depends on inside this one file.
 #
 # The image boots from its own disk as a cloud image does (the KVM provider has no kernel-boot
@@ -166,7 +166,7 @@ configure_rootfs() {
     in_rootfs apt-get clean
 
     cat >"$ROOTFS/etc/cloud/cloud.cfg.d/90_egress_proxies_test_image.cfg" <<'CFG'
-# The test image's cloud-init settings (tests/support/guest_image/build.sh).
+# The test image's cloud-init settings (tests/support/images/guest_image/build.sh).
 # The provider attaches a NoCloud seed (an ISO labelled cidata); nothing else is looked for.
 datasource_list: [NoCloud, None]
 # minbase generates no locale; cloud-init's schema wants the string "false" to skip it.
