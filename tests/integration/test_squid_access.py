@@ -75,6 +75,7 @@ from support.figures import show
 from support.netns.namespace import NetworkNamespace
 from support.netns.squid import SQUID_USER, Squid
 from support.netns.targets import DnsServer, TargetServer
+from support.waiting import wait_for
 
 STOCK = Path("/etc/squid")
 STOCK_INCLUDE = "include /etc/squid/conf.d/*.conf"
@@ -311,15 +312,12 @@ def _open_the_boot_gate(lab: Lab, proxy: Proxy, stubs: Path) -> None:
     subprocess.run(lab.ns.command(["env", f"PATH={stubs}:/usr/sbin:/usr/bin:/sbin:/bin", "sh", str(refresh),
                                    "open"]), check=True, timeout=30)
     proxy.squid.reconfigure()
-    deadline = time.monotonic() + 20
-    while True:
+    def serves() -> bool:
         try:
-            if _ask(lab, proxy, "GET", PUBLIC, "right", "allowed") == 204:
-                return
+            return _ask(lab, proxy, "GET", PUBLIC, "right", "allowed") == 204
         except OSError:
-            pass  # squid closes and opens its port again, and drops connections, while it reconfigures
-        assert time.monotonic() < deadline, "the boot gate did not open"
-        time.sleep(0.1)
+            return False  # squid closes and opens its port again, and drops connections, while it reconfigures
+    wait_for(serves, 20, "the boot gate to open", 0.1)
 
 
 @pytest.fixture(scope="module")
