@@ -40,6 +40,7 @@ def agent_command(domain: libvirt.virDomain, command: str, **arguments: Any) -> 
 def guest_exec(domain: libvirt.virDomain, argv: Sequence[str], timeout: float = 60.0) -> GuestProcess:
     """Run ``argv`` in the guest and wait for it to exit."""
     started = agent_command(domain, "guest-exec", path=argv[0], arg=list(argv[1:]), **{"capture-output": True})
+
     def exited() -> dict[str, Any]:
         status: dict[str, Any] = agent_command(domain, "guest-exec-status", pid=started["pid"])
         return status if status["exited"] else {}
