@@ -63,7 +63,7 @@ class Handler(BaseHTTPRequestHandler):
 
     @property
     def emulator(self) -> KubeEmulator:
-        return cast(KubeEmulator, cast(Any, self.server).emulator)
+        return cast("KubeEmulator", cast(Any, self.server).emulator)
 
     def setup(self) -> None:
         super().setup()
