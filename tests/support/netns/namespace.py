@@ -169,11 +169,6 @@ class NetworkNamespace(_Started):
         self.slot = 0
         raise DaemonStartError("no free slot for a squid test network namespace")
 
-    def _pids(self) -> list[int]:
-        result = subprocess.run(["ip", "netns", "pids", self.namespace], capture_output=True, text=True,
-                                check=False)
-        return [int(pid) for pid in result.stdout.split()]
-
     def stop(self) -> None:
         """Kill every process in the namespace, delete it and the veth pair; safe to repeat."""
         for process in self._processes:
