@@ -76,9 +76,10 @@ from egress_proxies.resources.proxy import (
     UID_TAG,
     VERSION,
 )
-from support.ansible_modules import collections_path
-from support.libvirt_daemon import LibvirtTestDaemon
-from support.provider_config import OWNER, kvm_host, make_base_image, write_kubeconfig, write_kvm_config
+from support import waiting
+from support.collection.modules import collections_path
+from support.collection.provider_config import OWNER, kvm_host, make_base_image, write_kubeconfig, write_kvm_config
+from support.hosts.libvirt_daemon import LibvirtTestDaemon
 
 # The instances are read back with the collection's own parser of its domain metadata.
 if collections_path() not in sys.path:
@@ -107,7 +108,8 @@ TRANSIENT_LINE = re.compile(r" egress_proxies\.status: \S+: (\w+): transient: ")
 # answers each with one JSON line: the back door and the fault switch live in its process.
 KUBE_LAUNCHER = """
 import json, sys
-from support.kube_emulator import KubeEmulator, proxy_crd
+from support.kube.emulator import KubeEmulator
+from support.kube.resources import proxy_crd
 emulator = KubeEmulator(port=0, namespaces=sys.argv[1:], crds=[proxy_crd()]).start()
 print(emulator.url, flush=True)
 for line in sys.stdin:
@@ -488,9 +490,7 @@ def run(args: argparse.Namespace, stack: contextlib.ExitStack) -> Fleet:
     # Under load a restarted controller may not reach a module run before the window ends: the
     # faults go on until at least one libvirt connection was cut (at most 60 s more), so that
     # every run has met every kind of fault.
-    cap = time.monotonic() + 60
-    while cuts.cut == 0 and args.module_fault_rate and time.monotonic() < cap:
-        time.sleep(0.5)
+    waiting.poll(lambda: cuts.cut > 0 or not args.module_fault_rate, 60, interval=0.5)
 
     # The last fault: from here on, every API call and every libvirt connection goes through.
     stats = emulator.command("fail_randomly", rate=0.0, seed=0)
@@ -498,13 +498,8 @@ def run(args: argparse.Namespace, stack: contextlib.ExitStack) -> Fleet:
     last_fault = time.monotonic()
     fleet.chaos_seconds = last_fault - chaos_started
     say(f"faults stopped after {fleet.chaos_seconds:.0f} s; waiting for convergence ...")
-    while True:
-        if inspect(objects, daemons, fleet):
-            fleet.converge_seconds = time.monotonic() - last_fault
-            break
-        if time.monotonic() - last_fault > args.converge_timeout:
-            break
-        time.sleep(2)
+    if waiting.poll(lambda: inspect(objects, daemons, fleet), args.converge_timeout, interval=2):
+        fleet.converge_seconds = time.monotonic() - last_fault
     fleet.api_requests = stats["requests"] - before["requests"]
     fleet.api_injected = stats["injected"]
     fleet.relay_connections = cuts.connections

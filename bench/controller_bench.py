@@ -76,9 +76,14 @@ from egress_proxies.sources.kube import KubeStore  # noqa: E402
 from egress_proxies.sweep.backoff import Backoff  # noqa: E402
 from egress_proxies.sweep.live import LiveParts, LivePath, LiveSettings, SweepPass  # noqa: E402
 from egress_proxies.sweep.reconcile import Reconciler, ReconcileSettings, SweepParts, SweepReport  # noqa: E402
-from support.ansible_modules import collections_path  # noqa: E402
-from support.libvirt_daemon import LibvirtTestDaemon  # noqa: E402
-from support.provider_config import kvm_host, make_base_image, write_kubeconfig, write_kvm_config  # noqa: E402
+from support.collection.modules import collections_path  # noqa: E402
+from support.collection.provider_config import (  # noqa: E402
+    kvm_host,
+    make_base_image,
+    write_kubeconfig,
+    write_kvm_config,
+)
+from support.hosts.libvirt_daemon import LibvirtTestDaemon  # noqa: E402
 
 # The collection, for what the providers would have made (the listing figures' seeded instances).
 if collections_path() not in sys.path:
@@ -98,7 +103,7 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.k8s.settings 
 )
 
 MIB = 1024 * 1024
-KVM_PROVIDER = "lab"  # the KVM provider support.provider_config writes
+KVM_PROVIDER = "lab"  # the KVM provider support.collection.provider_config writes
 GCP_PROVIDER = "gcp-eu"
 K8S_PROVIDER = "cluster"
 GCP_PROJECT = "bench-project"
@@ -147,7 +152,8 @@ def rss_target_mib(proxies: int) -> float:
 # when the bench dies without cleaning up. Both emulators disable Nagle themselves.
 KUBE_LAUNCHER = """
 import json, sys
-from support.kube_emulator import KubeEmulator, proxy_crd
+from support.kube.emulator import KubeEmulator
+from support.kube.resources import proxy_crd
 # A cluster as the seed file says: its namespaces made, the Proxy CRD installed (or not), its Pods
 # created and each reported running, as the scheduler and kubelet would.
 seed = json.loads(open(sys.argv[1]).read())
@@ -164,7 +170,7 @@ emulator.stop()
 """
 COMPUTE_LAUNCHER = """
 import json, sys
-from support.compute_emulator import ComputeEmulator
+from support.compute.emulator import ComputeEmulator
 # A project as the seed file says: its zones, and instances already running in them.
 seed = json.loads(open(sys.argv[1]).read())
 with ComputeEmulator(project=seed["project"], zones=tuple(seed["zones"])) as emulator:

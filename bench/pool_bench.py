@@ -58,10 +58,10 @@ from egress_proxies.sweep.backoff import Backoff
 from egress_proxies.sweep.pools import PoolReconciler
 from egress_proxies.sweep.quarantine import Quarantine
 from egress_proxies.sweep.reconcile import Reconciler, ReconcileSettings, SweepParts
-from support.ansible_modules import collections_path
-from support.compute_emulator import ComputeEmulator
-from support.libvirt_daemon import LibvirtTestDaemon
-from support.provider_config import OWNER, kvm_host, make_base_image, write_kubeconfig
+from support.collection.modules import collections_path
+from support.collection.provider_config import OWNER, kvm_host, make_base_image, write_kubeconfig
+from support.compute.emulator import ComputeEmulator
+from support.hosts.libvirt_daemon import LibvirtTestDaemon
 
 NAMESPACE = "bench"
 POD_NAMESPACE = "egress"

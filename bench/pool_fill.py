@@ -39,9 +39,9 @@ from kubernetes import client
 
 from egress_proxies.resources.pool import POOL_LABEL, POOL_PLURAL, RETIRING_ANNOTATION
 from egress_proxies.resources.proxy import GROUP, PLURAL, VERSION
-from support.controller_process import ControllerProcess
-from support.libvirt_daemon import LibvirtTestDaemon
-from support.provider_config import kvm_host, make_base_image, write_kubeconfig, write_kvm_config
+from support.collection.provider_config import kvm_host, make_base_image, write_kubeconfig, write_kvm_config
+from support.controller.command import ControllerProcess
+from support.hosts.libvirt_daemon import LibvirtTestDaemon
 
 NAMESPACE = "bench"
 POOL = "fill"
@@ -50,7 +50,8 @@ API_VERSION = f"{GROUP}/{VERSION}"
 # the rest the namespaces it starts with (pool_bench.py uses it too).
 KUBE_LAUNCHER = """
 import sys, yaml
-from support.kube_emulator import KubeEmulator, proxy_crd
+from support.kube.emulator import KubeEmulator
+from support.kube.resources import proxy_crd
 pool_crd = yaml.safe_load(open(sys.argv[1]).read())
 emulator = KubeEmulator(port=0, namespaces=tuple(sys.argv[2:]), crds=[proxy_crd(), pool_crd]).start()
 sys.stdout.write(emulator.url + "\\n")

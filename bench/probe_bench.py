@@ -5,7 +5,7 @@ Prints figures with PASS/MISS against the issue's targets and fails nothing (not
 What answers the probes, all on this machine and nowhere else:
 
 - **real squids** (Debian's package): ``--squids`` instances (default 4) in a network namespace
-  the bench creates (tests/support/squid.py), each on ``--ports-per-squid`` ports (default 25),
+  the bench creates (tests/support/netns/squid.py), each on ``--ports-per-squid`` ports (default 25),
   Basic auth through ``basic_ncsa_auth``; they really fetch the 204 URL and the echo and open the
   tunnel to the project's own **probe target** (``egress-proxies probe-target``) in the same
   namespace, which also answers the controller's direct checks;
@@ -68,8 +68,9 @@ from egress_proxies.serving.probe import (  # noqa: E402
     Prober,
     ProbeTarget,
 )
-from support.probe_target import ProbeTargetProcess  # noqa: E402
-from support.squid import NetworkNamespace, Squid, basic_auth_config, write_password_file  # noqa: E402
+from support.netns.namespace import NetworkNamespace  # noqa: E402
+from support.netns.probe_target import ProbeTargetProcess  # noqa: E402
+from support.netns.squid import Squid, basic_auth_config, write_password_file  # noqa: E402
 
 USER = "bench"
 PASSWORD = "bench-9a1f3c5e7b2d4f6a8c0e1b3d5f7a9c1e"

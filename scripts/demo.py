@@ -62,9 +62,11 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from support.guest_image import BUILD_SCRIPT, CACHE_ROOT, cache_key, guest_image  # noqa: E402
-from support.hypervisor_host import HypervisorHost, bootstrap  # noqa: E402
-from support.libvirt_daemon import LibvirtTestDaemon, stop_process_group  # noqa: E402
+from support import waiting  # noqa: E402
+from support.hosts.hypervisor_host import HypervisorHost, bootstrap  # noqa: E402
+from support.hosts.libvirt_daemon import LibvirtTestDaemon  # noqa: E402
+from support.images.guest_image import BUILD_SCRIPT, CACHE_ROOT, cache_key, guest_image  # noqa: E402
+from support.process import stop_process_group  # noqa: E402
 
 EXAMPLE = ROOT / "controller" / "examples" / "proxy-kvm-squid.yaml"
 PROVIDER, LOCATION = "home-kvm", "beelink"  # what the example Proxies name
@@ -206,17 +208,10 @@ def masked(url: str) -> str:
 
 
 def wait_for(what: str, check: Any, timeout: float, controller: subprocess.Popen[bytes], log: Path) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if controller.poll() is not None:
-            raise DemoFailed(f"the controller exited ({controller.returncode}) waiting for {what}; "
-                             f"its log:\n{tail(log)}")
-        if time.monotonic() > deadline:
-            raise DemoFailed(f"no {what} after {timeout:.0f} s; the controller's log:\n{tail(log)}")
-        time.sleep(0.5)
+    """What ``check`` returns once it is truthy; DemoFailed with the controller's log when it exits first
+    or ``timeout`` passes."""
+    return waiting.wait_for(check, timeout, what, 0.5, lambda: f"the controller's log:\n{tail(log)}",
+                            process=controller, error=DemoFailed)
 
 
 def tail(path: Path, lines: int = 25) -> str:
@@ -435,9 +430,7 @@ def kill_leftovers(demo: Path) -> int:
                 os.kill(pid, sig)
             except ProcessLookupError:
                 pass
-        deadline = time.monotonic() + 5
-        while leftover_processes(demo) and time.monotonic() < deadline:
-            time.sleep(0.1)
+        waiting.poll(lambda: not leftover_processes(demo), 5, interval=0.1)
     return len(pids)
 
 

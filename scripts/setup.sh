@@ -14,11 +14,11 @@ PYTHON=${PYTHON:-/usr/bin/python3}
 # libvirt-dev, pkg-config, gcc and python3-dev build libvirt-python when pip finds no wheel;
 # qemu, libvirt, openssh, dnsmasq and iptables (libvirt's bridge networks) make the test
 # hypervisors, util-linux the namespaces they run in; debootstrap, fdisk (sfdisk), extlinux and
-# syslinux-common (mbr.bin) build the guest image (tests/support/guest_image/build.sh); the
+# syslinux-common (mbr.bin) build the guest image (tests/support/images/guest_image/build.sh); the
 # kvm_hypervisor role's community.libvirt modules and apt module run on the host's own python3,
 # which needs python3-libvirt, python3-lxml and python3-apt; curl is the crawler in the
 # end-to-end test; shellcheck and git are used by ansible-test sanity. squid is the real proxy the
-# probe and privacy tests run in their own network namespaces (tests/support/squid.py), never as
+# probe and privacy tests run in their own network namespaces (tests/support/netns/squid.py), never as
 # the machine's service; openssl hashes the test proxies' passwords (`openssl passwd`). prometheus
 # ships promtool, which checks and unit-tests controller/manifests/monitoring's alerting rules; its
 # server must not run (held back like squid below).

@@ -17,10 +17,11 @@ import pytest
 from kubernetes import client
 
 from egress_proxies.providers.runner import RUN_TEMP_PREFIX
-from support.hypervisor_host import HypervisorHost
-from support.kube_emulator import KubeEmulator, proxy_crd
-from support.libvirt_daemon import LibvirtTestDaemon
-from support.provider_config import BaseImage, kvm_host, make_base_image, write_kvm_config
+from support.collection.provider_config import BaseImage, kvm_host, make_base_image, write_kvm_config
+from support.hosts.hypervisor_host import HypervisorHost
+from support.hosts.libvirt_daemon import LibvirtTestDaemon
+from support.kube.emulator import KubeEmulator
+from support.kube.resources import proxy_crd
 
 # The test driver's built-in storage pool.
 TEST_DRIVER_POOL = "default-pool"
@@ -114,7 +115,7 @@ def testdriver_config(tmp_path: Path, libvirt_test: LibvirtTestDaemon, image: Ba
 
 @pytest.fixture
 def kube() -> Iterator[KubeEmulator]:
-    """The Kubernetes API emulator on 127.0.0.1 (tests/support/kube_emulator.py), with the
+    """The Kubernetes API emulator on 127.0.0.1 (tests/support/kube/emulator.py), with the
     project's Proxy CRD (controller/manifests/crd.yaml) installed, so Proxies are served and
     validated against its schema. Only the system namespaces exist: a test creates the ones it
     uses (``kube.create_namespace``), as an operator would on a real cluster."""

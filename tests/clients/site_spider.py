@@ -1,5 +1,5 @@
 """The spider the crawl tests run with ``scrapy runspider``: every page of
-tests/support/banning_site.py's tree, through EgressProxiesMiddleware.
+tests/support/netns/banning_site.py's tree, through EgressProxiesMiddleware.
 
 Arguments (``-a``): ``start_url``, the site's root; ``stats_path``, where the crawl's stats are
 written as JSON when it closes. Everything else comes from ``-s`` settings (EGRESS_PROXIES_*).

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from egress_proxies_client import POLICIES, DiscoveryError, NoProxyAvailable, Proxy, ProxyClient, Refresh
-from support.discovery_server import CRAWLER_TOKEN, OPERATOR_TOKEN, OTHER_TOKEN, PASSWORD, DiscoveryServer
+from support.controller.discovery_server import CRAWLER_TOKEN, OPERATOR_TOKEN, OTHER_TOKEN, PASSWORD, DiscoveryServer
 from support.waiting import wait_for
 
 

@@ -4,10 +4,10 @@ one of them (issue 31).
 Everything is real but the Kubernetes cluster: the ``egress-proxies`` command (a child process, as
 shipped) with the Kubernetes provider and a ProxyPool of 3 on the Kubernetes API emulator; the
 provider's Pods run as real squids with their generated squid.conf (credentials required, the
-operator's access rules) in a network namespace of this test's (tests/support/squid_kubelet.py);
+operator's access rules) in a network namespace of this test's (tests/support/netns/squid_kubelet.py);
 the controller probes through each before it is Ready; the crawler is ``scrapy runspider`` with
 EgressProxiesMiddleware reading the pool's discovery with a scoped token; the site
-(tests/support/banning_site.py) lives in the same namespace and answers 403 to the first proxy
+(tests/support/netns/banning_site.py) lives in the same namespace and answers 403 to the first proxy
 address that asks for more than ``BAN_AFTER`` pages. The crawl must finish with every page, the
 banned proxy must be quarantined through the controller's HTTP server, and its replacement must
 appear in discovery and carry pages.
@@ -44,13 +44,14 @@ from egress_proxies.providers.runner import AnsibleRunner
 from egress_proxies.resources.pool import POOL_LABEL, POOL_PLURAL
 from egress_proxies.resources.proxy import GROUP, PLURAL, VERSION
 from support import figures
-from support.ansible_modules import collections_path
-from support.banning_site import BanningSite
-from support.kube_emulator import KubeEmulator, proxy_crd
-from support.probe_target import ProbeTargetProcess
-from support.provider_config import write_kubeconfig, write_kubernetes_config
-from support.squid import NetworkNamespace
-from support.squid_kubelet import SquidKubelet, squid_kubelet
+from support.collection.modules import collections_path
+from support.collection.provider_config import write_kubeconfig, write_kubernetes_config
+from support.kube.emulator import KubeEmulator
+from support.kube.resources import proxy_crd
+from support.netns.banning_site import BanningSite
+from support.netns.namespace import NetworkNamespace
+from support.netns.probe_target import ProbeTargetProcess
+from support.netns.squid_kubelet import SquidKubelet, squid_kubelet
 from support.waiting import wait_for
 
 # Mostly the controller's module runs (ansible-runner): 70 s to 3 pool members and 100 s to the

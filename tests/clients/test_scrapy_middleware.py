@@ -1,5 +1,5 @@
 """EgressProxiesMiddleware in real Scrapy crawls (``scrapy runspider``) through real squids, with the
-controller's real HTTP server serving discovery and quarantine (tests/support/discovery_server.py):
+controller's real HTTP server serving discovery and quarantine (tests/support/controller/discovery_server.py):
 start-up errors stop the crawl before any request, an empty list never sends a request without a
 proxy unless EGRESS_PROXIES_ALLOW_DIRECT says so, a crawler's own ban detector and a proxy that
 refuses connections. The whole path with the controller managing the proxies is
@@ -22,9 +22,10 @@ from typing import Any
 
 import pytest
 
-from support.banning_site import BanningSite
-from support.discovery_server import CRAWLER_TOKEN, PASSWORD, DiscoveryServer
-from support.squid import NetworkNamespace, Squid, basic_auth_config, write_password_file
+from support.controller.discovery_server import CRAWLER_TOKEN, PASSWORD, DiscoveryServer
+from support.netns.banning_site import BanningSite
+from support.netns.namespace import NetworkNamespace
+from support.netns.squid import Squid, basic_auth_config, write_password_file
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 import requests
 
-from support.compute_emulator import DEFAULT_VM_SCOPES, ComputeEmulator
+from support.compute.emulator import DEFAULT_VM_SCOPES, ComputeEmulator
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -20,7 +20,9 @@ from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
 
-from support.kube_emulator import KubeEmulator, ResourceType, proxy_crd
+from support.kube.emulator import KubeEmulator
+from support.kube.resources import ResourceType, proxy_crd
+from support.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -809,13 +811,6 @@ def test_namespaces_are_cluster_scoped(core: client.CoreV1Api) -> None:
 
 
 
-def wait_until(condition: Any, seconds: float = 5.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)
-
-
 def namespace_gone(core: client.CoreV1Api, name: str) -> bool:
     return name not in [n.metadata.name for n in core.list_namespace().items if n.metadata]
 
@@ -846,7 +841,8 @@ def test_a_deleted_namespace_terminates_until_its_content_is_gone_then_returns_w
     terminating = core.read_namespace(NS)
     assert terminating.metadata is not None and terminating.metadata.deletion_timestamp is not None
     assert terminating.status is not None and terminating.status.phase == "Terminating"
-    wait_until(lambda: [p["metadata"]["name"] for p in proxies.list_objects()["items"]] == ["held"])
+    wait_for(lambda: [p["metadata"]["name"] for p in proxies.list_objects()["items"]] == ["held"], 5,
+             "only the held Proxy to be left", 0.02)
     assert proxies.get("held")["metadata"]["deletionTimestamp"]  # its finalizer holds it, and the namespace
     with pytest.raises(ApiException) as caught:
         proxies.create("late")
@@ -863,7 +859,7 @@ def test_a_deleted_namespace_terminates_until_its_content_is_gone_then_returns_w
     held = proxies.get("held")
     held["metadata"]["finalizers"] = []  # the controller releases it: updates still pass
     proxies.replace(held)
-    wait_until(lambda: namespace_gone(core, NS))
+    wait_for(lambda: namespace_gone(core, NS), 5, f"namespace {NS} to go", 0.02)
     again_created = core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=NS)))
     assert again_created.metadata is not None and before.metadata is not None
     assert again_created.metadata.uid != before.metadata.uid
@@ -1375,10 +1371,7 @@ def test_the_grace_period_ends_by_itself_on_the_emulators_clock(kube: KubeEmulat
 
     core.delete_namespaced_pod("squid-1", NS)
 
-    deadline = time.monotonic() + 5
-    while core.list_namespaced_pod(NS).items and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert core.list_namespaced_pod(NS).items == []
+    wait_for(lambda: core.list_namespaced_pod(NS).items == [], 5, "the Pod to go once its grace period passed")
 
 
 @pytest.mark.parametrize(("grace", "options", "expected"), [

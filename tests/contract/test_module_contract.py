@@ -55,11 +55,11 @@ from egress_proxies.resources import proxy as model
 from egress_proxies.resources import reasons as reason_names
 from egress_proxies.resources.schema import proxy_schema
 from egress_proxies.serving.probe import ProbeReason
-from support.ansible_modules import collections_path
-from support.compute_emulator import ComputeEmulator
-from support.kube_emulator import KubeEmulator
-from support.libvirt_daemon import LibvirtTestDaemon
-from support.provider_config import OWNER, BaseImage, kvm_host, write_kubeconfig, write_kvm_config
+from support.collection.modules import collections_path
+from support.collection.provider_config import OWNER, BaseImage, kvm_host, write_kubeconfig, write_kvm_config
+from support.compute.emulator import ComputeEmulator
+from support.hosts.libvirt_daemon import LibvirtTestDaemon
+from support.kube.emulator import KubeEmulator
 
 REPO = Path(__file__).resolve().parents[2]
 MODULES = REPO / "plugins" / "modules"

@@ -29,7 +29,7 @@ from egress_proxies.serving.credentials import Credentials
 from egress_proxies.sources.directory import DirectoryStore
 from egress_proxies.sources.directory_pools import DirectoryPools
 from egress_proxies.sources.file_secrets import FileSecrets
-from support.controller_fakes import FakeRunner
+from support.controller.fakes import FakeRunner
 
 EGRESS_PROXIES = str(Path(sys.executable).parent / "egress-proxies")
 

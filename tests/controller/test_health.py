@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from egress_proxies.health import MIN_MAX_SWEEP_SECONDS, MIN_STALL_SECONDS, SweepHealth
-from support.controller_fakes import ManualClock as Clock
+from support.controller.fakes import ManualClock as Clock
 
 
 @pytest.fixture

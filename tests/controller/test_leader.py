@@ -17,7 +17,7 @@ from kubernetes import client
 
 from egress_proxies.leader import LeaseElector, parse_micro_time
 from egress_proxies.sources.kube import KubeLeases
-from support.kube_emulator import KubeEmulator
+from support.kube.emulator import KubeEmulator
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -34,8 +34,8 @@ from egress_proxies.serving.discovery import DiscoveryView
 from egress_proxies.sources.kube import KubeLeases
 from egress_proxies.sources.store import WatchEvent
 from egress_proxies.sweep.reconcile import Reconciler, SweepReport
-from support.controller_fakes import MemoryStore
-from support.kube_emulator import KubeEmulator
+from support.controller.fakes import MemoryStore
+from support.kube.emulator import KubeEmulator
 from support.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(120)

@@ -32,10 +32,10 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.gcp.startup i
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.k8s.pods import POD_PATHS
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.squid_access import parse_access, render_policy
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.squid_install import POLICY_DIR, install_script
-from support.ansible_modules import ModuleRun, run_module
-from support.compute_emulator import ComputeEmulator
-from support.kube_emulator import KubeEmulator
-from support.provider_config import OWNER, OWNER_TAGS, write_kubeconfig, write_kubernetes_config
+from support.collection.modules import ModuleRun, run_module
+from support.collection.provider_config import OWNER, OWNER_TAGS, write_kubeconfig, write_kubernetes_config
+from support.compute.emulator import ComputeEmulator
+from support.kube.emulator import KubeEmulator
 
 # Real hashes of test passwords, in both formats the policy takes (cost 4: only their shape matters here).
 BCRYPT_HASH = bcrypt.hashpw(b"test-password-one", bcrypt.gensalt(rounds=4)).decode()

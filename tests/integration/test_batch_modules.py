@@ -24,11 +24,8 @@ import yaml
 from egress_proxies.providers.client import CreateRequest, ProviderClient, ProviderType, Target
 from egress_proxies.providers.errors import ErrorClass
 from egress_proxies.providers.runner import AnsibleRunner
-from support.ansible_modules import ModuleRun, collections_path, run_module
-from support.compute_emulator import ComputeEmulator
-from support.kube_emulator import KubeEmulator
-from support.libvirt_daemon import LibvirtTestDaemon
-from support.provider_config import (
+from support.collection.modules import ModuleRun, collections_path, run_module
+from support.collection.provider_config import (
     OWNER,
     OWNER_TAGS,
     BaseImage,
@@ -37,6 +34,9 @@ from support.provider_config import (
     write_kubernetes_config,
     write_kvm_config,
 )
+from support.compute.emulator import ComputeEmulator
+from support.hosts.libvirt_daemon import LibvirtTestDaemon
+from support.kube.emulator import KubeEmulator
 
 POOL = "default-pool"  # the test driver's built-in pool
 SECRET_USER_DATA = "#cloud-config\nwrite_files: [{path: /etc/squid/passwd, content: 'crawler:s3cr3t-hash'}]\n"

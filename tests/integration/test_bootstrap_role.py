@@ -5,7 +5,7 @@ The molecule scenario ``extensions/molecule/kvm_hypervisor`` is the role's own t
 again expecting no change, and verifies over ``qemu+libssh2`` with the key the role authorized and
 the known_hosts file the role wrote. It runs here as ``molecule test``, exactly as from a shell.
 
-The other tests run the playbook directly (:func:`support.hypervisor_host.bootstrap`, through
+The other tests run the playbook directly (:func:`support.hosts.hypervisor_host.bootstrap`, through
 ansible-runner) against one host whose pools, networks and domains each test sets up and removes:
 check mode changes nothing; the network Debian's packages define (NAT, DNS on: the role's
 defaults) is kept as it is; a pool or network that exists with another definition makes the role
@@ -26,8 +26,9 @@ from typing import Any
 import libvirt
 import pytest
 
-from support.ansible_modules import REPO, collections_path
-from support.hypervisor_host import GUEST_NETWORK_PREFIX, HypervisorHost, bootstrap
+from support import REPO
+from support.collection.modules import collections_path
+from support.hosts.hypervisor_host import GUEST_NETWORK_PREFIX, HypervisorHost, bootstrap
 
 SCENARIO = "kvm_hypervisor"
 # Installed with libvirt-daemon-system (libvirt-daemon-config-network).

@@ -1,7 +1,7 @@
 """The GCP modules through ansible-runner against the Compute REST emulator.
 
 Each module run is its own process driving the real google-cloud-compute client, as
-under the controller; the emulator (tests/support/compute_emulator.py) keeps the state
+under the controller; the emulator (tests/support/compute/emulator.py) keeps the state
 between runs and records every request, so tests can count API calls. A run costs about
 2.5 s, so the finer cases (every bad field, operation errors, foreign instances,
 credentials) run in-process against the same emulator in
@@ -32,9 +32,9 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.gcp.labels import TAGS_METADATA_KEY, encode_tags
-from support.ansible_modules import ModuleRun, run_module
-from support.compute_emulator import DEFAULT_VM_SCOPES, ComputeEmulator
-from support.provider_config import OWNER, OWNER_TAGS
+from support.collection.modules import ModuleRun, run_module
+from support.collection.provider_config import OWNER, OWNER_TAGS
+from support.compute.emulator import DEFAULT_VM_SCOPES, ComputeEmulator
 
 PROJECT = "test-project"
 ZONES = ("europe-west1-b", "europe-west4-a")

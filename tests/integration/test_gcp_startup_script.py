@@ -30,9 +30,9 @@ import yaml
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.gcp.startup import PORT_DROPIN_PATH, startup_script
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.squid_access import parse_access
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.squid_install import CONFIG_PATH
-from support.ansible_modules import run_module
-from support.compute_emulator import ComputeEmulator
-from support.provider_config import OWNER, OWNER_TAGS
+from support.collection.modules import run_module
+from support.collection.provider_config import OWNER, OWNER_TAGS
+from support.compute.emulator import ComputeEmulator
 
 PROJECT, ZONE, NAME = "test-project", "europe-west1-b", "crawlers-eu-1-3f9c2a"
 ACCESS = {"open": True, "allowed_sources": ["10.0.0.0/8"]}

@@ -19,15 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from support.guest_image import (
-    BUILD_SCRIPT,
-    PRUNE_AFTER,
-    VARIANTS,
-    cache_key,
-    cached_build,
-    guest_image,
-    installed_packages,
-)
+from support.images.cache import PRUNE_AFTER
+from support.images.guest_image import BUILD_SCRIPT, VARIANTS, cache_key, cached_build, guest_image, installed_packages
 
 # The image builds run in scripts/test.sh's side stream, before the tests that boot the image.
 pytestmark = pytest.mark.vm

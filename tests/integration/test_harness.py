@@ -9,8 +9,8 @@ import textwrap
 import libvirt
 import pytest
 
-from support.hypervisor_host import HypervisorHost
-from support.libvirt_daemon import LibvirtTestDaemon
+from support.hosts.hypervisor_host import HypervisorHost
+from support.hosts.libvirt_daemon import LibvirtTestDaemon
 
 TEST_DOMAIN_XML = """
 <domain type='test'>

@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from support.ansible_modules import ModuleRun, run_module
-from support.kube_emulator import KubeEmulator
-from support.provider_config import OWNER, OWNER_TAGS, write_kubeconfig, write_kubernetes_config
+from support.collection.modules import ModuleRun, run_module
+from support.collection.provider_config import OWNER, OWNER_TAGS, write_kubeconfig, write_kubernetes_config
+from support.kube.emulator import KubeEmulator
 
 NAMESPACE = "egress"
 NAME = "crawlers-eu-1-3f9c2a"

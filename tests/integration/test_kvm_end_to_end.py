@@ -11,7 +11,7 @@ the discovery watcher's requests through the proxies. Neither namespace has a ro
 else, so no guest reaches beyond them. The controller runs as its own process, as in a cluster,
 with the Kubernetes API emulator as its API server, and reaches the host over ``qemu+ssh`` with
 the key the bootstrap authorized and the host key it printed. The guest is the Debian 12 image that
-``tests/support/guest_image`` builds (cached per machine): cloud-init, squid and, in one
+``tests/support/images/guest_image`` builds (cached per machine): cloud-init, squid and, in one
 variant, qemu-guest-agent; nothing is fetched at boot.
 
 Ready means serving: the controller probes every running guest *through its squid* at the
@@ -66,14 +66,16 @@ import yaml
 from kubernetes import client
 
 from egress_proxies.resources.proxy import GROUP, PLURAL, REPLACEMENTS_ANNOTATION, VERSION
-from support.ansible_modules import collections_path, run_module
+from support.collection.modules import collections_path, run_module
+from support.collection.provider_config import OWNER, BaseImage, kvm_host, write_kubeconfig, write_kvm_config
 from support.figures import show
-from support.guest_agent import agent_answers, guest_exec, read_guest_file
-from support.guest_image import guest_image
-from support.hypervisor_host import PUBLISH_PORTS, HypervisorHost, bootstrap
-from support.kube_emulator import KubeEmulator, proxy_crd
-from support.libvirt_daemon import stop_process_group, wait_until
-from support.provider_config import OWNER, BaseImage, kvm_host, write_kubeconfig, write_kvm_config
+from support.hosts.guest_agent import agent_answers, guest_exec, read_guest_file
+from support.hosts.hypervisor_host import PUBLISH_PORTS, HypervisorHost, bootstrap
+from support.images.guest_image import guest_image
+from support.kube.emulator import KubeEmulator
+from support.kube.resources import proxy_crd
+from support.process import DaemonStartError, stop_process_group
+from support.waiting import wait_for
 
 pytestmark = [pytest.mark.timeout(1800), pytest.mark.vm]
 
@@ -252,9 +254,9 @@ def web_url(bootstrapped: Bootstrapped, probe_key: Path) -> Iterator[str]:
          "--listen", f"0.0.0.0:{TUNNEL_PORT}"],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
-        wait_until(lambda: outside.run_in_namespace(["curl", "-s", "-o", "/dev/null",
-                                                     f"http://127.0.0.1:{WEB_PORT}/"], check=False).returncode == 0,
-                   what="the probe target", timeout=30, process=server, logs=[])
+        wait_for(lambda: outside.run_in_namespace(["curl", "-s", "-o", "/dev/null",
+                                                   f"http://127.0.0.1:{WEB_PORT}/"], check=False).returncode == 0,
+                 30, "the probe target", process=server, error=DaemonStartError)
         yield f"http://{outside.address}:{WEB_PORT}/"
     finally:
         stop_process_group(server)
@@ -585,19 +587,13 @@ def _free_port() -> int:
 
 
 def poll(condition: Callable[[], Any], seconds: float, what: str, lab: Lab, interval: float = 0.5) -> Any:
-    """Wait for ``condition`` to return something truthy; fail with the controller's log tail."""
-    deadline = time.monotonic() + seconds
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            tail = "\n".join(lab.controller.log.read_text(errors="replace").splitlines()[-40:])
-            listed = lab.objects.list_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL)
-            proxies = cast(dict[str, Any], listed)["items"]
-            raise AssertionError(f"timed out after {seconds:.0f} s waiting for {what}\n--- Proxies ---\n"
-                                 f"{yaml.safe_dump(proxies)}\n--- controller log ---\n{tail}")
-        time.sleep(interval)
+    """``wait_for`` whatever ``condition`` returns, failing with the Proxies and the controller's log tail."""
+    def diagnostics() -> str:
+        tail = "\n".join(lab.controller.log.read_text(errors="replace").splitlines()[-40:])
+        listed = lab.objects.list_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL)
+        proxies = cast(dict[str, Any], listed)["items"]
+        return f"--- Proxies ---\n{yaml.safe_dump(proxies)}\n--- controller log ---\n{tail}"
+    return wait_for(condition, seconds, what, interval, diagnostics)
 
 
 @dataclass

@@ -17,13 +17,14 @@ import os
 import shlex
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from xml.sax.saxutils import escape
 
 import pytest
+
+from support.waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 HOOK = REPO / "roles" / "kvm_hypervisor" / "files" / "egress-proxies-hook"
@@ -150,10 +151,8 @@ class Hypervisor:
         server = subprocess.Popen(["ip", "netns", "exec", namespace, sys.executable, "-c", PEER_SERVER, str(port),
                                    *([label] if label else [])])
         self.servers.append(server)
-        deadline = time.monotonic() + 10
-        while self.peer(namespace, "127.0.0.1", port).startswith("unreachable"):
-            assert time.monotonic() < deadline and server.poll() is None, f"server in {namespace} did not start"
-            time.sleep(0.1)
+        wait_for(lambda: not self.peer(namespace, "127.0.0.1", port).startswith("unreachable"), 10,
+                 f"the server in {namespace} to start", 0.1, process=server)
 
     def stop(self) -> None:
         for server in self.servers:

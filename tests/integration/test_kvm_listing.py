@@ -26,8 +26,8 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.errors import
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.domain_xml import DomainSpec, build_domain_xml
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.instances import KvmProvider
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.settings import KvmHost
-from support.libvirt_daemon import LibvirtTestDaemon
-from support.provider_config import OWNER, OWNER_TAGS, BaseImage, kvm_host, write_kvm_config
+from support.collection.provider_config import OWNER, OWNER_TAGS, BaseImage, kvm_host, write_kvm_config
+from support.hosts.libvirt_daemon import LibvirtTestDaemon
 
 HOSTS = 3
 RUNNING = 4  # our running domains per host

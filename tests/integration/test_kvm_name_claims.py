@@ -26,8 +26,8 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.instance impo
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm import instances, name_claims
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.instances import KvmProvider
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.settings import KvmHost, KvmSettings
-from support.libvirt_daemon import LibvirtTestDaemon
-from support.provider_config import OWNER_TAGS, BaseImage, kvm_host, write_kvm_config
+from support.collection.provider_config import OWNER_TAGS, BaseImage, kvm_host, write_kvm_config
+from support.hosts.libvirt_daemon import LibvirtTestDaemon
 
 HOSTS = 3
 POOL = "default-pool"  # the test driver's built-in pool

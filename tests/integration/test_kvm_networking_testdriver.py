@@ -29,9 +29,9 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.networkin
     Reservation,
     claim,
 )
-from support.ansible_modules import ModuleRun, run_module
-from support.libvirt_daemon import LibvirtTestDaemon
-from support.provider_config import OWNER_TAGS, BaseImage, kvm_host, write_kvm_config
+from support.collection.modules import ModuleRun, run_module
+from support.collection.provider_config import OWNER_TAGS, BaseImage, kvm_host, write_kvm_config
+from support.hosts.libvirt_daemon import LibvirtTestDaemon
 
 POOL = "default-pool"  # the test driver's built-in pool
 PUBLIC = "203.0.113.10"  # documentation addresses: written into metadata, never contacted

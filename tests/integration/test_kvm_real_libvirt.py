@@ -45,10 +45,11 @@ from egress_proxies.providers.runner import AnsibleRunner
 from egress_proxies.providers.transfers import describe
 from egress_proxies.sources.directory import DirectoryStore
 from egress_proxies.sweep.reconcile import Reconciler
-from support.ansible_modules import REPO, ModuleRun, collections_path, run_module
-from support.hypervisor_host import HypervisorHost
-from support.libvirt_daemon import private_state_dir
-from support.provider_config import OWNER_TAGS, BaseImage, kvm_host, make_base_image, write_kvm_config
+from support import REPO
+from support.collection.modules import ModuleRun, collections_path, run_module
+from support.collection.provider_config import OWNER_TAGS, BaseImage, kvm_host, make_base_image, write_kvm_config
+from support.hosts.hypervisor_host import HypervisorHost
+from support.hosts.libvirt_daemon import private_state_dir
 
 HOST = "hv"
 # The transport the provider config names for the host.

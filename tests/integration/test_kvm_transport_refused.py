@@ -34,8 +34,8 @@ import yaml
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.errors import Permanent, ProxyError
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.connection import KvmConnections
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.settings import KvmHost, SshSettings
-from support.ansible_modules import run_module
-from support.provider_config import OWNER, OWNER_TAGS, make_base_image
+from support.collection.modules import run_module
+from support.collection.provider_config import OWNER, OWNER_TAGS, make_base_image
 
 # {port}, {ssh}: the listener's port and the fake ssh's path, filled in per test.
 REFUSED = [

@@ -2,7 +2,7 @@
 
 Where ``test_bootstrap_role.py``'s scenario runs the role against libvirtd and sshd started on
 this machine, this one boots the suite's Debian guest image under software emulation inside a
-network namespace (``tests/support/hypervisor_vm.py``) and leaves the fragile paths to the role:
+network namespace (``tests/support/hosts/hypervisor_vm.py``) and leaves the fragile paths to the role:
 apt on a system that has never fetched a package list (the role's cache refresh, its
 ``python3-apt`` bootstrap, libvirt and QEMU from a local repository served in the namespace),
 libvirtd enabled and started by systemd, the dedicated user ``egress-proxies`` in group libvirt.
@@ -28,10 +28,11 @@ from typing import cast
 
 import pytest
 
-from support.ansible_modules import REPO, collections_path
+from support import REPO
+from support.collection.modules import collections_path
 from support.figures import show
-from support.hypervisor_host import HypervisorHost
-from support.libvirt_daemon import stop_process_group
+from support.hosts.hypervisor_host import HypervisorHost
+from support.process import stop_process_group
 
 pytestmark = pytest.mark.vm
 

@@ -12,7 +12,7 @@ from typing import Any
 import yaml
 
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.squid_access import POLICY_VERSION
-from support.ansible_modules import ModuleRun, run_module
+from support.collection.modules import ModuleRun, run_module
 
 OWNER = "prod-cluster-1"
 SHA = "a" * 64

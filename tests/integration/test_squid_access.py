@@ -1,7 +1,7 @@
 """The operator's access policy (squid_access.py, squid_install.py) through real squid.
 
 Debian 12's squid 5.7, one per delivered policy, each in the same network namespace of the test's
-own (tests/support/squid.py), as an instance would run it:
+own (tests/support/netns/squid.py), as an instance would run it:
 
 - **kvm**: Debian's stock /etc/squid/squid.conf and the files the KVM boothook *itself* wrote when
   run (inside the proxy's namespace, so it found that namespace's addresses as its own, in a
@@ -72,7 +72,10 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.squid_install
     install_script,
 )
 from support.figures import show
-from support.squid import SQUID_USER, DnsServer, NetworkNamespace, Squid, TargetServer
+from support.netns.namespace import NetworkNamespace
+from support.netns.squid import SQUID_USER, Squid
+from support.netns.targets import DnsServer, TargetServer
+from support.waiting import wait_for
 
 STOCK = Path("/etc/squid")
 STOCK_INCLUDE = "include /etc/squid/conf.d/*.conf"
@@ -309,15 +312,12 @@ def _open_the_boot_gate(lab: Lab, proxy: Proxy, stubs: Path) -> None:
     subprocess.run(lab.ns.command(["env", f"PATH={stubs}:/usr/sbin:/usr/bin:/sbin:/bin", "sh", str(refresh),
                                    "open"]), check=True, timeout=30)
     proxy.squid.reconfigure()
-    deadline = time.monotonic() + 20
-    while True:
+    def serves() -> bool:
         try:
-            if _ask(lab, proxy, "GET", PUBLIC, "right", "allowed") == 204:
-                return
+            return _ask(lab, proxy, "GET", PUBLIC, "right", "allowed") == 204
         except OSError:
-            pass  # squid closes and opens its port again, and drops connections, while it reconfigures
-        assert time.monotonic() < deadline, "the boot gate did not open"
-        time.sleep(0.1)
+            return False  # squid closes and opens its port again, and drops connections, while it reconfigures
+    wait_for(serves, 20, "the boot gate to open", 0.1)
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from support.collection_artifact import InstalledCollection, build_artifact, install_artifact
+from support.collection.artifact import InstalledCollection, build_artifact, install_artifact
 
 
 @pytest.fixture(scope="session")

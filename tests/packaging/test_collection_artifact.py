@@ -22,11 +22,11 @@ import yaml
 from ansible.galaxy.dependency_resolution.versioning import meets_requirements
 from ansible.release import __version__ as ansible_core_version
 
-from support.ansible_modules import REPO
-from support.collection_artifact import GALAXY as GALAXY_COMMAND
-from support.collection_artifact import InstalledCollection, build_artifact, dependencies_path
-from support.libvirt_daemon import LibvirtTestDaemon
-from support.provider_config import OWNER_TAGS
+from support import REPO
+from support.collection.artifact import GALAXY as GALAXY_COMMAND
+from support.collection.artifact import InstalledCollection, build_artifact, dependencies_path
+from support.collection.provider_config import OWNER_TAGS
+from support.hosts.libvirt_daemon import LibvirtTestDaemon
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from support.ansible_modules import REPO
+from support import REPO
 
 HADOLINT = Path(sys.executable).parent / "hadolint"
 

@@ -7,7 +7,7 @@ the sources, and paths that agree with deployment.yaml's read-only root filesyst
 Then the image is built (buildah, vfs storage, chroot isolation) with no network at all: the
 base is a Debian 12 made locally (no registry is reachable here), its apt source a repository of
 the Containerfile's packages bind-mounted into the build, and the Python dependencies come from a
-wheelhouse downloaded beforehand (both cached per machine: tests/support/container_image.py).
+wheelhouse downloaded beforehand (both cached per machine: tests/support/images/container_image.py).
 The built image is checked (size, labels, no pip, no compilers) and run with crun the way the
 Deployment runs it: read-only root, uid/gid 65532, no capabilities, tmpfs for /tmp and
 /var/lib/egress-proxies, the Deployment's own command, against the Kubernetes API emulator and a
@@ -33,14 +33,14 @@ import yaml
 from kubernetes import client
 
 from egress_proxies.resources.proxy import GROUP, PLURAL, VERSION
-from support import container_image
-from support.ansible_modules import REPO
-from support.container_image import DEBS_MOUNT, Buildah, Crun, ImageConfig, bind, tmpfs
-from support.containerfile import parse
+from support import REPO
+from support.collection.provider_config import BaseImage, kvm_host, make_base_image, write_kvm_config
 from support.figures import show
-from support.kube_emulator import KubeEmulator
-from support.libvirt_daemon import LibvirtTestDaemon
-from support.provider_config import BaseImage, kvm_host, make_base_image, write_kvm_config
+from support.hosts.libvirt_daemon import LibvirtTestDaemon
+from support.images import container_image
+from support.images.container_image import DEBS_MOUNT, Buildah, Crun, ImageConfig, bind, tmpfs
+from support.images.containerfile import parse
+from support.kube.emulator import KubeEmulator
 from support.waiting import wait_for
 
 CONTAINERFILE = REPO / "controller" / "Containerfile"

@@ -25,9 +25,9 @@ import pytest
 import yaml
 from kubernetes import client
 
-from support.collection_artifact import InstalledCollection
-from support.kube_emulator import KubeEmulator
-from support.provider_config import write_kubeconfig
+from support.collection.artifact import InstalledCollection
+from support.collection.provider_config import write_kubeconfig
+from support.kube.emulator import KubeEmulator
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -183,7 +183,7 @@ def manifest(name: str) -> Obj:
     return only
 
 
-# What the API server allocates for a Service (the emulator does too: tests/support/kube_admission.py).
+# What the API server allocates for a Service (the emulator does too: tests/support/kube/admission.py).
 SERVICE_SERVER_FIELDS = ("clusterIP", "clusterIPs")
 
 

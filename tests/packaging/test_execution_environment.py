@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from support.ansible_modules import REPO
-from support.collection_artifact import InstalledCollection
+from support import REPO
+from support.collection.artifact import InstalledCollection
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 import yaml
 
-from support.ansible_modules import REPO
-from support.collection_artifact import InstalledCollection
+from support import REPO
+from support.collection.artifact import InstalledCollection
 from support.figures import show
 
 # The whole import takes ~23 s here (ansible-lint most of it); 2 shared cores can make that minutes.

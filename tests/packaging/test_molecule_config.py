@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from support.ansible_modules import REPO, collections_path
+from support import REPO
+from support.collection.modules import collections_path
 
 pytestmark = pytest.mark.timeout(180)
 

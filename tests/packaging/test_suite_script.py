@@ -13,7 +13,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from support.ansible_modules import REPO
+from support import REPO
 
 STREAMS = REPO / "scripts" / "pytest_streams.sh"
 REPORT = REPO / "scripts" / "suite_report.py"

@@ -28,7 +28,7 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.k8s.settings 
 from egress_proxies.cli import parse_args
 from egress_proxies.resources import proxy as model
 from egress_proxies.resources.conditions import READY, condition
-from support.kube_admission import pod_security_violation
+from support.kube.admission import pod_security_violation
 
 ROOT = Path(__file__).resolve().parents[3]
 MANIFESTS = ROOT / "controller" / "manifests"
@@ -286,7 +286,7 @@ def test_rbac_is_least_privilege() -> None:
 
 def test_the_pods_namespace_exists_and_admits_squid() -> None:
     # The strictest Pod Security level, and the provider's Pod passes it (the emulator's PodSecurity
-    # admission, tests/support/kube_admission.py).
+    # admission, tests/support/kube/admission.py).
     namespace = one("Namespace", PODS_NAMESPACE)
     assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
     request = InstanceRequest(name="eu-1", user_data=b"", tags={"crawl.example.com/owner": "o"})

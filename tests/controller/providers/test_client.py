@@ -33,7 +33,7 @@ from egress_proxies.providers.client import (
 from egress_proxies.providers.errors import ErrorClass
 from egress_proxies.providers.runner import Operation, OperationResult
 from egress_proxies.resources.proxy import OWNER_TAG, PROXY_TAG, SPEC_HASH_TAG, UID_TAG, Proxy
-from support.controller_fakes import FakeRunner
+from support.controller.fakes import FakeRunner
 
 
 class Answers:

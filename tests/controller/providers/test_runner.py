@@ -33,9 +33,10 @@ from egress_proxies.providers.runner import (
     run_failure,
     run_temp_dir,
 )
-from support.ansible_modules import collections_path
-from support.libvirt_daemon import LibvirtTestDaemon
-from support.provider_config import OWNER, OWNER_TAGS, BaseImage, kvm_host, write_kvm_config
+from support.collection.modules import collections_path
+from support.collection.provider_config import OWNER, OWNER_TAGS, BaseImage, kvm_host, write_kvm_config
+from support.hosts.libvirt_daemon import LibvirtTestDaemon
+from support.waiting import wait_for
 
 POOL = "default-pool"
 
@@ -339,10 +340,7 @@ def test_a_killed_runs_playbook_is_private_and_removed_when_the_next_runner_star
     controller = subprocess.Popen([sys.executable, "-c", _KILLED_CONTROLLER, str(work), str(config),
                                    collections_path()], env=env, start_new_session=True)
     try:
-        deadline = time.monotonic() + 60
-        while len(run_processes("killed-test")) < 3 and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert len(run_processes("killed-test")) >= 3, "the run never reached its module"
+        wait_for(lambda: len(run_processes("killed-test")) >= 3, 60, "the run to reach its module", 0.2)
         (playbook,) = (work / "runs").glob("*/project/batch.yml")
         temp = run_temp_dir(playbook.parent.parent)
         assert temp is not None and temp.is_dir() and mode(temp) == 0o700  # the run's temporary files, owner-only too
@@ -363,10 +361,7 @@ def test_a_killed_runs_playbook_is_private_and_removed_when_the_next_runner_star
     AnsibleRunner(work, timeout_seconds=60, max_concurrent=1, collections_path=collections_path())
     assert list((work / "runs").iterdir()) == []
     assert not temp.exists()
-    deadline = time.monotonic() + 5
-    while run_processes("killed-test") and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert run_processes("killed-test") == set()
+    wait_for(lambda: run_processes("killed-test") == set(), 5, "the orphaned run's processes to go", 0.1)
 
 
 def test_runs_of_a_live_controller_sharing_the_work_dir_are_left_alone(tmp_path: Path) -> None:

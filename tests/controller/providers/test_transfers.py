@@ -16,7 +16,6 @@ import http.server
 import json
 import logging
 import threading
-import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -27,9 +26,10 @@ from egress_proxies.logs import JSONFormatter
 from egress_proxies.providers.client import CreateRequest, ProviderClient, ProviderType
 from egress_proxies.providers.runner import AnsibleRunner, Operation, OperationResult
 from egress_proxies.providers.transfers import WITHHELD_URL, ProgressTail, describe, loggable_url
-from support.ansible_modules import collections_path, run_module
-from support.libvirt_daemon import LibvirtTestDaemon
-from support.provider_config import OWNER_TAGS, BaseImage, kvm_host, write_kvm_config
+from support.collection.modules import collections_path, run_module
+from support.collection.provider_config import OWNER_TAGS, BaseImage, kvm_host, write_kvm_config
+from support.hosts.libvirt_daemon import LibvirtTestDaemon
+from support.waiting import wait_for
 
 MIB = 1024 * 1024
 LOGGER = "egress_proxies.providers.transfers"
@@ -147,9 +147,7 @@ def test_the_tail_follows_from_its_thread_and_drains_on_exit(tmp_path: Path,
     path = tmp_path / "progress-0.jsonl"
     with ProgressTail([path], "lab", poll_seconds=0.05):
         path.write_text(json.dumps(event("start")) + "\n")
-        deadline = time.monotonic() + 10
-        while not transfer_records(caplog) and time.monotonic() < deadline:
-            time.sleep(0.02)
+        wait_for(lambda: transfer_records(caplog), 10, "the first transfer line", 0.02)
         assert len(transfer_records(caplog)) == 1  # logged while the "run" still goes on
         with path.open("a") as out:
             out.write(json.dumps(event("done", done=300 * MIB, seconds=10.0)) + "\n")
@@ -259,9 +257,8 @@ def test_a_kvm_create_logs_its_download_while_it_runs(tmp_path: Path, libvirt_te
     create = threading.Thread(target=lambda: results.extend(client.create([create_request("eu-1-3f9c2a")])))
     create.start()
     try:
-        deadline = time.monotonic() + 90
-        while not transfer_records(caplog) and time.monotonic() < deadline and create.is_alive():
-            time.sleep(0.1)
+        wait_for(lambda: transfer_records(caplog) or not create.is_alive(), 90, "a transfer line or the run's end",
+                 0.1)
         started = [r.getMessage() for r in transfer_records(caplog)]
         # The server still holds half the image back: this line came while the module was running.
         assert create.is_alive()

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from support.libvirt_daemon import LibvirtTestDaemon
+from support.hosts.libvirt_daemon import LibvirtTestDaemon
 
 
 @pytest.fixture(scope="module")

@@ -29,11 +29,11 @@ from egress_proxies.serving.credentials import Credentials
 from egress_proxies.sources.kube import KubeLeases, KubeSecrets, KubeStore
 from egress_proxies.sweep.backoff import Backoff
 from egress_proxies.sweep.reconcile import Reconciler, ReconcileSettings, SweepParts
-from support.ansible_modules import collections_path, run_module
-from support.controller_fakes import RecordingRunner
-from support.kube_emulator import KubeEmulator
-from support.libvirt_daemon import LibvirtTestDaemon
-from support.provider_config import OWNER, BaseImage, kvm_host, write_kvm_config
+from support.collection.modules import collections_path, run_module
+from support.collection.provider_config import OWNER, BaseImage, kvm_host, write_kvm_config
+from support.controller.fakes import RecordingRunner
+from support.hosts.libvirt_daemon import LibvirtTestDaemon
+from support.kube.emulator import KubeEmulator
 from support.waiting import wait_for
 
 POOL = "default-pool"

@@ -25,9 +25,9 @@ import pytest
 import yaml
 from kubernetes import client
 
-from support.controller_process import ControllerProcess, proxy_document, recorded_status, run_refused
-from support.kube_emulator import KubeEmulator
-from support.provider_config import write_kubeconfig
+from support.collection.provider_config import write_kubeconfig
+from support.controller.command import ControllerProcess, proxy_document, recorded_status, run_refused
+from support.kube.emulator import KubeEmulator
 
 pytestmark = pytest.mark.timeout(300)
 

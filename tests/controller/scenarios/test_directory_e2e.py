@@ -18,8 +18,8 @@ from egress_proxies.providers.runner import AnsibleRunner
 from egress_proxies.sources.directory import DirectoryStore
 from egress_proxies.sweep.backoff import Backoff
 from egress_proxies.sweep.reconcile import Reconciler, SweepParts
-from support.ansible_modules import collections_path
-from support.libvirt_daemon import LibvirtTestDaemon
+from support.collection.modules import collections_path
+from support.hosts.libvirt_daemon import LibvirtTestDaemon
 from support.waiting import wait_for
 
 CLOUD_INIT = "#cloud-config\npassword: not-in-any-status-file\n"

@@ -16,7 +16,7 @@ from egress_proxies.sources.directory_pools import DirectoryPools
 from egress_proxies.sweep.backoff import Backoff
 from egress_proxies.sweep.pools import PoolReconciler
 from egress_proxies.sweep.reconcile import Reconciler, SweepParts
-from support.ansible_modules import collections_path
+from support.collection.modules import collections_path
 
 
 def test_a_pool_file_makes_member_files_and_deleting_it_deletes_them(

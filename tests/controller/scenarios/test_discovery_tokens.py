@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
-from support.controller_process import ControllerProcess, proxy_document, recorded_status, run_refused
+from support.controller.command import ControllerProcess, proxy_document, recorded_status, run_refused
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -29,8 +29,9 @@ from egress_proxies.sweep.backoff import Backoff
 from egress_proxies.sweep.pools import PoolReconciler
 from egress_proxies.sweep.quarantine import Quarantine
 from egress_proxies.sweep.reconcile import Reconciler, SweepParts
-from support.controller_fakes import FakeRunner
-from support.kube_emulator import KubeEmulator, proxy_crd
+from support.controller.fakes import FakeRunner
+from support.kube.emulator import KubeEmulator
+from support.kube.resources import proxy_crd
 from support.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(120)

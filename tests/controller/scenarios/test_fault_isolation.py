@@ -1,6 +1,6 @@
 """Fault isolation (issue 11): one bad Proxy, provider, file or conflict never stops the rest.
 
-The reconciler's decisions with the fakes of tests/support/controller_fakes.py, then the same rows
+The reconciler's decisions with the fakes of tests/support/controller/fakes.py, then the same rows
 through the real command, ansible-runner, the modules and libvirt's test driver (directory source)
 and through the Kubernetes API emulator with a CR stored before its schema tightened. Rows owned by
 other layers are proven beside them: the directory store (sources/test_directory.py,
@@ -29,10 +29,10 @@ from egress_proxies.sources.kube import KubeStore
 from egress_proxies.sources.store import Conflict
 from egress_proxies.sweep.backoff import Backoff
 from egress_proxies.sweep.reconcile import Reconciler, ReconcileSettings, SweepParts
-from support.ansible_modules import collections_path
-from support.controller_fakes import FakeRunner, MemoryStore, RecordingRunner
-from support.kube_emulator import KubeEmulator
-from support.libvirt_daemon import LibvirtTestDaemon
+from support.collection.modules import collections_path
+from support.controller.fakes import FakeRunner, MemoryStore, RecordingRunner
+from support.hosts.libvirt_daemon import LibvirtTestDaemon
+from support.kube.emulator import KubeEmulator
 
 GOOD = {"provider": "home-kvm", "cloudInit": "#cloud-config\n"}
 EGRESS_PROXIES = str(Path(sys.executable).parent / "egress-proxies")

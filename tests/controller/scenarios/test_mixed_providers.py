@@ -24,12 +24,12 @@ from egress_proxies.resources.proxy import GROUP, PLURAL, VERSION
 from egress_proxies.sources.kube import KubeStore
 from egress_proxies.sweep.backoff import Backoff
 from egress_proxies.sweep.reconcile import Reconciler, SweepParts
-from support.ansible_modules import collections_path
-from support.compute_emulator import ComputeEmulator
-from support.controller_fakes import RecordingRunner
-from support.hypervisor_host import HypervisorHost
-from support.kube_emulator import KubeEmulator
-from support.provider_config import OWNER, make_base_image, write_kubeconfig
+from support.collection.modules import collections_path
+from support.collection.provider_config import OWNER, make_base_image, write_kubeconfig
+from support.compute.emulator import ComputeEmulator
+from support.controller.fakes import RecordingRunner
+from support.hosts.hypervisor_host import HypervisorHost
+from support.kube.emulator import KubeEmulator
 
 NAMESPACE = "crawlers"
 ZONE = "europe-west1-b"

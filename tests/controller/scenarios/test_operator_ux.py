@@ -28,9 +28,9 @@ import pytest
 import yaml
 
 from support import waiting
-from support.ansible_modules import collections_path
-from support.libvirt_daemon import LibvirtTestDaemon
-from support.provider_config import kvm_host, make_base_image, write_kvm_config
+from support.collection.modules import collections_path
+from support.collection.provider_config import kvm_host, make_base_image, write_kvm_config
+from support.hosts.libvirt_daemon import LibvirtTestDaemon
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -60,10 +60,7 @@ def wait_for(condition: Callable[[], bool], seconds: float, what: str, controlle
     def log() -> str:
         return "log:\n" + "\n".join(controller.lines[-40:])
 
-    def done() -> bool:
-        assert controller.process.poll() is None, "the controller exited; " + log()
-        return condition()
-    waiting.wait_for(done, seconds, what, interval=0.2, diagnostics=log)
+    waiting.wait_for(condition, seconds, what, 0.2, log, process=controller.process)
 
 
 def write_proxy(directory: Path, name: str, provider: str) -> None:

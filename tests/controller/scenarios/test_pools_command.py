@@ -31,10 +31,11 @@ from egress_proxies.resources.pool import (
 )
 from egress_proxies.resources.proxy import GROUP, PLURAL, VERSION
 from egress_proxies.sources.directory import TEMPORARY_GLOB
-from support.controller_process import ControllerProcess
-from support.kube_emulator import KubeEmulator, proxy_crd
-from support.libvirt_daemon import LibvirtTestDaemon
-from support.provider_config import OWNER, BaseImage, kvm_host, write_kubeconfig
+from support.collection.provider_config import OWNER, BaseImage, kvm_host, write_kubeconfig
+from support.controller.command import ControllerProcess
+from support.hosts.libvirt_daemon import LibvirtTestDaemon
+from support.kube.emulator import KubeEmulator
+from support.kube.resources import proxy_crd
 
 # Wall time is generous (a loaded 2-core machine makes a sweep of these 50 s); the bounds are counts.
 pytestmark = pytest.mark.timeout(900)

@@ -31,10 +31,11 @@ from egress_proxies.sweep.backoff import Backoff
 from egress_proxies.sweep.pools import PoolReconciler
 from egress_proxies.sweep.quarantine import Quarantine
 from egress_proxies.sweep.reconcile import Reconciler, SweepParts
-from support.ansible_modules import collections_path
-from support.kube_emulator import KubeEmulator, proxy_crd
-from support.libvirt_daemon import LibvirtTestDaemon
-from support.provider_config import OWNER, BaseImage, kvm_host
+from support.collection.modules import collections_path
+from support.collection.provider_config import OWNER, BaseImage, kvm_host
+from support.hosts.libvirt_daemon import LibvirtTestDaemon
+from support.kube.emulator import KubeEmulator
+from support.kube.resources import proxy_crd
 
 NAMESPACE = "crawlers"
 POOL_CRD_PATH = Path(__file__).resolve().parents[3] / "controller" / "manifests" / "crd-proxypool.yaml"
@@ -492,7 +493,7 @@ def test_a_pool_change_reaches_the_loop_through_the_watch(api: client.ApiClient)
 
 def test_the_emulators_scale_subresource_refuses_what_the_api_server_refuses(kube: KubeEmulator,
                                                                            api: client.ApiClient) -> None:
-    """What tests/support/kube_emulator.py's scale subresource does beyond GET/PUT/PATCH, as
+    """What tests/support/kube/emulator.py's scale subresource does beyond GET/PUT/PATCH, as
     apiextensions-apiserver does it: discovery names it (autoscaling/v1 Scale), a negative
     replica count is 422, a stale resourceVersion 409, a kind without it 404."""
     objects = client.CustomObjectsApi(api)

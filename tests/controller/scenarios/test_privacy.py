@@ -5,7 +5,7 @@ token, with credential URLs only for the token's own namespaces; the password no
 
 The squid side (407/403/204 through the delivered configuration) is proven through real squid in
 tests/integration/test_squid_access.py; here the reconciler runs with the fakes of
-tests/support/controller_fakes.py, the Secrets on the Kubernetes API emulator, the files for real.
+tests/support/controller/fakes.py, the Secrets on the Kubernetes API emulator, the files for real.
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ from egress_proxies.sources.file_secrets import FileSecrets
 from egress_proxies.sources.kube import KubeSecrets
 from egress_proxies.sweep.backoff import Backoff
 from egress_proxies.sweep.reconcile import Reconciler, SweepParts
-from support.controller_fakes import FakeRunner, MemoryStore, ScriptedProber, probe_settings
-from support.kube_emulator import KubeEmulator
+from support.controller.fakes import FakeRunner, MemoryStore, ScriptedProber, probe_settings
+from support.kube.emulator import KubeEmulator
 
 SPEC = {"provider": "home-kvm", "cloudInit": "#cloud-config\n"}
 NOW = datetime.datetime(2026, 12, 3, tzinfo=datetime.UTC)

@@ -30,10 +30,10 @@ from egress_proxies.serving.probe import Prober
 from egress_proxies.sources.kube import KubeStore
 from egress_proxies.sweep.backoff import Backoff
 from egress_proxies.sweep.reconcile import Reconciler, SweepParts
-from support.ansible_modules import collections_path
-from support.compute_emulator import ComputeEmulator
-from support.kube_emulator import KubeEmulator
-from support.provider_config import OWNER, write_kubeconfig
+from support.collection.modules import collections_path
+from support.collection.provider_config import OWNER, write_kubeconfig
+from support.compute.emulator import ComputeEmulator
+from support.kube.emulator import KubeEmulator
 
 NAMESPACE = "crawlers"
 POD_NAMESPACE = "egress"

@@ -27,9 +27,10 @@ from egress_proxies.serving.monitor import ServingMonitor
 from egress_proxies.serving.probe import Prober, ProbeReason
 from egress_proxies.sweep.backoff import Backoff
 from egress_proxies.sweep.reconcile import Reconciler, ReconcileSettings, SweepParts
-from support.controller_fakes import FakeRunner, MemoryStore, ScriptedProber, probe_settings
-from support.probe_target import ProbeTargetProcess
-from support.squid import NetworkNamespace, Squid
+from support.controller.fakes import FakeRunner, MemoryStore, ScriptedProber, probe_settings
+from support.netns.namespace import NetworkNamespace
+from support.netns.probe_target import ProbeTargetProcess
+from support.netns.squid import Squid
 
 SPEC = {"provider": "home-kvm", "cloudInit": "#cloud-config\n"}
 NOW = datetime.datetime(2026, 12, 3, tzinfo=datetime.UTC)

@@ -1,7 +1,7 @@
 """A serving verdict you can trust (issue 27, and the probe's rows of issue 26), through the real
 ``egress-proxies`` command probing for real: Proxies in a directory, instances as Pods on the
 Kubernetes API emulator, every instance a fake proxy in this test's network namespace
-(tests/support/command_lab.py), the project's own probe target beside them. Nothing is sent
+(tests/support/controller/command_lab.py), the project's own probe target beside them. Nothing is sent
 anywhere else: the command may probe the namespace's /24 only.
 
 Each test names the rows it proves and what today's (issue 27's) code did instead.
@@ -25,13 +25,13 @@ import pytest
 import yaml
 from kubernetes import client, watch
 
-from support.command_lab import Command, Kubelet, Placement, kubernetes_provider, secrets_in
-from support.fake_proxies import FakeProxies
+from support.collection.provider_config import write_kubeconfig
+from support.controller.command_lab import Command, Kubelet, Placement, kubernetes_provider, secrets_in
 from support.figures import show
-from support.kube_emulator import KubeEmulator
-from support.probe_target import ProbeTargetProcess
-from support.provider_config import write_kubeconfig
-from support.squid import NetworkNamespace
+from support.kube.emulator import KubeEmulator
+from support.netns.fake_proxies import FakeProxies
+from support.netns.namespace import NetworkNamespace
+from support.netns.probe_target import ProbeTargetProcess
 from support.waiting import wait_for
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.clock]

@@ -20,9 +20,10 @@ from egress_proxies.resources.proxy import GROUP, PLURAL, VERSION
 from egress_proxies.sources.kube import KubeStore
 from egress_proxies.sweep.backoff import Backoff
 from egress_proxies.sweep.reconcile import Reconciler, SweepParts
-from support.ansible_modules import REPO, collections_path
-from support.kube_emulator import KubeEmulator
-from support.libvirt_daemon import LibvirtTestDaemon
+from support import REPO
+from support.collection.modules import collections_path
+from support.hosts.libvirt_daemon import LibvirtTestDaemon
+from support.kube.emulator import KubeEmulator
 
 NAMESPACE = "crawlers"
 CRD = REPO / "controller" / "manifests" / "crd.yaml"

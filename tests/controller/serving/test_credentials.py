@@ -27,7 +27,7 @@ from egress_proxies.serving.credentials import (
     new_credential,
 )
 from egress_proxies.sources.file_secrets import FileSecrets
-from support.controller_fakes import ManualClock as Clock
+from support.controller.fakes import ManualClock as Clock
 
 # The identities of the namespaces that have Proxies in most tests (their uids on Kubernetes).
 IDENTITIES = {"crawlers": "uid-crawlers", "other": "uid-other"}

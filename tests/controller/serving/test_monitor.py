@@ -20,7 +20,7 @@ from egress_proxies.providers.client import Instance, ProbeSettings
 from egress_proxies.resources.proxy import Proxy
 from egress_proxies.serving.monitor import ServingMonitor, Watched, instance_identity, probe_target, target_key
 from egress_proxies.serving.probe import ProbeCredentials, ProbeDestination, ProbeOutcome, ProbeReason, ProbeTarget
-from support.controller_fakes import ScriptedProber
+from support.controller.fakes import ScriptedProber
 from support.waiting import wait_for
 
 NOW = datetime.datetime(2026, 12, 3, tzinfo=datetime.UTC)

@@ -1,11 +1,11 @@
 """The controller's probe through real squid (Debian's package) in a network namespace of our own,
 against the project's own probe target (``egress-proxies probe-target``) in the same namespace.
 
-Proxies and the target live in the namespace (tests/support/squid.py, probe_target.py); the probe
+Proxies and the target live in the namespace (tests/support/netns/squid.py, probe_target.py); the probe
 runs here, in the test process, and reaches them over the namespace's veth. Every Prober here is
 limited to the namespace's /24 and loopback (``allowed_networks``), so a mistake cannot send a
 probe anywhere else. Liars, blackholes and garbage servers are fake proxies in the namespace
-(tests/support/fake_proxies.py) or sockets on 127.0.0.1 in this process.
+(tests/support/netns/fake_proxies.py) or sockets on 127.0.0.1 in this process.
 """
 
 from __future__ import annotations
@@ -36,9 +36,10 @@ from egress_proxies.serving.probe import (
 )
 from egress_proxies.serving.proof import PROOF_HEADER, proof
 from egress_proxies.serving.target import ProbeTargetServer
-from support.fake_proxies import FakeProxies
-from support.probe_target import ProbeTargetProcess
-from support.squid import NetworkNamespace, Squid, basic_auth_config, write_password_file
+from support.netns.fake_proxies import FakeProxies
+from support.netns.namespace import NetworkNamespace
+from support.netns.probe_target import ProbeTargetProcess
+from support.netns.squid import Squid, basic_auth_config, write_password_file
 
 USER = "crawlers"
 PASSWORD = "pw-5f0c2b7e9d4a41c3b8e6a1d09c7f3e2b"  # a marker no message, repr or log may contain

@@ -2,7 +2,7 @@
 
 Real files, real flock(2) (a second store in this process and a second process), real
 permissions; the reconciler-level tests drive the real Reconciler with the runner fake of
-sweep/test_reconcile.py (tests/support/controller_fakes.py).
+sweep/test_reconcile.py (tests/support/controller/fakes.py).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from egress_proxies.sources.directory import LOCK_NAME, DirectoryLocked, Directo
 from egress_proxies.sources.store import Conflict, StoreError
 from egress_proxies.sweep.backoff import Backoff
 from egress_proxies.sweep.reconcile import Reconciler, SweepParts
-from support.controller_fakes import FakeRunner
+from support.controller.fakes import FakeRunner
 
 CONTROLLER = Path(egress_proxies.__file__).resolve().parents[1]
 

@@ -40,7 +40,8 @@ from egress_proxies.sources.kube import (
     paged_list,
 )
 from egress_proxies.sources.store import Conflict, Gone, StoreError, WatchEvent, WatchExpired
-from support.kube_emulator import KubeEmulator
+from support.kube.emulator import KubeEmulator
+from support.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -575,10 +576,7 @@ def test_a_namespace_made_again_has_another_identity(kube: KubeEmulator, api: cl
                                                      store: KubeStore) -> None:
     before = store.namespace_identities({"other"})
     client.CoreV1Api(api).delete_namespace("other")
-    deadline = time.monotonic() + 10
-    while store.namespace_identities({"other"}):
-        assert time.monotonic() < deadline, "the namespace was not removed"
-        time.sleep(0.05)
+    wait_for(lambda: not store.namespace_identities({"other"}), 10, "the namespace to be removed")
     kube.create_namespace("other")
     assert store.namespace_identities({"other"}).keys() == before.keys()
     assert store.namespace_identities({"other"}) != before

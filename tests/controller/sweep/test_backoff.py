@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from egress_proxies.sweep.backoff import Backoff
-from support.controller_fakes import ManualClock as Clock
+from support.controller.fakes import ManualClock as Clock
 
 
 def backoff(clock: Clock, rng: float = 0.5, **settings: float) -> Backoff:

@@ -1,5 +1,5 @@
 """sweep/deletion.py: DeletePath's order (docs/contract.md, "Deletion") with the fakes of
-tests/support/controller_fakes.py behind a real ProviderClient and ProxyWriter."""
+tests/support/controller/fakes.py behind a real ProviderClient and ProxyWriter."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from egress_proxies.resources.proxy import FINALIZER, SKIP_CLEANUP_ANNOTATION, P
 from egress_proxies.sweep.backoff import Backoff
 from egress_proxies.sweep.deletion import DeletePath
 from egress_proxies.sweep.writer import ProxyWriter
-from support.controller_fakes import FakeRunner, MemoryStore
+from support.controller.fakes import FakeRunner, MemoryStore
 
 SPEC = {"provider": "home-kvm", "cloudInit": "#cloud-config\n"}
 INFO, PROXY = "kvm_proxy_info", "kvm_proxy"

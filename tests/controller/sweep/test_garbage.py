@@ -14,7 +14,7 @@ from egress_proxies.providers.errors import ErrorClass, ProviderError
 from egress_proxies.resources import times
 from egress_proxies.resources.proxy import OWNER_TAG, PROXY_TAG, UID_TAG, Proxy
 from egress_proxies.sweep.garbage import GarbageCollector, GarbageSettings
-from support.controller_fakes import FakeRunner, MemoryStore
+from support.controller.fakes import FakeRunner, MemoryStore
 
 OWNER = "test-owner"
 GRACE = 600.0

@@ -1,6 +1,6 @@
 """sweep/live.py: LivePath for one provider in one sweep -- creates, status from what the provider
 reports, make-before-break retirement, listing failures, provider-wide backoff and replacements
-of lost instances -- with the fakes of tests/support/controller_fakes.py behind a real
+of lost instances -- with the fakes of tests/support/controller/fakes.py behind a real
 ProviderClient and ProxyWriter. Nothing is probed here (no monitor): running with an address is
 Ready, reported unverified; probing is tested in tests/controller/scenarios/test_serving.py."""
 
@@ -31,7 +31,7 @@ from egress_proxies.sources.file_secrets import FileSecrets
 from egress_proxies.sweep.backoff import Backoff
 from egress_proxies.sweep.live import LiveParts, LivePath, LiveSettings, SweepPass
 from egress_proxies.sweep.writer import ProxyWriter
-from support.controller_fakes import FakeRunner, MemoryStore
+from support.controller.fakes import FakeRunner, MemoryStore
 
 SPEC = {"provider": "home-kvm", "cloudInit": "#cloud-config\n"}
 OWNER = "test-owner"

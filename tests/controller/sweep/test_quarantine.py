@@ -9,7 +9,7 @@ from egress_proxies.resources.proxy import FINALIZER, Proxy
 from egress_proxies.serving.discovery import DiscoveryView, PoolFloor
 from egress_proxies.sources.store import StoreError
 from egress_proxies.sweep.quarantine import Quarantine, QuarantineError
-from support.controller_fakes import MemoryStore
+from support.controller.fakes import MemoryStore
 
 ID = "kvm://hosts/h1/domains/p-a"
 

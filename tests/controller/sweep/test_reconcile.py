@@ -1,4 +1,4 @@
-"""The reconciler's decisions, with fakes of the store and the runner (tests/support/controller_fakes.py).
+"""The reconciler's decisions, with fakes of the store and the runner (tests/support/controller/fakes.py).
 
 The same behaviours run end to end through ansible-runner, the real modules, libvirt and the
 Kubernetes API emulator in test_controller_e2e.py; these pin the decision table exactly,
@@ -28,8 +28,8 @@ from egress_proxies.serving.credentials import Credentials
 from egress_proxies.sources.file_secrets import FileSecrets
 from egress_proxies.sweep.backoff import Backoff
 from egress_proxies.sweep.reconcile import Reconciler, ReconcileSettings, SweepParts
-from support.controller_fakes import FakeRunner, MemoryStore
-from support.controller_fakes import ManualClock as Clock
+from support.controller.fakes import FakeRunner, MemoryStore
+from support.controller.fakes import ManualClock as Clock
 
 SPEC = {"provider": "home-kvm", "cloudInit": "#cloud-config\n"}
 

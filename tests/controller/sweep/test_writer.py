@@ -1,5 +1,5 @@
 """sweep/writer.py: ProxyWriter's status building, its optimistic writes against the memory store
-of tests/support/controller_fakes.py (409 -> read again and re-apply; Gone), and the decisions
+of tests/support/controller/fakes.py (409 -> read again and re-apply; Gone), and the decisions
 every part of a sweep shares (finalizer, release, failed, invalid)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from egress_proxies.resources.proxy import FINALIZER, Proxy
 from egress_proxies.sources.store import CONFLICT_RETRIES, StoreError
 from egress_proxies.sweep.backoff import Backoff
 from egress_proxies.sweep.writer import ProxyWriter
-from support.controller_fakes import MemoryStore
+from support.controller.fakes import MemoryStore
 
 SPEC = {"provider": "home-kvm", "cloudInit": "#cloud-config\n"}
 T0, T1 = "2026-01-01T00:00:00Z", "2026-01-01T00:05:00Z"

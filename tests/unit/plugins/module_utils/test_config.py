@@ -1,7 +1,7 @@
 """The provider config: the file's root, what every provider entry has, and fault isolation.
 
 Each provider type's section has its own tests (kvm/, gcp/, k8s/test_settings.py); the
-document every case breaks is tests/support/config_documents.py's.
+document every case breaks is tests/support/collection/config_documents.py's.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.config import
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.config_reader import ConfigError
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.errors import PERMANENT, Permanent
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.settings import KvmHost, KvmImage, KvmMachineType
-from support.config_documents import (
+from support.collection.config_documents import (
     DELETE,
     GCP,
     K8S,

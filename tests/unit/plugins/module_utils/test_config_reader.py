@@ -8,7 +8,7 @@ import pytest
 
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.config import parse_provider_config
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.config_reader import ABSOLUTE_PATH_RULE
-from support.config_documents import GCP, K8S, KVM, changed, config_error
+from support.collection.config_documents import GCP, K8S, KVM, changed, config_error
 
 # --- Paths inside the file must be absolute ---------------------------------------------------
 

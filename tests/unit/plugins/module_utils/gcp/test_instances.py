@@ -31,7 +31,7 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.gcp.labels im
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.gcp.settings import GcpSettings
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.instance import InstanceRequest
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.squid_access import parse_access
-from support.compute_emulator import DEFAULT_VM_SCOPES, ComputeEmulator
+from support.compute.emulator import DEFAULT_VM_SCOPES, ComputeEmulator
 
 ZONES = ("europe-west1-b", "europe-west4-a")
 TAGS = {"crawl.example.com/owner": "test-owner", "crawl.example.com/proxy": "crawlers/eu-1"}

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.config import config_errors, parse_provider_config
-from support.config_documents import GCP, assert_bad_field, changed, config_error, paths, valid_document
+from support.collection.config_documents import GCP, assert_bad_field, changed, config_error, paths, valid_document
 
 
 @pytest.mark.parametrize("endpoint", ["https://compute.example.com", "http://127.0.0.1:8085",

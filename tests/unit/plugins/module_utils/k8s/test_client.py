@@ -29,8 +29,8 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.k8s.client im
     classify,
 )
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.k8s.settings import KubernetesSettings
-from support.kube_emulator import KubeEmulator
-from support.provider_config import write_kubeconfig
+from support.collection.provider_config import write_kubeconfig
+from support.kube.emulator import KubeEmulator
 
 
 def api_error(status: int, reason: str = "", message: str = "the server says no") -> ApiException:

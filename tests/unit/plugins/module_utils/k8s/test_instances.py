@@ -34,8 +34,8 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.k8s.pods impo
     build_pod,
 )
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.k8s.settings import KubernetesSettings
-from support.kube_emulator import KubeEmulator
-from support.provider_config import write_kubeconfig
+from support.collection.provider_config import write_kubeconfig
+from support.kube.emulator import KubeEmulator
 
 OWNER = {"crawl.example.com/owner": "prod-cluster-1"}
 TAGS = {**OWNER, "crawl.example.com/proxy": "crawlers/eu-1"}

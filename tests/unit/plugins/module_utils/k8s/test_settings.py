@@ -8,7 +8,7 @@ import pytest
 
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.config import config_errors, parse_provider_config
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.k8s.settings import KubernetesSettings
-from support.config_documents import DELETE, K8S, assert_bad_field, changed, paths, valid_document
+from support.collection.config_documents import DELETE, K8S, assert_bad_field, changed, paths, valid_document
 
 
 def test_kubernetes_settings_and_their_defaults() -> None:

@@ -27,6 +27,7 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.images im
     redact_url,
 )
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.settings import KvmImage
+from support.waiting import wait_for
 
 CONTENT = os.urandom(256 * 1024)
 SHA = hashlib.sha256(CONTENT).hexdigest()
@@ -279,9 +280,7 @@ def test_a_run_waiting_for_anothers_download_says_so(server: ImageServer, tmp_pa
     thread.start()
     # The first fetch holds the lock from before its request until the download is verified,
     # and the server holds the answer back for a second after counting the request.
-    deadline = time.monotonic() + 10
-    while server.requests["/image.qcow2"] == 0 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_for(lambda: server.requests["/image.qcow2"] > 0, 10, "the first fetch's request", 0.01)
     fetch_image(image(server.url("/image.qcow2")), str(tmp_path), events.append)
     thread.join(timeout=10)
     assert [(e.kind, e.direction) for e in events] == [("waiting", "download")]  # then found it cached

@@ -12,7 +12,7 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.settings 
     KvmHost,
     libvirt_uri_problem,
 )
-from support.config_documents import (
+from support.collection.config_documents import (
     DELETE,
     KVM,
     SHA_A,
