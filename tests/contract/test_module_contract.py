@@ -178,8 +178,10 @@ def test_instance_shape_and_states_agree() -> None:
     module_fields = list(module_instance.Instance("p", "n", "l", "running").to_dict())
     assert controller_fields == module_fields
     assert Instance(provider_id="x").state in module_instance.STATES
-    running = Instance(provider_id="x", state="running", ip="192.0.2.1")
+    running = Instance(provider_id="x", state="running", ip="192.0.2.1", endpoint="192.0.2.1:3128")
     assert running.running and "running" in module_instance.STATES
+    # A provider reports an instance running only once it has its endpoint (docs/contract.md).
+    assert not dataclasses.replace(running, endpoint=None).running
 
 
 def test_module_options_agree() -> None:
