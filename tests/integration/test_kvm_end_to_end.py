@@ -499,10 +499,12 @@ class Lab:
         auth = f"{self.credentials()}@" if authenticated else ""
         return curl_through(self.outside, f"http://{auth}{endpoint}", url, body)
 
-    def forwarding_rules(self, domain: str) -> list[str]:
-        """The host's iptables rules the qemu hook tagged for ``domain``."""
+    def forwarding_rules(self, domain: libvirt.virDomain) -> list[str]:
+        """The host's iptables rules the qemu hook tagged for ``domain``: by its UUID, never its
+        name (roles/kvm_hypervisor/files/egress-proxies-hook). A domain object keeps its UUID
+        after the domain is gone, so this also asks about a destroyed one."""
         rules = self.host.run_in_namespace(["iptables-save"]).stdout
-        return [line for line in rules.splitlines() if f"egress-proxies:{domain}" in line]
+        return [line for line in rules.splitlines() if f"egress-proxies:{domain.UUIDString().lower()}" in line]
 
 
 @pytest.fixture(scope="module")
@@ -634,7 +636,7 @@ def _serving(lab: Lab, name: str, domain: libvirt.virDomain, running: float) -> 
     public, port = endpoint.rsplit(":", 1)
     first, last = (int(bound) for bound in PUBLISH_PORTS.split("-"))
     assert public == lab.outside.public_address and first <= int(port) <= last, status
-    assert len(lab.forwarding_rules(domain.name())) == 3, lab.forwarding_rules(domain.name())
+    assert len(lab.forwarding_rules(domain)) == 3, lab.forwarding_rules(domain)
     serving = lab.condition(name, "Serving")
     assert serving["status"] == "True" and serving["reason"] == "Serving", serving
     # Through real squid with the delivered policy: the target's proofs of the nonces came back,
@@ -795,7 +797,7 @@ def delete_and_check_cleanup(lab: Lab, boot: Boot) -> None:
     poll(lambda: lab.proxy(boot.name) is None, 120, f"{boot.name} to be deleted", lab)
     lab.timings.add(f"{boot.name}: Proxy deleted -> finalizer released", time.monotonic() - started)
     assert domain_name not in {d.name() for d in lab.conn.listAllDomains(0)}
-    assert lab.forwarding_rules(domain_name) == []
+    assert lab.forwarding_rules(boot.domain) == []
     # Every volume of the instance is gone; the cached base images stay for the next one.
     assert lab.pool_volumes() == before - instance_volumes
     assert bases <= lab.pool_volumes()
@@ -903,17 +905,17 @@ def test_two_proxies_boot_serve_recover_and_leave_nothing_behind(lab: Lab, web_u
     assert stopped.exit_code == 0, stopped
     assert lab.curl_through(boot.endpoint, web_url) == "000"  # nothing listens on the proxy port now
     destroyed = breaking(lab, no_agent)
-    destroyed_domain = no_agent.domain.name()
-    no_agent.domain.destroy()
+    destroyed_domain = no_agent.domain
+    destroyed_domain.destroy()
     # The hook removed its forwarding (it runs as the domain stops): nothing reaches its port.
-    poll(lambda: not lab.forwarding_rules(destroyed_domain), 30, f"{destroyed_domain}'s rules removed", lab)
+    poll(lambda: not lab.forwarding_rules(destroyed_domain), 30, f"{destroyed_domain.name()}'s rules removed", lab)
     with ThreadPoolExecutor(2) as both:
         successors = [both.submit(heal, lab, squid_stopped, "ConnectionRefused", "NotServing", "squid stopped"),
                       both.submit(heal, lab, destroyed, "InstanceStopped", "InstanceLost", "domain destroyed")]
         boot, no_agent = (successor.result() for successor in successors)
     # The old domains are gone, and with them every rule of theirs; the successors are published
     # (each endpoint answered above) with egress addresses of their own.
-    assert lab.forwarding_rules(destroyed_domain) == [] and lab.forwarding_rules(squid_stopped.boot.domain.name()) == []
+    assert lab.forwarding_rules(destroyed_domain) == [] and lab.forwarding_rules(squid_stopped.boot.domain) == []
     assert no_agent.egress_ip != boot.egress_ip
     assert not agent_answers(no_agent.domain)
     assert no_agent.ip in {lease["ipaddr"] for lease in lab.conn.networkLookupByName("default").DHCPLeases()}

@@ -202,6 +202,7 @@ class FirewallKeeper:
 
 def _same(current: FirewallRule, wanted: FirewallRule) -> bool:
     """Whether a rule read back admits what ``wanted`` does, to whom, and nothing else."""
-    return (sorted(current.source_ranges) == sorted(wanted.source_ranges) and current.allowed == wanted.allowed
-            and not current.denied and tuple(current.target_tags) == wanted.target_tags
-            and current.direction == wanted.direction and not current.disabled)
+    same_sources = sorted(current.source_ranges) == sorted(wanted.source_ranges)
+    same_targets = tuple(current.target_tags) == wanted.target_tags
+    admits = current.allowed == wanted.allowed and not current.denied and not current.disabled
+    return same_sources and same_targets and admits and current.direction == wanted.direction
