@@ -787,7 +787,9 @@ def discovery_only_listed_serving(lab: Lab, *boots: Boot) -> None:
 
 def delete_and_check_cleanup(lab: Lab, boot: Boot) -> None:
     domain_name = boot.domain.name()
-    instance_volumes = {f"{domain_name}.qcow2", f"{domain_name}-seed.iso"}
+    # Its disk, its seed and the claim on its name (plugins/module_utils/kvm/name_claims.py; one
+    # host here, so the name's home host is this one), all released with it.
+    instance_volumes = {f"{domain_name}.qcow2", f"{domain_name}-seed.iso", f"{domain_name}.claim"}
     before = lab.pool_volumes()
     assert instance_volumes <= before
     bases = {v for v in before if v.startswith("base-")}

@@ -424,8 +424,8 @@ class KvmProvider:
             if domain is not None:
                 return host, domain, None
             held = home.stamp(request.name)
-            if (held is not None and not self.claims.is_mine(request.name, held) and
-                    self.claims.waited(request.name, held) < CLAIM_PATIENCE_SECONDS):
+            theirs = held if held is not None and not self.claims.is_mine(request.name, held) else None
+            if theirs is not None and self.claims.waited(request.name, theirs) < CLAIM_PATIENCE_SECONDS:
                 raise Transient("the name %s is claimed on host %s by another run and no host holds its domain yet: "
                                 "that run is creating it (a claim nobody completes is taken over after %d s); "
                                 "will retry" % (request.name, home.home.name, CLAIM_PATIENCE_SECONDS))
