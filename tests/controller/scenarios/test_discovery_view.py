@@ -52,14 +52,6 @@ def api() -> Iterator[client.ApiClient]:
             yield api_client
 
 
-@pytest.fixture
-def config(tmp_path: Path) -> Path:
-    path = tmp_path / "providers.yaml"
-    path.write_text(yaml.safe_dump({"owner": "test-owner", "providers": [{"name": "home-kvm", "type": "kvm",
-                                                                          "kvm": {}}]}))
-    return path
-
-
 def controller(api: client.ApiClient, runner: FakeRunner, config: Path, identity: str) -> Controller:
     """A controller process as ``cli`` builds one, with the fake provider."""
     store = KubeStore(api)

@@ -36,14 +36,6 @@ SPEC = {"provider": "home-kvm", "cloudInit": "#cloud-config\n"}
 NOW = datetime.datetime(2026, 12, 3, tzinfo=datetime.UTC)
 
 
-@pytest.fixture
-def config(tmp_path: Path) -> Path:
-    path = tmp_path / "providers.yaml"
-    path.write_text(yaml.safe_dump({"owner": "test-owner", "providers": [
-        {"name": "home-kvm", "type": "kvm", "kvm": {}}]}))
-    return path
-
-
 class Lab:
     def __init__(self, config: Path, unhealthy_after: int = 300, **probe: Any) -> None:
         self.store = MemoryStore()

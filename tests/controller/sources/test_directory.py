@@ -578,14 +578,6 @@ def test_the_temporary_file_is_0600_before_the_rename(store: DirectoryStore, tmp
     assert seen == [0o600]
 
 
-@pytest.fixture
-def config(tmp_path: Path) -> Path:
-    path = tmp_path / "providers.yaml"
-    path.write_text(yaml.safe_dump({"owner": "test-owner", "providers": [{"name": "home-kvm", "type": "kvm",
-                                                                          "kvm": {}}]}))
-    return path
-
-
 def test_an_edited_file_is_validated_again_and_an_unchanged_one_is_not(tmp_path: Path, config: Path,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """Sweeps remember each Proxy's validation (schema.ValidationMemo) by content: a file edited
