@@ -99,7 +99,8 @@ class K8sProvider:
             return True, Instance(provider_id=format_provider_id("k8s", namespace, request.name), name=request.name,
                                   location=namespace, state="pending", tags=dict(request.tags))
         changed, created = self._create_pod(namespace, request, pod)
-        return changed, pod_instance(created, self.settings.exposure, self._ensure_service(request, created))
+        return changed, pod_instance(created, self.settings.exposure, self._ensure_service(request, created),
+                                     self._node_of(created))
 
     def _create_pod(self, namespace: str, request: InstanceRequest, pod: Dict[str, Any]) -> Tuple[bool, Dict[str, Any]]:
         """(changed, the Pod): created now, or ours already (see the module docstring)."""
@@ -147,7 +148,18 @@ class K8sProvider:
     def _instance(self, pod: Dict[str, Any]) -> Instance:
         meta = pod.get("metadata") or {}
         service = self._service(meta.get("namespace", ""), meta.get("name", "")) if self.exposed else None
-        return pod_instance(pod, self.settings.exposure, service)
+        return pod_instance(pod, self.settings.exposure, service, self._node_of(pod))
+
+    def _node_of(self, pod: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+        """The Node a NodePort Pod runs on (its ExternalIP is the endpoint's address); None for
+        other exposures, an unscheduled Pod, or a Node that is gone."""
+        node = (pod.get("spec") or {}).get("nodeName")
+        if self.settings.exposure != "NodePort" or not node:
+            return None
+        try:
+            return self.client.read_node(node)
+        except NotFound:
+            return None
 
     def _existing(self, namespace: str, request: InstanceRequest) -> Optional[Dict[str, Any]]:
         """The Pod of that name if it is ours, None if there is none; someone else's is Permanent."""
@@ -224,6 +236,8 @@ class K8sProvider:
         decides. A namespace that fails is recorded, not fatal to the others.
         """
         selector = label_selector(tags)
+        nodes = {(node.get("metadata") or {}).get("name"): node for node in self.client.list_nodes()} \
+            if self.settings.exposure == "NodePort" else {}
 
         def list_namespace(namespace: str) -> List[Instance]:
             try:
@@ -232,7 +246,8 @@ class K8sProvider:
             except NotFound:
                 return []  # no such namespace (the real server lists one as empty): no Pods there
             by_name = {(service.get("metadata") or {}).get("name"): service for service in services}
-            return [pod_instance(pod, self.settings.exposure, by_name.get(pod["metadata"].get("name")))
+            return [pod_instance(pod, self.settings.exposure, by_name.get(pod["metadata"].get("name")),
+                                 nodes.get((pod.get("spec") or {}).get("nodeName")))
                     for pod in pods if is_managed(pod) and matches_tags(pod_tags(pod), tags)]
 
         instances, failed = list_locations(self.settings.locations, str, list_namespace)

@@ -403,6 +403,23 @@ def test_a_full_resource_quota_is_transient_and_names_the_quota(provider: K8sPro
     assert "ResourceQuota proxies is used up" in message
 
 
+def test_a_quota_not_counted_yet_is_transient_and_the_create_passes_once_it_is(provider: K8sProvider,
+                                                                               kube: KubeEmulator) -> None:
+    # Issue 39 row 7: 403 "status unknown for quota" (the quota controller has not synced a new
+    # ResourceQuota yet) was permanent: the Proxy went Failed. It heals by itself at the sync.
+    provider.client.core.create_namespaced_resource_quota("egress", client.V1ResourceQuota(
+        metadata=client.V1ObjectMeta(name="proxies"), spec=client.V1ResourceQuotaSpec(hard={"pods": "5"})))
+    kube.quota_unsynced("egress", "proxies")
+    with pytest.raises(Transient) as caught:
+        provider.create(REQUEST, check_mode=False)
+    message = str(caught.value)
+    assert "status unknown for quota: proxies, resources: pods" in message
+    assert "has not counted the namespace's ResourceQuota proxies yet" in message
+    kube.quota_synced("egress", "proxies")
+    changed, created = provider.create(REQUEST, check_mode=False)
+    assert changed and created.state == "pending"
+
+
 def test_a_pod_on_a_node_that_stopped_reporting_is_in_error_then_stopped(provider: K8sProvider,
                                                                         kube: KubeEmulator) -> None:
     # Running + Ready=False from the node lifecycle controller: not serving, replaced like a dead
@@ -419,9 +436,14 @@ def test_a_pod_on_a_node_that_stopped_reporting_is_in_error_then_stopped(provide
     assert provider.delete(PROVIDER_ID, check_mode=False) is False  # already terminating: nothing to do
 
 
-@pytest.mark.parametrize("exposure", ["NodePort", "LoadBalancer"])
+@pytest.mark.parametrize(("exposure", "external_ip"),
+                         [("NodePort", None), ("NodePort", "198.51.100.11"), ("LoadBalancer", "198.51.100.11")])
 def test_a_service_exposed_pod_hands_out_the_address_crawlers_dial(tmp_path: Path, kube: KubeEmulator,
-                                                                   exposure: str) -> None:
+                                                                   exposure: str, external_ip: str | None) -> None:
+    # Issue 39 row 6: a NodePort is handed out on its node's ExternalIP where the node has one
+    # (crawlers outside the cluster route there), else on the InternalIP (the Pod's hostIP).
+    # Issue 38 row 9: a LoadBalancer gets no node port (one would bypass its source ranges).
+    kube.add_node("worker-1", "192.0.2.21", external_ip=external_ip)
     provider = provider_in(tmp_path, kube, exposure=exposure)
     _, _created = provider.create(REQUEST, check_mode=False)
     service = kube.get_object("services", "egress", "eu-1")
@@ -429,12 +451,13 @@ def test_a_service_exposed_pod_hands_out_the_address_crawlers_dial(tmp_path: Pat
     assert service["spec"]["externalTrafficPolicy"] == "Local"
     pod = kube.get_object("pods", "egress", "eu-1")
     assert pod is not None and service["metadata"]["ownerReferences"][0]["uid"] == pod["metadata"]["uid"]
-    node_port = service["spec"]["ports"][0]["nodePort"]
-    kube.kubelet_run("egress", "eu-1", pod_ip="10.244.1.7", host_ip="192.0.2.21")
+    node_port = service["spec"]["ports"][0].get("nodePort")
+    assert (node_port is None) == (exposure == "LoadBalancer")
+    kube.kubelet_run("egress", "eu-1", pod_ip="10.244.1.7", node="worker-1")
     if exposure == "LoadBalancer":
         assert (provider.get(PROVIDER_ID).state, provider.get(PROVIDER_ID).endpoint) == ("pending", None)
         kube.provision_load_balancer("egress", "eu-1", ip="198.51.100.20")
-    wanted = f"192.0.2.21:{node_port}" if exposure == "NodePort" else "198.51.100.20:3128"
+    wanted = f"{external_ip or '192.0.2.21'}:{node_port}" if exposure == "NodePort" else "198.51.100.20:3128"
     got = provider.get(PROVIDER_ID)
     assert (got.state, got.ip, got.endpoint) == ("running", "10.244.1.7", wanted)
     assert [(i.endpoint, i.ip) for i in provider.list(TAGS).instances] == [(wanted, "10.244.1.7")]
@@ -442,6 +465,17 @@ def test_a_service_exposed_pod_hands_out_the_address_crawlers_dial(tmp_path: Pat
     assert provider.create(REQUEST, check_mode=False)[0] is False
     assert provider.delete(PROVIDER_ID, check_mode=False) is True
     assert kube.get_object("services", "egress", "eu-1") is None
+
+
+def test_a_node_port_without_the_grant_to_read_nodes_names_the_fix(tmp_path: Path, kube: KubeEmulator) -> None:
+    provider = provider_in(tmp_path, kube, exposure="NodePort")
+    provider.create(REQUEST, check_mode=False)
+    kube.kubelet_run("egress", "eu-1", node="worker-1")
+    kube.fail_next("GET", r"/api/v1/nodes", 403, reason="Forbidden",
+                   message='nodes is forbidden: User "system:serviceaccount:egress-proxies:x" cannot list resource')
+    with pytest.raises(Permanent, match=r"listing nodes \(the provider reads the nodes' addresses: its service "
+                                        r"account needs get and list on nodes.*rbac.yaml"):
+        provider.list(TAGS)
 
 
 def test_a_service_left_behind_is_made_again_and_removed_with_the_pod(tmp_path: Path, kube: KubeEmulator) -> None:
