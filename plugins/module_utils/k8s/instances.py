@@ -46,6 +46,7 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.k8s.pods impo
     is_managed,
     is_ours,
     label_selector,
+    node_addresses,
     pod_instance,
     pod_tags,
 )
@@ -91,7 +92,8 @@ class K8sProvider:
 
     def create(self, request: InstanceRequest, check_mode: bool) -> Tuple[bool, Instance]:
         namespace = check_request(self.settings, request)
-        pod = build_pod(self.settings, request, namespace)  # validates the tags before any call
+        build_pod(self.settings, request, namespace)  # validates the request before any call
+        pod = build_pod(self.settings, request, namespace, self._all_node_addresses(request))
         if check_mode:
             existing = self._existing(namespace, request)
             if existing is not None:
@@ -123,6 +125,14 @@ class K8sProvider:
                 raise Transient("pod %s/%s is still terminating from an earlier delete; will retry once it is "
                                 "gone" % (namespace, request.name)) from None
             return False, existing
+
+    def _all_node_addresses(self, request: InstanceRequest) -> List[str]:
+        """Every address of every node, which the Pod's squid refuses (``build_pod``); none
+        without an access policy (the default squid.conf has no refusal list)."""
+        if request.access is None:
+            return []
+        return sorted({address for node in self.client.list_nodes() for address in node_addresses(node)},
+                      key=lambda address: (":" in address, address))
 
     def _ensure_service(self, request: InstanceRequest, pod: Dict[str, Any]) -> Optional[Dict[str, Any]]:
         """The Pod's Service (made now, or found ours); None without a Service exposure."""

@@ -179,14 +179,16 @@ def label_selector(tags: Mapping[str, str]) -> str:
     return ",".join("%s=%s" % (key, value) for key, value in sorted(wanted.items()))
 
 
-def squid_conf(settings: KubernetesSettings, port: int, access: Optional[Access] = None) -> str:
+def squid_conf(settings: KubernetesSettings, port: int, access: Optional[Access] = None,
+               node_addresses: Sequence[str] = ()) -> str:
     """The squid.conf of one Pod: ``http_port`` from the request, then the configured text, with
     the operator's policy around it when ``access`` is given.
 
     The policy's rules come first and end in ``http_access deny all``, so the configured text's
     own ``http_access`` lines are never reached; its settings come last (its other directives
     still apply). A squidConfig with ``http_access allow all`` is refused outright, so the
-    config never reads as an open proxy.
+    config never reads as an open proxy. ``node_addresses`` (every address of every node, see
+    :func:`build_pod`) are refused as the addresses of the machine the Pod runs on.
     """
     body = settings.squid_config if settings.squid_config is not None else DEFAULT_SQUID_CONFIG
     if not body.endswith("\n"):
@@ -194,11 +196,17 @@ def squid_conf(settings: KubernetesSettings, port: int, access: Optional[Access]
     if access is None:
         return "http_port %d\n%s" % (port, body)
     refuse_open_user_config(settings.squid_config, "squidConfig (the Kubernetes provider's config)")
-    return "http_port %d\n%s" % (port, render_policy(access, POD_PATHS).around(body))
+    return "http_port %d\n%s" % (port, render_policy(access, POD_PATHS, node_addresses).around(body))
 
 
-def build_pod(settings: KubernetesSettings, request: InstanceRequest, namespace: str) -> Dict[str, Any]:
-    """The Pod manifest for ``request`` in ``namespace`` (a plain dict, as the API takes it)."""
+def build_pod(settings: KubernetesSettings, request: InstanceRequest, namespace: str,
+              node_addresses: Sequence[str] = ()) -> Dict[str, Any]:
+    """The Pod manifest for ``request`` in ``namespace`` (a plain dict, as the API takes it).
+
+    ``node_addresses``: the addresses of every node of the cluster (``status.addresses``, the
+    provider lists them). The squid.conf is written before the scheduler picks the Pod's node,
+    so every node's addresses are refused: a safe superset of its own node's (an ExternalIP
+    included, which the downward API cannot give the container)."""
     if request.port < UNPRIVILEGED_PORT_START:
         raise Permanent("port: %d is below %d: squid runs as an unprivileged user (the Pod passes the restricted Pod "
                         "Security Standard) and cannot listen there; use a port of %d or more" % (
@@ -218,7 +226,7 @@ def build_pod(settings: KubernetesSettings, request: InstanceRequest, namespace:
     }
     annotations = {
         TAGS_ANNOTATION: json.dumps(request.tags, sort_keys=True, separators=(",", ":")),
-        SQUID_CONF_ANNOTATION: squid_conf(settings, request.port, request.access),
+        SQUID_CONF_ANNOTATION: squid_conf(settings, request.port, request.access, node_addresses),
     }
     if request.access is not None:
         _with_policy(request.access, container, spec, annotations)

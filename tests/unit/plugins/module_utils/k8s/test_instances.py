@@ -34,6 +34,7 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.k8s.pods impo
     build_pod,
 )
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.k8s.settings import KubernetesSettings
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.squid_access import parse_access
 from support.collection.provider_config import write_kubeconfig
 from support.kube.emulator import KubeEmulator
 
@@ -465,6 +466,22 @@ def test_a_service_exposed_pod_hands_out_the_address_crawlers_dial(tmp_path: Pat
     assert provider.create(REQUEST, check_mode=False)[0] is False
     assert provider.delete(PROVIDER_ID, check_mode=False) is True
     assert kube.get_object("services", "egress", "eu-1") is None
+
+
+def test_the_pods_squid_refuses_every_address_of_every_node(provider: K8sProvider, kube: KubeEmulator) -> None:
+    # Issue 38 row 1: a Pod's squid refused its own IPs and its node's hostIP only; a node's
+    # ExternalIP (and the other nodes', where the scheduler may put it) reached the node's services.
+    kube.add_node("worker-1", "10.0.0.11", external_ip="198.51.100.11")
+    kube.add_node("worker-2", "10.0.0.12", external_ip="198.51.100.12")
+    access = parse_access({"open": True, "allowed_sources": ["203.0.113.0/24"]})
+    provider.create(dataclasses.replace(REQUEST, access=access), check_mode=False)
+    pod = kube.get_object("pods", "egress", "eu-1")
+    assert pod is not None
+    conf = pod["metadata"]["annotations"]["crawl.example.com/squid-conf"]
+    acl = [line for line in conf.splitlines() if line.startswith("acl egress_host dst ")]
+    refused = {address for line in acl for address in line.split()[3:]}
+    assert {"10.0.0.11/32", "10.0.0.12/32", "198.51.100.11/32", "198.51.100.12/32"} <= refused
+    assert "http_access deny egress_host" in conf.splitlines()
 
 
 def test_a_node_port_without_the_grant_to_read_nodes_names_the_fix(tmp_path: Path, kube: KubeEmulator) -> None:
