@@ -24,7 +24,8 @@ is gone already).
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple
+import dataclasses
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.errors import (
     NotFound,
@@ -79,11 +80,23 @@ def check_request(settings: KubernetesSettings, request: InstanceRequest) -> str
     return namespace
 
 
+def with_probe_sources(request: InstanceRequest, probe_sources: Sequence[str]) -> InstanceRequest:
+    """``request`` whose access also admits the controller's probe sources (``probe.sources``),
+    beside the crawlers': in squid's allowlist and a load balancer's source ranges alike, so the
+    controller's own probe is never refused on the way a crawler takes."""
+    access = request.access
+    if access is None or not probe_sources:
+        return request
+    sources = tuple(dict.fromkeys((*access.allowed_sources, *probe_sources)))
+    return dataclasses.replace(request, access=dataclasses.replace(access, allowed_sources=sources))
+
+
 class K8sProvider:
-    def __init__(self, settings: KubernetesSettings, client: KubeClient) -> None:
+    def __init__(self, settings: KubernetesSettings, client: KubeClient, probe_sources: Sequence[str] = ()) -> None:
         self.settings = settings
         self.client = client
         self.exposed = settings.exposure in SERVICE_EXPOSURES
+        self.probe_sources = tuple(probe_sources)
 
     def close(self) -> None:
         self.client.close()
@@ -92,6 +105,7 @@ class K8sProvider:
 
     def create(self, request: InstanceRequest, check_mode: bool) -> Tuple[bool, Instance]:
         namespace = check_request(self.settings, request)
+        request = with_probe_sources(request, self.probe_sources)
         build_pod(self.settings, request, namespace)  # validates the request before any call
         pod = build_pod(self.settings, request, namespace, self._all_node_addresses(request))
         if check_mode:

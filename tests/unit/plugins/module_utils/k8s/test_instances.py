@@ -484,6 +484,22 @@ def test_the_pods_squid_refuses_every_address_of_every_node(provider: K8sProvide
     assert "http_access deny egress_host" in conf.splitlines()
 
 
+def test_the_controllers_probe_sources_are_admitted_beside_the_crawlers(tmp_path: Path, kube: KubeEmulator) -> None:
+    # Issue 39 item 1: probe.sources, named once, reach squid's allowlist and the load balancer's
+    # ranges, so the controller's own probe takes the crawlers' way and is not refused on it.
+    settings = KubernetesSettings(namespace="egress", image="squid", exposure="LoadBalancer",
+                                  kubeconfig=str(write_kubeconfig(tmp_path / "kubeconfig", kube.url)))
+    provider = K8sProvider(settings, KubeClient(settings), probe_sources=("192.0.2.5/32",))
+    access = parse_access({"open": True, "allowed_sources": ["203.0.113.0/24"]})
+    provider.create(dataclasses.replace(REQUEST, access=access), check_mode=False)
+    service = kube.get_object("services", "egress", "eu-1")
+    assert service is not None and service["spec"]["loadBalancerSourceRanges"] == ["203.0.113.0/24", "192.0.2.5/32"]
+    pod = kube.get_object("pods", "egress", "eu-1")
+    assert pod is not None
+    conf = pod["metadata"]["annotations"]["crawl.example.com/squid-conf"]
+    assert "# Clients outside 203.0.113.0/24, 192.0.2.5/32." in conf
+
+
 def test_a_node_port_without_the_grant_to_read_nodes_names_the_fix(tmp_path: Path, kube: KubeEmulator) -> None:
     provider = provider_in(tmp_path, kube, exposure="NodePort")
     provider.create(REQUEST, check_mode=False)
