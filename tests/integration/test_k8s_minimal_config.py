@@ -15,7 +15,8 @@ balancer's address is one of the namespace's, the emulator makes up none that is
 Shown: the crawler in ``allowedSources`` gets its 204 through the endpoint discovery hands out;
 one outside them is dropped before squid (the connection never completes, the firewall counted
 it); the controller's own probe passes (discovery lists only proxies whose probe passed); the
-proxy refuses the node's ExternalIP (403); the Service has no node port.
+proxy refuses the node's ExternalIP (403); the Service has no node port; the Serving verdict says
+whether the probe proves the crawlers' path (here not: the controller's source is private).
 """
 
 from __future__ import annotations
@@ -42,7 +43,6 @@ from support.netns.namespace import NetworkNamespace
 from support.netns.probe_target import ProbeTargetProcess
 from support.netns.service_network import ServiceNetwork
 from support.netns.squid_kubelet import squid_kubelet
-from support.process import run_checked
 
 # The controller's module runs (ansible-runner) take most of it: seconds on a quiet machine,
 # a minute or two at load 10 on 2 cores.
@@ -53,9 +53,11 @@ NAMESPACE, POD_NAMESPACE, NAME = "crawlers", "egress", "eu-1"
 OPERATOR_TOKEN, CRAWLER_TOKEN = "operator-token-minimal-config", "crawler-token-minimal-config"
 # The internet: the crawlers' network, one crawler in it and a stranger outside it.
 CRAWLERS, CRAWLER, STRANGER = "203.0.113.16/28", "203.0.113.20", "203.0.113.99"
-LINK_HERE, LINK_THERE = "192.0.2.1", "192.0.2.2"  # the cluster's and the internet's ends of their link
-# In the cluster's namespace: the probe target at a public address, and the node's ExternalIP.
-TARGET, NODE_EXTERNAL, NODE_SERVICE_PORT = "198.51.100.80", "198.51.100.11", 9100
+LINK_HERE, LINK_THERE = "100.127.254.1", "100.127.254.2"  # the cluster's and the internet's ends of their link
+# In the cluster's namespace: the node's ExternalIP, and the probe target at a public address
+# (one of TARGETS no other test routes to from the root namespace just now).
+NODE_EXTERNAL, NODE_SERVICE_PORT = "198.51.100.11", 9100
+TARGETS = [f"198.51.100.{host}" for host in range(160, 250)]
 
 
 def minimal_config() -> dict[str, Any]:
@@ -99,19 +101,28 @@ def cluster_and_internet() -> Iterator[tuple[NetworkNamespace, NetworkNamespace]
         internet.route(cluster.network, LINK_HERE)
         for address in (CRAWLER, STRANGER):
             internet.add_address(address)
-        for address in (TARGET, NODE_EXTERNAL):
-            cluster.add_address(address)
-        # The controller asks the probe target directly too: this one address, routed into the
-        # namespace (the route goes with the namespace's veth).
-        run_checked(["ip", "route", "add", f"{TARGET}/32", "via", cluster.address])
+        cluster.add_address(NODE_EXTERNAL)
         yield cluster, internet
+
+
+def route_probe_target(cluster: NetworkNamespace) -> str:
+    """An address of TARGETS routed from the root namespace into ``cluster`` (the controller asks
+    the probe target directly too) and given to it; the route goes with the namespace's veth. One
+    another test routes already is skipped, never taken over."""
+    for address in TARGETS:
+        added = subprocess.run(["ip", "route", "add", f"{address}/32", "via", cluster.address], capture_output=True,
+                               text=True, check=False)
+        if added.returncode == 0:
+            cluster.add_address(address)
+            return address
+    raise AssertionError(f"every probe target address of {TARGETS[0]}-{TARGETS[-1]} is routed elsewhere")
 
 
 def test_the_documented_minimal_config_serves_a_crawler_on_the_internet_and_drops_a_stranger(
         tmp_path: Path, cluster_and_internet: tuple[NetworkNamespace, NetworkNamespace]) -> None:
     cluster, internet = cluster_and_internet
     load_balancer = cluster.network.rsplit(".", 1)[0] + ".200"
-    with ProbeTargetProcess(cluster, TARGET, http_port=80, tunnel_port=443) as target, \
+    with ProbeTargetProcess(cluster, route_probe_target(cluster), http_port=80, tunnel_port=443) as target, \
             ProbeTargetProcess(cluster, NODE_EXTERNAL, http_port=NODE_SERVICE_PORT, tunnel_port=9101), \
             KubeEmulator(crds=[proxy_crd()], namespaces=[NAMESPACE, POD_NAMESPACE, "egress-proxies"]) as kube:
         kube.add_node("node-1", cluster.address, external_ip=NODE_EXTERNAL)
@@ -157,3 +168,11 @@ def test_the_documented_minimal_config_serves_a_crawler_on_the_internet_and_drop
             # The node's own service on its ExternalIP, through the proxy: refused (issue 38 row 1).
             node_url = f"http://{NODE_EXTERNAL}:{NODE_SERVICE_PORT}/generate_204"
             assert through_proxy(internet, CRAWLER, entry["url"], node_url) == (0, "403")
+            # The verdict says whether the probe proves the crawlers' path: this controller's source is
+            # a private address, which an in-cluster probe could have too, so it does not, and says how.
+            status = client.CustomObjectsApi(api).get_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL,
+                                                                               NAME)["status"]
+            assert status["exposure"].startswith(f"LoadBalancer that admits private sources ({cluster.gateway}/32)")
+            (serving,) = [c for c in status["conditions"] if c["type"] == "Serving"]
+            assert serving["status"] == "True"
+            assert "outside path is not verified; to verify it, probe from outside the cluster" in serving["message"]

@@ -35,7 +35,7 @@ pytestmark = pytest.mark.timeout(120)
 
 NS = "egress"
 CRAWLERS, CRAWLER, STRANGER = "203.0.113.16/28", "203.0.113.20", "203.0.113.99"
-LINK_HERE, LINK_THERE = "192.0.2.1", "192.0.2.2"
+LINK_HERE, LINK_THERE = "100.127.254.1", "100.127.254.2"
 NODE_EXTERNAL = "198.51.100.11"
 SETTINGS = KubernetesSettings(namespace=NS, image="squid", exposure="LoadBalancer")
 REQUEST = InstanceRequest(name="eu-1", user_data=b"", tags={"crawl.example.com/owner": "prod-cluster-1"},

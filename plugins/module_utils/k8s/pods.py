@@ -40,6 +40,7 @@ import json
 import re
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
+from ansible_collections.crawl.egress_proxies.plugins.module_utils import squid_networks as nets
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.config import DEFAULT_ALLOWED_SOURCES
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.errors import Permanent
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.instance import (
@@ -462,6 +463,49 @@ def pod_endpoint(pod: Mapping[str, Any], exposure: str, service: Optional[Mappin
     return endpoint_of(ingress.get("ip") or ingress.get("hostname"), service_port.get("port"))
 
 
+# How to verify the outside path, named in every exposure note that cannot say it was.
+VERIFY_HINT = ("to verify it, probe from outside the cluster and admit only that address (probe.sources; "
+               "docs/kubernetes-provider.md, \"Verifying the outside path\")")
+
+
+def exposure_note(pod: Mapping[str, Any], exposure: str, service: Optional[Mapping[str, Any]],
+                  node: Optional[Mapping[str, Any]]) -> Optional[str]:
+    """What a crawler outside the cluster meets at a NodePort or LoadBalancer endpoint, and whether a
+    probe that passes proves that path (None for the other exposures: in-cluster or flat-network
+    addresses).
+
+    A load balancer whose source ranges are all outside the private networks admits nothing from
+    inside the cluster, so a passing probe came from outside, the crawlers' way: verified. A
+    private range (or none: everyone) admits the controller's own Pod, whose probe to the load
+    balancer's address kube-proxy answers inside the cluster: not verified. A NodePort has no
+    ranges at all: not verified."""
+    if exposure not in SERVICE_EXPOSURES or service is None:
+        return None
+    if exposure == "NodePort":
+        external = node_addresses(node, "ExternalIP")
+        if not external:
+            return ("NodePort on the node's InternalIP %s (the node has no ExternalIP): reachable from the cluster's "
+                    "network only" % ((pod.get("status") or {}).get("hostIP") or "unknown"))
+        return ("NodePort on the node's ExternalIP %s, no firewall in front: the outside path is not verified "
+                "(nothing shows a probe crossed the node's edge; open the node port in the cloud's firewall to the "
+                "crawlers' networks); %s" % (external[0], VERIFY_HINT))
+    ranges = (service.get("spec") or {}).get("loadBalancerSourceRanges") or []
+    private = [r for r in ranges if _is_internal(r)]
+    if ranges and not private:
+        return ("LoadBalancer admitting %s only, none inside the private networks: a passing probe came from outside "
+                "the cluster, the crawlers' way (outside path verified)" % ", ".join(ranges))
+    why = "admits private sources (%s)" % ", ".join(private) if private else "admits every source (no source ranges)"
+    return ("LoadBalancer that %s: a probe from inside the cluster passes without crossing the load balancer, so the "
+            "outside path is not verified; %s" % (why, VERIFY_HINT))
+
+
+def _is_internal(network: str) -> bool:
+    """Whether ``network`` overlaps the private, shared or loopback networks (squid_networks)."""
+    parsed = ipaddress.ip_network(network, strict=False)
+    return any(parsed.overlaps(internal) for internal in nets.networks(nets.INTERNAL + nets.LOOPBACK)
+               if internal.version == parsed.version)
+
+
 def pod_instance(pod: Mapping[str, Any], exposure: str = "none",
                  service: Optional[Mapping[str, Any]] = None, node: Optional[Mapping[str, Any]] = None) -> Instance:
     """The instance of ``pod`` (and, for a Service exposure, its ``service``; for a NodePort, its
@@ -474,4 +518,5 @@ def pod_instance(pod: Mapping[str, Any], exposure: str = "none",
         state = "error" if exposure in SERVICE_EXPOSURES and service is None else "pending"
     return Instance(
         provider_id=format_provider_id("k8s", namespace, name), name=name, location=namespace, state=state,
-        ip=pod_ip(pod), endpoint=endpoint, tags=pod_tags(pod), created=meta.get("creationTimestamp"))
+        ip=pod_ip(pod), endpoint=endpoint, tags=pod_tags(pod), created=meta.get("creationTimestamp"),
+        exposure=exposure_note(pod, exposure, service, node))

@@ -294,6 +294,32 @@ def test_the_endpoint_is_what_a_crawler_dials_for_each_exposure(exposure: str, s
     assert instance.ip == ("192.0.2.21" if exposure == "hostNetwork" else "10.244.1.7")  # its own address
 
 
+@pytest.mark.parametrize(
+    ("exposure", "service", "node", "note"),
+    [("none", None, None, None),
+     ("NodePort", node_port_service(), None,
+      ("NodePort on the node's InternalIP 192.0.2.21 (the node has no ExternalIP): reachable from the cluster's "
+      "network only")),
+     ("NodePort", node_port_service(), {"status": {"addresses": [{"type": "InternalIP", "address": "192.0.2.21"},
+                                                                 {"type": "ExternalIP", "address": "198.51.100.11"}]}},
+      "NodePort on the node's ExternalIP 198.51.100.11, no firewall in front: the outside path is not verified"),
+     ("LoadBalancer", dict(load_balancer([{"ip": "198.51.100.20"}]), spec={"loadBalancerSourceRanges": [
+         "203.0.113.0/24", "198.51.100.7/32"]}), None,
+      ("LoadBalancer admitting 203.0.113.0/24, 198.51.100.7/32 only, none inside the private networks: a passing "
+      "probe came from outside the cluster, the crawlers' way (outside path verified)")),
+     ("LoadBalancer", dict(load_balancer([{"ip": "198.51.100.20"}]), spec={"loadBalancerSourceRanges": [
+         "203.0.113.0/24", "10.0.0.0/8"]}), None,
+      ("LoadBalancer that admits private sources (10.0.0.0/8): a probe from inside the cluster passes without "
+      "crossing the load balancer, so the outside path is not verified; to verify it, probe from outside")),
+     ("LoadBalancer", load_balancer([{"ip": "198.51.100.20"}]), None,
+      "LoadBalancer that admits every source (no source ranges)")],
+    ids=["pod-ip", "node-port-internal", "node-port-external", "lb-public-ranges", "lb-private-range", "lb-open"])
+def test_the_instance_says_how_crawlers_outside_reach_it_and_whether_a_probe_proves_it(
+        exposure: str, service: dict[str, Any] | None, node: dict[str, Any] | None, note: str | None) -> None:
+    found = pod_instance(with_status(RUNNING, exposure=exposure), exposure, service, node).exposure
+    assert found == note if note is None else (found or "").startswith(note)
+
+
 def test_the_service_selects_its_pod_and_keeps_the_client_address() -> None:
     settings = dataclasses.replace(SETTINGS, exposure="LoadBalancer")
     created = pod(settings)
