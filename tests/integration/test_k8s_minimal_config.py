@@ -27,7 +27,7 @@ import re
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import yaml
@@ -170,8 +170,8 @@ def test_the_documented_minimal_config_serves_a_crawler_on_the_internet_and_drop
             assert through_proxy(internet, CRAWLER, entry["url"], node_url) == (0, "403")
             # The verdict says whether the probe proves the crawlers' path: this controller's source is
             # a private address, which an in-cluster probe could have too, so it does not, and says how.
-            status = client.CustomObjectsApi(api).get_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL,
-                                                                               NAME)["status"]
+            stored = client.CustomObjectsApi(api).get_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, NAME)
+            status = cast(dict[str, Any], stored)["status"]
             assert status["exposure"].startswith(f"LoadBalancer that admits private sources ({cluster.gateway}/32)")
             (serving,) = [c for c in status["conditions"] if c["type"] == "Serving"]
             assert serving["status"] == "True"
