@@ -68,12 +68,17 @@ rules and cites their sources):
   an unscheduled or finished Pod, or ``gracePeriodSeconds=0``, goes at once, as on a real server;
 - ``kubelet_run`` and ``kubelet_evict`` stand in for the scheduler and kubelet; ``node_lost`` for the
   node lifecycle and taint eviction controllers when a node stops reporting, ``node_returns`` for
-  its kubelet coming back, ``provision_load_balancer`` for the cloud's service controller; a thread
-  stands in for the kubelet's end of graceful deletion and for the namespace controller;
+  its kubelet coming back, ``provision_load_balancer`` for the cloud's service controller (which
+  refuses source ranges of a family the Service lacks, as clouds do), ``add_node`` for a kubelet
+  registering its Node with its addresses, ``quota_unsynced``/``quota_synced`` for the quota
+  controller; a thread stands in for the kubelet's end of graceful deletion and for the namespace
+  controller; tests/support/netns/service_network.py serves the Services for real;
 - admission after validation (``tests/support/kube/admission.py``): namespace lifecycle, Pod
   Security from the namespace's ``pod-security.kubernetes.io/enforce`` label, ResourceQuota on Pod
-  counts (both 403 Forbidden as the real plugins word it); a new Service gets its cluster IP and
-  node ports allocated.
+  counts (403 Forbidden as the real plugins word it, "status unknown for quota" included);
+  Services validated as ``ValidateService`` does for the fields the provider sets, and a new one
+  gets its cluster IP, IP families and node ports (none for a LoadBalancer without
+  ``allocateLoadBalancerNodePorts``).
 
 Deliberately left out (nothing tested depends on them): admission beyond namespace lifecycle, Pod
 Security and Pod-count quotas, built-in defaulting beyond a Service's allocations (a real server
