@@ -331,10 +331,10 @@ def source_ranges(sources: Sequence[str], families: Sequence[str]) -> List[str]:
     versions = {_FAMILY_VERSIONS[family] for family in families}
     kept = [source for source in sources if ipaddress.ip_network(source, strict=False).version in versions]
     if not kept:
+        named = (", ".join(sources), " or ".join(families), "/".join(families))
         raise Permanent("access.allowed_sources: none of %s is %s, the IP families of the Proxy's Service "
                         "(kubernetes.ipFamilies); name the crawlers' %s networks in allowedSources, or set "
-                        "ipFamilies to the family they use" % (", ".join(sources), " or ".join(families),
-                                                                 "/".join(families)))
+                        "ipFamilies to the family they use" % named)
     return kept
 
 
