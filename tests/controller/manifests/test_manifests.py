@@ -260,6 +260,7 @@ def test_rbac_is_least_privilege() -> None:
         ("crawl.example.com", "proxypools/status", ("get", "update", "patch")),
         ("", "events", ("create", "patch")),
         ("", "namespaces", ("get", "list")),  # their uids: credentials are bound to a namespace's identity
+        ("", "nodes", ("get", "list")),  # the Kubernetes provider: their addresses (refused; a NodePort's ExternalIP)
     }
     assert one("Role", OWN_ROLE)["metadata"]["namespace"] == NAMESPACE
     # In the controller's own namespace: the Lease, and the proxies' credentials (Secrets only there).
