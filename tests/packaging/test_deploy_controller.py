@@ -89,7 +89,7 @@ class Deploy:
     kube: KubeEmulator
     files: Path
 
-    def __call__(self, *, wait: bool = True, **extra: str) -> Run:
+    def __call__(self, *, wait: bool = True, **extra: str | bool) -> Run:
         """Run it in ``files``, so relative paths in ``extra`` are relative to the user's directory."""
         variables = {
             "egress_proxies_kubeconfig": str(write_kubeconfig(self.files / "kubeconfig", self.kube.url)),
@@ -306,7 +306,8 @@ def test_monitoring_is_installed_on_request_with_the_metrics_listener_and_runboo
                for link in links.values()), links
     dashboard = kube.get_object("configmaps", NAMESPACE, "egress-proxies-dashboard")
     assert dashboard is not None and dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
-    assert dashboard["data"]["grafana-dashboard.json"] == (MANIFESTS / "monitoring" / "grafana-dashboard.json").read_text()
+    shipped = (MANIFESTS / "monitoring" / "grafana-dashboard.json").read_text()
+    assert dashboard["data"]["grafana-dashboard.json"] == shipped
 
     again = deploy(wait=False, egress_proxies_monitoring=True, egress_proxies_metrics_listen="0.0.0.0:9464",
                    egress_proxies_runbook_base_url="https://git.example/ops/egress-proxies/-/blob/main/")

@@ -63,14 +63,14 @@ def test_promtool_unit_tests_can_fail(tmp_path: Path) -> None:
     assert "EgressProxiesStatusStale" in done.stdout + done.stderr
 
 
-def test_the_component_lists_its_files_and_selects_the_controller_service() -> None:
+def test_the_component_lists_its_files_and_selects_the_metrics_service() -> None:
     component = yaml.safe_load((MONITORING / "kustomization.yaml").read_text())
     assert (component["apiVersion"], component["kind"]) == ("kustomize.config.k8s.io/v1alpha1", "Component")
     (generator,) = component["configMapGenerator"]
     listed = set(component["resources"]) | set(generator["files"])
     assert listed == {path.name for path in MONITORING.iterdir()} - {"kustomization.yaml"}
 
-    service = yaml.safe_load((REPO / "controller" / "manifests" / "service.yaml").read_text())
+    service = yaml.safe_load((REPO / "controller" / "manifests" / "service-metrics.yaml").read_text())
     monitor: dict[str, Any] = yaml.safe_load((MONITORING / "servicemonitor.yaml").read_text())
     assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
     assert monitor["spec"]["namespaceSelector"]["matchNames"] == [service["metadata"]["namespace"]]
