@@ -27,6 +27,7 @@ from typing import Any
 
 import pytest
 
+from egress_proxies.serving import target as target_module
 from egress_proxies.serving.probe import (
     ProbeConfigError,
     ProbeCredentials,
@@ -504,3 +505,18 @@ def test_bad_targets_credentials_and_duplicate_keys_are_refused() -> None:
         Prober(allowed_networks=["127.0.0.0/8"]).probe_all([target, target])
     with pytest.raises(ProbeConfigError, match="allowed_networks"):
         Prober(allowed_networks=["10.0.0.300/8"])
+
+
+@pytest.mark.parametrize(("peer", "source"), [
+    ("198.51.100.7", "198.51.100.7"),
+    ("::ffff:198.51.100.7", "198.51.100.7"),
+    ("2001:db8:1:2:aaaa::1", "2001:db8:1:2::/64"),
+    ("2001:db8:1:2:ffff:ffff:ffff:ffff", "2001:db8:1:2::/64"),
+    ("fe80::1%eth0", "fe80::/64"),
+])
+def test_the_probe_targets_limits_count_a_host_as_one_source(peer: str, source: str) -> None:
+    """Issue 38 row 4: an IPv6 client has its whole /64, so that is one source; an IPv4-mapped
+    address is its IPv4 address; the controller's networks match either way."""
+    assert target_module._source(peer) == source
+    networks = (ipaddress.ip_network("198.51.100.0/24"), ipaddress.ip_network("2001:db8::/32"))
+    assert target_module._inside(source, networks) == (not peer.startswith("fe80"))
