@@ -223,9 +223,11 @@ def test_the_discovery_port_serves_strangers_no_metrics(live_controller: LiveCon
             request = urllib.request.Request(f"http://127.0.0.1:{live_controller.port}{path}", headers=headers)
             with pytest.raises(urllib.error.HTTPError) as answer:
                 urllib.request.urlopen(request, timeout=10)
-            body = answer.value.read().decode()
+            with answer.value:
+                body = answer.value.read().decode()
             assert answer.value.code == 404 and "egress_proxies" not in body and "namespace" not in body, (path, body)
     # And the metrics listener serves nothing but /metrics: no discovery there.
     with pytest.raises(urllib.error.HTTPError) as answer:
         urllib.request.urlopen(f"http://127.0.0.1:{live_controller.metrics_port}/v1/proxies", timeout=10)
-    assert answer.value.code == 404
+    with answer.value:
+        assert answer.value.code == 404
