@@ -112,7 +112,7 @@ class ProbeTargetServer:
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = str(writer.get_extra_info("peername")[0])
         source = _source(peer)
-        controller = _inside(source, self.limits.controller_networks)
+        controller = _inside(peer, self.limits.controller_networks)
         if not self._take_slot(source, controller):
             writer.transport.abort()  # closed at once: answering would cost what the limit protects
             return
@@ -185,28 +185,31 @@ class ProbeTargetServer:
         return keep
 
 
-def _source(peer: str) -> str:
-    """Whose connection this is: the address, an IPv4-mapped one as IPv4, an IPv6 one's /64."""
+def _address(peer: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """The peer's address (an IPv4-mapped one as IPv4, a link-local one without its zone)."""
     try:
         address = ipaddress.ip_address(peer.partition("%")[0])
     except ValueError:
+        return None
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    return address
+
+
+def _source(peer: str) -> str:
+    """Whose connection this is, for the per-source limit: the address, an IPv6 one's /64 (one
+    host has all of it)."""
+    address = _address(peer)
+    if address is None:
         return peer
     if isinstance(address, ipaddress.IPv6Address):
-        if address.ipv4_mapped is not None:
-            return str(address.ipv4_mapped)
         return str(ipaddress.IPv6Network((address, 64), strict=False))
     return str(address)
 
 
-def _inside(source: str, networks: Sequence[Network]) -> bool:
-    if not networks:
-        return False
-    try:
-        address = ipaddress.ip_network(source, strict=False)
-    except ValueError:
-        return False
-    return any(address.version == network.version and address.subnet_of(network)  # type: ignore[arg-type]
-               for network in networks)
+def _inside(peer: str, networks: Sequence[Network]) -> bool:
+    address = _address(peer)
+    return address is not None and any(address in network for network in networks)
 
 
 async def run(key: bytes, addresses: Sequence[tuple[str, int]], limits: Limits | None = None) -> None:

@@ -519,4 +519,7 @@ def test_the_probe_targets_limits_count_a_host_as_one_source(peer: str, source: 
     address is its IPv4 address; the controller's networks match either way."""
     assert target_module._source(peer) == source
     networks = (ipaddress.ip_network("198.51.100.0/24"), ipaddress.ip_network("2001:db8::/32"))
-    assert target_module._inside(source, networks) == (not peer.startswith("fe80"))
+    assert target_module._inside(peer, networks) == (not peer.startswith("fe80"))
+    # The controller's own slots go by its exact address, not by its /64.
+    one = (ipaddress.ip_network("2001:db8:1:2:aaaa::1/128"),)
+    assert target_module._inside(peer, one) == (peer == "2001:db8:1:2:aaaa::1")
