@@ -153,6 +153,9 @@ class Provider:
     """Networks crawlers may use this provider's proxies from, unless a Proxy says otherwise."""
     allowed_destinations: Tuple[str, ...] = ()
     """Internal networks this provider's proxies may reach, unless a Proxy says otherwise."""
+    probe_sources: Tuple[str, ...] = ()
+    """The root's ``probeSources``: where the controller's probes arrive from; a provider whose
+    proxies are public admits them besides the crawlers' sources."""
 
     @property
     def valid(self) -> bool:
@@ -235,7 +238,7 @@ class ConfigReport:
         return not self.errors
 
 
-def _parse_provider(item: Reader, name: str) -> Provider:
+def _parse_provider(item: Reader, name: str, probe_sources: Tuple[str, ...] = ()) -> Provider:
     """One provider entry, its section validated on its own."""
     errors = Errors()
     raw_type = item.data.get("type")
@@ -251,10 +254,24 @@ def _parse_provider(item: Reader, name: str) -> Provider:
     # proxies may reach on purpose (squid_access.py refuses every other internal destination).
     sources = _parse_networks(item, errors, "allowedSources", DEFAULT_ALLOWED_SOURCES)
     destinations = _parse_networks(item, errors, "allowedDestinations", ())
+    _require_public_sources(item, errors, settings)
     if errors.messages or settings is None or probe is None:
         return Provider(name, provider_type, errors=tuple(errors.messages))
     return Provider(name, provider_type, settings, probe=probe, allowed_sources=sources,
-                    allowed_destinations=destinations)
+                    allowed_destinations=destinations, probe_sources=probe_sources)
+
+
+def _require_public_sources(item: Reader, errors: Errors, settings: Optional[object]) -> None:
+    """Public exposure is explicit: a provider whose proxies are dialled at public addresses (its
+    section's ``public_exposure()`` says why) must name the crawlers' sources, since the default
+    ones (private networks) never reach a public address. ``0.0.0.0/0`` only when written."""
+    exposure = getattr(settings, "public_exposure", None)
+    reason = exposure() if callable(exposure) else None
+    if reason and item.data.get("allowedSources") is None:
+        errors.add("%s: required: %s, and without allowedSources only private networks would be admitted, which never "
+                   "get there; list your crawlers' public networks (for example [198.51.100.0/24]; 0.0.0.0/0 written "
+                   "out for any address), and the controller's own in the root's probeSources" % (
+                       item.at("allowedSources"), reason))
 
 
 def _parse_networks(item: Reader, errors: Errors, key: str, default: Tuple[str, ...]) -> Tuple[str, ...]:
@@ -340,11 +357,14 @@ def validate_provider_config(document: Any) -> ConfigReport:
     if root_reader is None:
         return ConfigReport(owner=None, providers=(), root_errors=tuple(root.messages),
                             errors=tuple(root.messages))
-    root_reader.only(root, "owner", "providers")
+    root_reader.only(root, "owner", "providers", "probeSources")
     owner = root.read(root_reader.string, "owner", pattern=LABEL_VALUE_RE,
                       rule="must be 1-63 lowercase letters, digits, '-' or '_', starting and ending with a "
                       "letter or digit, because it is written into labels on every backend")
     entries = root.read(root_reader.non_empty_list, "providers") or []
+    # probeSources: where the controller's probes come from (its public egress addresses), named
+    # once for every provider that must admit them.
+    probe_sources = _parse_networks(root_reader, root, "probeSources", ())
     errors.messages.extend(root.messages)
     providers: List[Provider] = []
     for index, raw in enumerate(entries):
@@ -359,7 +379,7 @@ def validate_provider_config(document: Any) -> ConfigReport:
                 name = None
         errors.messages.extend(root.messages[before:])
         if item is not None and name is not None:
-            provider = _parse_provider(item, name)
+            provider = _parse_provider(item, name, probe_sources)
             errors.messages.extend(provider.errors)
             providers.append(provider)
     return ConfigReport(owner=owner, providers=tuple(providers), root_errors=tuple(root.messages),

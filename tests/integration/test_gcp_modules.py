@@ -58,7 +58,8 @@ def write_config(path: Path, emulator: ComputeEmulator, **overrides: Any) -> Pat
         "images": {"debian-12": IMAGE}, "defaultMachineType": "small", "defaultImage": "debian-12",
         "apiEndpoint": emulator.endpoint, **overrides,
     }
-    document = {"owner": OWNER, "providers": [{"name": "cloud", "type": "gcp", "gcp": gcp}]}
+    document = {"owner": OWNER, "providers": [{"name": "cloud", "type": "gcp",
+        "allowedSources": ["198.51.100.0/24"], "gcp": gcp}]}
     path.write_text(yaml.safe_dump(document, sort_keys=False))
     return path
 
@@ -105,9 +106,11 @@ def test_create_get_list_delete_round_trip(config: Path, emulator: ComputeEmulat
     assert instance["ip"].startswith("203.0.113.")  # the NAT IP, not the internal one
     assert instance["created"].endswith("Z")
     live = emulator.instances[(ZONES[0], NAME)]
-    # The port is open to the provider's allowedSources (the private ranges by default), and only to them.
-    assert emulator.reachable("10.1.2.3", ZONES[0], NAME, 3128)
-    assert not emulator.reachable("198.51.100.7", ZONES[0], NAME, 3128)
+    # The port is open to the provider's allowedSources, and only to them; a private source never
+    # gets to an external address at all.
+    assert emulator.reachable("198.51.100.7", ZONES[0], NAME, 3128)
+    assert not emulator.reachable("203.0.113.9", ZONES[0], NAME, 3128)
+    assert not emulator.reachable("10.1.2.3", ZONES[0], NAME, 3128)
     assert live["labels"] == {"egress_proxies": "v1", "egress_proxies_owner": OWNER,
                               "egress_proxies_uid": TAGS["crawl.example.com/uid"],
                               "egress_proxies_spec_hash": TAGS["crawl.example.com/spec-hash"]}

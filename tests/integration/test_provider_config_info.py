@@ -30,7 +30,7 @@ def document() -> dict[str, Any]:
                 "images": {"debian-12": {"url": "https://images.example/debian-12.qcow2", "sha256": SHA}},
                 "machineTypes": {"small": {"vcpus": 1, "memoryMiB": 1024, "diskGiB": 10}},
             }},
-            {"name": "gcp-eu", "type": "gcp", "gcp": {
+            {"name": "gcp-eu", "type": "gcp", "allowedSources": ["198.51.100.0/24"], "gcp": {
                 "project": "my-project", "zones": ["europe-west1-b"], "machineTypes": {"small": "e2-small"},
                 "images": {"debian-12": "projects/debian-cloud/global/images/family/debian-12"},
             }},
