@@ -257,7 +257,7 @@ def test_three_tenants_each_reach_their_own_proxy_only(config: Path, emulator: C
     # B (its own range), C asking for port 22, D with users and no sources. One rule for the
     # provider admitted 0.0.0.0/0 and every range to 22, 3128 and 8080 on every instance.
     user = {"name": "crawlers", "password_hash": "$2b$12$" + "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0"}
-    tenant_b = ["198.51.100.0/24"]
+    tenant_b = ["203.0.113.0/24"]
     items = [
         {"key": "a", "name": "tenant-a", "tags": TAGS, "location": ZONES[0], "port": 8080},
         {"key": "b", "name": "tenant-b", "tags": TAGS, "location": ZONES[0],
@@ -275,7 +275,7 @@ def test_three_tenants_each_reach_their_own_proxy_only(config: Path, emulator: C
     assert results["d"]["msg"].startswith("operations[3]: access.allowed_sources: no IPv4 network to admit"), \
         results["d"]["msg"]
     assert set(emulator.instances) == {(ZONES[0], "tenant-a"), (ZONES[0], "tenant-b")}
-    b_address, a_address = "198.51.100.7", "10.1.2.3"
+    b_address, a_address = "203.0.113.7", "198.51.100.7"  # A: the provider's allowedSources
     assert emulator.reachable(a_address, ZONES[0], "tenant-a", 8080)
     assert emulator.reachable(b_address, ZONES[0], "tenant-b", 3128)
     assert not emulator.reachable(b_address, ZONES[0], "tenant-a", 8080)  # B's address, A's port
