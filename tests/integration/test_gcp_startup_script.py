@@ -40,6 +40,7 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.squid_install
 from support.collection.modules import run_module
 from support.collection.provider_config import OWNER, OWNER_TAGS
 from support.compute.emulator import ComputeEmulator
+from support.compute.guest_metadata import serve_in_shell
 
 PROJECT, ZONE, NAME = "test-project", "europe-west1-b", "crawlers-eu-1-3f9c2a"
 ACCESS = {"open": True, "allowed_sources": ["10.0.0.0/8"]}
@@ -56,31 +57,6 @@ def compute() -> Iterator[ComputeEmulator]:
 # looked up, nothing is sent).
 MIRROR = "192.0.2.80"
 INTERNAL = "10.128.0.2"  # the instance's NIC address
-
-
-# The metadata server as the guest sees it (169.254.169.254, in the script's own network
-# namespace): the instance's external address at its documented path, only with
-# ``Metadata-Flavor: Google`` ("About VM metadata"); 404 for an instance without one.
-METADATA_SERVER = """\
-import sys
-from http.server import BaseHTTPRequestHandler, HTTPServer
-PATH = "/computeMetadata/v1/instance/network-interfaces/0/access-configs/0/external-ip"
-class Handler(BaseHTTPRequestHandler):
-    def do_GET(self):
-        found = self.path == PATH and sys.argv[2] != "-"
-        allowed = self.headers.get("Metadata-Flavor") == "Google"
-        body = sys.argv[2].encode() if found and allowed else b"not found"
-        self.send_response(200 if found and allowed else 403 if not allowed else 404)
-        self.send_header("Metadata-Flavor", "Google")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-    def log_message(self, *args):
-        pass
-server = HTTPServer(("169.254.169.254", 80), Handler)
-open(sys.argv[1], "w").close()
-server.serve_forever()
-"""
 
 
 def run_script(tmp_path: Path, script: str, cloud_init: bool, way_out: bool = True,
@@ -107,14 +83,10 @@ def run_script(tmp_path: Path, script: str, cloud_init: bool, way_out: bool = Tr
         (stubs / name).write_text(f"#!/bin/sh\n{body}\nexit 0\n")
         (stubs / name).chmod(0o755)
     (tmp_path / "startup.sh").write_text(script)
-    (tmp_path / "metadata.py").write_text(METADATA_SERVER)
-    ready = tmp_path / "metadata-ready"
     nic = (f"ip link add nic0 type veth peer name nic0p && ip link set nic0p up && "
            f"ip addr add {INTERNAL}/32 dev nic0 && ip link set nic0 up && "
            f"{'ip route add default dev nic0 && ' if way_out else ''}true || exit 1; ")
-    metadata = (f"ip link set lo up && ip addr add 169.254.169.254/32 dev lo || exit 1; "
-                f"python3 {tmp_path}/metadata.py {ready} {external or '-'} & metadata=$!; "
-                f"for _ in $(seq 100); do [ -e {ready} ] && break; /bin/sleep 0.05; done; ")
+    metadata = serve_in_shell(tmp_path / "metadata-ready", external)
     inner = (f"{nic}{metadata}mount -t tmpfs tmpfs /etc/squid && mount -t tmpfs tmpfs /usr/sbin && "
              f"mount -t tmpfs tmpfs /etc/systemd/system && "
              f"PATH={stubs}:/usr/bin:/bin sh {tmp_path}/startup.sh; "

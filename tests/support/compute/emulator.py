@@ -214,6 +214,19 @@ class _Operation:
 
 
 @dataclass(frozen=True)
+class ExternalInstance:
+    """A RUNNING instance as the network sees it: its external address and proxy port (the
+    ``egress-proxies-port`` metadata), its network (``projects/<p>/global/networks/<n>``) and tags."""
+
+    zone: str
+    name: str
+    address: str
+    port: int
+    network: str
+    tags: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class BootReport:
     """What an instance's image runs from its metadata at boot (see ``ImageKind``): the
     ``startup-script`` the guest agent executes and the ``user-data`` cloud-init reads; None
@@ -309,6 +322,9 @@ class ComputeEmulator:
     # How quota errors are worded (QUOTA_WORDINGS): "legacy" names the limit and region in the
     # message, "bare" the quota only; the operation's errorDetails[].quotaInfo says both either way.
     quota_wording: str = "legacy"
+    # Ephemeral external addresses to hand out, in order (tests/support/compute/guests.py: addresses
+    # of the test's own network namespaces); when empty, made-up 203.0.113.x ones.
+    external_addresses: list[str] = field(default_factory=list)
     # (project, region, name) -> a Cloud Router carrying a Cloud NAT (add_cloud_nat), as the API shows it.
     routers: dict[tuple[str, str, str], dict[str, Any]] = field(default_factory=dict)
 
@@ -492,6 +508,21 @@ class ComputeEmulator:
             network = self._network_path(nic["network"])
             tags = (instance.get("tags") or {}).get("items") or []
             return admits(self.firewalls.values(), network, tags, source, port)
+
+    def external_view(self) -> tuple[list[ExternalInstance], list[dict[str, Any]]]:
+        """One consistent look at what the network sees: every RUNNING instance with an external
+        address, and every firewall rule (copies; tests/support/compute/guests.py runs them)."""
+        with self._lock:
+            found = []
+            for (zone, name), instance in sorted(self.instances.items()):
+                nic = instance["networkInterfaces"][0]
+                address = next((a["natIP"] for a in nic.get("accessConfigs", []) if a.get("natIP")), None)
+                if instance.get("status") == "RUNNING" and address:
+                    metadata = {i["key"]: i["value"] for i in (instance.get("metadata") or {}).get("items", [])}
+                    found.append(ExternalInstance(zone, name, address, int(metadata.get("egress-proxies-port") or 3128),
+                                                  self._network_path(nic["network"]),
+                                                  tuple((instance.get("tags") or {}).get("items") or ())))
+            return found, [dict(rule) for rule in self.firewalls.values()]
 
     def firewall(self, name: str, project: str | None = None) -> dict[str, Any] | None:
         with self._lock:
@@ -753,12 +784,14 @@ class ComputeEmulator:
             "metadata": {"kind": "compute#metadata", "fingerprint": "emulated", **body.get("metadata", {})},
         }
 
-    @staticmethod
-    def _assign_nat(instance: dict[str, Any]) -> None:
+    def _assign_nat(self, instance: dict[str, Any]) -> None:
+        """An ephemeral external address: the next of ``external_addresses`` (addresses a test's
+        network namespace holds), else a made-up one nothing may be sent to."""
         for nic in instance["networkInterfaces"]:
             for access in nic["accessConfigs"]:
                 if access.get("type") == "ONE_TO_ONE_NAT":
-                    access["natIP"] = f"203.0.113.{int(instance['id']) % 250}"
+                    access["natIP"] = (self.external_addresses.pop(0) if self.external_addresses else
+                                       f"203.0.113.{int(instance['id']) % 250}")
 
     def _insert(self, zone: str, body: Any) -> dict[str, Any]:
         self._validate_insert(zone, body)

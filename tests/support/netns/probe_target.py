@@ -25,9 +25,12 @@ TUNNEL_PORT = 8443
 
 
 class ProbeTargetProcess(NamespacedProcess):
-    def __init__(self, netns: NetworkNamespace, address: str | None = None) -> None:
+    def __init__(self, netns: NetworkNamespace, address: str | None = None, tunnel_port: int = TUNNEL_PORT) -> None:
+        """``tunnel_port``: where its CONNECT target listens (443 where squid's own policy applies:
+        it tunnels to 443 only)."""
         super().__init__(netns)
         self.address = address or ""
+        self.tunnel_port = tunnel_port
         self.key = secrets.token_urlsafe(32).encode()
         self.key_file = Path()
 
@@ -36,7 +39,7 @@ class ProbeTargetProcess(NamespacedProcess):
 
     @property
     def connect_target(self) -> str:
-        return f"{self.address}:{TUNNEL_PORT}"
+        return f"{self.address}:{self.tunnel_port}"
 
     def destination(self, check_timeout: float = 5.0, echo: bool = True, connect: bool = True) -> ProbeDestination:
         return ProbeDestination(http_url=self.url(), proof_key=self.key,
@@ -57,10 +60,10 @@ class ProbeTargetProcess(NamespacedProcess):
         self.key_file.write_bytes(self.key + b"\n")
         self.key_file.chmod(0o600)
         process = self.launch([EGRESS_PROXIES, "probe-target", "--listen", f"{self.address}:{HTTP_PORT}",
-                               "--listen", f"{self.address}:{TUNNEL_PORT}", "--key-file", str(self.key_file)],
+                               "--listen", f"{self.address}:{self.tunnel_port}", "--key-file", str(self.key_file)],
                               directory / "out.log")
-        wait_for(lambda: all(tcp_port_accepts(self.address, port) for port in (HTTP_PORT, TUNNEL_PORT)), 30,
-                 f"the probe target on {self.address}:{HTTP_PORT},{TUNNEL_PORT}",
+        wait_for(lambda: all(tcp_port_accepts(self.address, port) for port in (HTTP_PORT, self.tunnel_port)), 30,
+                 f"the probe target on {self.address}:{HTTP_PORT},{self.tunnel_port}",
                  diagnostics=lambda: log_tail([directory / "out.log"]), process=process, error=DaemonStartError)
 
     def pause(self) -> None:
