@@ -258,8 +258,8 @@ def region_of(zone: str) -> str:
 
 def _quota_info_json(info: Any) -> Dict[str, Any]:
     """The SDK's ``QuotaExceededInfo`` in the API's JSON names, unset fields left out."""
-    found = {key: getattr(info, field) for key, field in (("metricName", "metric_name"), ("limitName", "limit_name"),
-                                                           ("limit", "limit")) if field in info}
+    names = (("metricName", "metric_name"), ("limitName", "limit_name"), ("limit", "limit"))
+    found = {key: getattr(info, field) for key, field in names if field in info}
     return {**found, "dimensions": dict(info.dimensions)}
 
 

@@ -214,16 +214,25 @@ class _Operation:
 
 
 @dataclass(frozen=True)
-class ExternalInstance:
-    """A RUNNING instance as the network sees it: its external address and proxy port (the
-    ``egress-proxies-port`` metadata), its network (``projects/<p>/global/networks/<n>``) and tags."""
+class GuestView:
+    """A RUNNING instance as the network sees it: its internal address (on its NIC) and external
+    one (a one-to-one NAT at the edge, None without), its proxy port (the ``egress-proxies-port``
+    metadata), where it leaves from (``BootReport.egress``), its network
+    (``projects/<p>/global/networks/<n>``) and its tags."""
 
     zone: str
     name: str
-    address: str
+    internal: str
+    external: str | None
     port: int
+    egress: str | None
     network: str
     tags: tuple[str, ...]
+
+    @property
+    def address(self) -> str:
+        """Where it is dialled: its external address, else its internal one."""
+        return self.external or self.internal
 
 
 @dataclass(frozen=True)
@@ -322,9 +331,11 @@ class ComputeEmulator:
     # How quota errors are worded (QUOTA_WORDINGS): "legacy" names the limit and region in the
     # message, "bare" the quota only; the operation's errorDetails[].quotaInfo says both either way.
     quota_wording: str = "legacy"
-    # Ephemeral external addresses to hand out, in order (tests/support/compute/guests.py: addresses
-    # of the test's own network namespaces); when empty, made-up 203.0.113.x ones.
+    # Ephemeral external and internal addresses to hand out, in order (tests/support/compute/guests.py:
+    # addresses of the test's own network namespaces); when empty, made-up 203.0.113.x and
+    # 10.128.x.y ones.
     external_addresses: list[str] = field(default_factory=list)
+    internal_addresses: list[str] = field(default_factory=list)
     # (project, region, name) -> a Cloud Router carrying a Cloud NAT (add_cloud_nat), as the API shows it.
     routers: dict[tuple[str, str, str], dict[str, Any]] = field(default_factory=dict)
 
@@ -509,19 +520,22 @@ class ComputeEmulator:
             tags = (instance.get("tags") or {}).get("items") or []
             return admits(self.firewalls.values(), network, tags, source, port)
 
-    def external_view(self) -> tuple[list[ExternalInstance], list[dict[str, Any]]]:
-        """One consistent look at what the network sees: every RUNNING instance with an external
-        address, and every firewall rule (copies; tests/support/compute/guests.py runs them)."""
+    def network_view(self) -> tuple[list[GuestView], list[dict[str, Any]]]:
+        """One consistent look at what the network sees: every RUNNING instance, at the address it
+        is dialled at (its external one, else its internal one), and every firewall rule (copies;
+        tests/support/compute/guests.py runs them)."""
         with self._lock:
             found = []
             for (zone, name), instance in sorted(self.instances.items()):
+                if instance.get("status") != "RUNNING":
+                    continue
                 nic = instance["networkInterfaces"][0]
-                address = next((a["natIP"] for a in nic.get("accessConfigs", []) if a.get("natIP")), None)
-                if instance.get("status") == "RUNNING" and address:
-                    metadata = {i["key"]: i["value"] for i in (instance.get("metadata") or {}).get("items", [])}
-                    found.append(ExternalInstance(zone, name, address, int(metadata.get("egress-proxies-port") or 3128),
-                                                  self._network_path(nic["network"]),
-                                                  tuple((instance.get("tags") or {}).get("items") or ())))
+                external = next((a["natIP"] for a in nic.get("accessConfigs", []) if a.get("natIP")), None)
+                metadata = {i["key"]: i["value"] for i in (instance.get("metadata") or {}).get("items", [])}
+                found.append(GuestView(zone, name, nic["networkIP"], external,
+                                       int(metadata.get("egress-proxies-port") or 3128), self._egress(zone, instance),
+                                       self._network_path(nic["network"]),
+                                       tuple((instance.get("tags") or {}).get("items") or ())))
             return found, [dict(rule) for rule in self.firewalls.values()]
 
     def firewall(self, name: str, project: str | None = None) -> dict[str, Any] | None:
@@ -773,7 +787,9 @@ class ComputeEmulator:
         number = next(self._ids)
         nics = []
         for index, nic in enumerate(body.get("networkInterfaces", [])):
-            nics.append({**nic, "name": f"nic{index}", "networkIP": "10.128.{}.{}".format(*divmod(number, 250)),
+            internal = self.internal_addresses.pop(0) if self.internal_addresses and index == 0 else \
+                "10.128.{}.{}".format(*divmod(number, 250))
+            nics.append({**nic, "name": f"nic{index}", "networkIP": internal,
                          "accessConfigs": [dict(access) for access in nic.get("accessConfigs", [])]})
         offset = datetime.timezone(datetime.timedelta(hours=-7))
         return {
