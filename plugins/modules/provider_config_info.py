@@ -150,6 +150,8 @@ access_policy_version:
     - The version of the squid access policy the C(*_proxy) modules deliver with their C(access) option.
     - It changes when what they deliver changes; the controller makes it part of every instance's build hash,
       so instances built with an older policy are replaced (make before break).
+    - With the root's C(probeSources), which every policy admits besides the crawlers' sources, it carries a
+      digest of them (C(2+probe.<12 hex>)): naming, changing or removing them replaces the instances too.
   returned: success
   type: str
   sample: "2"
@@ -164,12 +166,14 @@ error_class:
   type: str
 """
 
+import hashlib  # noqa: E402
 from typing import List  # noqa: E402
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib  # noqa: E402
 
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.config import (  # noqa: E402
     HAS_YAML,
+    ConfigReport,
     Provider,
     read_provider_config_document,
     validate_provider_config,
@@ -203,6 +207,15 @@ def reachability(provider: Provider, owner: str) -> List[str]:
     return gcp_reachability(provider.gcp, ProviderIdentity.of(provider, owner))
 
 
+def policy_version(report: ConfigReport) -> str:
+    """POLICY_VERSION, and a digest of the root's ``probeSources`` when there are some: instances
+    admit them in their policy and firewall, so a change must replace them as a new policy does."""
+    probe_sources = next((provider.probe_sources for provider in report.providers if provider.probe_sources), ())
+    if not probe_sources:
+        return POLICY_VERSION
+    return "%s+probe.%s" % (POLICY_VERSION, hashlib.sha256(",".join(probe_sources).encode()).hexdigest()[:12])
+
+
 def main() -> None:
     module = AnsibleModule(argument_spec={"provider_config": {"type": "path", "required": True},
                                           "check_backends": {"type": "bool", "default": False}},
@@ -226,7 +239,7 @@ def main() -> None:
         for index, provider in enumerate(report.providers)
     ]
     module.exit_json(changed=False, valid=report.valid, owner=report.owner, providers=providers,
-                     errors=list(report.errors), access_policy_version=POLICY_VERSION)
+                     errors=list(report.errors), access_policy_version=policy_version(report))
 
 
 if __name__ == "__main__":

@@ -158,6 +158,8 @@ def test_public_exposure_is_explicit_and_reachability_says_who_gets_there(tmp_pa
         ("the controller's probe from: 192.0.2.10/32 (probeSources; admitted on every instance besides the crawlers' "
         "sources)")]
     assert run.result["providers"][0]["reachability"] == []  # KVM says nothing here yet
+    # The probe sources are in every instance's policy: naming them changes the build hash.
+    assert run.result["access_policy_version"].startswith(POLICY_VERSION + "+probe.")
 
     # Inside the VPC, the private default stands: nothing public is exposed.
     data["providers"][1]["gcp"]["externalIP"] = False
