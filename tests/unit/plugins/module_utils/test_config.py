@@ -314,3 +314,22 @@ def test_allowed_destinations_default_to_none_and_are_checked() -> None:
         document["providers"][0]["allowedDestinations"] = bad
         (error,) = validate_provider_config(document).errors
         assert error.startswith(expected), error
+
+
+def test_public_exposure_needs_written_sources_and_probe_sources_are_named_once() -> None:
+    # Issue 39 row 1: a GCP provider's proxies are dialled at external addresses (externalIP:
+    # true, the default); the private default sources never get there, so they must be written.
+    document = valid_document()
+    del document["providers"][1]["allowedSources"]
+    (error,) = validate_provider_config(document).errors
+    assert error.startswith("providers[1].allowedSources: required: gcp.externalIP is true (the default)"), error
+    document["providers"][1]["gcp"]["externalIP"] = False  # inside the VPC: the private default stands
+    assert validate_provider_config(document).errors == ()
+    assert "10.0.0.0/8" in parse_provider_config(document).provider("gcp-eu").allowed_sources
+    # probeSources: at the root, once, handed to every provider entry; checked like any CIDR list.
+    document["probeSources"] = ["192.0.2.10/32"]
+    config = parse_provider_config(document)
+    assert {provider.probe_sources for provider in config.providers} == {("192.0.2.10/32",)}
+    document["probeSources"] = ["192.0.2.10/24"]
+    (error,) = validate_provider_config(document).root_errors
+    assert error.startswith("probeSources[0]: '192.0.2.10/24' is not a network in CIDR form"), error
