@@ -114,10 +114,12 @@ def opening_metadata(opening: Opening) -> str:
 
 
 def _recorded_opening(found: GceInstance, identity: ProviderIdentity) -> Opening:
-    port = found.metadata.get(PORT_METADATA_KEY, "")
+    recorded = found.metadata.get(PORT_METADATA_KEY, "")
+    port = int(recorded) if recorded.isdigit() else DEFAULT_PORT
     raw = found.metadata.get(SOURCES_METADATA_KEY)
-    sources = [s for s in raw.split(",") if s] if raw is not None else ipv4_sources(identity.allowed_sources)
-    return Opening(int(port) if port.isdigit() else DEFAULT_PORT, frozenset(sources))
+    if raw is None:  # made before instances recorded their sources: the provider's defaults
+        return opening_of(None, port, identity)
+    return Opening(port, frozenset(s for s in raw.split(",") if s))
 
 
 class FirewallKeeper:
