@@ -31,10 +31,16 @@ an instance with an operation in flight is a 400 ``resourceNotReady``; a zone ou
 quotas (``set_quota``): CPUs fail the insert's operation with ``QUOTA_EXCEEDED``, in-use
 addresses the insert itself (403 ``quotaExceeded``); a bearer token listed in
 ``token_scopes`` without a Compute scope gets 403 "insufficient authentication scopes";
-``wait_returns_early`` answers waits at once, as an overloaded server may. Images run at boot
-what their family runs (``ImageKind``, ``boot``); VPC firewall rules (compute_firewall.py)
-decide ``reachable``, the path a crawler or the controller's probe takes to an instance's
-external address and port.
+``wait_returns_early`` answers waits at once, as an overloaded server may; ``quota_wording``
+words quota errors the older way (limit and region in the message) or the newer one (the quota
+only), the operation's ``errorDetails[].quotaInfo`` saying where either way. Images run at boot
+what their family runs (``ImageKind``, ``boot``), and an instance has a way out (``BootReport.egress``)
+only through its external address or a Cloud NAT of its region (``add_cloud_nat``, listed by
+``/aggregated/routers``). VPC firewall rules (firewall.py) decide ``reachable``, the path a
+crawler or the controller's probe takes to an instance's external address and port, which no
+address the internet does not route ever takes (``UNROUTED_SOURCES``). With
+``external_addresses``/``internal_addresses`` (a test's own) and ``network_view``,
+tests/support/compute/guests.py runs the instances for real.
 
 Operations finish ``operation_seconds`` after they start (0: at the next request). An
 inserted instance goes PROVISIONING -> RUNNING and gets its NAT IP then; a deleted one goes
