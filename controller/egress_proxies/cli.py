@@ -305,10 +305,22 @@ def check_config(runner: AnsibleRunner, path: Path) -> int:
 
     lines = [f"provider {name} ({provider_type}): {verdict(name)}" for name, provider_type in providers.types.items()]
     lines += [f"  {error}" for error in (*providers.errors, *backend)]
+    lines += reachability_lines(providers)
     problems = len(providers.errors) + len(backend)
     lines.append(f"{path}: {f'{problems} error(s)' if problems else 'valid'}")
     sys.stdout.write("\n".join(lines) + "\n")
     return 1 if problems else 0
+
+
+def reachability_lines(providers: providers_module.ProviderSet) -> list[str]:
+    """``--check-config``'s reachability section: per provider, what its proxies will be reachable
+    at and from (crawlers, the controller's probe), as the collection's validator says; nothing for
+    a provider that says nothing (an invalid one, a type without the check)."""
+    said = {name: lines for name, lines in providers.reachability.items() if lines}
+    if not said:
+        return []
+    return ["reachability:", *(line for name, lines in said.items()
+                                for line in (f"  provider {name}:", *(f"    {sentence}" for sentence in lines)))]
 
 
 def check_tokens(path: Path | None) -> int:

@@ -55,9 +55,6 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.k8s.settings 
     KubernetesSettings,
     parse_kubernetes_section,
 )
-from ansible_collections.crawl.egress_proxies.plugins.module_utils.k8s.settings import (
-    public_exposure as kubernetes_public_exposure,
-)
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.settings import KvmSettings, parse_kvm_section
 
 # Each provider type and the parser of its section (the entry's field named after the type).
@@ -66,10 +63,6 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.settings 
 _SECTION_PARSERS: Dict[str, Callable[[Reader, Errors], Optional[object]]] = {
     "kvm": parse_kvm_section, "gcp": parse_gcp_section, "kubernetes": parse_kubernetes_section}
 PROVIDER_TYPES = tuple(_SECTION_PARSERS)
-
-# Per provider type, what makes its endpoints public (reachable from the internet), said as the
-# config says it, or None: such a provider must name its crawlers' sources (_require_named_sources).
-PUBLIC_EXPOSURES: Dict[str, Callable[[object], Optional[str]]] = {"kubernetes": kubernetes_public_exposure}
 
 # The owner id and provider names end up in labels and tags on every backend.
 LABEL_VALUE_RE = re.compile(r"^[a-z0-9]([a-z0-9_-]{0,61}[a-z0-9])?$")
@@ -82,7 +75,7 @@ LABEL_VALUE_RE = re.compile(r"^[a-z0-9]([a-z0-9_-]{0,61}[a-z0-9])?$")
 # Serving condition), and nothing else about the provider changes.
 PROBE_KEYS = ("httpUrl", "keyFile", "expectStatus", "connect", "egressEchoUrl", "timeoutSeconds",
               "unhealthyAfterSeconds", "startupSeconds", "concurrency", "roundSeconds", "flapWindow",
-              "flapPercent", "sources")
+              "flapPercent")
 HOST_PORT_RE = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):([0-9]{1,5})$")
 _URL_HOST_RE = re.compile(r"^http://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+)(:[0-9]+)?(/\S*)?$")
 # The HTTPS port a probe target's tunnel listens on: squid tunnels to 443 only (SSL_ports).
@@ -135,17 +128,13 @@ class ProbeSettings:
     round_seconds: int = 30
     flap_window: int = 30
     flap_percent: int = 25
-    sources: Tuple[str, ...] = ()
-    """Where the controller's probes come from (CIDRs): a provider whose endpoints are public
-    admits them beside the crawlers' sources, so its own probe is never refused; named once."""
 
     def as_dict(self) -> Dict[str, Any]:
         return {"enabled": self.enabled, "httpUrl": self.http_url, "keyFile": self.key_file,
                 "expectStatus": self.expect_status, "connect": self.connect, "egressEchoUrl": self.egress_echo_url,
                 "timeoutSeconds": self.timeout_seconds, "unhealthyAfterSeconds": self.unhealthy_after_seconds,
                 "startupSeconds": self.startup_seconds, "concurrency": self.concurrency,
-                "roundSeconds": self.round_seconds, "flapWindow": self.flap_window, "flapPercent": self.flap_percent,
-                "sources": list(self.sources)}
+                "roundSeconds": self.round_seconds, "flapWindow": self.flap_window, "flapPercent": self.flap_percent}
 
 
 @dataclass(frozen=True)
@@ -164,6 +153,9 @@ class Provider:
     """Networks crawlers may use this provider's proxies from, unless a Proxy says otherwise."""
     allowed_destinations: Tuple[str, ...] = ()
     """Internal networks this provider's proxies may reach, unless a Proxy says otherwise."""
+    probe_sources: Tuple[str, ...] = ()
+    """The root's ``probeSources``: where the controller's probes arrive from; a provider whose
+    proxies are public admits them besides the crawlers' sources."""
 
     @property
     def valid(self) -> bool:
@@ -246,7 +238,7 @@ class ConfigReport:
         return not self.errors
 
 
-def _parse_provider(item: Reader, name: str) -> Provider:
+def _parse_provider(item: Reader, name: str, probe_sources: Tuple[str, ...] = ()) -> Provider:
     """One provider entry, its section validated on its own."""
     errors = Errors()
     raw_type = item.data.get("type")
@@ -262,23 +254,24 @@ def _parse_provider(item: Reader, name: str) -> Provider:
     # proxies may reach on purpose (squid_access.py refuses every other internal destination).
     sources = _parse_networks(item, errors, "allowedSources", DEFAULT_ALLOWED_SOURCES)
     destinations = _parse_networks(item, errors, "allowedDestinations", ())
-    _require_named_sources(item, errors, provider_type, settings)
+    _require_public_sources(item, errors, settings)
     if errors.messages or settings is None or probe is None:
         return Provider(name, provider_type, errors=tuple(errors.messages))
     return Provider(name, provider_type, settings, probe=probe, allowed_sources=sources,
-                    allowed_destinations=destinations)
+                    allowed_destinations=destinations, probe_sources=probe_sources)
 
 
-def _require_named_sources(item: Reader, errors: Errors, provider_type: str, settings: Optional[object]) -> None:
-    """A provider whose endpoints are public (PUBLIC_EXPOSURES says which) must name its crawlers'
-    sources: the private defaults would shut out crawlers on the internet, and the internet is
-    opened only where someone wrote 0.0.0.0/0."""
-    exposure = PUBLIC_EXPOSURES.get(provider_type)
-    public = exposure(settings) if exposure is not None and settings is not None else None
-    if public is not None and item.data.get("allowedSources") is None:
-        errors.add("%s: required with %s: name the crawlers' networks (allowedSources: [203.0.113.0/24]), or "
-                   "0.0.0.0/0 and ::/0 to serve anyone; name the controller's own once in probe.sources" % (
-                       item.at("allowedSources"), public))
+def _require_public_sources(item: Reader, errors: Errors, settings: Optional[object]) -> None:
+    """Public exposure is explicit: a provider whose proxies are dialled at public addresses (its
+    section's ``public_exposure()`` says why) must name the crawlers' sources, since the default
+    ones (private networks) never reach a public address. ``0.0.0.0/0`` only when written."""
+    exposure = getattr(settings, "public_exposure", None)
+    reason = exposure() if callable(exposure) else None
+    if reason and item.data.get("allowedSources") is None:
+        errors.add("%s: required: %s, and without allowedSources only private networks would be admitted, which never "
+                   "get there; list your crawlers' public networks (for example [198.51.100.0/24]; 0.0.0.0/0 written "
+                   "out for any address), and the controller's own in the root's probeSources" % (
+                       item.at("allowedSources"), reason))
 
 
 def _parse_networks(item: Reader, errors: Errors, key: str, default: Tuple[str, ...]) -> Tuple[str, ...]:
@@ -321,7 +314,6 @@ def _parse_probe(item: Reader, errors: Errors) -> Optional[ProbeSettings]:
         echo = errors.read(reader.string, "egressEchoUrl", pattern=_URL_HOST_RE, rule=url_rule)
     connect = _probe_connect(reader, errors, http_url)
     numbers = {key: _probe_number(reader, errors, key) for key in PROBE_NUMBERS}
-    sources = _parse_networks(reader, errors, "sources", ())
     if numbers["roundSeconds"] < numbers["timeoutSeconds"]:
         errors.add("%s: must be at least timeoutSeconds (%d), got %d: a round must have time for one check" % (
             reader.at("roundSeconds"), numbers["timeoutSeconds"], numbers["roundSeconds"]))
@@ -332,7 +324,7 @@ def _parse_probe(item: Reader, errors: Errors) -> Optional[ProbeSettings]:
                          unhealthy_after_seconds=numbers["unhealthyAfterSeconds"],
                          startup_seconds=numbers["startupSeconds"], concurrency=numbers["concurrency"],
                          round_seconds=numbers["roundSeconds"], flap_window=numbers["flapWindow"],
-                         flap_percent=numbers["flapPercent"], sources=sources)
+                         flap_percent=numbers["flapPercent"])
 
 
 def _probe_connect(reader: Reader, errors: Errors, http_url: Optional[str]) -> Optional[str]:
@@ -365,11 +357,14 @@ def validate_provider_config(document: Any) -> ConfigReport:
     if root_reader is None:
         return ConfigReport(owner=None, providers=(), root_errors=tuple(root.messages),
                             errors=tuple(root.messages))
-    root_reader.only(root, "owner", "providers")
+    root_reader.only(root, "owner", "providers", "probeSources")
     owner = root.read(root_reader.string, "owner", pattern=LABEL_VALUE_RE,
                       rule="must be 1-63 lowercase letters, digits, '-' or '_', starting and ending with a "
                       "letter or digit, because it is written into labels on every backend")
     entries = root.read(root_reader.non_empty_list, "providers") or []
+    # probeSources: where the controller's probes come from (its public egress addresses), named
+    # once for every provider that must admit them.
+    probe_sources = _parse_networks(root_reader, root, "probeSources", ())
     errors.messages.extend(root.messages)
     providers: List[Provider] = []
     for index, raw in enumerate(entries):
@@ -384,7 +379,7 @@ def validate_provider_config(document: Any) -> ConfigReport:
                 name = None
         errors.messages.extend(root.messages[before:])
         if item is not None and name is not None:
-            provider = _parse_provider(item, name)
+            provider = _parse_provider(item, name, probe_sources)
             errors.messages.extend(provider.errors)
             providers.append(provider)
     return ConfigReport(owner=owner, providers=tuple(providers), root_errors=tuple(root.messages),

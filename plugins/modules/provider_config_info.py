@@ -41,7 +41,8 @@ options:
       - Also check each valid provider against its backend (one read-only API call or two per provider).
       - "GCP: one listing of the provider's instances (credentials, their OAuth access scopes, IAM); the firewall
         rules of the network (C(firewall: managed): that they can be read; C(firewall: external): that one admits
-        tcp:3128 from the provider's allowedSources)."
+        tcp:3128 from the provider's allowedSources); with C(externalIP: false), the Cloud Routers (a Cloud NAT in
+        every configured region, or the instances would have no way out)."
       - Other provider types have nothing to check yet.
     type: bool
     default: false
@@ -125,6 +126,12 @@ providers:
         - "C(enabled) is false for C(probe: none); C(httpUrl) and C(keyFile) are null when the provider names no
           probe target (no C(probe) field)."
       type: dict
+    reachability:
+      description:
+        - "What this valid provider's proxies will be reachable at and from (crawlers, the controller's probe), from
+          the config alone, one sentence each; empty for an invalid provider or a type that says nothing yet."
+      type: list
+      elements: str
     backend_errors:
       description:
         - "With O(check_backends), what the backend showed wrong with a valid provider, each starting with its field
@@ -143,6 +150,8 @@ access_policy_version:
     - The version of the squid access policy the C(*_proxy) modules deliver with their C(access) option.
     - It changes when what they deliver changes; the controller makes it part of every instance's build hash,
       so instances built with an older policy are replaced (make before break).
+    - "With the root's C(probeSources), which every policy admits besides the crawlers' sources, it carries a
+      digest of them (C(2+probe.<12 hex>)); naming, changing or removing them replaces the instances too."
   returned: success
   type: str
   sample: "2"
@@ -157,12 +166,14 @@ error_class:
   type: str
 """
 
+import hashlib  # noqa: E402
 from typing import List  # noqa: E402
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib  # noqa: E402
 
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.config import (  # noqa: E402
     HAS_YAML,
+    ConfigReport,
     Provider,
     read_provider_config_document,
     validate_provider_config,
@@ -170,6 +181,9 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.config import
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.config_reader import ConfigError  # noqa: E402
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.gcp.checks import (  # noqa: E402
     check_backend as check_gcp_backend,
+)
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.gcp.checks import (  # noqa: E402
+    reachability as gcp_reachability,
 )
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.gcp.firewall import (  # noqa: E402
     ProviderIdentity,
@@ -181,8 +195,25 @@ def backend_errors(provider: Provider, index: int, owner: str) -> List[str]:
     """What the provider's backend shows wrong, each prefixed with the provider's field path."""
     if provider.gcp is None:
         return []
-    identity = ProviderIdentity(provider.name, owner, provider.allowed_sources)
+    identity = ProviderIdentity.of(provider, owner)
     return ["providers[%d].%s" % (index, problem) for problem in check_gcp_backend(provider.gcp, identity)]
+
+
+def reachability(provider: Provider, owner: str) -> List[str]:
+    """What the provider's proxies will be reachable at and from, from its config alone (one line
+    each; empty for a provider type that says nothing yet)."""
+    if provider.gcp is None:
+        return []
+    return gcp_reachability(provider.gcp, ProviderIdentity.of(provider, owner))
+
+
+def policy_version(report: ConfigReport) -> str:
+    """POLICY_VERSION, and a digest of the root's ``probeSources`` when there are some: instances
+    admit them in their policy and firewall, so a change must replace them as a new policy does."""
+    probe_sources = next((provider.probe_sources for provider in report.providers if provider.probe_sources), ())
+    if not probe_sources:
+        return POLICY_VERSION
+    return "%s+probe.%s" % (POLICY_VERSION, hashlib.sha256(",".join(probe_sources).encode()).hexdigest()[:12])
 
 
 def main() -> None:
@@ -203,11 +234,12 @@ def main() -> None:
          "errors": root_errors + list(provider.errors), "probe": provider.probe.as_dict(),
          "allowed_sources": list(provider.allowed_sources),
          "allowed_destinations": list(provider.allowed_destinations),
+         "reachability": reachability(provider, str(report.owner)) if provider.valid else [],
          "backend_errors": backend_errors(provider, index, str(report.owner)) if check and provider.valid else []}
         for index, provider in enumerate(report.providers)
     ]
     module.exit_json(changed=False, valid=report.valid, owner=report.owner, providers=providers,
-                     errors=list(report.errors), access_policy_version=POLICY_VERSION)
+                     errors=list(report.errors), access_policy_version=policy_version(report))
 
 
 if __name__ == "__main__":

@@ -374,7 +374,6 @@ def test_the_default_network_lets_nothing_reach_the_proxy_port_until_a_rule_does
     crawler = "198.51.100.7"
     assert emulator.reachable(crawler, ZONES[0], "tagged", 22)
     assert not emulator.reachable(crawler, ZONES[0], "tagged", 3128)
-    assert emulator.reachable("10.128.0.9", ZONES[0], "tagged", 3128)  # default-allow-internal
     status, operation = api.call("POST", "/global/firewalls", firewall_rule("proxy-port", ["3128"],
                                                                             ["198.51.100.0/24"], ["proxy"]))
     assert status == 200 and operation["selfLink"].endswith(f"/global/operations/{operation['name']}")
@@ -442,8 +441,11 @@ def test_regional_quotas_refuse_inserts_in_their_region_only(emulator: ComputeEm
                                            "/wait")[1]
     _, operation = api.insert(ZONES[0], "p-2")
     done = api.call("POST", f"/zones/{ZONES[0]}/operations/{operation['name']}/wait")[1]
-    assert done["error"]["errors"][0] == {"code": "QUOTA_EXCEEDED",
-                                          "message": "Quota 'CPUS' exceeded.  Limit: 2.0 in region europe-west1."}
+    assert done["error"]["errors"][0] == {
+        "code": "QUOTA_EXCEEDED", "message": "Quota 'CPUS' exceeded.  Limit: 2.0 in region europe-west1.",
+        "errorDetails": [{"quotaInfo": {"metricName": "compute.googleapis.com/cpus", "limit": 2.0,
+                                        "limitName": "CPUS-per-project-region",
+                                        "dimensions": {"region": "europe-west1"}}}]}
     assert done["httpErrorStatusCode"] == 403
     assert api.call("GET", f"/zones/{ZONES[0]}/instances/p-2")[0] == 404
     assert "error" not in api.call("POST", f"/zones/{ZONES[1]}/operations/{api.insert(ZONES[1], 'p-3')[1]['name']}"
@@ -457,6 +459,68 @@ def test_regional_quotas_refuse_inserts_in_their_region_only(emulator: ComputeEm
     _, operation = api.insert(ZONES[1], "p-5")
     done = api.call("POST", f"/zones/{ZONES[1]}/operations/{operation['name']}/wait")[1]
     assert done["error"]["errors"][0]["message"] == "Quota 'CPUS_ALL_REGIONS' exceeded.  Limit: 4.0 globally."
+    assert "dimensions" not in done["error"]["errors"][0]["errorDetails"][0]["quotaInfo"]
+
+
+def test_the_newer_quota_wording_names_the_quota_only_and_quota_info_says_where(emulator: ComputeEmulator,
+                                                                              api: Api) -> None:
+    # Newer answers name the quota only: "Code: QUOTA_EXCEEDED Message: Quota 'N2_CPUS' exceeded."
+    # (GoogleCloudPlatform/ai-on-gke#849); the region is in the error's errorDetails[].quotaInfo
+    # (QuotaExceededInfo: metricName, limitName, limit, dimensions; google-cloud-compute's
+    # compute_v1 types: "QuotaExceededInfo will have details when the error code is QUOTA_EXCEEDED").
+    emulator.quota_wording = "bare"
+    emulator.set_quota("CPUS", 0.0, region="europe-west1")
+    _, operation = api.insert(ZONES[0], "p-1")
+    done = api.call("POST", f"/zones/{ZONES[0]}/operations/{operation['name']}/wait")[1]
+    error = done["error"]["errors"][0]
+    assert (error["code"], error["message"]) == ("QUOTA_EXCEEDED", "Quota 'CPUS' exceeded.")
+    assert error["errorDetails"][0]["quotaInfo"]["dimensions"] == {"region": "europe-west1"}
+    emulator.set_quota("IN_USE_ADDRESSES", 0.0, region="europe-west4")
+    status, body = api.insert(ZONES[1], "p-2", networkInterfaces=[{
+        "network": "global/networks/default", "accessConfigs": [{"type": "ONE_TO_ONE_NAT", "name": "External NAT"}]}])
+    assert (status, reason(body), body["error"]["message"]) == (403, "quotaExceeded",
+                                                                "Quota 'IN_USE_ADDRESSES' exceeded.")
+
+
+def test_a_private_source_never_reaches_an_external_address(emulator: ComputeEmulator, api: Api) -> None:
+    # The internet routes no private, shared (100.64/10), loopback or link-local address to Google,
+    # and a VM of the VPC reaching another's external address is seen from its own external
+    # address or its Cloud NAT's (Cloud NAT overview; "IP addresses"). So even a rule that admits
+    # 0.0.0.0/0, or the default network's 10.128.0.0/9 one, lets no private source in that way.
+    api.insert(ZONES[0], "open", tags={"items": ["proxy"]}, networkInterfaces=[{
+        "network": "global/networks/default", "accessConfigs": [{"type": "ONE_TO_ONE_NAT", "name": "External NAT"}]}])
+    api.call("GET", f"/zones/{ZONES[0]}/instances")
+    wait_global(api, api.call("POST", "/global/firewalls", firewall_rule("everyone", ["3128"], ["0.0.0.0/0"],
+                                                                         ["proxy"]))[1])
+    assert emulator.reachable("198.51.100.7", ZONES[0], "open", 3128)
+    for private in ("10.128.0.9", "10.1.2.3", "172.16.0.1", "192.168.1.1", "100.64.0.1", "127.0.0.1",
+                    "169.254.169.254"):
+        assert not emulator.reachable(private, ZONES[0], "open", 3128), private
+
+
+def test_without_an_external_address_or_cloud_nat_an_instance_has_no_way_out(emulator: ComputeEmulator,
+                                                                             api: Api) -> None:
+    # "Cloud NAT ... lets certain resources without external IP addresses create outbound
+    # connections to the internet" (Cloud NAT overview); a VM with neither has none. A VM with an
+    # external address leaves from it; every VM behind one Cloud NAT leaves from the NAT's addresses.
+    # The Router as routers.aggregatedList shows it (items keyed regions/<region>).
+    external = [{"network": "global/networks/default",
+                 "accessConfigs": [{"type": "ONE_TO_ONE_NAT", "name": "External NAT"}]}]
+    api.insert(ZONES[0], "public", networkInterfaces=external)
+    api.insert(ZONES[0], "private-1")
+    api.insert(ZONES[1], "private-2")
+    api.call("GET", f"/zones/{ZONES[0]}/instances")
+    assert emulator.boot(ZONES[0], "public").egress == emulator.instances[(ZONES[0], "public")][
+        "networkInterfaces"][0]["accessConfigs"][0]["natIP"]
+    assert not emulator.boot(ZONES[0], "private-1").internet
+    status, listed = api.call("GET", "/aggregated/routers")
+    assert status == 200 and "routers" not in listed["items"]["regions/europe-west1"]
+    emulator.add_cloud_nat("europe-west1", ("198.51.100.20",))
+    assert emulator.boot(ZONES[0], "private-1").egress == "198.51.100.20"
+    assert not emulator.boot(ZONES[1], "private-2").internet  # another region: that NAT does not serve it
+    [router] = api.call("GET", "/aggregated/routers")[1]["items"]["regions/europe-west1"]["routers"]
+    assert router["network"].endswith(f"/projects/{PROJECT}/global/networks/default")
+    assert router["nats"][0]["sourceSubnetworkIpRangesToNat"] == "ALL_SUBNETWORKS_ALL_IP_RANGES"
 
 
 def test_wait_may_answer_at_once_when_the_server_is_overloaded(emulator: ComputeEmulator, api: Api) -> None:

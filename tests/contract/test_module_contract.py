@@ -379,7 +379,7 @@ def gcp_section(endpoint: str, **overrides: Any) -> dict[str, Any]:
     gcp = {"project": GCP_PROJECT, "zones": [GCP_ZONE], "machineTypes": {"small": "e2-small"},
            "images": {"debian-12": "projects/debian-cloud/global/images/family/debian-12"},
            "apiEndpoint": endpoint, **overrides}
-    return {"name": NAMES[ProviderType.GCP], "type": "gcp", "gcp": gcp}
+    return {"name": NAMES[ProviderType.GCP], "type": "gcp", "allowedSources": ["198.51.100.0/24"], "gcp": gcp}
 
 
 @pytest.fixture

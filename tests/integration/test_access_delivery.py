@@ -69,7 +69,8 @@ def compute() -> Iterator[ComputeEmulator]:
 
 def gcp(tmp_path: Path, emulator: ComputeEmulator, **args: Any) -> ModuleRun:
     config = tmp_path / "providers.yaml"
-    config.write_text(yaml.safe_dump({"owner": OWNER, "providers": [{"name": "cloud", "type": "gcp", "gcp": {
+    config.write_text(yaml.safe_dump({"owner": OWNER, "providers": [{"name": "cloud", "type": "gcp",
+        "allowedSources": ["198.51.100.0/24"], "gcp": {
         "project": PROJECT, "zones": [ZONE], "machineTypes": {"small": "e2-small"},
         "images": {"debian-12": "projects/debian-cloud/global/images/family/debian-12"},
         "defaultMachineType": "small", "defaultImage": "debian-12", "apiEndpoint": emulator.endpoint}}]}))

@@ -342,7 +342,8 @@ def compute() -> Iterator[ComputeEmulator]:
 
 @pytest.fixture
 def gcp_config(tmp_path: Path, compute: ComputeEmulator) -> Path:
-    document = {"owner": OWNER, "providers": [{"name": "cloud", "type": "gcp", "gcp": {
+    document = {"owner": OWNER, "providers": [{"name": "cloud", "type": "gcp",
+        "allowedSources": ["198.51.100.0/24"], "gcp": {
         "project": GCP_PROJECT, "zones": list(GCP_ZONES), "machineTypes": {"small": "e2-small"},
         "images": {"debian-12": "projects/debian-cloud/global/images/family/debian-12"},
         "defaultMachineType": "small", "defaultImage": "debian-12", "apiEndpoint": compute.endpoint}}]}

@@ -58,7 +58,8 @@ def write_config(path: Path, emulator: ComputeEmulator, **overrides: Any) -> Pat
         "images": {"debian-12": IMAGE}, "defaultMachineType": "small", "defaultImage": "debian-12",
         "apiEndpoint": emulator.endpoint, **overrides,
     }
-    document = {"owner": OWNER, "providers": [{"name": "cloud", "type": "gcp", "gcp": gcp}]}
+    document = {"owner": OWNER, "providers": [{"name": "cloud", "type": "gcp",
+        "allowedSources": ["198.51.100.0/24"], "gcp": gcp}]}
     path.write_text(yaml.safe_dump(document, sort_keys=False))
     return path
 
@@ -105,9 +106,11 @@ def test_create_get_list_delete_round_trip(config: Path, emulator: ComputeEmulat
     assert instance["ip"].startswith("203.0.113.")  # the NAT IP, not the internal one
     assert instance["created"].endswith("Z")
     live = emulator.instances[(ZONES[0], NAME)]
-    # The port is open to the provider's allowedSources (the private ranges by default), and only to them.
-    assert emulator.reachable("10.1.2.3", ZONES[0], NAME, 3128)
-    assert not emulator.reachable("198.51.100.7", ZONES[0], NAME, 3128)
+    # The port is open to the provider's allowedSources, and only to them; a private source never
+    # gets to an external address at all.
+    assert emulator.reachable("198.51.100.7", ZONES[0], NAME, 3128)
+    assert not emulator.reachable("203.0.113.9", ZONES[0], NAME, 3128)
+    assert not emulator.reachable("10.1.2.3", ZONES[0], NAME, 3128)
     assert live["labels"] == {"egress_proxies": "v1", "egress_proxies_owner": OWNER,
                               "egress_proxies_uid": TAGS["crawl.example.com/uid"],
                               "egress_proxies_spec_hash": TAGS["crawl.example.com/spec-hash"]}
@@ -254,7 +257,7 @@ def test_three_tenants_each_reach_their_own_proxy_only(config: Path, emulator: C
     # B (its own range), C asking for port 22, D with users and no sources. One rule for the
     # provider admitted 0.0.0.0/0 and every range to 22, 3128 and 8080 on every instance.
     user = {"name": "crawlers", "password_hash": "$2b$12$" + "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0"}
-    tenant_b = ["198.51.100.0/24"]
+    tenant_b = ["203.0.113.0/24"]
     items = [
         {"key": "a", "name": "tenant-a", "tags": TAGS, "location": ZONES[0], "port": 8080},
         {"key": "b", "name": "tenant-b", "tags": TAGS, "location": ZONES[0],
@@ -272,7 +275,7 @@ def test_three_tenants_each_reach_their_own_proxy_only(config: Path, emulator: C
     assert results["d"]["msg"].startswith("operations[3]: access.allowed_sources: no IPv4 network to admit"), \
         results["d"]["msg"]
     assert set(emulator.instances) == {(ZONES[0], "tenant-a"), (ZONES[0], "tenant-b")}
-    b_address, a_address = "198.51.100.7", "10.1.2.3"
+    b_address, a_address = "203.0.113.7", "198.51.100.7"  # A: the provider's allowedSources
     assert emulator.reachable(a_address, ZONES[0], "tenant-a", 8080)
     assert emulator.reachable(b_address, ZONES[0], "tenant-b", 3128)
     assert not emulator.reachable(b_address, ZONES[0], "tenant-a", 8080)  # B's address, A's port

@@ -75,8 +75,9 @@ def for_this_test(document: dict[str, Any], probe_target: ProbeTargetProcess, pr
     cluster). No key is added or removed but ``kubeconfig``."""
     (provider,) = document["providers"]
     keys = {key: set(provider[key]) for key in ("probe", "kubernetes")}
+    document["probeSources"] = [probe_source]
     provider["allowedSources"] = [CRAWLERS]
-    provider["probe"].update(httpUrl=probe_target.url(), keyFile=str(probe_target.key_file), sources=[probe_source])
+    provider["probe"].update(httpUrl=probe_target.url(), keyFile=str(probe_target.key_file))
     provider["kubernetes"]["kubeconfig"] = str(kubeconfig)
     assert set(provider["probe"]) == keys["probe"]
     assert set(provider["kubernetes"]) == keys["kubernetes"] | {"kubeconfig"}

@@ -30,7 +30,7 @@ def document() -> dict[str, Any]:
                 "images": {"debian-12": {"url": "https://images.example/debian-12.qcow2", "sha256": SHA}},
                 "machineTypes": {"small": {"vcpus": 1, "memoryMiB": 1024, "diskGiB": 10}},
             }},
-            {"name": "gcp-eu", "type": "gcp", "gcp": {
+            {"name": "gcp-eu", "type": "gcp", "allowedSources": ["198.51.100.0/24"], "gcp": {
                 "project": "my-project", "zones": ["europe-west1-b"], "machineTypes": {"small": "e2-small"},
                 "images": {"debian-12": "projects/debian-cloud/global/images/family/debian-12"},
             }},
@@ -127,3 +127,44 @@ def test_a_file_that_cannot_be_read_fails_permanent(tmp_path: Path) -> None:
     assert run.failed, run.result
     assert run.result["error_class"] == "permanent"
     assert run.result["msg"] == f"provider_config: cannot read {tmp_path / 'absent.yaml'}: No such file or directory"
+
+
+def test_public_exposure_is_explicit_and_reachability_says_who_gets_there(tmp_path: Path) -> None:
+    # Issue 39 row 1: a GCP provider dialled at external addresses without allowedSources
+    # admitted the private networks only, which never reach an external address: every Proxy
+    # NotServing. Now it is refused naming the field and the fix; written out, the module says
+    # per provider what is reachable from where, private sources that never get there included.
+    data = document()
+    del data["providers"][1]["allowedSources"]
+    run = check(write(tmp_path, data))
+    assert run.status == "successful", run.result
+    (error,) = run.result["errors"]
+    assert error.startswith("providers[1].allowedSources: required: gcp.externalIP is true (the default): every proxy "
+                            "is dialled at its external address, which only public sources reach"), error
+    assert "0.0.0.0/0 written out for any address" in error and "probeSources" in error
+    gcp = run.result["providers"][1]
+    assert (gcp["valid"], gcp["reachability"]) == (False, [])
+
+    data["probeSources"] = ["192.0.2.10/32"]
+    data["providers"][1]["allowedSources"] = ["198.51.100.0/24", "10.0.0.0/8"]
+    run = check(write(tmp_path, data))
+    assert run.result["valid"] is True, run.result
+    assert run.result["providers"][1]["reachability"] == [
+        "proxies: at their external IPv4 addresses, each on its Proxy's port (default 3128), from the internet",
+        ("never reached from 10.0.0.0/8: private networks do not reach an external address (remove them, or set "
+        "externalIP: false for crawlers inside the VPC)"),
+        ("crawlers from: 10.0.0.0/8, 198.51.100.0/24 (allowedSources, or a Proxy's own spec.allowedSources; the "
+        "managed firewall rule and squid admit exactly these)"),
+        ("the controller's probe from: 192.0.2.10/32 (probeSources; admitted on every instance besides the crawlers' "
+        "sources)")]
+    assert run.result["providers"][0]["reachability"] == []  # KVM says nothing here yet
+    # The probe sources are in every instance's policy: naming them changes the build hash.
+    assert run.result["access_policy_version"].startswith(POLICY_VERSION + "+probe.")
+
+    # Inside the VPC, the private default stands: nothing public is exposed.
+    data["providers"][1]["gcp"]["externalIP"] = False
+    del data["providers"][1]["allowedSources"]
+    run = check(write(tmp_path, data))
+    assert run.result["valid"] is True, run.result
+    assert run.result["providers"][1]["reachability"][0].startswith(
+        "proxies: at their internal addresses in network global/networks/default (externalIP: false)")

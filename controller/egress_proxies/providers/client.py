@@ -350,6 +350,8 @@ class ProviderSet:
     backend_errors: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     destinations: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # name -> opened destinations
     policy_version: str = ""  # the access policy the collection's modules deliver
+    # name -> what its proxies will be reachable at and from (one sentence each), for --check-config
+    reachability: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     def clients(self, runner: Runner) -> dict[str, ProviderClient]:
         """A client for every valid provider."""
@@ -392,9 +394,11 @@ def check_config(runner: Runner, path: str, previous: ProviderSet | None = None,
     sources: dict[str, tuple[str, ...]] = {}
     backend_errors: dict[str, tuple[str, ...]] = {}
     destinations: dict[str, tuple[str, ...]] = {}
+    reachability: dict[str, tuple[str, ...]] = {}
     for provider in data.get("providers") or []:
         name = str(provider.get("name"))
         sources[name] = tuple(str(s) for s in provider.get("allowed_sources") or ())
+        reachability[name] = tuple(str(line) for line in provider.get("reachability") or ())
         if provider.get("backend_errors"):
             backend_errors[name] = tuple(str(e) for e in provider["backend_errors"])
         destinations[name] = tuple(str(d) for d in provider.get("allowed_destinations") or ())
@@ -417,4 +421,4 @@ def check_config(runner: Runner, path: str, previous: ProviderSet | None = None,
         raise ConfigUnreadable(f"provider config {absolute}: " + "; ".join(errors or ("owner: missing",)))
     return ProviderSet(path=absolute, owner=str(owner), types=types, invalid=invalid, errors=errors, digest=digest,
                        probes=probes, sources=sources, backend_errors=backend_errors, destinations=destinations,
-                       policy_version=str(data.get("access_policy_version") or ""))
+                       policy_version=str(data.get("access_policy_version") or ""), reachability=reachability)

@@ -117,8 +117,11 @@ SCOPES_HINT = (
 # 'resource.machineType': '...'. Machine type with name 'f1-micro' does not exist in zone
 # 'europe-west8-a'." It lasts (machine types come to a zone rarely), so placement moves on.
 MACHINE_TYPE_NOT_IN_ZONE_RE = re.compile(r"Machine type with name '([^']+)' does not exist in zone '([^']+)'")
-# A quota: "Quota 'CPUS' exceeded.  Limit: 24.0 in region europe-west1." (or "... globally.").
-QUOTA_RE = re.compile(r"Quota '([A-Z0-9_]+)' exceeded\.\s+Limit: ([0-9.]+) (?:in region ([a-z0-9-]+)|globally)")
+# A quota, as the message words it: "Quota 'CPUS' exceeded.  Limit: 24.0 in region europe-west1."
+# (or "... globally."), or, newer, only "Quota 'N2_CPUS' exceeded." (the region is then in the
+# operation error's errorDetails[].quotaInfo.dimensions only).
+QUOTA_NAME_RE = re.compile(r"Quota '([A-Z0-9_]+)' exceeded\.")
+QUOTA_LIMIT_RE = re.compile(r"Limit: ([0-9.]+) (?:in region ([a-z0-9-]+)|(globally))")
 QUOTA_REASONS = frozenset(("quotaExceeded", "QUOTA_EXCEEDED"))
 
 # A zone out of capacity: the insert is accepted and its operation fails with one of these
@@ -164,15 +167,43 @@ class QuotaExceeded(Transient):
         self.region = region
 
 
-def quota_exceeded(message: str) -> QuotaExceeded:
-    match = QUOTA_RE.search(message)
-    if match is None:
-        return QuotaExceeded("%s (a quota of the project is used up; it frees when instances are deleted, or ask for "
-                             "more in the console's Quotas page)" % message, None, None)
-    quota, limit, region = match.groups()
-    where = "region %s" % region if region else "the project (all regions)"
-    return QuotaExceeded("%s: quota %s is used up in %s (limit %s); it frees when instances are deleted, or ask for a "
-                         "higher limit on the console's Quotas page" % (message, quota, where, limit), quota, region)
+def _project_wide(name: str) -> bool:
+    return "ALL_REGIONS" in name.upper().replace("-", "_") or "GLOBAL" in name.upper()
+
+
+def quota_exceeded(message: str, tried_region: Optional[str],
+                   info: Optional[Mapping[str, Any]] = None) -> QuotaExceeded:
+    """The quota error of an insert tried in ``tried_region``: what is used up, where and its limit,
+    from the structured ``quotaInfo`` (an operation error's ``errorDetails[]``) first, the message's
+    text second.
+
+    Where neither names a region nor says project-wide (a bare "Quota 'N2_CPUS' exceeded." without
+    details), the quota is taken as the tried zone's region's (the documented choice): the create
+    then moves on to another region, which costs one insert if the quota was project-wide after
+    all, whereas taking it as project-wide would stop a failover that may well succeed."""
+    info = info or {}
+    named = QUOTA_NAME_RE.search(message)
+    limited = QUOTA_LIMIT_RE.search(message)
+    metric = str(info.get("metricName") or "").rsplit("/", 1)[-1].upper() or None
+    quota = metric or (named.group(1) if named else None)
+    limit = info.get("limit") if info.get("limit") is not None else (limited.group(1) if limited else None)
+    dimensions = info.get("dimensions") or {}
+    assumed = ""
+    if dimensions.get("region"):
+        region: Optional[str] = str(dimensions["region"])
+    elif limited and limited.group(2):
+        region = limited.group(2)
+    elif (limited and limited.group(3)) or _project_wide(str(info.get("limitName") or "")) or \
+            _project_wide(quota or ""):
+        region = None
+    else:
+        region = tried_region
+        assumed = " (the answer names no region: taken as the tried zone's)" if region else ""
+    where = "region %s%s" % (region, assumed) if region else "the project (all regions)"
+    what = "quota %s" % quota if quota else "a quota of the project"
+    of_limit = " (limit %s)" % limit if limit is not None else ""
+    return QuotaExceeded("%s: %s is used up in %s%s; it frees when instances are deleted, or ask for a higher limit "
+                         "on the console's Quotas page" % (message, what, where, of_limit), quota, region)
 
 
 class MissingReference(Permanent):
@@ -221,6 +252,17 @@ def classify(status: Optional[int], reasons: Sequence[str], message: str, missin
     return Transient(message)
 
 
+def region_of(zone: str) -> str:
+    return zone.rsplit("-", 1)[0]
+
+
+def _quota_info_json(info: Any) -> Dict[str, Any]:
+    """The SDK's ``QuotaExceededInfo`` in the API's JSON names, unset fields left out."""
+    names = (("metricName", "metric_name"), ("limitName", "limit_name"), ("limit", "limit"))
+    found = {key: getattr(info, field) for key, field in names if field in info}
+    return {**found, "dimensions": dict(info.dimensions)}
+
+
 def _reasons(error: Any) -> List[str]:
     reasons = [str(item.get("reason")) for item in getattr(error, "errors", None) or () if isinstance(item, dict)]
     if getattr(error, "reason", None):
@@ -228,8 +270,10 @@ def _reasons(error: Any) -> List[str]:
     return reasons
 
 
-def classify_exception(error: BaseException, context: str, missing: str = "not_found") -> ProxyError:
-    """Unpack an SDK, HTTP or auth exception into ``classify``. Never quotes credentials."""
+def classify_exception(error: BaseException, context: str, missing: str = "not_found",
+                       region: Optional[str] = None) -> ProxyError:
+    """Unpack an SDK, HTTP or auth exception into ``classify``. Never quotes credentials.
+    ``region``: where the request was tried (for a quota error that does not say)."""
     if isinstance(error, api_exceptions.GoogleAPICallError):
         status = error.code if isinstance(error.code, int) else None
         # The HTTP status leads the API's message: "403 Required 'compute.instances.create' ...".
@@ -238,7 +282,7 @@ def classify_exception(error: BaseException, context: str, missing: str = "not_f
         if status == 403 and SCOPE_REASONS.intersection(reasons):
             return Permanent("%s; %s" % (message, SCOPES_HINT))
         if QUOTA_REASONS.intersection(reasons):
-            return quota_exceeded(message)
+            return quota_exceeded(message, region)
         return classify(status, reasons, message, missing=missing)
     if isinstance(error, auth_exceptions.RefreshError):
         # A revoked or deleted key does not come back; a token endpoint hiccup does.
@@ -254,6 +298,19 @@ def classify_exception(error: BaseException, context: str, missing: str = "not_f
 
 def _api_errors() -> Tuple[Type[BaseException], ...]:
     return (api_exceptions.GoogleAPICallError, auth_exceptions.GoogleAuthError, requests.exceptions.RequestException)
+
+
+@dataclass(frozen=True)
+class CloudNat:
+    """One Cloud NAT of a Cloud Router: its region and network (a URL), which subnetworks' ranges it
+    translates (``ranges``: ALL_SUBNETWORKS_ALL_IP_RANGES, ALL_SUBNETWORKS_ALL_PRIMARY_IP_RANGES or
+    LIST_OF_SUBNETWORKS, then ``subnetworks`` names them)."""
+
+    name: str
+    region: str
+    network: str
+    ranges: str
+    subnetworks: Tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -446,6 +503,10 @@ class ComputeClient:
     def global_operations(self) -> Any:
         return self._sdk_client("GlobalOperationsClient")
 
+    @property
+    def routers(self) -> Any:
+        return self._sdk_client("RoutersClient")
+
     def close(self) -> None:
         """Close the HTTP sessions (the clients keep connections open otherwise)."""
         for sdk_client in self._sdk_clients.values():
@@ -504,7 +565,7 @@ class ComputeClient:
                 raise MachineTypeNotInZone(spec.zone, "%s: 400 %s" % (context, error.message)) from error
             raise classify_exception(error, context, missing="permanent") from error
         except _api_errors() as error:
-            raise classify_exception(error, context, missing="permanent") from error
+            raise classify_exception(error, context, missing="permanent", region=region_of(spec.zone)) from error
         self._wait(operation, context, deadline, spec.zone)
         return True
 
@@ -564,8 +625,11 @@ class ComputeClient:
             message = "%s: %s" % (context, details)
             if any(code in STOCKOUT_REASONS for code in codes) and zone is not None:
                 raise StockOut(zone, message)
-            if QUOTA_REASONS.intersection(codes):
-                raise quota_exceeded(message)
+            quota = next((e for e in operation.error.errors if e.code in QUOTA_REASONS), None)
+            if quota is not None:
+                info = next((_quota_info_json(detail.quota_info) for detail in quota.error_details
+                             if "quota_info" in detail), None)
+                raise quota_exceeded(message, region_of(zone) if zone else None, info)
             status = operation.http_error_status_code or None
             if status == 404:
                 # The operation's own 404s are about what the request referenced (image, network).
@@ -627,6 +691,20 @@ class ComputeClient:
                 return
             raise failure from error
         self._wait(operation, context, deadline, project=project)
+
+    def cloud_nats(self, project: str) -> List[CloudNat]:
+        """Every Cloud NAT of the project's Cloud Routers (one routers.aggregatedList)."""
+        request = _sdk().AggregatedListRoutersRequest(project=project)
+        try:
+            return [CloudNat(name="%s/%s" % (router.name, nat.name), region=scope.rsplit("/", 1)[-1],
+                             network=router.network, ranges=nat.source_subnetwork_ip_ranges_to_nat,
+                             subnetworks=tuple(sub.name.rsplit("/", 1)[-1] for sub in nat.subnetworks))
+                    for scope, scoped in self.routers.aggregated_list(request=request, retry=None,
+                                                                      timeout=REQUEST_TIMEOUT_SECONDS)
+                    for router in scoped.routers for nat in router.nats]
+        except _api_errors() as error:
+            raise classify_exception(error, "listing the Cloud Routers of project %s" % project,
+                                     missing="permanent") from error
 
     def list_instances(self, list_filter: str, zones: Iterable[str]) -> AggregatedListing:
         """Instances matching ``list_filter`` in ``zones``; a zone that cannot be listed fails alone.

@@ -42,6 +42,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Dict, FrozenSet, Iterable, Optional, Tuple
 
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.config import Provider
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.errors import Permanent, Transient
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.gcp.client import FirewallRule, GceInstance
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.gcp.labels import (
@@ -61,12 +62,18 @@ _NETWORK_PROJECT_RE = re.compile(r"(?:^|/)projects/([^/]+)/global/networks/")
 
 @dataclass(frozen=True)
 class ProviderIdentity:
-    """Who the provider is: its name and owner (its rules belong to them) and its default
-    ``allowedSources`` (for instances without an access policy of their own)."""
+    """Who the provider is: its name and owner (its rules belong to them), its default
+    ``allowedSources`` (for instances without an access policy of their own) and the config's
+    ``probeSources`` (where the controller's probes come from: every opening admits them too)."""
 
     name: str
     owner: str
     allowed_sources: Tuple[str, ...]
+    probe_sources: Tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, provider: Provider, owner: str) -> "ProviderIdentity":
+        return cls(provider.name, owner, provider.allowed_sources, provider.probe_sources)
 
 
 @dataclass(frozen=True)
@@ -94,10 +101,12 @@ def ipv4_sources(sources: Iterable[str]) -> Tuple[str, ...]:
 
 def opening_of(access: Optional[Access], port: int, identity: ProviderIdentity) -> Opening:
     """What one instance needs: its port, from its allowed sources (the provider's defaults
-    without a policy). A policy that lists users and no sources asks for none: nothing is
-    implied, :meth:`FirewallKeeper.require` refuses it on a managed firewall."""
+    without a policy) and the controller's probe sources. A policy that lists users and no
+    sources asks for none: nothing is implied (not even the probe's sources), and
+    :meth:`FirewallKeeper.require` refuses it on a managed firewall."""
     sources = identity.allowed_sources if access is None else access.allowed_sources
-    return Opening(port, frozenset(ipv4_sources(sources)))
+    admitted = ipv4_sources((*sources, *identity.probe_sources)) if sources else ()
+    return Opening(port, frozenset(admitted))
 
 
 def opening_metadata(opening: Opening) -> str:
@@ -105,10 +114,12 @@ def opening_metadata(opening: Opening) -> str:
 
 
 def _recorded_opening(found: GceInstance, identity: ProviderIdentity) -> Opening:
-    port = found.metadata.get(PORT_METADATA_KEY, "")
+    recorded = found.metadata.get(PORT_METADATA_KEY, "")
+    port = int(recorded) if recorded.isdigit() else DEFAULT_PORT
     raw = found.metadata.get(SOURCES_METADATA_KEY)
-    sources = [s for s in raw.split(",") if s] if raw is not None else ipv4_sources(identity.allowed_sources)
-    return Opening(int(port) if port.isdigit() else DEFAULT_PORT, frozenset(sources))
+    if raw is None:  # made before instances recorded their sources: the provider's defaults
+        return opening_of(None, port, identity)
+    return Opening(port, frozenset(s for s in raw.split(",") if s))
 
 
 class FirewallKeeper:

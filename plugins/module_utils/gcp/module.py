@@ -24,5 +24,5 @@ def gcp_provider(module: ProxyModule) -> GcpProvider:
     settings = provider.gcp
     if settings is None:  # provider() checked the type, so this is a bug
         raise Permanent("provider: %r has no gcp section" % module.params["provider"])
-    identity = ProviderIdentity(provider.name, config.owner, provider.allowed_sources)
+    identity = ProviderIdentity.of(provider, config.owner)
     return GcpProvider(settings, ComputeClient(settings), identity, module.warn)

@@ -41,6 +41,14 @@ class GcpSettings:
     network_tags: Tuple[str, ...] = ()
     """Network tags every instance carries besides the provider's own (for the operator's rules)."""
 
+    def public_exposure(self) -> Optional[str]:
+        """Why the instances are dialled at public addresses (config.py then requires
+        ``allowedSources`` written), None when they are not."""
+        if not self.external_ip:
+            return None
+        return ("gcp.externalIP is true (the default): every proxy is dialled at its external address, which only "
+                "public sources reach")
+
 
 FIREWALL_MODES = ("managed", "external")
 # A network tag: "Each tag within the list must comply with RFC1035" (Tags.items, REST reference).

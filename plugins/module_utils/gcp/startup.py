@@ -19,7 +19,13 @@ nothing on the docs' default image. Hence the script, in this order:
    is not squid's default 3128 (a squid the user's cloud-init installed is configured by it).
    Until step 3 it runs the package's own configuration, which serves localhost only;
 3. the access policy (``squid_install.install_script``), after the package: its password file
-   belongs to squid's group, which the package creates, and squid is restarted onto the policy.
+   belongs to squid's group, which the package creates, and squid is restarted onto the policy;
+4. with a policy, the instance's external address added to the addresses squid never connects to
+   (issue 38): a one-to-one NAT at Google's edge is on none of the instance's interfaces, so the
+   policy's own-address list (read from them) misses it, and a request to it would leave the VM
+   and come back to its own services through the edge. The metadata server knows it
+   (``instance/network-interfaces/0/access-configs/0/external-ip``, with ``Metadata-Flavor:
+   Google``); it is asked on every boot, since an ephemeral address changes across a stop.
 
 Idempotent: on a later boot squid is there and only the policy is written again.
 """
@@ -29,7 +35,7 @@ from __future__ import annotations
 from typing import Optional
 
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.squid_access import Access
-from ansible_collections.crawl.egress_proxies.plugins.module_utils.squid_install import install_script
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.squid_install import OWN_ADDRESSES, install_script
 
 SQUID_DEFAULT_PORT = 3128
 # Read by Debian's stock squid.conf through its include of conf.d/*.conf.
@@ -78,6 +84,30 @@ fi
 """
 
 
+# Where the guest asks for its external address (Compute Engine metadata server, "About VM
+# metadata": http://metadata.google.internal/computeMetadata/v1/ = 169.254.169.254; the header
+# Metadata-Flavor: Google is required). Empty or 404 without an external address.
+METADATA_EXTERNAL_IP = ("http://169.254.169.254/computeMetadata/v1/instance/network-interfaces/0/access-configs/0/"
+                        "external-ip")
+
+_REFUSE_EXTERNAL = """\
+# -- this instance's external address: never a destination, like its own addresses --------------
+external=$(curl -fsS -m 5 -H 'Metadata-Flavor: Google' {url} 2>/dev/null ||
+    wget -q -T 5 -O - --header='Metadata-Flavor: Google' {url} 2>/dev/null)
+case $external in
+''|*[!0-9.]*) say "no external address to refuse (externalIP: false, or the metadata server did not answer)";;
+*)  if grep -qx "$external" {own} 2>/dev/null; then
+        say "external address $external already refused"
+    elif printf '%s\\n' "$external" >> {own}; then
+        say "refusing this instance's external address $external"
+        command -v systemctl >/dev/null 2>&1 && systemctl try-reload-or-restart squid
+    else
+        say "FAILED: cannot add the external address to {own}"; exit 1
+    fi;;
+esac
+"""
+
+
 def startup_script(access: Optional[Access], port: int) -> str:
     """The instance's ``startup-script`` (see the module docstring)."""
     header = ("#!/bin/sh\n"
@@ -87,6 +117,7 @@ def startup_script(access: Optional[Access], port: int) -> str:
     if access is not None:
         body = install_script(access).decode("ascii")
         policy = body.split("\n", 1)[1] if body.startswith("#!") else body
+        policy += _REFUSE_EXTERNAL.format(url=METADATA_EXTERNAL_IP, own=OWN_ADDRESSES)
     return header + _INSTALL_SQUID.format(
         port=int(port), default_port=SQUID_DEFAULT_PORT, port_dropin=PORT_DROPIN_PATH,
         lock_timeout=APT_LOCK_TIMEOUT_SECONDS, tries=INSTALL_TRIES) + policy

@@ -81,7 +81,7 @@ def check_request(settings: KubernetesSettings, request: InstanceRequest) -> str
 
 
 def with_probe_sources(request: InstanceRequest, probe_sources: Sequence[str]) -> InstanceRequest:
-    """``request`` whose access also admits the controller's probe sources (``probe.sources``),
+    """``request`` whose access also admits the controller's probe sources (the root's ``probeSources``),
     beside the crawlers': in squid's allowlist and a load balancer's source ranges alike, so the
     controller's own probe is never refused on the way a crawler takes."""
     access = request.access

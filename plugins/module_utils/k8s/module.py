@@ -22,4 +22,4 @@ def k8s_provider(module: ProxyModule) -> K8sProvider:
     settings = provider.kubernetes
     if settings is None:  # provider() checked the type, so this is a bug
         raise Permanent("provider: %r has no kubernetes section" % module.params["provider"])
-    return K8sProvider(settings, KubeClient(settings), provider.probe.sources)
+    return K8sProvider(settings, KubeClient(settings), provider.probe_sources)

@@ -464,7 +464,7 @@ def pod_endpoint(pod: Mapping[str, Any], exposure: str, service: Optional[Mappin
 
 
 # How to verify the outside path, named in every exposure note that cannot say it was.
-VERIFY_HINT = ("to verify it, probe from outside the cluster and admit only that address (probe.sources; "
+VERIFY_HINT = ("to verify it, probe from outside the cluster and admit only that address (the root's probeSources; "
                "docs/kubernetes-provider.md, \"Verifying the outside path\")")
 
 

@@ -40,6 +40,15 @@ class KubernetesSettings:
     def host_network(self) -> bool:
         return self.exposure == "hostNetwork"
 
+    def public_exposure(self) -> Optional[str]:
+        """What makes this provider's endpoints reachable from outside the cluster, as the config
+        says it (config.py then requires ``allowedSources`` written), or None: a load balancer's
+        address, or a NodePort on nodes that may have an ExternalIP (the config cannot know the
+        nodes; a NodePort meant for a private network names its sources all the same)."""
+        if self.exposure in SERVICE_EXPOSURES:
+            return "kubernetes.exposure: %s (its endpoints are reachable from outside the cluster)" % self.exposure
+        return None
+
     @property
     def locations(self) -> Tuple[str, ...]:
         """Every namespace this provider creates Pods in and lists, the default first."""
@@ -64,15 +73,6 @@ IP_FAMILIES = ("IPv4", "IPv6")
 SQUID_CONFIG_MAX_BYTES = 64 * 1024
 _HTTP_PORT_LINE = re.compile(r"^[ \t]*http_port\b", re.MULTILINE)
 
-
-def public_exposure(settings: object) -> Optional[str]:
-    """What makes this provider's endpoints reachable from outside the cluster, as the config says
-    it, or None: a load balancer's address, or a NodePort on nodes that may have an ExternalIP
-    (the config cannot know the nodes; a NodePort meant for a private network names its sources
-    all the same)."""
-    if isinstance(settings, KubernetesSettings) and settings.exposure in SERVICE_EXPOSURES:
-        return "kubernetes.exposure: %s (its endpoints are reachable from outside the cluster)" % settings.exposure
-    return None
 
 
 def parse_kubernetes_section(reader: Reader, errors: Errors) -> Optional[KubernetesSettings]:

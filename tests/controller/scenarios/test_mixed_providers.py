@@ -55,7 +55,7 @@ def provider_config(path: Path, host: HypervisorHost, ssh_dir: Path, compute: Co
             "namespace": "egress", "image": "ubuntu/squid:6.6-24.04_beta", "kubeconfig": str(kubeconfig)}},
     ]
     if with_gcp:
-        providers.insert(1, {"name": "gcp-eu", "type": "gcp", "gcp": {
+        providers.insert(1, {"name": "gcp-eu", "type": "gcp", "allowedSources": ["198.51.100.0/24"], "gcp": {
             "project": PROJECT, "zones": [ZONE], "machineTypes": {"small": "e2-small"},
             "images": {"debian-12": "projects/debian-cloud/global/images/family/debian-12"},
             "apiEndpoint": compute.endpoint}})

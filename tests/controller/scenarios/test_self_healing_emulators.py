@@ -175,7 +175,7 @@ def test_a_preempted_gce_instance_is_replaced_once(kube: KubeEmulator, api: clie
     kube.create_namespace(NAMESPACE)
     config = tmp_path / "providers.yaml"
     config.write_text(yaml.safe_dump({"owner": OWNER, "providers": [
-        {"name": "gcp-eu", "type": "gcp", "probe": "none", "gcp": {
+        {"name": "gcp-eu", "type": "gcp", "probe": "none", "allowedSources": ["198.51.100.0/24"], "gcp": {
             "project": PROJECT, "zones": [ZONE], "machineTypes": {"small": "e2-small"},
             "images": {"debian-12": "projects/debian-cloud/global/images/family/debian-12"},
             "apiEndpoint": compute.endpoint}}]}))

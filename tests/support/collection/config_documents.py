@@ -64,6 +64,8 @@ def valid_document() -> dict[str, Any]:
             {
                 "name": "gcp-eu",
                 "type": "gcp",
+                # Its proxies are dialled at external addresses: the crawlers' public sources are named.
+                "allowedSources": ["198.51.100.0/24"],
                 "gcp": {
                     "project": "my-project",
                     "zones": ["europe-west1-b", "europe-west4-a"],

@@ -31,10 +31,16 @@ an instance with an operation in flight is a 400 ``resourceNotReady``; a zone ou
 quotas (``set_quota``): CPUs fail the insert's operation with ``QUOTA_EXCEEDED``, in-use
 addresses the insert itself (403 ``quotaExceeded``); a bearer token listed in
 ``token_scopes`` without a Compute scope gets 403 "insufficient authentication scopes";
-``wait_returns_early`` answers waits at once, as an overloaded server may. Images run at boot
-what their family runs (``ImageKind``, ``boot``); VPC firewall rules (compute_firewall.py)
-decide ``reachable``, the path a crawler or the controller's probe takes to an instance's
-external address and port.
+``wait_returns_early`` answers waits at once, as an overloaded server may; ``quota_wording``
+words quota errors the older way (limit and region in the message) or the newer one (the quota
+only), the operation's ``errorDetails[].quotaInfo`` saying where either way. Images run at boot
+what their family runs (``ImageKind``, ``boot``), and an instance has a way out (``BootReport.egress``)
+only through its external address or a Cloud NAT of its region (``add_cloud_nat``, listed by
+``/aggregated/routers``). VPC firewall rules (firewall.py) decide ``reachable``, the path a
+crawler or the controller's probe takes to an instance's external address and port, which no
+address the internet does not route ever takes (``UNROUTED_SOURCES``). With
+``external_addresses``/``internal_addresses`` (a test's own) and ``network_view``,
+tests/support/compute/guests.py runs the instances for real.
 
 Operations finish ``operation_seconds`` after they start (0: at the next request). An
 inserted instance goes PROVISIONING -> RUNNING and gets its NAT IP then; a deleted one goes
@@ -51,6 +57,7 @@ endpoint so that the client sends a real token).
 from __future__ import annotations
 
 import datetime
+import ipaddress
 import itertools
 import json
 import re
@@ -154,6 +161,13 @@ MACHINE_TYPE_MISSING = ("Invalid value for field 'resource.machineType': '{refer
 # "globally", fastai/course-v3#165). CPUs are counted when the operation runs (it fails with code
 # QUOTA_EXCEEDED); an ephemeral external address is refused with the insert (403 quotaExceeded).
 QUOTA_MESSAGE = "Quota '{metric}' exceeded.  Limit: {limit:.1f} {where}."
+# The newer form names the quota only ("Code: QUOTA_EXCEEDED Message: Quota 'N2_CPUS' exceeded.",
+# GoogleCloudPlatform/ai-on-gke#849, 2024); where it applies is in the operation error's
+# structured details: Errors.error_details[].quota_info, a QuotaExceededInfo with metric_name,
+# limit_name, limit and the dimensions map ("QuotaExceededInfo will have details when the error
+# code is QUOTA_EXCEEDED", google-cloud-compute's compute_v1 types, Errors and QuotaExceededInfo).
+QUOTA_MESSAGE_BARE = "Quota '{metric}' exceeded."
+QUOTA_WORDINGS = ("legacy", "bare")
 GLOBAL = "global"
 STATUS_TEXT = {400: "BAD REQUEST", 403: "FORBIDDEN", 404: "NOT FOUND", 409: "CONFLICT", 429: "TOO MANY REQUESTS",
                500: "INTERNAL SERVER ERROR", 503: "SERVICE UNAVAILABLE"}
@@ -183,6 +197,15 @@ class _OperationFault:
     code: str
     message: str
     http_status: int
+    details: list[dict[str, Any]] = field(default_factory=list)  # errorDetails[] of the operation's error
+
+
+@dataclass(frozen=True)
+class _QuotaBreach:
+    """A quota an insert would pass: its message as the API words it and its ``quotaInfo``."""
+
+    message: str
+    quota_info: dict[str, Any]
 
 
 @dataclass
@@ -197,13 +220,54 @@ class _Operation:
 
 
 @dataclass(frozen=True)
+class GuestView:
+    """A RUNNING instance as the network sees it: its internal address (on its NIC) and external
+    one (a one-to-one NAT at the edge, None without), its proxy port (the ``egress-proxies-port``
+    metadata), where it leaves from (``BootReport.egress``), its network
+    (``projects/<p>/global/networks/<n>``) and its tags."""
+
+    zone: str
+    name: str
+    internal: str
+    external: str | None
+    port: int
+    egress: str | None
+    network: str
+    tags: tuple[str, ...]
+
+    @property
+    def address(self) -> str:
+        """Where it is dialled: its external address, else its internal one."""
+        return self.external or self.internal
+
+
+@dataclass(frozen=True)
 class BootReport:
     """What an instance's image runs from its metadata at boot (see ``ImageKind``): the
     ``startup-script`` the guest agent executes and the ``user-data`` cloud-init reads; None
-    for what nothing on the image runs (or what the metadata does not have)."""
+    for what nothing on the image runs (or what the metadata does not have). ``egress``: the
+    address its traffic to the internet leaves from (its external address, else its region's
+    Cloud NAT's), None when it has no way out: then a package install in the script fails."""
 
     startup_script: str | None
     user_data: str | None
+    egress: str | None = None
+
+    @property
+    def internet(self) -> bool:
+        return self.egress is not None
+
+
+# What the internet does not route (RFC 1918, RFC 6598 shared space, loopback, link-local,
+# unique-local): a source there never reaches an instance's external address. From outside the
+# VPC such packets are not routed to Google; from inside it, a VM reaching another's external
+# address leaves through its own external address or Cloud NAT, so the firewall sees that public
+# address, not the private one ("Cloud NAT": "Cloud NAT ... translates the source"; "IP
+# addresses": "a VM ... sends packets to an external IP address ... the source is the external
+# address"; https://cloud.google.com/nat/docs/overview, https://cloud.google.com/vpc/docs/ip-addresses).
+UNROUTED_SOURCES = tuple(ipaddress.ip_network(n) for n in (
+    "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "127.0.0.0/8", "169.254.0.0/16", "::1/128",
+    "fc00::/7", "fe80::/10"))
 
 
 @dataclass
@@ -270,6 +334,16 @@ class ComputeEmulator:
     token_scopes: dict[str, tuple[str, ...]] = field(default_factory=dict)
     # zoneOperations.wait answers at once, as an overloaded server may (see _poll).
     wait_returns_early: bool = False
+    # How quota errors are worded (QUOTA_WORDINGS): "legacy" names the limit and region in the
+    # message, "bare" the quota only; the operation's errorDetails[].quotaInfo says both either way.
+    quota_wording: str = "legacy"
+    # Ephemeral external and internal addresses to hand out, in order (tests/support/compute/guests.py:
+    # addresses of the test's own network namespaces); when empty, made-up 203.0.113.x and
+    # 10.128.x.y ones.
+    external_addresses: list[str] = field(default_factory=list)
+    internal_addresses: list[str] = field(default_factory=list)
+    # (project, region, name) -> a Cloud Router carrying a Cloud NAT (add_cloud_nat), as the API shows it.
+    routers: dict[tuple[str, str, str], dict[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -286,6 +360,8 @@ class ComputeEmulator:
         self._page_tokens: dict[str, tuple[Any, Any]] = {}
         self._ids = itertools.count(1000)
         self._server: ThreadingHTTPServer | None = None
+        # (project, region, network name) -> the addresses its Cloud NAT translates to.
+        self._nat_addresses: dict[tuple[str, str, str], tuple[str, ...]] = {}
         for zone in self.zones:
             self.machine_types.setdefault(zone, set(DEFAULT_MACHINE_TYPES))
         self.networks.setdefault((self.project, "default"), Network())
@@ -389,18 +465,58 @@ class ComputeEmulator:
             self._quotas[(metric, region)] = limit
 
     def boot(self, zone: str, name: str) -> BootReport:
-        """What the instance's image ran from its metadata when it booted (see ``ImageKind``)."""
+        """What the instance's image ran from its metadata when it booted (see ``ImageKind``), and
+        its way out (``BootReport.egress``)."""
         with self._lock:
             instance = self.instances[(zone, name)]
             kind = self.images[self._image_path(instance["disks"][0]["initializeParams"]["sourceImage"])]
             metadata = {item["key"]: item["value"] for item in instance.get("metadata", {}).get("items", [])}
             return BootReport(startup_script=metadata.get("startup-script") if kind.guest_environment else None,
-                              user_data=metadata.get("user-data") if kind.cloud_init else None)
+                              user_data=metadata.get("user-data") if kind.cloud_init else None,
+                              egress=self._egress(zone, instance))
+
+    def _egress(self, zone: str, instance: dict[str, Any]) -> str | None:
+        """The external address, else the Cloud NAT's of the instance's region and network: Cloud NAT
+        serves only VMs without an external address ("Cloud NAT ... lets certain resources without
+        external IP addresses create outbound connections to the internet", Cloud NAT overview),
+        and every VM behind it leaves from the NAT's addresses (the first one here)."""
+        nic = instance["networkInterfaces"][0]
+        external = next((access["natIP"] for access in nic.get("accessConfigs", []) if access.get("natIP")), None)
+        if external or any(access.get("type") == "ONE_TO_ONE_NAT" for access in nic.get("accessConfigs", [])):
+            return external
+        parts = self._network_path(nic["network"]).split("/")  # projects/<p>/global/networks/<n>
+        addresses = self._nat_addresses.get((parts[1], zone.rsplit("-", 1)[0], parts[4]))
+        return addresses[0] if addresses else None
+
+    def add_cloud_nat(self, region: str, nat_ips: tuple[str, ...], network: str = "default",
+                      name: str = "egress-nat", project: str | None = None) -> dict[str, Any]:
+        """A Cloud Router with a Cloud NAT for every subnetwork of ``network`` in ``region``
+        (``sourceSubnetworkIpRangesToNat: ALL_SUBNETWORKS_ALL_IP_RANGES``), translating to
+        ``nat_ips`` (reserved addresses, ``MANUAL_ONLY``). The Router resource as routers.get
+        shows it: ``network`` a URL, ``nats[].natIps`` the addresses' URLs."""
+        project = project or self.project
+        router = {
+            "kind": "compute#router", "id": str(next(self._ids)), "name": name,
+            "region": f"{API}/projects/{project}/regions/{region}",
+            "network": f"{API}/projects/{project}/global/networks/{network}",
+            "selfLink": f"{API}/projects/{project}/regions/{region}/routers/{name}",
+            "nats": [{"name": f"{name}-config", "sourceSubnetworkIpRangesToNat": "ALL_SUBNETWORKS_ALL_IP_RANGES",
+                      "natIpAllocateOption": "MANUAL_ONLY",
+                      "natIps": [f"{API}/projects/{project}/regions/{region}/addresses/{name}-{index}"
+                                 for index in range(len(nat_ips))]}]}
+        with self._lock:
+            self.routers[(project, region, name)] = router
+            self._nat_addresses[(project, region, network)] = tuple(nat_ips)
+        return router
 
     def reachable(self, source: str, zone: str, name: str, port: int) -> bool:
-        """Whether a TCP connection from ``source`` (an address outside the VPC) reaches ``port``
-        on the instance's external IP: its network's ingress firewall rules decide
-        (compute_firewall.admits), and without a rule that allows it the implied deny does."""
+        """Whether a TCP connection from ``source`` reaches ``port`` on the instance's external
+        IP: never from an address the internet does not route (``UNROUTED_SOURCES``), else as its
+        network's ingress firewall rules decide (compute_firewall.admits), the implied deny when
+        no rule allows it."""
+        address = ipaddress.ip_address(source)
+        if any(address.version == network.version and address in network for network in UNROUTED_SOURCES):
+            return False
         with self._lock:
             instance = self.instances[(zone, name)]
             nic = instance["networkInterfaces"][0]
@@ -409,6 +525,24 @@ class ComputeEmulator:
             network = self._network_path(nic["network"])
             tags = (instance.get("tags") or {}).get("items") or []
             return admits(self.firewalls.values(), network, tags, source, port)
+
+    def network_view(self) -> tuple[list[GuestView], list[dict[str, Any]]]:
+        """One consistent look at what the network sees: every RUNNING instance, at the address it
+        is dialled at (its external one, else its internal one), and every firewall rule (copies;
+        tests/support/compute/guests.py runs them)."""
+        with self._lock:
+            found = []
+            for (zone, name), instance in sorted(self.instances.items()):
+                if instance.get("status") != "RUNNING":
+                    continue
+                nic = instance["networkInterfaces"][0]
+                external = next((a["natIP"] for a in nic.get("accessConfigs", []) if a.get("natIP")), None)
+                metadata = {i["key"]: i["value"] for i in (instance.get("metadata") or {}).get("items", [])}
+                found.append(GuestView(zone, name, nic["networkIP"], external,
+                                       int(metadata.get("egress-proxies-port") or 3128), self._egress(zone, instance),
+                                       self._network_path(nic["network"]),
+                                       tuple((instance.get("tags") or {}).get("items") or ())))
+            return found, [dict(rule) for rule in self.firewalls.values()]
 
     def firewall(self, name: str, project: str | None = None) -> dict[str, Any] | None:
         with self._lock:
@@ -528,6 +662,8 @@ class ComputeEmulator:
             raise ApiError(404, f"The resource 'projects/{project}' was not found")
         if rest == "aggregated/instances" and method == "GET":
             return self._aggregated(query)
+        if rest == "aggregated/routers" and method == "GET":
+            return self._aggregated_routers()
         if rest.startswith("global/"):
             return self._route_global(method, rest, body, hold)
         match = re.fullmatch(r"zones/([^/]+)/(instances|operations)(?:/([^/]+))?(/wait)?", rest)
@@ -657,7 +793,9 @@ class ComputeEmulator:
         number = next(self._ids)
         nics = []
         for index, nic in enumerate(body.get("networkInterfaces", [])):
-            nics.append({**nic, "name": f"nic{index}", "networkIP": "10.128.{}.{}".format(*divmod(number, 250)),
+            internal = self.internal_addresses.pop(0) if self.internal_addresses and index == 0 else \
+                "10.128.{}.{}".format(*divmod(number, 250))
+            nics.append({**nic, "name": f"nic{index}", "networkIP": internal,
                          "accessConfigs": [dict(access) for access in nic.get("accessConfigs", [])]})
         offset = datetime.timezone(datetime.timedelta(hours=-7))
         return {
@@ -668,12 +806,14 @@ class ComputeEmulator:
             "metadata": {"kind": "compute#metadata", "fingerprint": "emulated", **body.get("metadata", {})},
         }
 
-    @staticmethod
-    def _assign_nat(instance: dict[str, Any]) -> None:
+    def _assign_nat(self, instance: dict[str, Any]) -> None:
+        """An ephemeral external address: the next of ``external_addresses`` (addresses a test's
+        network namespace holds), else a made-up one nothing may be sent to."""
         for nic in instance["networkInterfaces"]:
             for access in nic["accessConfigs"]:
                 if access.get("type") == "ONE_TO_ONE_NAT":
-                    access["natIP"] = f"203.0.113.{int(instance['id']) % 250}"
+                    access["natIP"] = (self.external_addresses.pop(0) if self.external_addresses else
+                                       f"203.0.113.{int(instance['id']) % 250}")
 
     def _insert(self, zone: str, body: Any) -> dict[str, Any]:
         self._validate_insert(zone, body)
@@ -684,12 +824,12 @@ class ComputeEmulator:
         external = any(access.get("type") == "ONE_TO_ONE_NAT"
                        for access in (body.get("networkInterfaces") or [{}])[0].get("accessConfigs", []))
         if external and (exceeded := self._exceeded("IN_USE_ADDRESSES", zone)):
-            raise ApiError(403, exceeded, "quotaExceeded", "usageLimits")
+            raise ApiError(403, exceeded.message, "quotaExceeded", "usageLimits")
         cpus = self._exceeded("CPUS", zone, VCPUS_PER_INSTANCE)
         self.instances[(zone, name)] = self._new_instance(zone, body)
         fault = None
         if cpus:
-            fault = _OperationFault("QUOTA_EXCEEDED", cpus, 403)
+            fault = _OperationFault("QUOTA_EXCEEDED", cpus.message, 403, [{"quotaInfo": cpus.quota_info}])
         elif zone in self._stocked_out:
             fault = _OperationFault(self._stocked_out[zone], STOCKOUT_MESSAGE.format(project=self.project, zone=zone),
                                     503)
@@ -697,9 +837,11 @@ class ComputeEmulator:
             fault = self._operation_faults.pop(0)
         return self._start_operation(zone, "insert", name, fault)
 
-    def _exceeded(self, metric: str, zone: str, amount: int = 1) -> str | None:
-        """The quota message when ``amount`` more of ``metric`` in ``zone``'s region would pass a
-        regional or project-wide limit; None while it fits."""
+    def _exceeded(self, metric: str, zone: str, amount: int = 1) -> _QuotaBreach | None:
+        """The breach when ``amount`` more of ``metric`` in ``zone``'s region would pass a regional
+        or project-wide limit, worded as ``quota_wording`` says; None while it fits. ``quotaInfo``
+        names the region in ``dimensions`` for a regional limit and carries none for a
+        project-wide one (``CPUS-per-project-region`` / ``CPUS-ALL-REGIONS-per-project``)."""
         region = zone.rsplit("-", 1)[0]
         for where in (region, None):
             limit = self._quotas.get((metric, where))
@@ -708,9 +850,19 @@ class ComputeEmulator:
             live = [i for (z, _), i in self.instances.items() if where is None or z.rsplit("-", 1)[0] == where
                     if i.get("status") not in ("TERMINATED", "STOPPED", "SUSPENDED")]
             per_instance = VCPUS_PER_INSTANCE if metric == "CPUS" else 1
-            if len(live) * per_instance + amount > limit:
-                return QUOTA_MESSAGE.format(metric=metric if where else f"{metric}_ALL_REGIONS", limit=limit,
-                                            where=f"in region {where}" if where else "globally")
+            if len(live) * per_instance + amount <= limit:
+                continue
+            name = metric if where else f"{metric}_ALL_REGIONS"
+            info: dict[str, Any] = {
+                "metricName": f"compute.googleapis.com/{name.lower()}", "limit": limit,
+                "limitName": f"{metric.replace('_', '-')}-per-project-region" if where else
+                f"{name.replace('_', '-')}-per-project"}
+            if where:
+                info["dimensions"] = {"region": where}
+            if self.quota_wording == "bare":
+                return _QuotaBreach(QUOTA_MESSAGE_BARE.format(metric=name), info)
+            return _QuotaBreach(QUOTA_MESSAGE.format(metric=name, limit=limit,
+                                                     where=f"in region {where}" if where else "globally"), info)
         return None
 
     def _image_path(self, reference: str) -> str:
@@ -912,6 +1064,22 @@ class ComputeEmulator:
             result["unreachables"] = [f"zones/{zone}" for zone in unreachable]
         return result
 
+    def _aggregated_routers(self) -> dict[str, Any]:
+        """routers.aggregatedList: ``items`` keyed ``regions/<region>``, each with its ``routers``
+        or a NO_RESULTS_ON_PAGE warning (one page: a project has few routers)."""
+        regions = sorted({zone.rsplit("-", 1)[0] for zone in self.zones} | {r for (p, r, _) in self.routers
+                                                                              if p == self.project})
+        items: dict[str, Any] = {}
+        for region in regions:
+            found = [router for (project, where, _), router in sorted(self.routers.items())
+                     if project == self.project and where == region]
+            scope = f"regions/{region}"
+            items[scope] = {"routers": found} if found else {"warning": {
+                "code": "NO_RESULTS_ON_PAGE", "message": f"There are no results for scope '{scope}' on this page.",
+                "data": [{"key": "scope", "value": scope}]}}
+        return {"kind": "compute#routerAggregatedList", "id": f"projects/{self.project}/aggregated/routers",
+                "items": items, "selfLink": f"{API}/projects/{self.project}/aggregated/routers"}
+
     # -- operations ------------------------------------------------------------------------
 
     def _start_operation(self, zone: str, kind: str, instance: str, fault: _OperationFault | None = None,
@@ -953,8 +1121,11 @@ class ComputeEmulator:
             operation.apply()
         elif operation.fault is not None:
             self.instances.pop(key, None)
+            error: dict[str, Any] = {"code": operation.fault.code, "message": operation.fault.message}
+            if operation.fault.details:
+                error["errorDetails"] = operation.fault.details
             operation.body.update(
-                error={"errors": [{"code": operation.fault.code, "message": operation.fault.message}]},
+                error={"errors": [error]},
                 httpErrorStatusCode=operation.fault.http_status,
                 httpErrorMessage=STATUS_TEXT.get(operation.fault.http_status, "ERROR"))
         elif operation.kind == "insert" and key in self.instances:

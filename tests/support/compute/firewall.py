@@ -112,13 +112,14 @@ def _matches(entries: Iterable[Mapping[str, Any]], port: int) -> bool:
                for e in entries)
 
 
-def admits(rules: Iterable[Mapping[str, Any]], network: str, instance_tags: Iterable[str], source: str,
-           port: int) -> bool:
-    """Whether a TCP connection from ``source`` to ``port`` of an instance on ``network`` carrying
-    ``instance_tags`` passes the network's ingress rules (the implied deny when none matches)."""
-    address = ipaddress.ip_address(source)
+def decisions(rules: Iterable[Mapping[str, Any]], network: str, instance_tags: Iterable[str],
+              port: int) -> list[tuple[bool, tuple[str, ...]]]:
+    """The ingress rules that decide TCP ``port`` of an instance on ``network`` carrying
+    ``instance_tags``, in the order they are weighed (priority, then deny before allow): each as
+    (allows, its source ranges). The first whose ranges hold a source decides; none: the implied
+    deny. (tests/support/compute/guests.py writes them as a real packet filter in this order.)"""
     tags = set(instance_tags)
-    decisions: list[tuple[int, int, bool]] = []  # (priority, deny first, allowed)
+    weighed: list[tuple[int, int, bool, tuple[str, ...]]] = []  # (priority, deny first, allows, ranges)
     for rule in rules:
         if rule.get("disabled") or rule.get("direction", "INGRESS") != "INGRESS":
             continue
@@ -127,12 +128,22 @@ def admits(rules: Iterable[Mapping[str, Any]], network: str, instance_tags: Iter
         targets = set(rule.get("targetTags") or [])
         if targets and not targets & tags:
             continue
-        ranges = [ipaddress.ip_network(str(r), strict=False) for r in rule.get("sourceRanges") or []]
-        if not any(address.version == r.version and address in r for r in ranges):
-            continue
+        ranges = tuple(str(r) for r in rule.get("sourceRanges") or [])
         priority = int(rule.get("priority", DEFAULT_PRIORITY))
         if _matches(rule.get("denied") or [], port):
-            decisions.append((priority, 0, False))
+            weighed.append((priority, 0, False, ranges))
         if _matches(rule.get("allowed") or [], port):
-            decisions.append((priority, 1, True))
-    return min(decisions)[2] if decisions else False
+            weighed.append((priority, 1, True, ranges))
+    return [(allows, ranges) for _, _, allows, ranges in sorted(weighed, key=lambda item: item[:2])]
+
+
+def admits(rules: Iterable[Mapping[str, Any]], network: str, instance_tags: Iterable[str], source: str,
+           port: int) -> bool:
+    """Whether a TCP connection from ``source`` to ``port`` of an instance on ``network`` carrying
+    ``instance_tags`` passes the network's ingress rules (the implied deny when none matches)."""
+    address = ipaddress.ip_address(source)
+    for allows, ranges in decisions(rules, network, instance_tags, port):
+        networks = [ipaddress.ip_network(r, strict=False) for r in ranges]
+        if any(address.version == n.version and address in n for n in networks):
+            return allows
+    return False

@@ -259,10 +259,8 @@ def test_probe_absent_none_and_overrides() -> None:
     assert (defaults.connect, defaults.timeout_seconds, defaults.concurrency, defaults.round_seconds,
             defaults.flap_window, defaults.flap_percent) == ("probe.example.net:443", 5, 200, 30, 30, 25)
     assert parse_provider_config(with_probe({**target, "connect": "none"})).provider("home-kvm").probe.connect is None
-    # Where the controller's probes come from: named once, admitted by a provider with public endpoints.
-    assert defaults.sources == ()
-    named = parse_provider_config(with_probe({**target, "sources": ["203.0.113.5/32"]})).provider("home-kvm").probe
-    assert named.sources == ("203.0.113.5/32",) and named.as_dict()["sources"] == ["203.0.113.5/32"]
+    # Where the controller's probes come from is named once, at the root (probeSources), not per probe.
+    assert "sources" not in defaults.as_dict()
 
 
 TARGET = {"httpUrl": "http://x/generate_204", "keyFile": KEY}
@@ -287,7 +285,6 @@ TARGET = {"httpUrl": "http://x/generate_204", "keyFile": KEY}
     ({**TARGET, "flapWindow": 3}, "providers[0].probe.flapWindow: must be an integer >= 6"),
     ({**TARGET, "flapPercent": 95}, "providers[0].probe.flapPercent: must be at most 90"),
     ({**TARGET, "httpurl": "http://x/"}, "providers[0].probe.httpurl: unknown field"),
-    ({**TARGET, "sources": ["203.0.113.5/33"]}, "providers[0].probe.sources[0]: '203.0.113.5/33' is not a network"),
 ])
 def test_a_bad_probe_fails_only_its_provider(probe: Any, expected: str) -> None:
     config = parse_provider_config(with_probe(probe))
@@ -319,3 +316,22 @@ def test_allowed_destinations_default_to_none_and_are_checked() -> None:
         document["providers"][0]["allowedDestinations"] = bad
         (error,) = validate_provider_config(document).errors
         assert error.startswith(expected), error
+
+
+def test_public_exposure_needs_written_sources_and_probe_sources_are_named_once() -> None:
+    # Issue 39 row 1: a GCP provider's proxies are dialled at external addresses (externalIP:
+    # true, the default); the private default sources never get there, so they must be written.
+    document = valid_document()
+    del document["providers"][1]["allowedSources"]
+    (error,) = validate_provider_config(document).errors
+    assert error.startswith("providers[1].allowedSources: required: gcp.externalIP is true (the default)"), error
+    document["providers"][1]["gcp"]["externalIP"] = False  # inside the VPC: the private default stands
+    assert validate_provider_config(document).errors == ()
+    assert "10.0.0.0/8" in parse_provider_config(document).provider("gcp-eu").allowed_sources
+    # probeSources: at the root, once, handed to every provider entry; checked like any CIDR list.
+    document["probeSources"] = ["192.0.2.10/32"]
+    config = parse_provider_config(document)
+    assert {provider.probe_sources for provider in config.providers} == {("192.0.2.10/32",)}
+    document["probeSources"] = ["192.0.2.10/24"]
+    (error,) = validate_provider_config(document).root_errors
+    assert error.startswith("probeSources[0]: '192.0.2.10/24' is not a network in CIDR form"), error

@@ -6,6 +6,7 @@ finer cases of the same behaviour run here in milliseconds.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -40,7 +41,8 @@ IDENTITY = ProviderIdentity("cloud", "test-owner", DEFAULT_ALLOWED_SOURCES)
 
 
 def gcp_settings(endpoint: str, **gcp: Any) -> GcpSettings:
-    document = {"owner": "test-owner", "providers": [{"name": "cloud", "type": "gcp", "gcp": {
+    document = {"owner": "test-owner", "providers": [{"name": "cloud", "type": "gcp",
+        "allowedSources": ["198.51.100.0/24"], "gcp": {
         "project": "test-project", "zones": list(ZONES), "machineTypes": {"small": "e2-small"},
         "images": {"debian-12": "projects/debian-cloud/global/images/family/debian-12"}, "apiEndpoint": endpoint,
         **gcp}}]}
@@ -699,3 +701,117 @@ def test_the_config_check_says_what_to_grant_for_credentials_without_the_compute
                         lambda _settings: OAuthCredentials(token="narrow-token"))  # type: ignore[no-untyped-call]
     (problem,) = check_backend(gcp_settings(emulator.endpoint), IDENTITY)
     assert problem.startswith("gcp: listing instances (aggregated): 403 ") and "cloud-platform" in problem
+
+
+# -- issue 39: quotas read from their structured details (row 3) -----------------------------------
+
+
+@pytest.mark.parametrize("wording", ["legacy", "bare"])
+def test_a_regional_quota_is_found_in_either_wording(wording: str, warnings: list[str]) -> None:
+    # The older answer names region and limit in its message; the newer one ("Quota 'N2_CPUS'
+    # exceeded.") only in errorDetails[].quotaInfo, which is read first. Either way the insert
+    # moves to another region, and the message names the region and the limit.
+    zones = ("europe-west1-b", "europe-west4-a")
+    with ComputeEmulator(zones=zones, quota_wording=wording) as emulator:
+        emulator.set_quota("CPUS", 0.0, region="europe-west1")
+        provider = provider_for(emulator, warnings, zones=list(zones))
+        changed, created = provider.create(request(), False)
+    assert (changed, created.location) == (True, "europe-west4-a")
+    assert len(warnings) == 1 and "quota CPUS is used up in region europe-west1 (limit 0.0)" in warnings[0], warnings
+
+
+def test_a_project_wide_quota_in_the_newer_wording_ends_the_attempt() -> None:
+    # quotaInfo without a region dimension, named *_ALL_REGIONS: no other region helps.
+    with ComputeEmulator(zones=ZONES, quota_wording="bare") as emulator:
+        emulator.set_quota("CPUS", 0.0)
+        provider = provider_for(emulator)
+        with pytest.raises(Transient, match="quota CPUS_ALL_REGIONS is used up in the project"):
+            provider.create(request(), False)
+        assert len(emulator.requests_to("POST", r"/zones/[^/]+/instances$")) == 1
+
+
+def test_a_quota_error_naming_no_region_is_taken_as_the_tried_zones_region() -> None:
+    # A 403 quotaExceeded on the insert itself carries no quotaInfo; in the newer wording its
+    # message names no region either. The documented choice: the tried zone's region is out, the
+    # next region is tried (one insert lost if it was project-wide after all).
+    with ComputeEmulator(zones=ZONES, quota_wording="bare") as emulator:
+        emulator.set_quota("IN_USE_ADDRESSES", 0.0, region="europe-west1")
+        provider = provider_for(emulator)
+        changed, created = provider.create(request(), False)
+    assert (changed, created.location) == (True, "europe-west4-a")
+    failure = client_module.quota_exceeded("creating: 403 Quota 'IN_USE_ADDRESSES' exceeded.", "europe-west1")
+    assert failure.region == "europe-west1" and "taken as the tried zone's" in str(failure)
+
+
+# -- issue 39: concurrent creates never lose a rule (row 4) ------------------------------------------
+
+
+def test_concurrent_creates_admitting_different_sources_lose_nothing(emulator: ComputeEmulator) -> None:
+    # The Firewall resource has no fingerprint to make a read-modify-write safe (compute_v1
+    # Firewall: no fingerprint field, unlike Instance.tags or metadata), so no rule is ever
+    # read-modified-written: each opening (port, sources) has a rule of its own whose whole
+    # content follows from its name, so two writers of one rule write the same thing, and
+    # writers of different openings never touch each other's rule.
+    emulator.operation_seconds = 0.2  # the creates' firewall writes overlap
+    openings = [(f"p-{index}", parse_access({"open": True, "allowed_sources": [f"198.51.{index}.0/24"]}), port)
+                for index, port in ((1, 3128), (2, 8080), (3, 3128), (4, 8080))]
+    failures: list[BaseException] = []
+
+    def create(name: str, access: Any, port: int) -> None:
+        made = provider_for(emulator)
+        try:
+            made.create(request(name=name, location=ZONES[0], access=access, port=port), False)
+        except BaseException as error:  # noqa: BLE001 - reported below
+            failures.append(error)
+        finally:
+            made.close()
+
+    threads = [threading.Thread(target=create, args=opening) for opening in openings]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert failures == []
+    for index, (name, _access, port) in enumerate(openings, start=1):
+        assert emulator.reachable(f"198.51.{index}.7", ZONES[0], name, port), name
+        others = [f"198.51.{other}.7" for other in range(1, 5) if other != index]
+        assert not any(emulator.reachable(source, ZONES[0], name, port) for source in others), name
+
+
+# -- issue 39: the controller's probe sources (item 1) ------------------------------------------------
+
+
+def test_probe_sources_are_admitted_besides_the_crawlers_and_nothing_else(emulator: ComputeEmulator) -> None:
+    probe = "192.0.2.10"
+    identity = ProviderIdentity("cloud", "test-owner", ("198.51.100.0/24",), (f"{probe}/32",))
+    settings = gcp_settings(emulator.endpoint)
+    provider = GcpProvider(settings, ComputeClient(settings), identity, None)
+    try:
+        provider.create(request(location=ZONES[0], access=parse_access(
+            {"users": [USER], "allowed_sources": ["198.51.100.0/24"]})), False)
+        with pytest.raises(Permanent, match=r"^access\.allowed_sources: "):  # users only: nothing implied
+            provider.create(request(name="p-2", location=ZONES[0], access=parse_access({"users": [USER]})), False)
+    finally:
+        provider.close()
+    assert emulator.reachable(CRAWLER, ZONES[0], NAME, 3128) and emulator.reachable(probe, ZONES[0], NAME, 3128)
+    assert not emulator.reachable("192.0.2.11", ZONES[0], NAME, 3128)
+    # squid's source check admits the probe too (else its 403 would fail every probe).
+    script = emulator.metadata(ZONES[0], NAME)["startup-script"]
+    assert f"{probe}/32" in script
+
+
+# -- issue 39: no instance without a way out (row 2) --------------------------------------------------
+
+
+def test_the_config_check_finds_a_region_without_a_way_out(emulator: ComputeEmulator) -> None:
+    settings = gcp_settings(emulator.endpoint, externalIP=False)
+    (problem,) = check_backend(settings, IDENTITY)
+    assert problem.startswith("gcp.externalIP: false, but network default has no Cloud NAT in region(s) "
+                              "europe-west1, europe-west4: instances there would have no way out"), problem
+    assert "gcloud compute routers nats create" in problem
+    emulator.add_cloud_nat("europe-west1", ("198.51.100.20",))
+    (problem,) = check_backend(settings, IDENTITY)
+    assert "in region(s) europe-west4:" in problem
+    emulator.add_cloud_nat("europe-west4", ("198.51.100.30",), name="nat-4")
+    assert check_backend(settings, IDENTITY) == []
+    assert check_backend(gcp_settings(emulator.endpoint), IDENTITY) == []  # external addresses: no NAT needed

@@ -68,12 +68,13 @@ BAD_FIELDS = [
     # Issue 39 row 5: a public exposure with the private default sources shut out crawlers on the
     # internet; the sources must be named (0.0.0.0/0 only when written).
     pytest.param(changed(((*K8S, "exposure"), "LoadBalancer")),
-                 "providers[2].allowedSources: required with kubernetes.exposure: LoadBalancer (its endpoints are "
-                 "reachable from outside the cluster): name the crawlers' networks (allowedSources: "
-                 "[203.0.113.0/24]), or 0.0.0.0/0 and ::/0 to serve anyone; name the controller's own once in "
-                 "probe.sources", id="kubernetes-load-balancer-without-sources"),
+                 "providers[2].allowedSources: required: kubernetes.exposure: LoadBalancer (its endpoints are "
+                 "reachable from outside the cluster), and without allowedSources only private networks would be "
+                 "admitted, which never get there; list your crawlers' public networks (for example "
+                 "[198.51.100.0/24]; 0.0.0.0/0 written out for any address), and the controller's own in the root's "
+                 "probeSources", id="kubernetes-load-balancer-without-sources"),
     pytest.param(changed(((*K8S, "exposure"), "NodePort")),
-                 "providers[2].allowedSources: required with kubernetes.exposure: NodePort",
+                 "providers[2].allowedSources: required: kubernetes.exposure: NodePort",
                  id="kubernetes-node-port-without-sources"),
 ]
 
