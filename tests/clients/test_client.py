@@ -69,6 +69,9 @@ def test_wrong_token_scope_address_or_argument_is_one_clear_error_at_start(disco
         ({"token": "not-a-token", "namespace": "crawlers"}, "the controller refused the token (401"),
         ({"token": CRAWLER_TOKEN, "namespace": "team-b"}, "the token does not cover namespace team-b (403"),
         ({"token": CRAWLER_TOKEN, "pool": "team-b/eu"}, "the token does not cover pool team-b/eu (403"),
+        # Issue 41 row 5: a mistyped pool is an error, not an empty list to wait on.
+        ({"token": CRAWLER_TOKEN, "pool": "crawlers/nonexistent"},
+         "discovery knows no pool crawlers/nonexistent (404 no ProxyPool crawlers/nonexistent"),
     ]
     for arguments, message in cases:
         with pytest.raises(DiscoveryError, match=message.replace("(", r"\(")):
@@ -87,8 +90,9 @@ def test_wrong_token_scope_address_or_argument_is_one_clear_error_at_start(disco
             ProxyClient(f"http://127.0.0.1:{closed}", CRAWLER_TOKEN, **bad)
     with pytest.raises(ValueError, match="url: 'egress-proxies:8080' is not the controller's http://"):
         ProxyClient("egress-proxies:8080", CRAWLER_TOKEN)
-    with pytest.raises(ValueError, match="token: empty, or surrounded by whitespace"):
+    with pytest.raises(ValueError, match="token: contains whitespace or a control character") as caught:
         ProxyClient(f"http://127.0.0.1:{closed}", CRAWLER_TOKEN + "\n")
+    assert CRAWLER_TOKEN not in str(caught.value)
 
 
 def test_each_policy_hands_out_every_proxy_its_own_way(discovery: DiscoveryServer, clients: list[ProxyClient]) -> None:
@@ -195,7 +199,9 @@ def test_429_waits_for_retry_after_and_gives_up_beyond_max_retry_after(tmp_path:
     try:
         discovery.add("eu-0", "10.20.0.1")
         discovery.add("eu-1", "10.20.0.2")
-        client = ProxyClient(discovery.url, CRAWLER_TOKEN, namespace="crawlers")
+        # Past the client's own quarantine budget (10 a minute, half the pool): the controller's is tested.
+        client = ProxyClient(discovery.url, CRAWLER_TOKEN, namespace="crawlers", max_quarantines=100,
+                             max_quarantine_share=1.0)
         impatient = ProxyClient(discovery.url, CRAWLER_TOKEN, namespace="crawlers", max_retry_after=1)
         clients += [client, impatient]
         ghosts = [client.report_banned(Proxy("crawlers", f"ghost-{n}", "10.20.0.99", 3128), "banned")
