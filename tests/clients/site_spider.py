@@ -2,7 +2,9 @@
 tests/support/netns/banning_site.py's tree, through EgressProxiesMiddleware.
 
 Arguments (``-a``): ``start_url``, the site's root; ``stats_path``, where the crawl's stats are
-written as JSON when it closes. Everything else comes from ``-s`` settings (EGRESS_PROXIES_*).
+written as JSON when it closes; ``also``, more start URLs (comma-separated); ``meta``, JSON put
+into every request's meta (``{"dont_proxy": true}``, ``{"egress_proxies_session": "s1"}``).
+Everything else comes from ``-s`` settings (EGRESS_PROXIES_*).
 """
 
 from __future__ import annotations
@@ -21,6 +23,11 @@ def page_says_banned(request: scrapy.Request, response: Response) -> str | None:
     return "captcha page" if b"captcha" in response.body else None
 
 
+def everything_is_a_ban(request: scrapy.Request, response: Response) -> bool:  # noqa: ARG001 -- the detector's signature
+    """A wrong ban rule (every answer is a ban): what the client's quarantine budget is for."""
+    return True
+
+
 class SiteSpider(scrapy.Spider):
     name = "site"
     custom_settings = {  # noqa: RUF012 -- Scrapy's own class attribute
@@ -33,19 +40,21 @@ class SiteSpider(scrapy.Spider):
         "DOWNLOAD_TIMEOUT": 20,
     }
 
-    def __init__(self, start_url: str, stats_path: str, **kwargs: Any) -> None:
+    def __init__(self, start_url: str, stats_path: str, also: str = "", meta: str = "{}", **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.start_url = start_url
+        self.start_urls_given = [start_url, *filter(None, also.split(","))]
         self.stats_path = Path(stats_path)
+        self.request_meta: dict[str, Any] = json.loads(meta)
 
     async def start(self) -> AsyncIterator[scrapy.Request]:
-        yield scrapy.Request(self.start_url)
+        for url in self.start_urls_given:
+            yield scrapy.Request(url, meta=dict(self.request_meta))
 
     def parse(self, response: Response) -> Iterator[dict[str, Any] | scrapy.Request]:
         assert isinstance(response, TextResponse), response  # the site serves HTML
         proxy = response.meta.get("egress_proxy")
         yield {"url": response.url, "proxy": proxy.key if proxy is not None else None}
-        yield from response.follow_all(css="a::attr(href)", callback=self.parse)
+        yield from response.follow_all(css="a::attr(href)", callback=self.parse, meta=dict(self.request_meta))
 
     def closed(self, reason: str) -> None:
         stats = self.crawler.stats.get_stats()

@@ -197,7 +197,7 @@ class EgressProxiesMiddleware:
         self._reported: set[tuple[str, str, str]] = set()
         self._sessions: OrderedDict[str, Proxy] = OrderedDict()
         self._empty_since: float | None = None
-        self._logged_at = time.monotonic()
+        self._logged_at = float("-inf")  # the first request logs the pool's state
         self._closing = False
 
     @classmethod

@@ -36,7 +36,9 @@ class FleetSquid(Squid):
     def __init__(self, netns: NetworkNamespace, users: Mapping[str, str], *,
                  allowed_destinations: Sequence[str] = (), name: str = "fleet-squid", address: str | None = None,
                  extra: str = "") -> None:
-        super().__init__(netns, "", address=address or netns.add_address(), name=name, extra=extra)
+        address = address or netns.add_address()
+        # Each instance fetches from its own address, as each proxy of the fleet has its own.
+        super().__init__(netns, "", address=address, name=name, extra=f"tcp_outgoing_address {address}\n" + extra)
         self.users = dict(users)
         self.allowed_destinations = list(allowed_destinations)
 
