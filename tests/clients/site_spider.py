@@ -12,9 +12,11 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import scrapy
+from scrapy import signals
+from scrapy.crawler import Crawler
 from scrapy.http import Response, TextResponse
 
 
@@ -56,6 +58,17 @@ class SiteSpider(scrapy.Spider):
         yield {"url": response.url, "proxy": proxy.key if proxy is not None else None}
         yield from response.follow_all(css="a::attr(href)", callback=self.parse, meta=dict(self.request_meta))
 
+    @classmethod
+    def from_crawler(cls, crawler: Crawler, *args: Any, **kwargs: Any) -> SiteSpider:
+        spider = super().from_crawler(crawler, *args, **kwargs)
+        # When the engine has stopped: after every spider_closed handler, the middleware's too
+        # (its flush of ban reports counts in the stats).
+        crawler.signals.connect(spider.write_stats, signal=signals.engine_stopped)
+        return cast(SiteSpider, spider)
+
     def closed(self, reason: str) -> None:
+        self.close_reason = reason
+
+    def write_stats(self) -> None:
         stats = self.crawler.stats.get_stats()
-        self.stats_path.write_text(json.dumps({"reason": reason, **stats}, default=str))
+        self.stats_path.write_text(json.dumps({"reason": getattr(self, "close_reason", None), **stats}, default=str))

@@ -6,6 +6,7 @@ controller, and quarantine reports with 401, 403, 404 and 429 answers.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
@@ -248,3 +249,60 @@ def test_clients_started_together_refresh_spread_out(discovery: DiscoveryServer,
     # clients spread over most of it (a loaded machine adds delay, never uniformity).
     offsets = sorted(times[1] - times[0] for times in moments.values())
     assert offsets[-1] - offsets[0] >= 0.8 and offsets[0] < 1.0, offsets
+
+
+def test_a_ban_report_outlives_an_outage_and_close_flushes_for_a_bounded_time(
+        discovery: DiscoveryServer, clients: list[ProxyClient]) -> None:
+    """Issue 41 row 6: a report made while the controller is down is sent when it is back; one
+    still undelivered when the client closes gets close's time, then counts as undelivered."""
+    client = ProxyClient(discovery.url, CRAWLER_TOKEN, pool="crawlers/eu", max_quarantine_share=1.0)
+    clients.append(client)
+    first, second = client.pick(), client.pick()
+    discovery.stop()
+    future = client.report_banned(first, "HTTP 403 from example.com")
+    assert first not in client.proxies()  # out at once, whatever the controller
+    with pytest.raises(TimeoutError):
+        future.result(timeout=1.5)  # still trying
+    discovery.restart()
+    outcome = future.result(timeout=30)
+    assert outcome.quarantined and outcome.attempts >= 2 and discovery.store.reasons(first.key) == ["Quarantined"]
+    discovery.stop()
+    late = client.report_banned(second, "HTTP 403 from example.com")
+    started = time.monotonic()
+    client.close(timeout=1.0)
+    closed_in = time.monotonic() - started
+    outcome = late.result(timeout=5)
+    assert outcome.undelivered and not outcome.quarantined
+    assert "not delivered before the client closed" in outcome.detail
+    assert 0.9 <= closed_in < 5, closed_in
+
+
+def test_the_asyncio_api_never_blocks_the_event_loop(tmp_path: Path) -> None:
+    """Issue 41 row 7: apick's wait for a proxy lets the loop run (pick's would block it)."""
+    discovery = DiscoveryServer(tmp_path)  # nothing listed yet
+
+    async def crawl() -> tuple[int, str]:
+        client = await asyncio.to_thread(ProxyClient, discovery.url, CRAWLER_TOKEN, namespace="crawlers",
+                                         refresh_seconds=0.5)
+        ticks = 0
+
+        async def tick() -> None:
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.01)
+                ticks += 1
+
+        ticker = asyncio.create_task(tick())
+        asyncio.get_running_loop().call_later(0.5, discovery.add, "eu-0", "10.20.0.1")
+        try:
+            proxy = await client.apick(wait=10)
+        finally:
+            ticker.cancel()
+            await client.aclose(timeout=1)
+        return ticks, proxy.name
+
+    try:
+        ticks, name = asyncio.run(crawl())
+    finally:
+        discovery.stop()
+    assert name == "eu-0" and ticks >= 20, ticks  # the loop ran on while apick waited (>= 0.5 s)

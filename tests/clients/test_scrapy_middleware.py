@@ -91,7 +91,8 @@ def test_an_empty_list_never_sends_a_request_without_a_proxy_unless_allowed(squi
             waited = crawl(discovery, site, tmp_path, "EGRESS_PROXIES_EMPTY_WAIT=1")
             assert waited.returncode == 0, waited.log[-2000:]
             assert waited.stats["egress_proxies/no_proxy"] == 1 and "item_scraped_count" not in waited.stats
-            assert f"no proxy to hand out for {site.address} (namespace crawlers); requests wait up to 1 s" in waited.log
+            assert (f"no proxy to hand out for {site.address} (namespace crawlers); requests wait up to 1 s"
+                    in waited.log)
             assert site.requests() == []
             direct = crawl(discovery, site, tmp_path, "EGRESS_PROXIES_ALLOW_DIRECT=True")
             assert direct.stats["item_scraped_count"] == 7 and direct.stats["egress_proxies/direct"] == 7

@@ -24,6 +24,7 @@ from support.crawl import Crawl, crawl
 from support.netns.banning_site import BanningSite
 from support.netns.fleet_squid import FleetSquid
 from support.netns.namespace import NetworkNamespace
+from support.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -207,6 +208,45 @@ def test_a_missing_pool_stops_the_crawl_naming_it(lab: Lab, tmp_path: Path) -> N
                             f"{result.seconds:.1f} s (EGRESS_PROXIES_POOL_WAIT=1)")
     finally:
         discovery.stop()
+
+
+def test_a_ban_during_a_discovery_outage_is_reported_when_it_is_back_or_counted(lab: Lab, tmp_path: Path) -> None:
+    """Row 6: discovery goes down at the crawl's first page. Back while the crawl runs, the ban
+    made meanwhile is delivered; down to the end, close's flush is bounded and the stats say it."""
+    discovery = lab.discovery(tmp_path)
+
+    def outage(site: BanningSite, back: bool) -> None:
+        wait_for(lambda: bool(site.requests()), 60, "the crawl's first page")
+        discovery.stop()
+        if back:  # once the crawl went past the ban, so its report was tried while down
+            wait_for(lambda: _pages_after_the_ban(site) >= 4, 60, "pages after the ban")
+            discovery.restart()
+
+    try:
+        for back in (True, False):
+            with BanningSite(lab.netns, pages=60, ban_after=5, delay=0.05) as site:
+                down = threading.Thread(target=outage, args=(site, back))
+                down.start()
+                result = crawl(discovery.url, site.url("/"), tmp_path, "EGRESS_PROXIES_POOL=crawlers/eu",
+                               "EGRESS_PROXIES_FLUSH_SECONDS=1")
+                down.join()
+                assert result.returncode == 0, result.log[-3000:]
+                stats = result.stats
+                assert stats["item_scraped_count"] == 60 and stats["egress_proxies/bans"] >= 1
+                if back:
+                    assert stats["egress_proxies/quarantined"] == 1 and len(discovery.server.posts) == 1
+                    lab.record("row 6 (a ban during a discovery outage; back before the end): reported", result, 60)
+                else:  # the first crawl's report is the one the controller ever got
+                    assert stats["egress_proxies/quarantine_undelivered"] == 1 and len(discovery.server.posts) == 1
+                    lab.record("row 6 (discovery down to the end): counted undelivered", result, 60)
+    finally:
+        discovery.stop()
+
+
+def _pages_after_the_ban(site: BanningSite) -> int:
+    requests = site.requests()
+    first_ban = next((n for n, r in enumerate(requests) if r["banned"]), None)
+    return 0 if first_ban is None else sum(1 for r in requests[first_ban:] if not r["banned"])
 
 
 def test_dont_proxy_the_add_on_and_sticky_sessions(lab: Lab, tmp_path: Path) -> None:
