@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import scrapy
 from scrapy import signals
@@ -64,7 +64,7 @@ class SiteSpider(scrapy.Spider):
         # When the engine has stopped: after every spider_closed handler, the middleware's too
         # (its flush of ban reports counts in the stats).
         crawler.signals.connect(spider.write_stats, signal=signals.engine_stopped)
-        return cast(SiteSpider, spider)
+        return spider
 
     def closed(self, reason: str) -> None:
         self.close_reason = reason
