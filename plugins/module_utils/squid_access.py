@@ -293,7 +293,10 @@ def _own_error_acl(access: Access) -> List[str]:
 def _own_error_header(access: Access) -> List[str]:
     lines = ["reply_header_access %s deny all" % OWN_ERROR_HEADER]
     if access.users:
-        lines += ['reply_header_add %s "%%err_code" egress_users egress_own_error' % OWN_ERROR_HEADER]
+        # A source outside allowed_sources never gets it, whatever credentials it holds (squid's
+        # credential cache can match egress_users after the 403 for its source).
+        sources = " !egress_foreign" if access.allowed_sources else ""
+        lines += ['reply_header_add %s "%%err_code" egress_users egress_own_error%s' % (OWN_ERROR_HEADER, sources)]
     return lines
 
 

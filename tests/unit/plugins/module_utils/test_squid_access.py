@@ -134,6 +134,8 @@ class TestPolicy:
         text = head(access_of(users=USERS))
         assert directives(text, "reply_header_add") == [
             f'{OWN_ERROR_HEADER} "%err_code" egress_users egress_own_error']
+        assert directives(head(access_of(users=USERS, allowed_sources=["10.0.0.0/8"])), "reply_header_add") == [
+            f'{OWN_ERROR_HEADER} "%err_code" egress_users egress_own_error !egress_foreign']
         assert f"{OWN_ERROR_HEADER} deny all" in directives(text, "reply_header_access")
         errors = " ".join(line.split(" ", 3)[3] for line in text.splitlines()
                           if line.startswith("acl egress_own_error squid_error "))
