@@ -1,5 +1,9 @@
 """``scrapy runspider`` of tests/clients/site_spider.py through EgressProxiesMiddleware, for the
-crawler's tests: the crawl's exit code, its log and its stats (written by the spider as it closes)."""
+crawler's tests: the crawl's exit code, its log and its stats (written by the spider as it closes).
+
+The Scrapy is .venv's (the newest pinned); ``EGRESS_PROXIES_TEST_SCRAPY`` names another one's
+``scrapy`` command (a virtualenv with an older Scrapy line) to run the same crawls against it,
+with this checkout's client on its path."""
 
 from __future__ import annotations
 
@@ -14,8 +18,9 @@ from typing import Any
 
 from support.controller.discovery_server import CRAWLER_TOKEN
 
-BIN = Path(sys.executable).parent
+SCRAPY = os.environ.get("EGRESS_PROXIES_TEST_SCRAPY") or str(Path(sys.executable).parent / "scrapy")
 SPIDER_DIRECTORY = Path(__file__).resolve().parents[1] / "clients"
+CLIENT = Path(__file__).resolve().parents[2] / "clients" / "python"
 
 
 @dataclass
@@ -35,11 +40,11 @@ def crawl(discovery_url: str, start_url: str, directory: Path, *settings: str, a
     arguments = [f"EGRESS_PROXIES_URL={discovery_url}", f"EGRESS_PROXIES_TOKEN={CRAWLER_TOKEN}", scope, *settings]
     started = time.monotonic()
     result = subprocess.run(
-        [str(BIN / "scrapy"), "runspider", str(SPIDER_DIRECTORY / "site_spider.py"), "-a", f"start_url={start_url}",
+        [SCRAPY, "runspider", str(SPIDER_DIRECTORY / "site_spider.py"), "-a", f"start_url={start_url}",
          "-a", f"stats_path={stats_path}", "-a", f"also={also}", "-a", f"meta={meta}",
          *(word for setting in arguments for word in ("-s", setting))],
         # Ban detectors are named by their import path: tests/clients is where they are found.
-        env={**os.environ, "PYTHONPATH": str(SPIDER_DIRECTORY)}, capture_output=True, text=True, timeout=timeout,
-        check=False)
+        env={**os.environ, "PYTHONPATH": f"{SPIDER_DIRECTORY}{os.pathsep}{CLIENT}"}, capture_output=True, text=True,
+        timeout=timeout, check=False)
     stats = json.loads(stats_path.read_text()) if stats_path.exists() else {}
     return Crawl(result.returncode, result.stderr, stats, time.monotonic() - started)

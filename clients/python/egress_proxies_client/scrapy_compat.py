@@ -18,10 +18,13 @@ try:  # Scrapy 2.18+
     from scrapy.utils.asyncio import sleep
 except ImportError:  # older: a Twisted delay, awaitable on either reactor
     from scrapy.utils.defer import maybe_deferred_to_future
-    from twisted.internet import reactor
     from twisted.internet.task import deferLater
 
     async def sleep(seconds: float) -> None:
+        # Imported here: importing it installs the default reactor, and the add-on is imported
+        # before Scrapy installs the one its settings ask for.
+        from twisted.internet import reactor
+
         await maybe_deferred_to_future(deferLater(reactor, seconds))  # type: ignore[arg-type,unused-ignore]
 
 # The proxy could not be connected to or did not answer in time: Scrapy's own exceptions (2.14+:
