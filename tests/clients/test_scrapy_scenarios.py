@@ -212,6 +212,33 @@ def test_a_missing_pool_stops_the_crawl_naming_it(lab: Lab, tmp_path: Path) -> N
         discovery.stop()
 
 
+def test_a_pool_deleted_during_the_crawl_closes_the_spider_naming_it(lab: Lab, tmp_path: Path) -> None:
+    """Row 5, during a crawl: discovery stops knowing the pool; after EGRESS_PROXIES_POOL_WAIT the
+    spider closes with a reason that names it, instead of draining its queue request by request."""
+    discovery = lab.discovery(tmp_path)
+
+    def delete_the_pool(site: BanningSite) -> None:
+        wait_for(lambda: len(site.requests()) >= 5, 60, "the crawl's first pages")
+        for index in range(len(lab.squids)):
+            discovery.remove(f"eu-{index}")
+
+    try:
+        with BanningSite(lab.netns, pages=400, ban_after=1000, delay=0.1) as site:
+            deleting = threading.Thread(target=delete_the_pool, args=(site,))
+            deleting.start()
+            result = crawl(discovery.url, site.url("/"), tmp_path, "EGRESS_PROXIES_POOL=crawlers/eu",
+                           "EGRESS_PROXIES_REFRESH_SECONDS=0.5", "EGRESS_PROXIES_POOL_WAIT=1")
+            deleting.join()
+            assert result.returncode == 0, result.log[-3000:]
+            assert result.stats["reason"] == "egress_proxies_pool_missing crawlers/eu"
+            assert "discovery knows no pool crawlers/eu" in result.log
+            assert result.stats["item_scraped_count"] < 400 and result.seconds < 60
+            lab.kept.append(f"row 5 (pool deleted mid-crawl): spider closed naming it after "
+                            f"{result.stats['item_scraped_count']} pages, {result.seconds:.1f} s")
+    finally:
+        discovery.stop()
+
+
 def test_a_ban_during_a_discovery_outage_is_reported_when_it_is_back_or_counted(lab: Lab, tmp_path: Path) -> None:
     """Row 6: discovery goes down at the crawl's first page. Back while the crawl runs, the ban
     made meanwhile is delivered; down to the end, close's flush is bounded and the stats say it."""

@@ -28,8 +28,9 @@ proxy for every request with the same ``meta["egress_proxies_session"]``), sets
 
 Requests with ``meta["dont_proxy"]`` or a ``meta["proxy"]`` someone else set are left alone. With no
 proxy, a request waits up to ``EGRESS_PROXIES_EMPTY_WAIT`` seconds and is then dropped; it goes
-without one only with ``EGRESS_PROXIES_ALLOW_DIRECT``. A pool discovery does not know closes the
-spider (reason ``egress_proxies_pool_missing``) after ``EGRESS_PROXIES_POOL_WAIT`` seconds.
+without one only with ``EGRESS_PROXIES_ALLOW_DIRECT``. A pool discovery does not know fails the
+start, or closes the spider during the crawl (reason ``egress_proxies_pool_missing <pool>``), after
+``EGRESS_PROXIES_POOL_WAIT`` seconds.
 Everything is counted under ``egress_proxies/`` in the crawl's stats, and the pool's state is
 logged every ``EGRESS_PROXIES_LOG_SECONDS``. docs/crawlers.md has every setting.
 
@@ -414,7 +415,7 @@ class EgressProxiesMiddleware:
             self._closing = True
             log.error("egress proxies: discovery knows no %s for %.0f s (EGRESS_PROXIES_POOL_WAIT); closing the "
                       "spider", self.client.scope, time.monotonic() - missing)
-            close_spider(self.crawler, "egress_proxies_pool_missing")
+            close_spider(self.crawler, f"egress_proxies_pool_missing {self.settings.pool}")
         raise IgnoreRequest(f"no {self.client.scope}")
 
     @staticmethod

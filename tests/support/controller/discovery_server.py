@@ -103,6 +103,11 @@ class DiscoveryServer:
                          "providerID": f"k8s://namespaces/egress/pods/{name}-{ip}"}
         self.load()
 
+    def remove(self, name: str, namespace: str = "crawlers") -> None:
+        """The Proxy is gone (a pool whose last member goes is gone for discovery too)."""
+        del self.store.objects[(namespace, name)]
+        self.load()
+
     def stop(self) -> None:
         self.server.stop()
 
