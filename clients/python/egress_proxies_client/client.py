@@ -197,10 +197,13 @@ class ProxyClient:
         raise NoProxyAvailable(f"discovery at {self._controller.url} lists no usable proxy for {self.scope} "
                                f"({counts})")
 
-    def usable(self, proxy: Proxy) -> bool:
-        """``proxy`` is still handed out (listed, not banned, not set aside): a sticky session keeps it."""
+    def usable(self, proxy: Proxy, site: str | None = None) -> bool:
+        """``proxy`` is still handed out (listed, not banned, not set aside; not cooling down for
+        ``site``): a sticky session keeps it while it is."""
         with self._lock:
-            return proxy.instance in self._usable_instances
+            if proxy.instance not in self._usable_instances:
+                return False
+            return site is None or not self._cooldowns.cooling(proxy.instance, site, time.monotonic())
 
     def state(self) -> dict[str, int]:
         """How many proxies are listed, usable, banned and set aside now (stats, the periodic log)."""

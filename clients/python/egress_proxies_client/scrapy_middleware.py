@@ -370,7 +370,7 @@ class EgressProxiesMiddleware:
         proxy = self._sessions.get(str(session)) if session is not None else None
         if proxy is None:
             return None
-        if self.client.usable(proxy):
+        if self.client.usable(proxy, urlparse_cached(request).hostname):
             return proxy
         del self._sessions[str(session)]
         self._inc("egress_proxies/sessions_moved")
