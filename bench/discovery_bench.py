@@ -85,9 +85,10 @@ class TimedServer(ControllerHTTPServer):
         super().__init__(*args, **kwargs)
         self.connections: list[tuple[float, float]] = []
 
-    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _connection(self, listener: Any, reader: asyncio.StreamReader,
+                          writer: asyncio.StreamWriter) -> None:
         started = time.monotonic()
-        await super()._connection(reader, writer)
+        await super()._connection(listener, reader, writer)
         self.connections.append((started, time.monotonic() - started))
 
 

@@ -80,16 +80,14 @@ PROVIDER = "bench"
 # A stub process: argv[1] ports on 127.0.0.1 to serve, argv[2] how many of them hang, argv[3] the
 # key, argv[4:] the accepted Proxy-Authorization values. Prints its ports, then serves until killed.
 STUBS = r"""
-import asyncio, hashlib, hmac, json, sys
+import asyncio, json, sys
+from egress_proxies.serving.proof import answer_proof, echo_proof
 
 count, hung, key = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3].encode()
 accepted = {value.encode() for value in sys.argv[4:]}
 DENIED = (b"HTTP/1.1 407 Proxy Authentication Required\r\nProxy-Authenticate: Basic realm=\"stub\"\r\n"
           b"Content-Length: 0\r\n\r\n")
 TUNNEL = b"HTTP/1.1 200 Connection established\r\n\r\n"
-
-def proof(message):
-    return hmac.new(key, message.encode(), hashlib.sha256).hexdigest().encode()
 
 def nonce_of(target):
     after = target.split(b"egress-probe-nonce=", 1)
@@ -115,7 +113,7 @@ class Stub(asyncio.Protocol):
             if self.tunnel:  # the request through the tunnel: the target's answer, then the end
                 nonce = nonce_of(target)
                 self.transport.write(b"HTTP/1.1 204 No Content\r\nX-Egress-Probe-Proof: %s\r\nConnection: close\r\n\r\n"
-                                     % proof(nonce))
+                                     % answer_proof(key, nonce).encode())
                 self.transport.close()
                 return
             authorized = any(line[:20].lower() == b"proxy-authorization:" and line[20:].strip() in accepted
@@ -127,11 +125,11 @@ class Stub(asyncio.Protocol):
                 self.tunnel = True
             elif b"/echo" in target:
                 peer = self.transport.get_extra_info("peername")[0]
-                body = json.dumps({"ip": peer, "proof": proof(nonce_of(target) + " " + peer).decode()}).encode()
+                body = json.dumps({"ip": peer, "proof": echo_proof(key, nonce_of(target), peer)}).encode()
                 self.transport.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
             else:
                 self.transport.write(b"HTTP/1.1 204 No Content\r\nX-Egress-Probe-Proof: %s\r\n\r\n"
-                                     % proof(nonce_of(target)))
+                                     % answer_proof(key, nonce_of(target)).encode())
 
 async def main():
     loop = asyncio.get_running_loop()

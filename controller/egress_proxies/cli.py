@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib.metadata
+import ipaddress
 import logging
 import os
 import signal
@@ -66,6 +67,8 @@ class Settings:
     max_runners: int | None = None
     keep_artifacts: int = 50
     listen: tuple[str, int] = ("0.0.0.0", 8080)
+    # None: no metrics listener (the shipped Deployment sets 0.0.0.0:9090).
+    metrics_listen: tuple[str, int] | None = None
     kubeconfig: str | None = None
     namespace: str | None = None
     lease_namespace: str = "egress-proxies"
@@ -178,7 +181,11 @@ def _leader_options(add: _Add) -> None:
 
 def _serving_options(add: _Add) -> None:
     add("--listen", type=_listen, default=Settings.listen,
-        help="HOST:PORT for /healthz, /readyz, /metrics and discovery (default: 0.0.0.0:8080)")
+        help="HOST:PORT for /healthz, /readyz and discovery (default: 0.0.0.0:8080)")
+    add("--metrics-listen", type=_listen, default=None, metavar="HOST:PORT",
+        help="HOST:PORT of a listener of its own serving /metrics, unauthenticated, and nothing else "
+             "(default: none, no metrics served; the shipped Deployment uses 0.0.0.0:9090). The discovery "
+             "port never serves /metrics")
     add("--probe-interval", type=_positive(float, 1, "a number of seconds"), default=Settings.probe_interval_seconds,
         dest="probe_interval_seconds", help="seconds between probes through every proxy (default: %(default)s)")
     add("--probe-allow", action="append", default=None, metavar="CIDR", dest="probe_allow",
@@ -393,8 +400,12 @@ def serve(settings: Settings, pieces: Pieces, scopes: TokenScopes) -> int:
     server = ControllerHTTPServer(pieces.health, controller.discovery, access,
                                   ServerSettings(quarantine_per_minute=settings.quarantine_per_minute))
     host, port = settings.listen
-    server.start(host, port)
-    log.info("serving health, metrics and discovery on %s:%d", host, server.port)
+    server.start(host, port, metrics=settings.metrics_listen)
+    log.info("serving health and discovery on %s:%d", host, server.port)
+    if settings.metrics_listen is not None:
+        log.info("serving metrics on %s:%d", settings.metrics_listen[0], server.metrics_port)
+    else:
+        log.info("metrics are not served (no --metrics-listen)")
 
     def stop(signum: int, _frame: FrameType | None) -> None:
         log.info("signal %d: stopping", signum)
@@ -421,6 +432,7 @@ def probe_target_main(argv: list[str]) -> int:
                              "443 being where the CONNECT check tunnels to)")
     parser.add_argument("--key-file", type=Path, required=True,
                         help="the shared key, the same file as the provider config's probe.keyFile")
+    _probe_target_limits(parser.add_argument_group("what one client may hold (strangers reach this server too)"))
     parser.add_argument("--log-level", type=str.upper, choices=["DEBUG", "INFO", "WARNING", "ERROR"], default="INFO")
     args = parser.parse_args(argv)
     logs.configure(args.log_level, "text")
@@ -429,8 +441,40 @@ def probe_target_main(argv: list[str]) -> int:
     except (OSError, ValueError) as error:
         log.error("--key-file: %s", error if isinstance(error, ValueError) else error.strerror)
         return 2
-    asyncio.run(target.run(key, args.listen or [("0.0.0.0", 80), ("0.0.0.0", 443)]))
+    limits = target.Limits(max_connections=args.max_connections, per_source=args.max_per_source,
+                           idle_seconds=args.idle_timeout, lifetime_seconds=args.connection_lifetime,
+                           controller_networks=tuple(args.controller_network or ()))
+    asyncio.run(target.run(key, args.listen or [("0.0.0.0", 80), ("0.0.0.0", 443)], limits))
     return 0
+
+
+def _probe_target_limits(group: argparse._ArgumentGroup) -> None:
+    defaults = target.Limits()
+    group.add_argument("--max-connections", type=_positive(int, 1, "a number of connections"),
+                       default=defaults.max_connections, help="connections at once, the controller's aside "
+                       "(default: %(default)s; each is a file descriptor)")
+    group.add_argument("--max-per-source", type=_positive(int, 1, "a number of connections"),
+                       default=defaults.per_source,
+                       help="connections at once from one address (one /64 for IPv6; default: %(default)s). A probe "
+                            "holds two while it runs: raise it when many proxies share one egress address")
+    group.add_argument("--idle-timeout", type=_positive(float, 0.1, "a number of seconds"),
+                       default=defaults.idle_seconds, metavar="SECONDS",
+                       help="a connection sending no complete request for this long is cut (default: %(default)s)")
+    group.add_argument("--connection-lifetime", type=_positive(float, 0.1, "a number of seconds"),
+                       default=defaults.lifetime_seconds, metavar="SECONDS",
+                       help="every connection ends after this long, whatever it sends (default: %(default)s)")
+    group.add_argument("--controller-network", type=_network, action="append", default=None, metavar="CIDR",
+                       help="the controller's own egress addresses (repeatable): their connections have "
+                            f"{defaults.controller_slots} slots of their own and count against no limit above, so "
+                            "no flood starves the controller's direct check of this target")
+
+
+def _network(text: str) -> target.Network:
+    try:
+        return ipaddress.ip_network(text, strict=True)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a network in CIDR form such as 198.51.100.7/32 ({error})"
+                                         ) from None
 
 
 def main(argv: list[str] | None = None) -> int:

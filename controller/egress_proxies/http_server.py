@@ -1,10 +1,10 @@
-"""The controller's one HTTP port: probes, metrics, and the crawler discovery endpoint.
+"""The controller's HTTP listeners: the discovery port (the kubelet's probes and the crawler
+discovery endpoint) and, on a listener of its own, the metrics.
 
-Started by ``cli`` next to ``loop.Controller``. Routes:
+Started by ``cli`` next to ``loop.Controller``. Routes of the discovery port (``--listen``):
 
 - ``/healthz`` and ``/readyz``: ``SweepHealth.alive()`` / ``ready()``, 200 ``ok`` or 503 with the
   reason. Unauthenticated, for the kubelet.
-- ``/metrics``: the Prometheus registry. Unauthenticated, for scrapers.
 - ``/v1/pools/{namespace}/{name}/proxies[.txt]``: the same, for one ProxyPool's members, and
   ``/v1/namespaces/{namespace}/proxies[.txt]`` for one namespace; 403 for a token without it,
   404 ``no ProxyPool`` for a pool that does not exist (an empty list: it has no member ready).
@@ -18,6 +18,12 @@ Started by ``cli`` next to ``loop.Controller``. Routes:
   of its body); a GET with a matching ``If-None-Match`` gets ``304 Not Modified`` without the body,
   so crawlers polling every few seconds fetch the list only when it changed.
 
+The metrics listener (``--metrics-listen``; none unless asked for) serves ``/metrics``, the
+Prometheus registry, unauthenticated, for scrapers, and nothing else; the discovery port has no
+``/metrics`` (404): pool names and sizes per namespace are not for whoever reaches discovery
+(issue 38 row 7). Each listener counts its own connections, so a flood on one never closes the
+other.
+
 An asyncio server on one thread, stdlib only: four routes do not justify a framework. A
 client costs no thread while it sends its request, so a slow one (a byte a second) holds
 nothing but its socket, and only until ``request_timeout`` cuts it off; at most
@@ -30,7 +36,9 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import email.utils
+import functools
 import hashlib
 import hmac
 import json
@@ -52,7 +60,7 @@ import yaml
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
 
 from egress_proxies.health import SweepHealth
-from egress_proxies.http1 import MAX_HEAD_BYTES, MalformedHead, parse_request, read_head
+from egress_proxies.http1 import MAX_HEAD_BYTES, MalformedHead, RequestHead, parse_request, read_head
 from egress_proxies.resources.pool import pool_of
 from egress_proxies.resources.proxy import NAMESPACE_RULE, Proxy, is_namespace_name
 from egress_proxies.serving.discovery import DiscoveryView, proxy_entry
@@ -301,11 +309,10 @@ class ControllerHTTPServer:
         # Bytes, so compare_digest also works on a header with non-ASCII characters (str would raise).
         self._token = access.token.encode() if access.token else None
         self._workers = settings.workers
-        self._socket: socket.socket | None = None
+        self._listeners: list[_Listener] = []
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopped: asyncio.Event | None = None
-        self._open = 0  # connections open now; only touched on the event loop's thread
 
     @property
     def discovery_enabled(self) -> bool:
@@ -325,49 +332,63 @@ class ControllerHTTPServer:
         namespaces = self.token_scopes.scope(token) if token is not None else None
         return namespaces is not None, namespaces
 
-    def start(self, host: str, port: int) -> None:
-        """Listen on host:port (port 0: any free port, see ``port``) and serve from a daemon thread.
-
-        The socket is bound here, so a taken port or a bad address raises in the caller."""
-        if self._socket is not None:
+    def start(self, host: str, port: int, metrics: tuple[str, int] | None = None) -> None:
+        """Listen on host:port for discovery and, with ``metrics`` (host, port), there for
+        /metrics (port 0: any free port, see ``port`` and ``metrics_port``); serve from a daemon
+        thread. The sockets are bound here, so a taken port or a bad address raises in the caller."""
+        if self._listeners:
             raise RuntimeError("already started")
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self._socket = socket.create_server((host, port), family=family, backlog=128)
+        self._listeners.append(_Listener(_bound(host, port), metrics=False))
+        if metrics is not None:
+            try:
+                self._listeners.append(_Listener(_bound(*metrics), metrics=True))
+            except OSError:
+                self._listeners.pop().socket.close()
+                raise
         self._loop = asyncio.new_event_loop()
         ready = threading.Event()
         self._thread = threading.Thread(target=self._serve_forever, args=(ready,), name="http", daemon=True)
         self._thread.start()
         ready.wait()
-        log.debug("HTTP server on %s:%d (/healthz /readyz /metrics /v1/proxies)", host, self.port)
+        log.debug("HTTP server on %s:%d (/healthz /readyz /v1/...)", host, self.port)
 
     @property
     def port(self) -> int:
-        if self._socket is None:
+        """The discovery port."""
+        if not self._listeners:
             raise RuntimeError("not started")
-        return int(self._socket.getsockname()[1])
+        return int(self._listeners[0].socket.getsockname()[1])
+
+    @property
+    def metrics_port(self) -> int:
+        """The metrics listener's port."""
+        if len(self._listeners) < 2:
+            raise RuntimeError("no metrics listener started")
+        return int(self._listeners[1].socket.getsockname()[1])
 
     def stop(self) -> None:
-        if self._socket is None or self._loop is None:
+        if not self._listeners or self._loop is None:
             return
         if self._stopped is not None:
             self._loop.call_soon_threadsafe(self._stopped.set)
         if self._thread is not None:
             self._thread.join(timeout=5)
-        self._socket.close()
-        self._socket = None
+        for listener in self._listeners:
+            listener.socket.close()
+        self._listeners = []
         self._thread = None
         self._loop = None
 
     # -- the event loop's thread ---------------------------------------------------------------
 
     def _serve_forever(self, ready: threading.Event) -> None:
-        assert self._loop is not None and self._socket is not None  # set by start()
+        assert self._loop is not None and self._listeners  # set by start()
         loop = self._loop
         asyncio.set_event_loop(loop)
         pool = concurrent.futures.ThreadPoolExecutor(max_workers=self._workers, thread_name_prefix="http-worker")
         loop.set_default_executor(pool)
         try:
-            loop.run_until_complete(self._serve(self._socket, ready))
+            loop.run_until_complete(self._serve(ready))
         except Exception:
             log.exception("the HTTP server stopped")
             raise
@@ -376,11 +397,14 @@ class ControllerHTTPServer:
             pool.shutdown(wait=False, cancel_futures=True)
             loop.close()
 
-    async def _serve(self, sock: socket.socket, ready: threading.Event) -> None:
+    async def _serve(self, ready: threading.Event) -> None:
         self._stopped = asyncio.Event()
-        server = await asyncio.start_server(self._connection, sock=sock, limit=MAX_HEAD_BYTES)
+        servers = [await asyncio.start_server(functools.partial(self._connection, listener), sock=listener.socket,
+                                              limit=MAX_HEAD_BYTES) for listener in self._listeners]
         ready.set()
-        async with server:
+        async with contextlib.AsyncExitStack() as serving:
+            for server in servers:
+                await serving.enter_async_context(server)
             await self._stopped.wait()
         # Connections still open (slow clients) end with the server.
         pending = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
@@ -388,26 +412,30 @@ class ControllerHTTPServer:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
 
-    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _connection(self, listener: _Listener, reader: asyncio.StreamReader,
+                          writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername") or ("?",)
-        if self._open >= self.max_connections:
+        if listener.open >= self.max_connections:
             # Closed without a word: answering would cost the very time and buffers this
             # bound protects, and a well-behaved client retries.
-            log.warning("HTTP: %d connections open, closing one from %s", self._open, peer[0])
+            log.warning("HTTP: %d connections open, closing one from %s", listener.open, peer[0])
             writer.transport.abort()
             return
-        self._open += 1
+        listener.open += 1
         finished = False
         try:
             async with asyncio.timeout(self.request_timeout):
-                await self._exchange(reader, writer, str(peer[0]))
+                if listener.metrics:
+                    await self._metrics_exchange(reader, writer)
+                else:
+                    await self._exchange(reader, writer, str(peer[0]))
             finished = True
         except TimeoutError:
             log.info("HTTP: connection from %s cut off after %.0f s (too slow)", peer[0], self.request_timeout)
         except (ConnectionError, asyncio.IncompleteReadError):
             pass  # the client went away
         finally:
-            self._open -= 1
+            listener.open -= 1
             if finished:
                 writer.close()  # the answer is sent (drained): a clean close
             else:
@@ -415,14 +443,32 @@ class ControllerHTTPServer:
                 # transport (and its buffer) open: drop it.
                 writer.transport.abort()
 
-    async def _exchange(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: str) -> None:
+    async def _metrics_exchange(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        request = await self._request(reader, writer)
+        if request is None:
+            return
+        if request.method != "GET":
+            response: Response = (501, _TEXT, b"only GET /metrics is served here\n", {"Allow": "GET"})
+        elif urlsplit(request.target).path != "/metrics":
+            response = (404, _TEXT, b"not found (only /metrics is served here)\n", {})
+        else:
+            response = await asyncio.get_running_loop().run_in_executor(
+                None, lambda: (200, CONTENT_TYPE_LATEST, generate_latest(self.registry), {}))
+        await self._write(writer, response)
+
+    async def _request(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> RequestHead | None:
+        """The request's head, or None once a 431 or 400 is answered for it."""
         try:
-            request = parse_request(await read_head(reader))
+            return parse_request(await read_head(reader))
         except asyncio.LimitOverrunError:
             await self._write(writer, (431, _TEXT, b"request header too large\n", {}))
-            return
         except MalformedHead:
             await self._write(writer, (400, _TEXT, b"bad request\n", {}))
+        return None
+
+    async def _exchange(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: str) -> None:
+        request = await self._request(reader, writer)
+        if request is None:
             return
         method, target, headers = request.method, request.target, request.headers
         loop = asyncio.get_running_loop()
@@ -465,8 +511,6 @@ class ControllerHTTPServer:
             return _probe(*self.health.alive())
         if path == "/readyz":
             return _probe(*self.health.ready())
-        if path == "/metrics":
-            return 200, CONTENT_TYPE_LATEST, generate_latest(self.registry), {}
         if path in ("/v1/proxies", "/v1/proxies.txt"):
             return self._discovery(authorization, peer, as_text=path.endswith(".txt"))
         parts = path.split("/")
@@ -557,6 +601,20 @@ class ControllerHTTPServer:
         with self._bucket_lock:
             bucket = self._buckets.setdefault(key, _Bucket(self.quarantine_per_minute))
             return bucket.take()
+
+
+@dataclass
+class _Listener:
+    """One listening socket and what it serves: discovery (and the kubelet's probes), or metrics."""
+
+    socket: socket.socket
+    metrics: bool
+    open: int = 0  # connections open now; only touched on the event loop's thread
+
+
+def _bound(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    return socket.create_server((host, port), family=family, backlog=128)
 
 
 class _Bucket:

@@ -55,6 +55,9 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.k8s.settings 
     KubernetesSettings,
     parse_kubernetes_section,
 )
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.k8s.settings import (
+    public_exposure as kubernetes_public_exposure,
+)
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.settings import KvmSettings, parse_kvm_section
 
 # Each provider type and the parser of its section (the entry's field named after the type).
@@ -63,6 +66,10 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.settings 
 _SECTION_PARSERS: Dict[str, Callable[[Reader, Errors], Optional[object]]] = {
     "kvm": parse_kvm_section, "gcp": parse_gcp_section, "kubernetes": parse_kubernetes_section}
 PROVIDER_TYPES = tuple(_SECTION_PARSERS)
+
+# Per provider type, what makes its endpoints public (reachable from the internet), said as the
+# config says it, or None: such a provider must name its crawlers' sources (_require_named_sources).
+PUBLIC_EXPOSURES: Dict[str, Callable[[object], Optional[str]]] = {"kubernetes": kubernetes_public_exposure}
 
 # The owner id and provider names end up in labels and tags on every backend.
 LABEL_VALUE_RE = re.compile(r"^[a-z0-9]([a-z0-9_-]{0,61}[a-z0-9])?$")
@@ -75,7 +82,7 @@ LABEL_VALUE_RE = re.compile(r"^[a-z0-9]([a-z0-9_-]{0,61}[a-z0-9])?$")
 # Serving condition), and nothing else about the provider changes.
 PROBE_KEYS = ("httpUrl", "keyFile", "expectStatus", "connect", "egressEchoUrl", "timeoutSeconds",
               "unhealthyAfterSeconds", "startupSeconds", "concurrency", "roundSeconds", "flapWindow",
-              "flapPercent")
+              "flapPercent", "sources")
 HOST_PORT_RE = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):([0-9]{1,5})$")
 _URL_HOST_RE = re.compile(r"^http://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+)(:[0-9]+)?(/\S*)?$")
 # The HTTPS port a probe target's tunnel listens on: squid tunnels to 443 only (SSL_ports).
@@ -128,13 +135,17 @@ class ProbeSettings:
     round_seconds: int = 30
     flap_window: int = 30
     flap_percent: int = 25
+    sources: Tuple[str, ...] = ()
+    """Where the controller's probes come from (CIDRs): a provider whose endpoints are public
+    admits them beside the crawlers' sources, so its own probe is never refused; named once."""
 
     def as_dict(self) -> Dict[str, Any]:
         return {"enabled": self.enabled, "httpUrl": self.http_url, "keyFile": self.key_file,
                 "expectStatus": self.expect_status, "connect": self.connect, "egressEchoUrl": self.egress_echo_url,
                 "timeoutSeconds": self.timeout_seconds, "unhealthyAfterSeconds": self.unhealthy_after_seconds,
                 "startupSeconds": self.startup_seconds, "concurrency": self.concurrency,
-                "roundSeconds": self.round_seconds, "flapWindow": self.flap_window, "flapPercent": self.flap_percent}
+                "roundSeconds": self.round_seconds, "flapWindow": self.flap_window, "flapPercent": self.flap_percent,
+                "sources": list(self.sources)}
 
 
 @dataclass(frozen=True)
@@ -251,10 +262,23 @@ def _parse_provider(item: Reader, name: str) -> Provider:
     # proxies may reach on purpose (squid_access.py refuses every other internal destination).
     sources = _parse_networks(item, errors, "allowedSources", DEFAULT_ALLOWED_SOURCES)
     destinations = _parse_networks(item, errors, "allowedDestinations", ())
+    _require_named_sources(item, errors, provider_type, settings)
     if errors.messages or settings is None or probe is None:
         return Provider(name, provider_type, errors=tuple(errors.messages))
     return Provider(name, provider_type, settings, probe=probe, allowed_sources=sources,
                     allowed_destinations=destinations)
+
+
+def _require_named_sources(item: Reader, errors: Errors, provider_type: str, settings: Optional[object]) -> None:
+    """A provider whose endpoints are public (PUBLIC_EXPOSURES says which) must name its crawlers'
+    sources: the private defaults would shut out crawlers on the internet, and the internet is
+    opened only where someone wrote 0.0.0.0/0."""
+    exposure = PUBLIC_EXPOSURES.get(provider_type)
+    public = exposure(settings) if exposure is not None and settings is not None else None
+    if public is not None and item.data.get("allowedSources") is None:
+        errors.add("%s: required with %s: name the crawlers' networks (allowedSources: [203.0.113.0/24]), or "
+                   "0.0.0.0/0 and ::/0 to serve anyone; name the controller's own once in probe.sources" % (
+                       item.at("allowedSources"), public))
 
 
 def _parse_networks(item: Reader, errors: Errors, key: str, default: Tuple[str, ...]) -> Tuple[str, ...]:
@@ -297,6 +321,7 @@ def _parse_probe(item: Reader, errors: Errors) -> Optional[ProbeSettings]:
         echo = errors.read(reader.string, "egressEchoUrl", pattern=_URL_HOST_RE, rule=url_rule)
     connect = _probe_connect(reader, errors, http_url)
     numbers = {key: _probe_number(reader, errors, key) for key in PROBE_NUMBERS}
+    sources = _parse_networks(reader, errors, "sources", ())
     if numbers["roundSeconds"] < numbers["timeoutSeconds"]:
         errors.add("%s: must be at least timeoutSeconds (%d), got %d: a round must have time for one check" % (
             reader.at("roundSeconds"), numbers["timeoutSeconds"], numbers["roundSeconds"]))
@@ -307,7 +332,7 @@ def _parse_probe(item: Reader, errors: Errors) -> Optional[ProbeSettings]:
                          unhealthy_after_seconds=numbers["unhealthyAfterSeconds"],
                          startup_seconds=numbers["startupSeconds"], concurrency=numbers["concurrency"],
                          round_seconds=numbers["roundSeconds"], flap_window=numbers["flapWindow"],
-                         flap_percent=numbers["flapPercent"])
+                         flap_percent=numbers["flapPercent"], sources=sources)
 
 
 def _probe_connect(reader: Reader, errors: Errors, http_url: Optional[str]) -> Optional[str]:

@@ -76,12 +76,18 @@ class Instance:
     endpoint: Optional[str] = None
     tags: Dict[str, str] = field(default_factory=dict)
     created: Optional[str] = None
+    exposure: Optional[str] = None
+    """How crawlers reach ``endpoint`` and from where, and whether a passing probe proves the path
+    a crawler outside takes (a provider that can tell says so; None: it does not)."""
 
     def to_dict(self) -> Dict[str, Any]:
-        return {
+        found = {
             "provider_id": self.provider_id, "name": self.name, "location": self.location, "state": self.state,
             "ip": self.ip, "endpoint": self.endpoint, "tags": dict(self.tags), "created": self.created,
         }
+        if self.exposure is not None:
+            found["exposure"] = self.exposure
+        return found
 
 
 def endpoint_of(host: Optional[str], port: Optional[int]) -> Optional[str]:

@@ -118,9 +118,17 @@ instance:
     endpoint:
       description:
         - "What a crawler dials, by the provider's C(exposure): C(<podIP>:<port>) (none), C(<node IP>:<port>)
-          (hostPort, hostNetwork), C(<node IP>:<node port>) (NodePort), C(<load balancer address>:<port>)
-          (LoadBalancer); null until known (the instance is C(pending) until then)."
+          (hostPort, hostNetwork), C(<node address>:<node port>) (NodePort: the node's ExternalIP where it has one,
+          else its InternalIP), C(<load balancer address>:<port>) (LoadBalancer); null until known (the instance is
+          C(pending) until then)."
       type: str
+    exposure:
+      description:
+        - "With C(exposure) NodePort or LoadBalancer: which address the endpoint is (the node's ExternalIP or
+          InternalIP, a load balancer), the sources it admits, and whether a passing probe proves the path a crawler
+          outside the cluster takes (C(outside path verified)) or not, with how to verify it."
+      type: str
+      returned: with C(exposure) NodePort or LoadBalancer
     tags:
       description: The tags from the Pod's C(crawl.example.com/tags) annotation.
       type: dict

@@ -79,6 +79,12 @@ instances:
     endpoint:
       description: What a crawler dials, by the provider's C(exposure), as M(crawl.egress_proxies.k8s_proxy) returns it.
       type: str
+    exposure:
+      description:
+        - How the endpoint is reached and whether the outside path is verified, as M(crawl.egress_proxies.k8s_proxy)
+          returns it.
+      type: str
+      returned: with C(exposure) NodePort or LoadBalancer
     tags:
       description: The tags from the Pod's C(crawl.example.com/tags) annotation.
       type: dict

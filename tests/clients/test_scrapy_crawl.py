@@ -132,7 +132,7 @@ def start_controller(kube: KubeEmulator, ns: NetworkNamespace, probe_target: Pro
     def listening() -> bool:
         assert process.poll() is None, "the controller exited; " + controller.tail()
         for line in list(controller.lines):
-            found = re.search(r"serving health, metrics and discovery on 127\.0\.0\.1:(\d+)", line)
+            found = re.search(r"serving health and discovery on 127\.0\.0\.1:(\d+)", line)
             if found:
                 controller.port = int(found.group(1))
         return controller.port != 0

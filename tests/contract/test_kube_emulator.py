@@ -1614,6 +1614,100 @@ def test_services_get_a_cluster_ip_and_node_ports_from_the_range(kube: KubeEmula
     assert [i.ip for i in read.status.load_balancer.ingress or []] == ["198.51.100.20"]
 
 
+def test_services_validate_source_ranges_and_node_port_allocation_as_validate_service_does(
+        core: client.CoreV1Api) -> None:
+    # pkg/apis/core/validation/validation.go ValidateService: loadBalancerSourceRanges and
+    # allocateLoadBalancerNodePorts only on type LoadBalancer (Forbidden), each range a CIDR
+    # (IsValidCIDR); externalTrafficPolicy only on an externally accessible Service. Not checked:
+    # the ranges' IP families (the cloud refuses those, below). Defaulting: ipFamilies [IPv4],
+    # SingleStack, allocateLoadBalancerNodePorts true; with false no nodePort is allocated.
+    def refused(body: Obj) -> str:
+        with pytest.raises(ApiException) as caught:
+            core.create_namespaced_service(NS, cast(Any, body))
+        assert caught.value.status == 422
+        return str(status_of(caught.value)["message"])
+
+    assert refused(service("np", "NodePort", loadBalancerSourceRanges=["203.0.113.0/24"])) == (
+        'Service "np" is invalid: spec.LoadBalancerSourceRanges: Forbidden: may only be used when `type` is '
+        "'LoadBalancer'")
+    assert refused(service("np", "NodePort", allocateLoadBalancerNodePorts=False)) == (
+        'Service "np" is invalid: spec.allocateLoadBalancerNodePorts: Forbidden: may only be used when `type` is '
+        "'LoadBalancer'")
+    assert refused(service("lb", "LoadBalancer", loadBalancerSourceRanges=["203.0.113.7"])) == (
+        'Service "lb" is invalid: spec.LoadBalancerSourceRanges[0]: Invalid value: "203.0.113.7": must be a valid '
+        "CIDR value, (e.g. 10.9.8.0/24 or 2001:db8::/64)")
+    assert refused(service("cip", "ClusterIP", externalTrafficPolicy="Local")) == (
+        'Service "cip" is invalid: spec.externalTrafficPolicy: Invalid value: "Local": may only be set for '
+        "externally-accessible services")
+    mixed = core.create_namespaced_service(NS, cast(Any, service(
+        "mixed", "LoadBalancer", externalTrafficPolicy="Local",
+        loadBalancerSourceRanges=["203.0.113.0/24", "fc00::/7"])))
+    assert mixed.spec is not None and mixed.spec.ports is not None
+    assert (mixed.spec.ip_families, mixed.spec.ip_family_policy) == (["IPv4"], "SingleStack")
+    assert mixed.spec.allocate_load_balancer_node_ports is True and mixed.spec.ports[0].node_port
+    no_ports = core.create_namespaced_service(NS, cast(Any, service(
+        "lb", "LoadBalancer", externalTrafficPolicy="Local", allocateLoadBalancerNodePorts=False,
+        loadBalancerSourceRanges=["203.0.113.0/24"])))
+    assert no_ports.spec is not None and no_ports.spec.ports is not None
+    assert no_ports.spec.ports[0].node_port is None and no_ports.spec.health_check_node_port
+
+
+def test_the_cloud_refuses_a_source_range_of_a_family_the_service_lacks(kube: KubeEmulator,
+                                                                         core: client.CoreV1Api) -> None:
+    # The API accepts an IPv6 range on a single-stack IPv4 Service; the cloud's service controller
+    # cannot put it in an IPv4 firewall (AWS: "error authorizing security group ingress:
+    # InvalidParameterValue: CIDR block ... is malformed", kubernetes/kubernetes#67551): the Service
+    # never gets an address, and a Warning Event says why.
+    core.create_namespaced_service(NS, cast(Any, service(
+        "mixed", "LoadBalancer", loadBalancerSourceRanges=["203.0.113.0/24", "fc00::/7"])))
+    core.create_namespaced_service(NS, cast(Any, service("v4", "LoadBalancer",
+                                                         loadBalancerSourceRanges=["203.0.113.0/24"])))
+    kube.provision_load_balancer(NS, "mixed", ip="198.51.100.20")
+    kube.provision_load_balancer(NS, "v4", ip="198.51.100.21")
+    mixed = core.read_namespaced_service("mixed", NS)
+    assert mixed.status is not None and mixed.status.load_balancer is not None
+    assert mixed.status.load_balancer.ingress is None
+    (event,) = [e for e in core.list_namespaced_event(NS).items if e.involved_object.name == "mixed"]
+    assert (event.type, event.reason) == ("Warning", "SyncLoadBalancerFailed")
+    assert "CIDR block fc00::/7 is malformed" in (event.message or "")
+    v4 = core.read_namespaced_service("v4", NS)
+    assert v4.status is not None and v4.status.load_balancer is not None
+    assert [i.ip for i in v4.status.load_balancer.ingress or []] == ["198.51.100.21"]
+
+
+def test_nodes_report_their_addresses_and_a_pods_host_ip_is_its_nodes_internal_ip(
+        kube: KubeEmulator, core: client.CoreV1Api) -> None:
+    # core/v1 NodeAddress: InternalIP, ExternalIP, Hostname in status.addresses; the kubelet
+    # reports the node's primary InternalIP as each Pod's status.hostIP.
+    kube.add_node("worker-1", "10.0.0.11", external_ip="198.51.100.11")
+    kube.add_node("worker-2", "10.0.0.12")
+    nodes = {n.metadata.name: [(a.type, a.address) for a in n.status.addresses or []]
+             for n in core.list_node().items if n.metadata and n.status}
+    assert nodes == {"worker-1": [("InternalIP", "10.0.0.11"), ("ExternalIP", "198.51.100.11"),
+                                  ("Hostname", "worker-1")],
+                     "worker-2": [("InternalIP", "10.0.0.12"), ("Hostname", "worker-2")]}
+    core.create_namespaced_pod(NS, pod("squid-1"))
+    running = kube.kubelet_run(NS, "squid-1", node="worker-1")
+    assert running["status"]["hostIP"] == "10.0.0.11"
+
+
+def test_a_quota_the_controller_has_not_counted_yet_is_403_status_unknown(kube: KubeEmulator,
+                                                                         core: client.CoreV1Api) -> None:
+    # k8s.io/apiserver resourcequota/controller.go CheckRequest: a quota whose status.hard names a
+    # resource that status.used does not (hasUsageStats false) refuses every matching create:
+    # "status unknown for quota: <name>, resources: <names>", until the quota controller syncs.
+    core.create_namespaced_resource_quota(NS, client.V1ResourceQuota(
+        metadata=client.V1ObjectMeta(name="proxies"), spec=client.V1ResourceQuotaSpec(hard={"pods": "5"})))
+    kube.quota_unsynced(NS, "proxies")
+    with pytest.raises(ApiException) as caught:
+        core.create_namespaced_pod(NS, pod("squid-1"))
+    answer = status_of(caught.value)
+    assert (caught.value.status, answer["reason"], answer["message"]) == (
+        403, "Forbidden", 'pods "squid-1" is forbidden: status unknown for quota: proxies, resources: pods')
+    kube.quota_synced(NS, "proxies")
+    core.create_namespaced_pod(NS, pod("squid-1"))
+
+
 def test_a_node_that_stops_reporting_leaves_its_pods_running_not_ready_then_terminating(
         kube: KubeEmulator, core: client.CoreV1Api) -> None:
     # pkg/controller/nodelifecycle: once the node's Ready condition is Unknown, MarkPodsNotReady

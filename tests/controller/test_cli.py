@@ -47,6 +47,12 @@ EGRESS_PROXIES = str(Path(sys.executable).parent / "egress-proxies")
     (["--interval", "nan"], "--interval: 'nan' must be at least 0.1"),
     (["--max-runners", "2.5"], "--max-runners: '2.5' is not a whole number"),
     (["--credential-grace", "-1"], "--credential-grace: '-1' must be at least 0"),
+    (["--metrics-listen", "9090"], "--metrics-listen: '9090' is not HOST:PORT"),
+    (["probe-target", "--key-file", "k", "--controller-network", "10.0.0.1/8"],
+     "--controller-network: '10.0.0.1/8' is not a network in CIDR form"),
+    (["probe-target", "--key-file", "k", "--max-per-source", "0"], "--max-per-source: '0' must be at least 1"),
+    (["probe-target", "--key-file", "k", "--connection-lifetime", "x"],
+     "--connection-lifetime: 'x' is not a number of seconds"),
 ])
 def test_bad_command_line_values_are_argparse_errors(argv: list[str], fragment: str) -> None:
     result = subprocess.run([EGRESS_PROXIES, *argv], capture_output=True, text=True, timeout=60, check=False)

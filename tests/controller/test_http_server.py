@@ -97,14 +97,14 @@ def serve() -> Iterator[ServerFactory]:
 def token_server() -> Iterator[ControllerHTTPServer]:
     """One server with the token, for the tests that only read (stopping one takes a poll interval)."""
     server = ControllerHTTPServer(SweepHealth(INTERVAL), shown(READY), DiscoveryAccess(TOKEN))
-    server.start("127.0.0.1", 0)
+    server.start("127.0.0.1", 0, metrics=("127.0.0.1", 0))
     yield server
     server.stop()
 
 
 def get(server: ControllerHTTPServer, path: str, token: str | None = None,
-        authorization: str | None = None) -> tuple[int, Message, str]:
-    request = urllib.request.Request(f"http://127.0.0.1:{server.port}{path}")
+        authorization: str | None = None, port: int | None = None) -> tuple[int, Message, str]:
+    request = urllib.request.Request(f"http://127.0.0.1:{port or server.port}{path}")
     if token is not None:
         request.add_header("Authorization", f"Bearer {token}")
     if authorization is not None:
@@ -219,14 +219,39 @@ def test_windows_scale_with_the_interval() -> None:
 # -- metrics ---------------------------------------------------------------------------------------
 
 
-def test_metrics_are_served_unauthenticated(token_server: ControllerHTTPServer) -> None:
+def test_metrics_are_served_unauthenticated_on_their_own_listener(token_server: ControllerHTTPServer) -> None:
     metrics.SWEEPS.labels(result="ok").inc()
-    code, headers, body = get(token_server, "/metrics")
+    code, headers, body = get(token_server, "/metrics", port=token_server.metrics_port)
     assert code == 200
     assert headers["Content-Type"].startswith("text/plain; version=")
     assert "egress_proxies_sweep_duration_seconds_bucket" in body
     assert 'egress_proxies_sweeps_total{result="ok"}' in body
     assert "# TYPE egress_proxies_runner_calls_total counter" in body
+    # Nothing else there: no discovery, no health, no POST.
+    for path in ("/v1/proxies", "/healthz", "/"):
+        assert get(token_server, path, token=TOKEN, port=token_server.metrics_port)[0] == 404
+
+
+def test_the_discovery_port_has_no_metrics(token_server: ControllerHTTPServer) -> None:
+    """Issue 38 row 7: pool names and sizes per namespace are not for whoever reaches discovery."""
+    metrics.POOL_DESIRED.labels(namespace="team-b", pool="secret-eu-pool").set(40)
+    assert "secret-eu-pool" in get(token_server, "/metrics", port=token_server.metrics_port)[2]
+    for token in (None, "wrong", TOKEN):
+        code, _, body = get(token_server, "/metrics", token=token)
+        assert (code, body) == (404, "not found\n")
+
+
+def test_a_metrics_port_already_taken_fails_the_start_and_frees_the_discovery_port() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        server = ControllerHTTPServer(SweepHealth(INTERVAL), shown(READY), DiscoveryAccess(TOKEN))
+        with pytest.raises(OSError, match="in use"):
+            server.start("127.0.0.1", 0, metrics=("127.0.0.1", taken.getsockname()[1]))
+    server.start("127.0.0.1", 0)  # nothing was left bound or started
+    try:
+        with pytest.raises(RuntimeError, match="no metrics listener"):
+            _ = server.metrics_port
+    finally:
+        server.stop()
 
 
 def test_unknown_paths_are_404(token_server: ControllerHTTPServer) -> None:
@@ -297,9 +322,8 @@ def test_discovery_is_disabled_without_a_configured_token(serve: ServerFactory, 
         code, _, body = get(server, "/v1/proxies", authorization=authorization)
         assert code == 503
         assert body == "discovery endpoint disabled: set DISCOVERY_TOKEN to enable it\n"
-    # Health and metrics do not depend on the token.
+    # Health does not depend on the token.
     assert get(server, "/healthz")[0] == 200
-    assert get(server, "/metrics")[0] == 200
 
 
 def test_token_from_env_strips_the_newline_of_an_echoed_secret() -> None:

@@ -180,7 +180,8 @@ def test_a_load_balancer_exposed_pod_hands_out_the_load_balancers_address(tmp_pa
     """Crawlers outside the cluster cannot reach a Pod IP: with exposure LoadBalancer each Pod gets
     a Service, and the instance's endpoint is the load balancer's address once the cloud gave one
     (pending until then); its ip stays the Pod's own. Deleting removes both."""
-    config = write_kubernetes_config(tmp_path / "providers.yaml", kubeconfig, exposure="LoadBalancer")
+    config = write_kubernetes_config(tmp_path / "providers.yaml", kubeconfig, exposure="LoadBalancer",
+                                     allowed_sources=["198.51.100.0/24"])
     created = proxy(config, name=NAME, tags=TAGS, access={"open": True, "allowed_sources": ["198.51.100.0/24"]})
     assert created.status == "successful", created.result
     service = kube.get_object("services", NAMESPACE, NAME)

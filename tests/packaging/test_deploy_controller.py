@@ -89,7 +89,7 @@ class Deploy:
     kube: KubeEmulator
     files: Path
 
-    def __call__(self, *, wait: bool = True, **extra: str) -> Run:
+    def __call__(self, *, wait: bool = True, **extra: str | bool) -> Run:
         """Run it in ``files``, so relative paths in ``extra`` are relative to the user's directory."""
         variables = {
             "egress_proxies_kubeconfig": str(write_kubeconfig(self.files / "kubeconfig", self.kube.url)),
@@ -220,7 +220,7 @@ def test_deploys_everything_then_a_second_run_changes_nothing(deploy: Deploy, ku
     assert first.changed > 0
     assert rollouts.generations == [1]  # the playbook waited for this rollout
 
-    for name in ("crd.yaml", "namespace.yaml", "service.yaml"):
+    for name in ("crd.yaml", "namespace.yaml", "service.yaml", "service-metrics.yaml"):
         expected = manifest(name)
         resource = {"CustomResourceDefinition": "customresourcedefinitions.apiextensions.k8s.io",
                     "Namespace": "namespaces", "Service": "services"}[expected["kind"]]
@@ -259,6 +259,62 @@ def test_deploys_everything_then_a_second_run_changes_nothing(deploy: Deploy, ku
 
     for secret in (PRIVATE_KEY.splitlines()[1], TOKEN, base64.b64encode(TOKEN.encode()).decode()):
         assert secret not in first.output + second.output
+
+
+def operator_crd(plural: str, kind: str) -> Obj:
+    """What the Prometheus Operator installs for ``kind`` (its schema left open: only the kind matters here)."""
+    return {"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+            "metadata": {"name": f"{plural}.monitoring.coreos.com"},
+            "spec": {"group": "monitoring.coreos.com", "scope": "Namespaced",
+                     "names": {"plural": plural, "singular": kind.lower(), "kind": kind, "listKind": f"{kind}List"},
+                     "versions": [{"name": "v1", "served": True, "storage": True, "schema": {"openAPIV3Schema": {
+                         "type": "object", "x-kubernetes-preserve-unknown-fields": True}}}]}}
+
+
+def test_monitoring_is_installed_on_request_with_the_metrics_listener_and_runbook_links(
+        deploy: Deploy, kube: KubeEmulator) -> None:
+    """Issue 40 row 11 (the playbook never installed monitoring) and issue 38 row 7 (metrics on a
+    listener of their own, its address a variable): the ServiceMonitor scrapes the metrics Service,
+    every alert links its runbook section under the base given, the dashboard is a labelled ConfigMap."""
+    refused = deploy(wait=False, egress_proxies_monitoring=True)  # no Prometheus Operator yet
+    assert refused.returncode != 0
+    assert "servicemonitors.monitoring.coreos.com and prometheusrules.monitoring.coreos.com" in refused.output
+    for plural, kind in (("servicemonitors", "ServiceMonitor"), ("prometheusrules", "PrometheusRule")):
+        kube.install_crd(operator_crd(plural, kind))
+
+    run = deploy(wait=False, egress_proxies_monitoring=True, egress_proxies_metrics_listen="0.0.0.0:9464",
+                 egress_proxies_runbook_base_url="https://git.example/ops/egress-proxies/-/blob/main/")
+    assert run.returncode == 0, run.output
+
+    deployment = kube.get_object("deployments.apps", NAMESPACE, DEPLOYMENT)
+    assert deployment is not None
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    at = container["command"].index("--metrics-listen")
+    assert container["command"][at + 1] == "0.0.0.0:9464"
+    assert {"name": "metrics", "containerPort": 9464, "protocol": "TCP"} in container["ports"]
+    service = kube.get_object("services", NAMESPACE, "egress-proxies-metrics")
+    assert service is not None and service["spec"]["ports"][0]["targetPort"] == "metrics"
+    monitor = kube.get_object("servicemonitors.monitoring.coreos.com", NAMESPACE, "egress-proxies")
+    assert monitor is not None and monitor["spec"]["endpoints"][0]["port"] == "metrics"
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    rule = kube.get_object("prometheusrules.monitoring.coreos.com", NAMESPACE, "egress-proxies")
+    assert rule is not None
+    links = {r["alert"]: r["annotations"]["runbook_url"] for g in rule["spec"]["groups"] for r in g["rules"]}
+    assert links["EgressProxiesPoolBelowDesired"] == (
+        "https://git.example/ops/egress-proxies/-/blob/main/docs/operations.md#egressproxiespoolbelowdesired")
+    assert all(link.startswith("https://git.example/ops/egress-proxies/-/blob/main/docs/operations.md#")
+               for link in links.values()), links
+    dashboard = kube.get_object("configmaps", NAMESPACE, "egress-proxies-dashboard")
+    assert dashboard is not None and dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    shipped = (MANIFESTS / "monitoring" / "grafana-dashboard.json").read_text()
+    assert dashboard["data"]["grafana-dashboard.json"] == shipped
+
+    again = deploy(wait=False, egress_proxies_monitoring=True, egress_proxies_metrics_listen="0.0.0.0:9464",
+                   egress_proxies_runbook_base_url="https://git.example/ops/egress-proxies/-/blob/main/")
+    assert again.returncode == 0 and again.changed == 0, again.output
+
+    bad = deploy(wait=False, egress_proxies_metrics_listen="9464")
+    assert bad.returncode != 0 and "egress_proxies_metrics_listen must be HOST:PORT" in bad.output
 
 
 def test_the_pod_roles_follow_the_kubernetes_providers_of_this_cluster(deploy: Deploy, kube: KubeEmulator) -> None:

@@ -64,6 +64,9 @@ class Instance:
     instance's own address, which it need not be (a Pod behind a NodePort or a load balancer)."""
     tags: Mapping[str, str] = field(default_factory=dict)
     created: str | None = None
+    exposure: str | None = None
+    """How crawlers reach ``endpoint`` and whether a passing probe proves the path a crawler outside
+    takes, where the provider can tell (docs/contract.md, ``status.exposure``)."""
 
     @classmethod
     def from_result(cls, data: Mapping[str, Any]) -> Instance:
@@ -73,7 +76,8 @@ class Instance:
                    ip=str(data["ip"]) if data.get("ip") else None,
                    tags={str(k): str(v) for k, v in tags.items()} if isinstance(tags, Mapping) else {},
                    created=str(data["created"]) if data.get("created") else None,
-                   endpoint=str(data["endpoint"]) if data.get("endpoint") else None)
+                   endpoint=str(data["endpoint"]) if data.get("endpoint") else None,
+                   exposure=str(data["exposure"]) if data.get("exposure") else None)
 
     @property
     def running(self) -> bool:

@@ -14,7 +14,7 @@ with an invented address) never passes:
    instance at this address (an address found by ARP that belongs to another guest) is a 407,
    not "serving". ``Cache-Control: no-cache`` keeps a caching proxy out of the way.
 2. **Egress echo** (full probes, when ``egress_echo_url`` is set) -- ``GET <echo>?<nonce>``,
-   whose JSON body is ``{"ip": <the caller's address>, "proof": proof(key, nonce, ip)}``: the
+   whose JSON body is ``{"ip": <the caller's address>, "proof": echo_proof(key, nonce, ip)}``: the
    proxy's egress address (``ProbeOutcome.egress_ip``), which may differ from the address we
    connect to (NAT, ``tcp_outgoing_address``), and cannot be invented.
 3. **CONNECT check** (when ``connect`` is set) -- ``CONNECT host:port`` through the proxy,
@@ -74,7 +74,7 @@ from urllib.parse import urlsplit
 
 from egress_proxies.http1 import MAX_HEAD_BYTES, MalformedHead, ResponseHead, parse_response, read_head
 from egress_proxies.resources import times
-from egress_proxies.serving.proof import PROOF_HEADER, new_nonce, proves, with_nonce
+from egress_proxies.serving.proof import PROOF_HEADER, new_nonce, proves_answer, proves_echo, with_nonce
 from egress_proxies.serving.received import ReceivedBytes
 
 log = logging.getLogger(__name__)
@@ -672,7 +672,7 @@ def _failed(reason: ProbeReason, message: str, probed_at: datetime, latency: flo
 
 def _expect_proof(destination: ProbeDestination, nonce: str, response: _Response, reason: ProbeReason,
                   through: str) -> None:
-    if not proves(destination.proof_key, nonce, response.headers.get(PROOF_HEADER.lower())):
+    if not proves_answer(destination.proof_key, nonce, response.headers.get(PROOF_HEADER.lower())):
         raise _CheckFailed(reason, f"{reason}: {through}: the answer carries no valid proof of the probe's nonce, "
                                    "so it did not come from the probe target")
 
@@ -818,7 +818,7 @@ def _echoed_address(destination: ProbeDestination, nonce: str, body: bytes, thro
         raise _CheckFailed(ProbeReason.EGRESS_ECHO_FAILED, f"EgressEchoFailed: {through}: the body is not the probe "
                                                            "target's echo (a JSON object with ip and proof)") from None
     # The proof covers the address as the target wrote it; reported in its canonical form.
-    if not isinstance(answer, str) or not proves(destination.proof_key, nonce, answer, echoed):
+    if not isinstance(answer, str) or not proves_echo(destination.proof_key, nonce, echoed, answer):
         raise _CheckFailed(ProbeReason.EGRESS_ECHO_FAILED, f"EgressEchoFailed: {through}: the echoed address carries "
                                                            "no valid proof, so it did not come from the probe target")
     return address

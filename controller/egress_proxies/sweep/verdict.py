@@ -20,7 +20,7 @@ from egress_proxies.resources.proxy import PHASE_PROVISIONING, PHASE_QUARANTINED
 from egress_proxies.serving.probe import ProbeOutcome
 
 # Status fields that describe one instance, dropped when another takes its place.
-INSTANCE_FIELDS = ("ip", "endpoint", "egressIP", "probe", "credentialGeneration")
+INSTANCE_FIELDS = ("ip", "endpoint", "egressIP", "probe", "credentialGeneration", "exposure")
 # The Serving reasons of an instance that is not there to serve at all (lost, not "slow").
 LOST_REASONS = (reasons.INSTANCE_STOPPED, reasons.INSTANCE_ERROR)
 
@@ -112,7 +112,7 @@ def _judge(status: Mapping[str, Any], seen: Observation, now: str) -> Verdict:
         not_yet = ("Unknown", reasons.AWAITING_PROBE, "not running yet")
         return Verdict(PHASE_PROVISIONING, waiting, {SERVING: not_yet, PROVIDER_LISTED: None}, fields, new_instance)
     endpoint = str(instance.endpoint)  # running: the provider reported it
-    fields.update(ip=instance.ip, endpoint=endpoint)
+    fields.update(ip=instance.ip, endpoint=endpoint, exposure=instance.exposure)
     if seen.credential_generation is not None:
         fields["credentialGeneration"] = seen.credential_generation
     phase, ready, serving, private = _serving(status, seen, where, endpoint, fields, now)
@@ -166,6 +166,8 @@ def _serving(status: Mapping[str, Any], seen: Observation, where: str, endpoint:
         latency = outcome.latency_seconds or 0.0
         message = (f"{where} at {endpoint} serves: requests through it reached the probe target "
                    f"({latency * 1000:.0f} ms)")
+        if instance.exposure:  # whether that proves the path a crawler outside takes (the provider says)
+            message += f"; reached as {instance.exposure}"
         fields["egressIP"] = outcome.egress_ip
         fields["probe"] = {"latencySeconds": round(latency, 4), "lastProbeTime": probed_at,
                            "servedProviderID": instance.provider_id}

@@ -71,16 +71,22 @@ LIST_PAGE_SIZE = 500
 # two pages, this many times at most; then the listing fails transient.
 LIST_ATTEMPTS = 3
 IN_CLUSTER_ENV = "KUBERNETES_SERVICE_HOST"
+# Said with every Node call, so a 403 names its fix.
+NODES_GRANT = (" (the provider reads the nodes' addresses: its service account needs get and list on nodes, as "
+               "the ClusterRole egress-proxies-controller of controller/manifests/rbac.yaml grants)")
 
 # Answers that retrying cannot change: the request itself (400, 405, 413, 415, 422) or our
 # credentials and RBAC (401, 403, which also covers an admission webhook or a Pod Security
 # level refusing the Pod).
 PERMANENT_STATUSES = frozenset((400, 401, 403, 405, 413, 415, 422))
-# The one 403 that heals by itself: a namespace's ResourceQuota is full ("exceeded quota: <name>,
-# requested: ..., used: ..., limited: ...", k8s.io/apiserver pkg/admission/plugin/resourcequota/
-# controller.go); it frees when Pods go. ("failed quota: <name>: must specify ..." is a Pod the
+# The two 403s that heal by themselves (k8s.io/apiserver pkg/admission/plugin/resourcequota/
+# controller.go, CheckRequest): a namespace's ResourceQuota is full ("exceeded quota: <name>,
+# requested: ..., used: ..., limited: ..."), which frees when Pods go; and a quota the quota
+# controller has not counted yet ("status unknown for quota: <name>, resources: ...", a new or
+# changed quota, until its next sync). ("failed quota: <name>: must specify ..." is a Pod the
 # quota can never admit: permanent.)
 EXCEEDED_QUOTA_RE = re.compile(r"exceeded quota: ([^,]+),")
+UNKNOWN_QUOTA_RE = re.compile(r"status unknown for quota: ([^,]+)")
 
 
 class AlreadyExists(Transient):
@@ -115,11 +121,26 @@ def _status_reason(error: Any) -> str:
     return str(status.get("reason") or "") if isinstance(status, dict) else ""
 
 
+def _quota_refusal(message: str) -> Optional[str]:
+    """The message of a ResourceQuota refusal that heals by itself, with what heals it; None for
+    any other 403."""
+    full = EXCEEDED_QUOTA_RE.search(message)
+    if full is not None:
+        return "%s (the namespace's ResourceQuota %s is used up; it frees as Pods go, or raise its limit)" % (
+            message, full.group(1))
+    unknown = UNKNOWN_QUOTA_RE.search(message)
+    if unknown is not None:
+        return ("%s (the quota controller has not counted the namespace's ResourceQuota %s yet, as after it was "
+                "created or changed; it does within its sync period; will retry)" % (message, unknown.group(1)))
+    return None
+
+
 def classify(error: BaseException, context: str) -> ProxyError:
     """Map anything the client raised to our classes; whatever is not recognised is transient.
 
     404 -> NotFound (a pod, or its whole namespace, is gone); 409 AlreadyExists ->
-    AlreadyExists (create decides); 410 -> Expired (a list starts again); PERMANENT_STATUSES ->
+    AlreadyExists (create decides); 410 -> Expired (a list starts again); a 403 from a
+    ResourceQuota that is full or not counted yet -> Transient; PERMANENT_STATUSES ->
     Permanent; every other status (5xx, 429, 409 Conflict) -> Transient. Connection errors and
     timeouts are transient; a TLS certificate the kubeconfig's CA does not accept is permanent.
     """
@@ -132,10 +153,10 @@ def classify(error: BaseException, context: str) -> ProxyError:
             return NotFound(message)
         if code == 409 and _status_reason(error) == "AlreadyExists":
             return AlreadyExists(message)
-        quota = EXCEEDED_QUOTA_RE.search(message) if code == 403 else None
-        if quota is not None:
-            return Transient("%s (the namespace's ResourceQuota %s is used up; it frees as Pods go, or raise its "
-                             "limit)" % (message, quota.group(1)))
+        if code == 403:
+            quota = _quota_refusal(message)
+            if quota is not None:
+                return Transient(quota)
         if code == 410:
             return Expired(message)
         if code in PERMANENT_STATUSES:
@@ -229,6 +250,16 @@ class KubeClient:
         """Every Pod the selector selects (``_list``)."""
         return self._list("listing pods in namespace %s" % namespace, self.core.list_namespaced_pod, namespace,
                           label_selector)
+
+    # -- Nodes (cluster-scoped: their addresses) ---------------------------------------------------
+
+    def read_node(self, name: str) -> Dict[str, Any]:
+        return self._call("reading node %s%s" % (name, NODES_GRANT), self.core.read_node, name)
+
+    def list_nodes(self) -> List[Dict[str, Any]]:
+        """Every Node of the cluster (``_list``)."""
+        return self._list("listing nodes" + NODES_GRANT, lambda _namespace, **kwargs: self.core.list_node(**kwargs),
+                          "", "")
 
     def _list(self, context: str, method: Any, namespace: str, label_selector: str) -> List[Dict[str, Any]]:
         """Every object ``method`` lists, LIST_PAGE_SIZE per request (``limit`` and ``continue``).

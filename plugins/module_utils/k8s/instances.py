@@ -24,7 +24,8 @@ is gone already).
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple
+import dataclasses
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.errors import (
     NotFound,
@@ -46,6 +47,7 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.k8s.pods impo
     is_managed,
     is_ours,
     label_selector,
+    node_addresses,
     pod_instance,
     pod_tags,
 )
@@ -78,11 +80,23 @@ def check_request(settings: KubernetesSettings, request: InstanceRequest) -> str
     return namespace
 
 
+def with_probe_sources(request: InstanceRequest, probe_sources: Sequence[str]) -> InstanceRequest:
+    """``request`` whose access also admits the controller's probe sources (``probe.sources``),
+    beside the crawlers': in squid's allowlist and a load balancer's source ranges alike, so the
+    controller's own probe is never refused on the way a crawler takes."""
+    access = request.access
+    if access is None or not probe_sources:
+        return request
+    sources = tuple(dict.fromkeys((*access.allowed_sources, *probe_sources)))
+    return dataclasses.replace(request, access=dataclasses.replace(access, allowed_sources=sources))
+
+
 class K8sProvider:
-    def __init__(self, settings: KubernetesSettings, client: KubeClient) -> None:
+    def __init__(self, settings: KubernetesSettings, client: KubeClient, probe_sources: Sequence[str] = ()) -> None:
         self.settings = settings
         self.client = client
         self.exposed = settings.exposure in SERVICE_EXPOSURES
+        self.probe_sources = tuple(probe_sources)
 
     def close(self) -> None:
         self.client.close()
@@ -91,7 +105,9 @@ class K8sProvider:
 
     def create(self, request: InstanceRequest, check_mode: bool) -> Tuple[bool, Instance]:
         namespace = check_request(self.settings, request)
-        pod = build_pod(self.settings, request, namespace)  # validates the tags before any call
+        request = with_probe_sources(request, self.probe_sources)
+        build_pod(self.settings, request, namespace)  # validates the request before any call
+        pod = build_pod(self.settings, request, namespace, self._all_node_addresses(request))
         if check_mode:
             existing = self._existing(namespace, request)
             if existing is not None:
@@ -99,7 +115,8 @@ class K8sProvider:
             return True, Instance(provider_id=format_provider_id("k8s", namespace, request.name), name=request.name,
                                   location=namespace, state="pending", tags=dict(request.tags))
         changed, created = self._create_pod(namespace, request, pod)
-        return changed, pod_instance(created, self.settings.exposure, self._ensure_service(request, created))
+        return changed, pod_instance(created, self.settings.exposure, self._ensure_service(request, created),
+                                     self._node_of(created))
 
     def _create_pod(self, namespace: str, request: InstanceRequest, pod: Dict[str, Any]) -> Tuple[bool, Dict[str, Any]]:
         """(changed, the Pod): created now, or ours already (see the module docstring)."""
@@ -122,6 +139,14 @@ class K8sProvider:
                 raise Transient("pod %s/%s is still terminating from an earlier delete; will retry once it is "
                                 "gone" % (namespace, request.name)) from None
             return False, existing
+
+    def _all_node_addresses(self, request: InstanceRequest) -> List[str]:
+        """Every address of every node, which the Pod's squid refuses (``build_pod``); none
+        without an access policy (the default squid.conf has no refusal list)."""
+        if request.access is None:
+            return []
+        return sorted({address for node in self.client.list_nodes() for address in node_addresses(node)},
+                      key=lambda address: (":" in address, address))
 
     def _ensure_service(self, request: InstanceRequest, pod: Dict[str, Any]) -> Optional[Dict[str, Any]]:
         """The Pod's Service (made now, or found ours); None without a Service exposure."""
@@ -147,7 +172,18 @@ class K8sProvider:
     def _instance(self, pod: Dict[str, Any]) -> Instance:
         meta = pod.get("metadata") or {}
         service = self._service(meta.get("namespace", ""), meta.get("name", "")) if self.exposed else None
-        return pod_instance(pod, self.settings.exposure, service)
+        return pod_instance(pod, self.settings.exposure, service, self._node_of(pod))
+
+    def _node_of(self, pod: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+        """The Node a NodePort Pod runs on (its ExternalIP is the endpoint's address); None for
+        other exposures, an unscheduled Pod, or a Node that is gone."""
+        node = (pod.get("spec") or {}).get("nodeName")
+        if self.settings.exposure != "NodePort" or not node:
+            return None
+        try:
+            return self.client.read_node(node)
+        except NotFound:
+            return None
 
     def _existing(self, namespace: str, request: InstanceRequest) -> Optional[Dict[str, Any]]:
         """The Pod of that name if it is ours, None if there is none; someone else's is Permanent."""
@@ -224,6 +260,8 @@ class K8sProvider:
         decides. A namespace that fails is recorded, not fatal to the others.
         """
         selector = label_selector(tags)
+        nodes = {(node.get("metadata") or {}).get("name"): node for node in self.client.list_nodes()} \
+            if self.settings.exposure == "NodePort" else {}
 
         def list_namespace(namespace: str) -> List[Instance]:
             try:
@@ -232,7 +270,8 @@ class K8sProvider:
             except NotFound:
                 return []  # no such namespace (the real server lists one as empty): no Pods there
             by_name = {(service.get("metadata") or {}).get("name"): service for service in services}
-            return [pod_instance(pod, self.settings.exposure, by_name.get(pod["metadata"].get("name")))
+            return [pod_instance(pod, self.settings.exposure, by_name.get(pod["metadata"].get("name")),
+                                 nodes.get((pod.get("spec") or {}).get("nodeName")))
                     for pod in pods if is_managed(pod) and matches_tags(pod_tags(pod), tags)]
 
         instances, failed = list_locations(self.settings.locations, str, list_namespace)

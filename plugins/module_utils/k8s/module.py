@@ -18,7 +18,8 @@ LIBRARIES: List[Tuple[str, bool]] = [("kubernetes", HAS_KUBERNETES), ("PyYAML", 
 
 def k8s_provider(module: ProxyModule) -> K8sProvider:
     """The configured Kubernetes provider, connected; a wrong or missing provider is Permanent."""
-    settings = module.provider().kubernetes
+    provider = module.provider()
+    settings = provider.kubernetes
     if settings is None:  # provider() checked the type, so this is a bug
         raise Permanent("provider: %r has no kubernetes section" % module.params["provider"])
-    return K8sProvider(settings, KubeClient(settings))
+    return K8sProvider(settings, KubeClient(settings), provider.probe.sources)

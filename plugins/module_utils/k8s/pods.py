@@ -35,10 +35,12 @@ Anatomy (docs/kubernetes-provider.md has the why):
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import re
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
+from ansible_collections.crawl.egress_proxies.plugins.module_utils import squid_networks as nets
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.config import DEFAULT_ALLOWED_SOURCES
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.errors import Permanent
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.instance import (
@@ -93,6 +95,7 @@ OWN_ADDRESS_ENV = (("POD_IPS", "status.podIPs"), ("NODE_IP", "status.hostIP"))
 # squid's auth helper runs as squid's unprivileged user, and projected files are root's.
 PASSWD_MODE = 0o444
 HOSTNAME_TOPOLOGY_KEY = "kubernetes.io/hostname"
+_FAMILY_VERSIONS = {"IPv4": 4, "IPv6": 6}
 # squid's own shutdown_lifetime in the default config is 3 s; this leaves it room.
 TERMINATION_GRACE_SECONDS = 10
 # The Pod passes the "restricted" Pod Security Standard (k8s.io/pod-security-admission, policy/
@@ -177,14 +180,16 @@ def label_selector(tags: Mapping[str, str]) -> str:
     return ",".join("%s=%s" % (key, value) for key, value in sorted(wanted.items()))
 
 
-def squid_conf(settings: KubernetesSettings, port: int, access: Optional[Access] = None) -> str:
+def squid_conf(settings: KubernetesSettings, port: int, access: Optional[Access] = None,
+               node_addresses: Sequence[str] = ()) -> str:
     """The squid.conf of one Pod: ``http_port`` from the request, then the configured text, with
     the operator's policy around it when ``access`` is given.
 
     The policy's rules come first and end in ``http_access deny all``, so the configured text's
     own ``http_access`` lines are never reached; its settings come last (its other directives
     still apply). A squidConfig with ``http_access allow all`` is refused outright, so the
-    config never reads as an open proxy.
+    config never reads as an open proxy. ``node_addresses`` (every address of every node, see
+    :func:`build_pod`) are refused as the addresses of the machine the Pod runs on.
     """
     body = settings.squid_config if settings.squid_config is not None else DEFAULT_SQUID_CONFIG
     if not body.endswith("\n"):
@@ -192,11 +197,17 @@ def squid_conf(settings: KubernetesSettings, port: int, access: Optional[Access]
     if access is None:
         return "http_port %d\n%s" % (port, body)
     refuse_open_user_config(settings.squid_config, "squidConfig (the Kubernetes provider's config)")
-    return "http_port %d\n%s" % (port, render_policy(access, POD_PATHS).around(body))
+    return "http_port %d\n%s" % (port, render_policy(access, POD_PATHS, node_addresses).around(body))
 
 
-def build_pod(settings: KubernetesSettings, request: InstanceRequest, namespace: str) -> Dict[str, Any]:
-    """The Pod manifest for ``request`` in ``namespace`` (a plain dict, as the API takes it)."""
+def build_pod(settings: KubernetesSettings, request: InstanceRequest, namespace: str,
+              node_addresses: Sequence[str] = ()) -> Dict[str, Any]:
+    """The Pod manifest for ``request`` in ``namespace`` (a plain dict, as the API takes it).
+
+    ``node_addresses``: the addresses of every node of the cluster (``status.addresses``, the
+    provider lists them). The squid.conf is written before the scheduler picks the Pod's node,
+    so every node's addresses are refused: a safe superset of its own node's (an ExternalIP
+    included, which the downward API cannot give the container)."""
     if request.port < UNPRIVILEGED_PORT_START:
         raise Permanent("port: %d is below %d: squid runs as an unprivileged user (the Pod passes the restricted Pod "
                         "Security Standard) and cannot listen there; use a port of %d or more" % (
@@ -216,7 +227,7 @@ def build_pod(settings: KubernetesSettings, request: InstanceRequest, namespace:
     }
     annotations = {
         TAGS_ANNOTATION: json.dumps(request.tags, sort_keys=True, separators=(",", ":")),
-        SQUID_CONF_ANNOTATION: squid_conf(settings, request.port, request.access),
+        SQUID_CONF_ANNOTATION: squid_conf(settings, request.port, request.access, node_addresses),
     }
     if request.access is not None:
         _with_policy(request.access, container, spec, annotations)
@@ -287,7 +298,8 @@ def build_service(settings: KubernetesSettings, request: InstanceRequest, pod: M
     an ownerReference to the Pod lets a real cluster's garbage collector remove it with the Pod
     too. ``externalTrafficPolicy: Local`` keeps the client's address (squid's source allowlist
     sees the crawler, not a node that forwarded it) and sends traffic only to the Pod's node; a
-    LoadBalancer also gets the allowed sources as ``loadBalancerSourceRanges``.
+    LoadBalancer also gets the allowed sources of its IP families as ``loadBalancerSourceRanges``
+    (:func:`source_ranges`) and no node ports (``allocateLoadBalancerNodePorts: false``).
     """
     meta = pod["metadata"]
     spec: Dict[str, Any] = {
@@ -295,14 +307,35 @@ def build_service(settings: KubernetesSettings, request: InstanceRequest, pod: M
         "selector": {MANAGED_BY_LABEL: MANAGED_BY_VALUE, INSTANCE_LABEL: meta["name"]},
         "ports": [{"name": PORT_NAME, "port": request.port, "targetPort": PORT_NAME, "protocol": "TCP"}],
         "externalTrafficPolicy": "Local",
+        "ipFamilyPolicy": "RequireDualStack" if len(settings.ip_families) > 1 else "SingleStack",
+        "ipFamilies": list(settings.ip_families),
     }
-    if settings.exposure == "LoadBalancer" and request.access is not None and request.access.allowed_sources:
-        spec["loadBalancerSourceRanges"] = list(request.access.allowed_sources)
+    if settings.exposure == "LoadBalancer":
+        # No node ports: nodeIP:nodePort would reach the Pod past loadBalancerSourceRanges, which
+        # only the load balancer's address honours (issue 38 row 9).
+        spec["allocateLoadBalancerNodePorts"] = False
+        if request.access is not None and request.access.allowed_sources:
+            spec["loadBalancerSourceRanges"] = source_ranges(request.access.allowed_sources, settings.ip_families)
     return {"apiVersion": "v1", "kind": "Service", "metadata": {
         "name": meta["name"], "namespace": meta["namespace"], "labels": dict(meta["labels"]),
         "annotations": {TAGS_ANNOTATION: meta["annotations"][TAGS_ANNOTATION]},
         "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": meta["name"], "uid": meta.get("uid", "")}]},
         "spec": spec}
+
+
+def source_ranges(sources: Sequence[str], families: Sequence[str]) -> List[str]:
+    """The allowed sources a load balancer of ``families`` can hold: a range of another family
+    makes the cloud's firewall refuse the whole list (the Service then never gets an address), and
+    could never reach that load balancer anyway. None left would be an empty list, which a cloud
+    reads as "everyone": Permanent, naming the fields."""
+    versions = {_FAMILY_VERSIONS[family] for family in families}
+    kept = [source for source in sources if ipaddress.ip_network(source, strict=False).version in versions]
+    if not kept:
+        named = (", ".join(sources), " or ".join(families), "/".join(families))
+        raise Permanent("access.allowed_sources: none of %s is %s, the IP families of the Proxy's Service "
+                        "(kubernetes.ipFamilies); name the crawlers' %s networks in allowedSources, or set "
+                        "ipFamilies to the family they use" % named)
+    return kept
 
 
 # -- reading a Pod back ----------------------------------------------------------------------
@@ -385,11 +418,35 @@ def pod_ip(pod: Mapping[str, Any]) -> Optional[str]:
     return status.get("podIP") or None
 
 
-def pod_endpoint(pod: Mapping[str, Any], exposure: str, service: Optional[Mapping[str, Any]]) -> Optional[str]:
+def node_addresses(node: Optional[Mapping[str, Any]], kind: Optional[str] = None) -> List[str]:
+    """The IP addresses a Node reports in ``status.addresses`` (of one ``kind``: InternalIP,
+    ExternalIP), in its order; Hostname and DNS entries are names, not addresses, and left out."""
+    found = []
+    for entry in ((node or {}).get("status") or {}).get("addresses") or []:
+        if kind is not None and entry.get("type") != kind:
+            continue
+        try:
+            found.append(str(ipaddress.ip_address(str(entry.get("address")))))
+        except ValueError:
+            continue
+    return found
+
+
+def node_port_address(pod: Mapping[str, Any], node: Optional[Mapping[str, Any]]) -> Optional[str]:
+    """Where crawlers reach a NodePort on the Pod's node: its first ExternalIP when it has one
+    (crawlers outside the cluster route there), else the Pod's ``hostIP`` (the node's
+    InternalIP, as the kubelet reports it)."""
+    external = node_addresses(node, "ExternalIP")
+    return external[0] if external else (pod.get("status") or {}).get("hostIP") or None
+
+
+def pod_endpoint(pod: Mapping[str, Any], exposure: str, service: Optional[Mapping[str, Any]],
+                 node: Optional[Mapping[str, Any]] = None) -> Optional[str]:
     """What a crawler dials: the Pod IP and its port (``none``), its node's address and the port
-    (``hostPort``, ``hostNetwork``), its node's address and the Service's node port
-    (``NodePort``: externalTrafficPolicy Local serves it on the Pod's node only), or the load
-    balancer's address and the Service's port (``LoadBalancer``); None until known."""
+    (``hostPort``, ``hostNetwork``), its node's address (:func:`node_port_address`) and the
+    Service's node port (``NodePort``: externalTrafficPolicy Local serves it on the Pod's node
+    only), or the load balancer's address and the Service's port (``LoadBalancer``); None until
+    known."""
     status = pod.get("status") or {}
     containers = (pod.get("spec") or {}).get("containers") or [{}]
     port = ((containers[0].get("ports") or [{}])[0]).get("containerPort")
@@ -401,21 +458,65 @@ def pod_endpoint(pod: Mapping[str, Any], exposure: str, service: Optional[Mappin
         return None
     service_port = ((service.get("spec") or {}).get("ports") or [{}])[0]
     if exposure == "NodePort":
-        return endpoint_of(status.get("hostIP"), service_port.get("nodePort"))
+        return endpoint_of(node_port_address(pod, node), service_port.get("nodePort"))
     ingress = (((service.get("status") or {}).get("loadBalancer") or {}).get("ingress") or [{}])[0]
     return endpoint_of(ingress.get("ip") or ingress.get("hostname"), service_port.get("port"))
 
 
+# How to verify the outside path, named in every exposure note that cannot say it was.
+VERIFY_HINT = ("to verify it, probe from outside the cluster and admit only that address (probe.sources; "
+               "docs/kubernetes-provider.md, \"Verifying the outside path\")")
+
+
+def exposure_note(pod: Mapping[str, Any], exposure: str, service: Optional[Mapping[str, Any]],
+                  node: Optional[Mapping[str, Any]]) -> Optional[str]:
+    """What a crawler outside the cluster meets at a NodePort or LoadBalancer endpoint, and whether a
+    probe that passes proves that path (None for the other exposures: in-cluster or flat-network
+    addresses).
+
+    A load balancer whose source ranges are all outside the private networks admits nothing from
+    inside the cluster, so a passing probe came from outside, the crawlers' way: verified. A
+    private range (or none: everyone) admits the controller's own Pod, whose probe to the load
+    balancer's address kube-proxy answers inside the cluster: not verified. A NodePort has no
+    ranges at all: not verified."""
+    if exposure not in SERVICE_EXPOSURES or service is None:
+        return None
+    if exposure == "NodePort":
+        external = node_addresses(node, "ExternalIP")
+        if not external:
+            return ("NodePort on the node's InternalIP %s (the node has no ExternalIP): reachable from the cluster's "
+                    "network only" % ((pod.get("status") or {}).get("hostIP") or "unknown"))
+        return ("NodePort on the node's ExternalIP %s, no firewall in front: the outside path is not verified "
+                "(nothing shows a probe crossed the node's edge; open the node port in the cloud's firewall to the "
+                "crawlers' networks); %s" % (external[0], VERIFY_HINT))
+    ranges = (service.get("spec") or {}).get("loadBalancerSourceRanges") or []
+    private = [r for r in ranges if _is_internal(r)]
+    if ranges and not private:
+        return ("LoadBalancer admitting %s only, none inside the private networks: a passing probe came from outside "
+                "the cluster, the crawlers' way (outside path verified)" % ", ".join(ranges))
+    why = "admits private sources (%s)" % ", ".join(private) if private else "admits every source (no source ranges)"
+    return ("LoadBalancer that %s: a probe from inside the cluster passes without crossing the load balancer, so the "
+            "outside path is not verified; %s" % (why, VERIFY_HINT))
+
+
+def _is_internal(network: str) -> bool:
+    """Whether ``network`` overlaps the private, shared or loopback networks (squid_networks)."""
+    parsed = ipaddress.ip_network(network, strict=False)
+    return any(parsed.overlaps(internal) for internal in nets.networks(nets.INTERNAL + nets.LOOPBACK)
+               if internal.version == parsed.version)
+
+
 def pod_instance(pod: Mapping[str, Any], exposure: str = "none",
-                 service: Optional[Mapping[str, Any]] = None) -> Instance:
-    """The instance of ``pod`` (and, for a Service exposure, its ``service``). A running Pod whose
-    endpoint is not known yet (no load balancer address) is pending; one whose Service is gone
-    is in error (crawlers cannot reach it; it is replaced)."""
+                 service: Optional[Mapping[str, Any]] = None, node: Optional[Mapping[str, Any]] = None) -> Instance:
+    """The instance of ``pod`` (and, for a Service exposure, its ``service``; for a NodePort, its
+    ``node``). A running Pod whose endpoint is not known yet (no load balancer address) is
+    pending; one whose Service is gone is in error (crawlers cannot reach it; it is replaced)."""
     meta = _metadata(pod)
     namespace, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
-    state, endpoint = pod_state(pod), pod_endpoint(pod, exposure, service)
+    state, endpoint = pod_state(pod), pod_endpoint(pod, exposure, service, node)
     if state == "running" and endpoint is None:
         state = "error" if exposure in SERVICE_EXPOSURES and service is None else "pending"
     return Instance(
         provider_id=format_provider_id("k8s", namespace, name), name=name, location=namespace, state=state,
-        ip=pod_ip(pod), endpoint=endpoint, tags=pod_tags(pod), created=meta.get("creationTimestamp"))
+        ip=pod_ip(pod), endpoint=endpoint, tags=pod_tags(pod), created=meta.get("creationTimestamp"),
+        exposure=exposure_note(pod, exposure, service, node))

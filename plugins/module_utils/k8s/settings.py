@@ -32,6 +32,9 @@ class KubernetesSettings:
     memory_request: str = "128Mi"
     namespaces: Tuple[str, ...] = ()
     """Further namespaces a Proxy may name as its ``location`` (listing covers them all)."""
+    ip_families: Tuple[str, ...] = ("IPv4",)
+    """The IP families of a Proxy's Service (the cluster's: ``IPv4``, ``IPv6``, or both on a
+    dual-stack cluster); its ``loadBalancerSourceRanges`` hold only sources of these families."""
 
     @property
     def host_network(self) -> bool:
@@ -55,9 +58,21 @@ QUANTITY_RULE = "is not a Kubernetes quantity such as 100m, 0.5, 128Mi or 1Gi"
 # node port; LoadBalancer: the cloud load balancer's address).
 EXPOSURES = ("none", "hostPort", "hostNetwork", "NodePort", "LoadBalancer")
 SERVICE_EXPOSURES = ("NodePort", "LoadBalancer")
+# A Service's ipFamilies (k8s.io/api core/v1 IPFamily); two only on a dual-stack cluster.
+IP_FAMILIES = ("IPv4", "IPv6")
 # squid.conf travels in a Pod annotation (all annotations together are capped at 256 KiB).
 SQUID_CONFIG_MAX_BYTES = 64 * 1024
 _HTTP_PORT_LINE = re.compile(r"^[ \t]*http_port\b", re.MULTILINE)
+
+
+def public_exposure(settings: object) -> Optional[str]:
+    """What makes this provider's endpoints reachable from outside the cluster, as the config says
+    it, or None: a load balancer's address, or a NodePort on nodes that may have an ExternalIP
+    (the config cannot know the nodes; a NodePort meant for a private network names its sources
+    all the same)."""
+    if isinstance(settings, KubernetesSettings) and settings.exposure in SERVICE_EXPOSURES:
+        return "kubernetes.exposure: %s (its endpoints are reachable from outside the cluster)" % settings.exposure
+    return None
 
 
 def parse_kubernetes_section(reader: Reader, errors: Errors) -> Optional[KubernetesSettings]:
@@ -66,7 +81,7 @@ def parse_kubernetes_section(reader: Reader, errors: Errors) -> Optional[Kuberne
         errors.add("%s: was replaced by exposure: write exposure: hostNetwork for true, or drop it for false" % (
             reader.at("hostNetwork")))
     reader.only(errors, "namespace", "namespaces", "image", "kubeconfig", "squidConfig", "hostNetwork", "exposure",
-                "spreadNodes", "cpuRequest", "memoryRequest")
+                "spreadNodes", "cpuRequest", "memoryRequest", "ipFamilies")
     namespace = errors.read(reader.string, "namespace", pattern=NAMESPACE_RE, rule=NAMESPACE_RULE)
     namespaces: List[str] = []
     if reader.data.get("namespaces") is not None:
@@ -88,6 +103,7 @@ def parse_kubernetes_section(reader: Reader, errors: Errors) -> Optional[Kuberne
             errors.add("%s: must not contain http_port: the module adds 'http_port <port>' from each "
                        "Proxy's port; remove the line" % reader.at("squidConfig"))
     exposure = errors.read(reader.choice, "exposure", EXPOSURES, "none")
+    ip_families = _ip_families(reader, errors)
     spread_nodes = errors.read(reader.boolean, "spreadNodes", True)
     cpu_request = errors.read(reader.string, "cpuRequest", "100m", pattern=QUANTITY_RE, rule=QUANTITY_RULE)
     memory_request = errors.read(reader.string, "memoryRequest", "128Mi", pattern=QUANTITY_RE, rule=QUANTITY_RULE)
@@ -97,4 +113,16 @@ def parse_kubernetes_section(reader: Reader, errors: Errors) -> Optional[Kuberne
     return KubernetesSettings(
         namespace=namespace, image=image, kubeconfig=kubeconfig, squid_config=squid_config,
         exposure=exposure, spread_nodes=spread_nodes, cpu_request=cpu_request,
-        memory_request=memory_request, namespaces=tuple(namespaces))
+        memory_request=memory_request, namespaces=tuple(namespaces), ip_families=ip_families)
+
+
+def _ip_families(reader: Reader, errors: Errors) -> Tuple[str, ...]:
+    """``ipFamilies``: IPv4 (the default), IPv6, or both, each once."""
+    if reader.data.get("ipFamilies") is None:
+        return ("IPv4",)
+    families = errors.read(reader.non_empty_list, "ipFamilies") or []
+    if any(f not in IP_FAMILIES for f in families) or len(set(families)) != len(families):
+        errors.add("%s: %r must list IPv4, IPv6 or both, each once: the IP families of the cluster's Services" % (
+            reader.at("ipFamilies"), families))
+        return ("IPv4",)
+    return tuple(families)

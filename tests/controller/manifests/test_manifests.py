@@ -260,6 +260,7 @@ def test_rbac_is_least_privilege() -> None:
         ("crawl.example.com", "proxypools/status", ("get", "update", "patch")),
         ("", "events", ("create", "patch")),
         ("", "namespaces", ("get", "list")),  # their uids: credentials are bound to a namespace's identity
+        ("", "nodes", ("get", "list")),  # the Kubernetes provider: their addresses (refused; a NodePort's ExternalIP)
     }
     assert one("Role", OWN_ROLE)["metadata"]["namespace"] == NAMESPACE
     # In the controller's own namespace: the Lease, and the proxies' credentials (Secrets only there).
@@ -347,20 +348,27 @@ def test_deployment_command_is_accepted_by_the_cli() -> None:
         args.append(arg)
     settings = parse_args(args)
     assert (settings.source, settings.listen) == ("kubernetes", ("0.0.0.0", 8080))
+    assert settings.metrics_listen == ("0.0.0.0", 9090)
     assert (settings.lease_namespace, settings.identity) == ("<POD_NAMESPACE>", "<POD_NAME>")
     sources = {item["name"]: item.get("valueFrom") for item in main["env"]}
     assert sources["POD_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
     assert sources["POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
 
 
-def test_deployment_probes_and_port() -> None:
+def test_deployment_probes_and_ports() -> None:
+    """Discovery (and the kubelet's probes) on one port and Service, /metrics on another of each:
+    exposing discovery never exposes the metrics."""
     main = container()
-    assert main["ports"] == [{"name": "http", "containerPort": 8080, "protocol": "TCP"}]
+    assert main["ports"] == [{"name": "http", "containerPort": 8080, "protocol": "TCP"},
+                             {"name": "metrics", "containerPort": 9090, "protocol": "TCP"}]
     assert main["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
     assert main["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
-    (port,) = one("Service")["spec"]["ports"]
+    (port,) = one("Service", "egress-proxies")["spec"]["ports"]
     assert (port["port"], port["targetPort"]) == (8080, "http")
-    assert one("Service")["spec"]["selector"] == one("Deployment")["spec"]["selector"]["matchLabels"]
+    (port,) = one("Service", "egress-proxies-metrics")["spec"]["ports"]
+    assert (port["name"], port["port"], port["targetPort"]) == ("metrics", 9090, "metrics")
+    for name in ("egress-proxies", "egress-proxies-metrics"):
+        assert one("Service", name)["spec"]["selector"] == one("Deployment")["spec"]["selector"]["matchLabels"]
 
 
 def test_deployment_mounts_and_optional_secrets() -> None:

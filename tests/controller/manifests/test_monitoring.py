@@ -6,6 +6,7 @@ against a running controller in tests/controller/scenarios/test_operator_ux.py."
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -63,14 +64,14 @@ def test_promtool_unit_tests_can_fail(tmp_path: Path) -> None:
     assert "EgressProxiesStatusStale" in done.stdout + done.stderr
 
 
-def test_the_component_lists_its_files_and_selects_the_controller_service() -> None:
+def test_the_component_lists_its_files_and_selects_the_metrics_service() -> None:
     component = yaml.safe_load((MONITORING / "kustomization.yaml").read_text())
     assert (component["apiVersion"], component["kind"]) == ("kustomize.config.k8s.io/v1alpha1", "Component")
     (generator,) = component["configMapGenerator"]
     listed = set(component["resources"]) | set(generator["files"])
     assert listed == {path.name for path in MONITORING.iterdir()} - {"kustomization.yaml"}
 
-    service = yaml.safe_load((REPO / "controller" / "manifests" / "service.yaml").read_text())
+    service = yaml.safe_load((REPO / "controller" / "manifests" / "service-metrics.yaml").read_text())
     monitor: dict[str, Any] = yaml.safe_load((MONITORING / "servicemonitor.yaml").read_text())
     assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
     assert monitor["spec"]["namespaceSelector"]["matchNames"] == [service["metadata"]["namespace"]]
@@ -78,3 +79,31 @@ def test_the_component_lists_its_files_and_selects_the_controller_service() -> N
         port["name"] for port in service["spec"]["ports"]]
     dashboard = json.loads((MONITORING / "grafana-dashboard.json").read_text())
     assert all(target["expr"] for panel in dashboard["panels"] for target in panel["targets"])
+
+
+def test_the_documented_scrape_config_is_valid_and_keeps_the_metrics_service(tmp_path: Path) -> None:
+    """docs/operations.md's scrape config for a Prometheus without the Operator: promtool accepts it
+    (with the rules file it names; its discovery aside, below), and its keep rule matches the shipped
+    metrics Service and port."""
+    text = (REPO / "docs" / "operations.md").read_text()
+    found = re.search(r"```yaml\n(# prometheus\.yml:.*?)```", text, re.S)
+    assert found is not None, "docs/operations.md: the prometheus.yml example is gone"
+    config = yaml.safe_load(found.group(1))
+    (job,) = config["scrape_configs"]
+    (rules,) = config["rule_files"]
+    # Debian's promtool is built without the Kubernetes service discovery: the rest of the job
+    # (its relabelling, the rules file) is checked with a static target in its place.
+    checked = {**job, "static_configs": [{"targets": ["10.0.0.1:9090"]}]}
+    del checked["kubernetes_sd_configs"]
+    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump({**config, "scrape_configs": [checked]}))
+    rules_file(tmp_path).rename(tmp_path / rules)
+
+    done = promtool("check", "config", tmp_path / "prometheus.yml")
+
+    assert done.returncode == 0, done.stdout + done.stderr
+    service = yaml.safe_load((REPO / "controller" / "manifests" / "service-metrics.yaml").read_text())
+    keep = next(rule for rule in job["relabel_configs"] if rule.get("action") == "keep")
+    (port,) = service["spec"]["ports"]
+    assert re.fullmatch(keep["regex"], f"{service['metadata']['name']};{port['name']}")
+    assert job["kubernetes_sd_configs"] == [{"role": "endpoints",
+                                             "namespaces": {"names": [service["metadata"]["namespace"]]}}]

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -45,10 +46,11 @@ class LiveController:
     process: subprocess.Popen[str]
     proxies: Path
     port: int = 0
+    metrics_port: int = 0
     lines: list[str] = field(default_factory=list)
 
     def metrics(self) -> str:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=10) as response:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10) as response:
             return str(response.read().decode())
 
     def records(self) -> list[dict[str, Any]]:
@@ -92,7 +94,8 @@ def live_controller(libvirt_test_daemon: LibvirtTestDaemon,
     write_proxy(proxies, "misnamed", "nowhere")
     process = subprocess.Popen(
         [EGRESS_PROXIES, "--source", "directory", "--proxy-dir", str(proxies), "--provider-config", str(config),
-         "--work-dir", str(base / "work"), "--listen", "127.0.0.1:0", "--interval", "2", "--log-format", "json"],
+         "--work-dir", str(base / "work"), "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
+         "--interval", "2", "--log-format", "json"],
         env={**os.environ, "ANSIBLE_COLLECTIONS_PATH": collections_path()}, stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE, text=True, start_new_session=True)
     controller = LiveController(process, proxies)
@@ -104,10 +107,11 @@ def live_controller(libvirt_test_daemon: LibvirtTestDaemon,
     try:
         def serving() -> bool:
             for line in list(controller.lines):
-                found = re.search(r"serving health, metrics and discovery on 127\.0\.0\.1:(\d+)", line)
-                if found:
+                if found := re.search(r"serving health and discovery on 127\.0\.0\.1:(\d+)", line):
                     controller.port = int(found.group(1))
-            return controller.port != 0
+                if found := re.search(r"serving metrics on 127\.0\.0\.1:(\d+)", line):
+                    controller.metrics_port = int(found.group(1))
+            return controller.port != 0 and controller.metrics_port != 0
         wait_for(serving, 60, "the HTTP server", controller)
         wait_for(lambda: phase(proxies, "served") == "Ready" and phase(proxies, "misnamed") == "Failed", 180,
                  "one Proxy Ready, one Failed", controller)
@@ -207,3 +211,23 @@ def test_every_metric_the_alerts_and_the_dashboard_use_is_exported(live_controll
     assert {"egress_proxies_proxies", "egress_proxies_proxies_serving", "egress_proxies_probe_duration_seconds_bucket",
             "egress_proxies_sweep_duration_seconds_bucket", "egress_proxies_runner_duration_seconds_bucket",
             "egress_proxies_replacements_total", "egress_proxies_errors_total"} <= everything
+
+
+def test_the_discovery_port_serves_strangers_no_metrics(live_controller: LiveController) -> None:
+    """Issue 38 row 7: a tokenless GET /metrics on the discovery port got every pool's name and size
+    per namespace. Now metrics live on their own listener only: the discovery port answers 404 with
+    nothing of the page, with or without a token, whatever the path's spelling."""
+    assert "egress_proxies_sweeps_total" in live_controller.metrics()  # the metrics listener serves them
+    for path in ("/metrics", "/metrics/", "/metrics?format=prometheus", "//metrics", "/v1/../metrics"):
+        for headers in ({}, {"Authorization": "Bearer not-a-token"}):
+            request = urllib.request.Request(f"http://127.0.0.1:{live_controller.port}{path}", headers=headers)
+            with pytest.raises(urllib.error.HTTPError) as answer:
+                urllib.request.urlopen(request, timeout=10)
+            with answer.value:
+                body = answer.value.read().decode()
+            assert answer.value.code == 404 and "egress_proxies" not in body and "namespace" not in body, (path, body)
+    # And the metrics listener serves nothing but /metrics: no discovery there.
+    with pytest.raises(urllib.error.HTTPError) as answer:
+        urllib.request.urlopen(f"http://127.0.0.1:{live_controller.metrics_port}/v1/proxies", timeout=10)
+    with answer.value:
+        assert answer.value.code == 404

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import hashlib
+import hmac
 import ipaddress
 import logging
 import os
@@ -25,6 +27,7 @@ from typing import Any
 
 import pytest
 
+from egress_proxies.serving import target as target_module
 from egress_proxies.serving.probe import (
     ProbeConfigError,
     ProbeCredentials,
@@ -34,7 +37,14 @@ from egress_proxies.serving.probe import (
     ProbeReason,
     ProbeTarget,
 )
-from egress_proxies.serving.proof import PROOF_HEADER, proof
+from egress_proxies.serving.proof import (
+    PROOF_HEADER,
+    answer_proof,
+    echo_proof,
+    new_nonce,
+    proves_answer,
+    proves_echo,
+)
 from egress_proxies.serving.target import ProbeTargetServer
 from support.netns.fake_proxies import FakeProxies
 from support.netns.namespace import NetworkNamespace
@@ -239,6 +249,20 @@ def test_an_endpoint_that_answers_by_itself_never_passes(lab: Lab) -> None:
     assert honest.serving and honest.private is True, honest.message
 
 
+@pytest.mark.parametrize("forge", ["append-address", "replay-204"])
+def test_a_204_proof_replayed_as_the_egress_echo_is_refused(lab: Lab, forge: str) -> None:
+    """Issue 38 row 2: a lying proxy forwards the 204 check honestly, then asks the real probe target
+    for a 204 proof of the echo's nonce with an invented address appended (``N%20203.0.113.77``), or
+    of the echo's nonce itself, and hands that in as the echo's proof of 203.0.113.77."""
+    port = 3207 if forge == "append-address" else 3208
+    liar = lab.fake("forward", port, lab.destination(egress_echo_url=lab.target.url("/echo")), lie=["echo"],
+                    forge=forge)
+    outcome = probe(lab, liar)
+    assert (outcome.serving, outcome.reason) == (False, ProbeReason.EGRESS_ECHO_FAILED), outcome.message
+    assert outcome.egress_ip is None and "203.0.113.77" not in outcome.message
+    assert "no valid proof" in outcome.message
+
+
 def test_a_proxy_that_takes_any_password_is_not_private(lab: Lab) -> None:
     """Issue 26 row 7: made-up credentials must get 407 too."""
     outcome = probe(lab, lab.fake("any-password", 3201))
@@ -290,13 +314,40 @@ def test_the_probe_target_answers_directly_and_its_absence_is_named(lab: Lab) ->
 def test_the_probe_targets_answers() -> None:
     """The shipped server's protocol: a proof for a nonce, the caller's address with its own proof."""
     server = ProbeTargetServer(b"k" * 32)
-    status, headers, body = server.answer("GET", "/generate_204?egress-probe-nonce=abc", "198.51.100.7")
-    assert (status, headers, body) == (204, {PROOF_HEADER: proof(b"k" * 32, "abc")}, b"")
-    status, _, body = server.answer("GET", "http://probe.test/echo?egress-probe-nonce=abc", "198.51.100.7")
+    nonce = new_nonce()
+    status, headers, body = server.answer("GET", f"/generate_204?egress-probe-nonce={nonce}", "198.51.100.7")
+    assert (status, headers, body) == (204, {PROOF_HEADER: answer_proof(b"k" * 32, nonce)}, b"")
+    status, _, body = server.answer("GET", f"http://probe.test/echo?egress-probe-nonce={nonce}", "198.51.100.7")
     assert status == 200 and body == (b'{"ip": "198.51.100.7", "proof": "'
-                                      + proof(b"k" * 32, "abc", "198.51.100.7").encode() + b'"}')
+                                      + echo_proof(b"k" * 32, nonce, "198.51.100.7").encode() + b'"}')
     assert server.answer("GET", "/generate_204", "198.51.100.7") == (204, {}, b"")
     assert server.answer("POST", "/generate_204", "198.51.100.7")[0] == 405
+
+
+@pytest.mark.parametrize("query", ["egress-probe-nonce=abc", f"egress-probe-nonce={new_nonce()}%20203.0.113.77",
+                                   f"egress-probe-nonce={new_nonce().upper()}", "egress-probe-nonce=",
+                                   f"egress-probe-nonce={new_nonce()}&egress-probe-nonce={new_nonce()}"])
+def test_the_probe_target_signs_only_nonces_of_the_one_format(query: str) -> None:
+    """Issue 38 row 2: whatever a stranger sends as a nonce, the target signs only 32 lower-case hex digits."""
+    server = ProbeTargetServer(b"k" * 32)
+    for path in ("/generate_204", "/echo"):
+        status, headers, body = server.answer("GET", f"{path}?{query}", "198.51.100.7")
+        assert (status, PROOF_HEADER in headers) == (400, False)
+        assert b"32 lower-case hex digits" in body and b"proof" not in body
+
+
+def test_one_kind_of_proof_never_passes_for_another() -> None:
+    """Domain separation: the 204 proof of any nonce is not an echo proof, and a proof of a nonce
+    that is not of the probe's format proves nothing."""
+    key, nonce = b"k" * 32, new_nonce()
+    assert answer_proof(key, nonce) != echo_proof(key, nonce, "203.0.113.77")
+    assert proves_answer(key, nonce, answer_proof(key, nonce))
+    assert proves_echo(key, nonce, "203.0.113.77", echo_proof(key, nonce, "203.0.113.77"))
+    assert not proves_echo(key, nonce, "203.0.113.77", answer_proof(key, nonce))
+    assert not proves_answer(key, nonce, echo_proof(key, nonce, "203.0.113.77"))
+    old_style = hmac.new(key, f"{nonce} 203.0.113.77".encode(), hashlib.sha256).hexdigest()
+    assert not proves_echo(key, nonce, "203.0.113.77", old_style)
+    assert not proves_answer(key, "abc", hmac.new(key, b"abc", hashlib.sha256).hexdigest())
 
 
 # -- the endpoint itself, on loopback ---------------------------------------------------------------------
@@ -327,13 +378,13 @@ def test_a_kept_alive_connection_the_proxy_closed_is_retried_once_on_a_new_one(l
                     requests.append(head.split(b" ", 1)[0])
                     if head.startswith(b"GET"):
                         nonce = head.split(b"egress-probe-nonce=", 1)[1].split(b" ", 1)[0].decode()
-                        conn.sendall(f"HTTP/1.1 204 No Content\r\n{PROOF_HEADER}: {proof(key, nonce)}\r\n\r\n"
+                        conn.sendall(f"HTTP/1.1 204 No Content\r\n{PROOF_HEADER}: {answer_proof(key, nonce)}\r\n\r\n"
                                      .encode())
                     else:  # the CONNECT, then the request through the "tunnel"
                         conn.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
                         inner = conn.recv(4096)
                         nonce = inner.split(b"egress-probe-nonce=", 1)[1].split(b" ", 1)[0].decode()
-                        conn.sendall(f"HTTP/1.1 204 No Content\r\n{PROOF_HEADER}: {proof(key, nonce)}\r\n"
+                        conn.sendall(f"HTTP/1.1 204 No Content\r\n{PROOF_HEADER}: {answer_proof(key, nonce)}\r\n"
                                      "Connection: close\r\n\r\n".encode())
 
         server = threading.Thread(target=serve)
@@ -454,3 +505,21 @@ def test_bad_targets_credentials_and_duplicate_keys_are_refused() -> None:
         Prober(allowed_networks=["127.0.0.0/8"]).probe_all([target, target])
     with pytest.raises(ProbeConfigError, match="allowed_networks"):
         Prober(allowed_networks=["10.0.0.300/8"])
+
+
+@pytest.mark.parametrize(("peer", "source"), [
+    ("198.51.100.7", "198.51.100.7"),
+    ("::ffff:198.51.100.7", "198.51.100.7"),
+    ("2001:db8:1:2:aaaa::1", "2001:db8:1:2::/64"),
+    ("2001:db8:1:2:ffff:ffff:ffff:ffff", "2001:db8:1:2::/64"),
+    ("fe80::1%eth0", "fe80::/64"),
+])
+def test_the_probe_targets_limits_count_a_host_as_one_source(peer: str, source: str) -> None:
+    """Issue 38 row 4: an IPv6 client has its whole /64, so that is one source; an IPv4-mapped
+    address is its IPv4 address; the controller's networks match either way."""
+    assert target_module._source(peer) == source
+    networks = (ipaddress.ip_network("198.51.100.0/24"), ipaddress.ip_network("2001:db8::/32"))
+    assert target_module._inside(peer, networks) == (not peer.startswith("fe80"))
+    # The controller's own slots go by its exact address, not by its /64.
+    one = (ipaddress.ip_network("2001:db8:1:2:aaaa::1/128"),)
+    assert target_module._inside(peer, one) == (peer == "2001:db8:1:2:aaaa::1")

@@ -122,6 +122,23 @@ def test_the_verdict_table(status: dict[str, Any], seen: Observation, phase: str
     assert verdict.fields["providerID"] == ID
 
 
+def test_the_serving_verdict_says_whether_the_outside_path_was_verified() -> None:
+    # Issue 39 row 5: a probe answered inside the cluster is a Ready the crawler's path did not
+    # earn; the provider says how the endpoint is reached, and the verdict carries it.
+    exposed = Instance(provider_id=ID, state="running", ip="10.244.1.7", endpoint="198.51.100.20:3128",
+                       exposure="LoadBalancer that admits private sources (10.0.0.0/8): ... not verified; to verify it")
+    verdict = judge({}, Observation(exposed, 3128, probed=True, outcome=outcome(True)), NOW)
+    assert verdict.fields["exposure"] == exposed.exposure
+    serving = verdict.conditions[SERVING]
+    assert serving is not None and serving[0] == "True"
+    assert serving[2].endswith("; reached as LoadBalancer that admits private sources (10.0.0.0/8): ... not verified; "
+                               "to verify it")
+    # Another instance in its place: nothing said of the old one's exposure stays.
+    plain = judge(ready_status(exposure="old"), Observation(
+        Instance(provider_id=ID + "-2", state="running", ip="192.0.2.11", endpoint="192.0.2.11:3128"), 3128), NOW)
+    assert plain.new_instance and plain.fields.get("exposure") is None
+
+
 def test_a_serving_instance_reports_its_probe_and_first_serving_time() -> None:
     verdict = judge({}, Observation(RUNNING, 3128, probed=True, outcome=outcome(True)), NOW)
     assert verdict.fields["endpoint"] == "192.0.2.10:3128"

@@ -79,10 +79,11 @@ def write_kubeconfig(path: Path, server: str) -> Path:
 
 def write_kubernetes_config(path: Path, kubeconfig: Path | None, namespace: str = "egress",
                             probe: Any = "none", allowed_destinations: Sequence[str] = (),
-                            **kubernetes_overrides: Any) -> Path:
+                            allowed_sources: Sequence[str] = (), **kubernetes_overrides: Any) -> Path:
     """A provider config with one Kubernetes provider named ``cluster`` (``probe: none``: the
     emulator's Pod addresses are made up); ``allowed_destinations`` opens internal networks (a
-    test's namespace) to its proxies."""
+    test's namespace) to its proxies; ``allowed_sources`` names the crawlers' networks (required
+    with a public exposure)."""
     kubernetes: dict[str, Any] = {"namespace": namespace, "image": "ubuntu/squid:6.6-24.04_beta"}
     if kubeconfig is not None:
         kubernetes["kubeconfig"] = str(kubeconfig)
@@ -90,6 +91,8 @@ def write_kubernetes_config(path: Path, kubeconfig: Path | None, namespace: str 
     provider: dict[str, Any] = {"name": "cluster", "type": "kubernetes", "probe": probe}
     if allowed_destinations:
         provider["allowedDestinations"] = list(allowed_destinations)
+    if allowed_sources:
+        provider["allowedSources"] = list(allowed_sources)
     document = {"owner": OWNER, "providers": [{**provider, "kubernetes": kubernetes}]}
     path.write_text(yaml.safe_dump(document, sort_keys=False))
     return path

@@ -30,7 +30,7 @@ from support import waiting
 from support.collection.modules import collections_path
 
 EGRESS_PROXIES = str(Path(sys.executable).parent / "egress-proxies")
-_SERVING = re.compile(r"serving health, metrics and discovery on [^ ]+:(\d+)$")
+_SERVING = re.compile(r"serving health and discovery on [^ ]+:(\d+)$")
 _SWEEP = re.compile(r"^sweep (\d+)(?: \(([0-9.]+) s\))?: ")
 
 

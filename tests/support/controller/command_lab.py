@@ -126,6 +126,7 @@ class Command:
         self.probe_interval = probe_interval
         self.log = directory / "controller.log"
         self.port = 0
+        self.metrics_port = 0
         self._process: subprocess.Popen[bytes] | None = None
         self.write_config(providers)
 
@@ -165,7 +166,7 @@ class Command:
         return sorted(str(entry["name"]) for entry in entries)
 
     def metrics(self) -> str:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=5) as answer:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as answer:
             return str(answer.read().decode())
 
     def log_text(self) -> str:
@@ -173,18 +174,20 @@ class Command:
 
     def start(self) -> None:
         env = {**os.environ, "ANSIBLE_COLLECTIONS_PATH": collections_path(), "DISCOVERY_TOKEN": OPERATOR_TOKEN}
-        with socket.socket() as probe:
+        with socket.socket() as probe, socket.socket() as metrics:
             probe.bind(("127.0.0.1", 0))
-            self.port = probe.getsockname()[1]
+            metrics.bind(("127.0.0.1", 0))
+            self.port, self.metrics_port = probe.getsockname()[1], metrics.getsockname()[1]
         command = [EGRESS_PROXIES, "--source", "directory", "--proxy-dir", str(self.proxies),
                    "--provider-config", str(self.config), "--work-dir", str(self.directory / "work"),
-                   "--listen", f"127.0.0.1:{self.port}", "--interval", str(self.interval),
+                   "--listen", f"127.0.0.1:{self.port}", "--metrics-listen", f"127.0.0.1:{self.metrics_port}",
+                   "--interval", str(self.interval),
                    "--probe-interval", str(self.probe_interval), "--probe-allow", self.network,
                    "--log-level", "DEBUG"]
         with open(self.log, "ab") as log:
             self._process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
                                              stdin=subprocess.DEVNULL, start_new_session=True)
-        wait_for(lambda: "serving health, metrics and discovery" in self.log_text(), 60, "the controller to start",
+        wait_for(lambda: "serving metrics on" in self.log_text(), 60, "the controller to start",
                  0.1, lambda: self.log_text()[-3000:], process=self._process)
 
     def stop(self) -> None:

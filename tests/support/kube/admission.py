@@ -14,13 +14,29 @@
   controller.go``): a Pod that would take a namespace's ``pods`` (or ``count/pods``) usage past
   a ResourceQuota's ``spec.hard`` is refused 403 ``pods "<name>" is forbidden: exceeded quota:
   <quota>, requested: pods=1, used: pods=<n>, limited: pods=<hard>``. Pods in a terminal phase
-  (Succeeded, Failed) do not count (the Pod evaluator's ``QuotaV1Pod``).
-- **Service defaulting** (``pkg/registry/core/service/storage``): ``type`` defaults to ClusterIP
-  and a cluster IP is allocated; NodePort and LoadBalancer Services get a ``nodePort`` per port
-  from the node port range (``--service-node-port-range``, default 30000-32767), unique in the
-  cluster, and ``externalTrafficPolicy: Cluster`` unless set; a LoadBalancer Service with
-  ``Local`` gets a ``healthCheckNodePort``. Its ``status.loadBalancer`` stays empty until the
-  cloud provider's service controller writes the address (``KubeEmulator.provision_load_balancer``).
+  (Succeeded, Failed) do not count (the Pod evaluator's ``QuotaV1Pod``). The quota controller
+  is instantaneous here (a quota without a ``status`` counts as synced), except for a quota a
+  test marks unsynced (``KubeEmulator.quota_unsynced``: ``status.hard`` written, ``status.used``
+  not yet): every Pod is then refused 403 ``status unknown for quota: <quota>, resources:
+  <names>`` (``CheckRequest``'s ``hasUsageStats``), checked before any quota's usage.
+- **Service validation** (``pkg/apis/core/validation/validation.go`` ``ValidateService``):
+  ``loadBalancerSourceRanges`` only on type LoadBalancer (``spec.LoadBalancerSourceRanges:
+  Forbidden: may only be used when `type` is 'LoadBalancer'``, the field path capitalised as the
+  source spells it) and each entry a CIDR (``IsValidCIDR``: "must be a valid CIDR value, (e.g.
+  10.9.8.0/24 or 2001:db8::/64)"); the API does **not** check the ranges' families against
+  ``ipFamilies`` (the cloud's service controller fails on them: ``KubeEmulator.provision_load_balancer``);
+  ``allocateLoadBalancerNodePorts`` only on type LoadBalancer; ``externalTrafficPolicy`` only on
+  an externally accessible Service (NodePort, LoadBalancer, or with ``externalIPs``).
+- **Service defaulting** (``pkg/registry/core/service/storage``, ``pkg/apis/core/v1/defaults.go``):
+  ``type`` defaults to ClusterIP and a cluster IP is allocated; ``ipFamilies`` to the cluster's
+  one family (``IPv4``: the emulator is a single-stack IPv4 cluster, kubeadm's default) and
+  ``ipFamilyPolicy`` to SingleStack; NodePort and LoadBalancer Services get a ``nodePort`` per
+  port from the node port range (``--service-node-port-range``, default 30000-32767), unique in
+  the cluster, and ``externalTrafficPolicy: Cluster`` unless set; a LoadBalancer Service gets
+  ``allocateLoadBalancerNodePorts: true`` unless set, and with ``false`` no ``nodePort`` is
+  allocated (one asked for explicitly is kept); a LoadBalancer Service with ``Local`` gets a
+  ``healthCheckNodePort`` either way. Its ``status.loadBalancer`` stays empty until the cloud
+  provider's service controller writes the address (``KubeEmulator.provision_load_balancer``).
 """
 
 from __future__ import annotations
@@ -241,17 +257,63 @@ def pod_security_violation(namespace: Obj, pod: Obj) -> str | None:
     return f'violates PodSecurity "{level}:{version}": {detail}'
 
 
+POD_COUNT_RESOURCES = ("count/pods", "pods")
+
+
+def _unsynced(quota: Obj) -> list[str]:
+    """The Pod-count resources ``quota``'s ``status.hard`` names without a ``status.used`` entry
+    (``hasUsageStats``): the quota controller has not counted them yet."""
+    status = quota.get("status") or {}
+    used = status.get("used") or {}
+    return sorted(key for key in (status.get("hard") or {}) if key in POD_COUNT_RESOURCES and key not in used)
+
+
 def quota_violation(quotas: Iterable[Obj], pods: Iterable[Obj]) -> str | None:
-    """The Forbidden message's ``exceeded quota: ...`` part when one more Pod passes a quota's
-    ``pods`` (or ``count/pods``) in ``spec.hard``; ``pods`` are the namespace's Pods."""
+    """The Forbidden message's ``status unknown for quota: ...`` part while a quota is not synced,
+    else its ``exceeded quota: ...`` part when one more Pod passes a quota's ``pods`` (or
+    ``count/pods``) in ``spec.hard``; ``pods`` are the namespace's Pods."""
+    quotas = sorted(quotas, key=lambda q: q["metadata"]["name"])
+    for quota in quotas:
+        unknown = _unsynced(quota)
+        if unknown:
+            return f"status unknown for quota: {quota['metadata']['name']}, resources: {','.join(unknown)}"
     used = sum(1 for pod in pods if (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed"))
-    for quota in sorted(quotas, key=lambda q: q["metadata"]["name"]):
+    for quota in quotas:
         hard = (quota.get("spec") or {}).get("hard") or {}
-        for key in ("count/pods", "pods"):
+        for key in POD_COUNT_RESOURCES:
             if key in hard and used + 1 > int(hard[key]):
                 return (f"exceeded quota: {quota['metadata']['name']}, requested: {key}=1, used: {key}={used}, "
                         f"limited: {key}={hard[key]}")
     return None
+
+
+_CIDR_DETAIL = "must be a valid CIDR value, (e.g. 10.9.8.0/24 or 2001:db8::/64)"
+_ONLY_LOAD_BALANCER = "may only be used when `type` is 'LoadBalancer'"
+EXTERNAL_TYPES = ("NodePort", "LoadBalancer")
+
+
+def service_errors(service: Obj) -> list[tuple[str, str, Any, str]]:
+    """``ValidateService``'s rules on the fields the provider sets: (error type, field, value,
+    detail) for each failure, in the source's order."""
+    spec = service.get("spec") or {}
+    kind = spec.get("type") or "ClusterIP"
+    errors: list[tuple[str, str, Any, str]] = []
+    ranges = spec.get("loadBalancerSourceRanges") or []
+    if ranges:
+        if kind != "LoadBalancer":
+            errors.append(("FieldValueForbidden", "spec.LoadBalancerSourceRanges", None, _ONLY_LOAD_BALANCER))
+        for index, value in enumerate(ranges):
+            try:  # netutils.ParseCIDRSloppy: an address, "/" and a prefix length; host bits may be set
+                address, slash, _length = str(value).strip().partition("/")
+                ipaddress.ip_network(str(value).strip() if slash and address else "", strict=False)
+            except ValueError:
+                errors.append(("FieldValueInvalid", f"spec.LoadBalancerSourceRanges[{index}]", value, _CIDR_DETAIL))
+    if spec.get("allocateLoadBalancerNodePorts") is not None and kind != "LoadBalancer":
+        errors.append(("FieldValueForbidden", "spec.allocateLoadBalancerNodePorts", None, _ONLY_LOAD_BALANCER))
+    if spec.get("externalTrafficPolicy") and kind not in EXTERNAL_TYPES and not spec.get("externalIPs"):
+        errors.append(("FieldValueInvalid", "spec.externalTrafficPolicy", spec["externalTrafficPolicy"],
+                       "may only be set for externally-accessible services"))
+    return errors
 
 
 def default_service(service: Obj, taken_node_ports: set[int], taken_ips: set[str]) -> tuple[str, int, str] | None:
@@ -259,16 +321,23 @@ def default_service(service: Obj, taken_node_ports: set[int], taken_ips: set[str
     of a 422 when a requested nodePort is outside the range or taken, else None."""
     spec = service.setdefault("spec", {})
     kind = spec.setdefault("type", "ClusterIP")
+    spec.setdefault("ipFamilyPolicy", "SingleStack")
+    spec.setdefault("ipFamilies", ["IPv4"])
     if not spec.get("clusterIP"):
         spec["clusterIP"] = next(str(ip) for ip in itertools.islice(SERVICE_CIDR.hosts(), 10, None)
                                  if str(ip) not in taken_ips)
         spec["clusterIPs"] = [spec["clusterIP"]]
-    if kind not in ("NodePort", "LoadBalancer"):
+    if kind not in EXTERNAL_TYPES:
         return None
     spec.setdefault("externalTrafficPolicy", "Cluster")
+    if kind == "LoadBalancer":
+        spec.setdefault("allocateLoadBalancerNodePorts", True)
+    allocate = kind == "NodePort" or spec.get("allocateLoadBalancerNodePorts") is not False
     free = (port for port in NODE_PORT_RANGE if port not in taken_node_ports)
     for index, port in enumerate(spec.get("ports") or []):
         wanted = port.get("nodePort")
+        if wanted is None and not allocate:
+            continue
         if wanted is None:
             port["nodePort"] = next(free)
         elif wanted not in NODE_PORT_RANGE:

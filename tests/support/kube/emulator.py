@@ -68,12 +68,17 @@ rules and cites their sources):
   an unscheduled or finished Pod, or ``gracePeriodSeconds=0``, goes at once, as on a real server;
 - ``kubelet_run`` and ``kubelet_evict`` stand in for the scheduler and kubelet; ``node_lost`` for the
   node lifecycle and taint eviction controllers when a node stops reporting, ``node_returns`` for
-  its kubelet coming back, ``provision_load_balancer`` for the cloud's service controller; a thread
-  stands in for the kubelet's end of graceful deletion and for the namespace controller;
+  its kubelet coming back, ``provision_load_balancer`` for the cloud's service controller (which
+  refuses source ranges of a family the Service lacks, as clouds do), ``add_node`` for a kubelet
+  registering its Node with its addresses, ``quota_unsynced``/``quota_synced`` for the quota
+  controller; a thread stands in for the kubelet's end of graceful deletion and for the namespace
+  controller; tests/support/netns/service_network.py serves the Services for real;
 - admission after validation (``tests/support/kube/admission.py``): namespace lifecycle, Pod
   Security from the namespace's ``pod-security.kubernetes.io/enforce`` label, ResourceQuota on Pod
-  counts (both 403 Forbidden as the real plugins word it); a new Service gets its cluster IP and
-  node ports allocated.
+  counts (403 Forbidden as the real plugins word it, "status unknown for quota" included);
+  Services validated as ``ValidateService`` does for the fields the provider sets, and a new one
+  gets its cluster IP, IP families and node ports (none for a LoadBalancer without
+  ``allocateLoadBalancerNodePorts``).
 
 Deliberately left out (nothing tested depends on them): admission beyond namespace lifecycle, Pod
 Security and Pod-count quotas, built-in defaulting beyond a Service's allocations (a real server
@@ -90,6 +95,7 @@ here every status write changes only ``status``, as for custom resources).
 from __future__ import annotations
 
 import copy
+import ipaddress
 import logging
 import random
 import re
@@ -106,7 +112,7 @@ from types import TracebackType
 from typing import Any, cast
 from urllib.parse import urlsplit
 
-from support.kube.admission import default_service, pod_security_violation, quota_violation
+from support.kube.admission import default_service, pod_security_violation, quota_violation, service_errors
 from support.kube.errors import ApiError, conflict, invalid, namespace_not_found, not_found, object_details
 from support.kube.handler import Fault, Handler, Route
 from support.kube.paging import decode_continue, encode_continue, expired_continue, list_limit
@@ -114,9 +120,11 @@ from support.kube.patches import PatchFailed, json_patch, merge_patch, reject_st
 from support.kube.resources import (
     CRD_KEY,
     DEFAULT_RESOURCES,
+    EVENTS_KEY,
     LEASES_KEY,
     NAMESPACE_FINALIZER,
     NAMESPACES_KEY,
+    NODES_KEY,
     PODS_KEY,
     QUOTAS_KEY,
     SERVICES_KEY,
@@ -159,6 +167,13 @@ _GRACE_POLL_SECONDS = 0.05
 
 def _timestamp(moment: float) -> str:
     return datetime.fromtimestamp(moment, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _foreign_family_ranges(spec: Mapping[str, Any]) -> list[str]:
+    """The ``loadBalancerSourceRanges`` of an IP family the Service's ``ipFamilies`` lacks."""
+    families = {{"IPv4": 4, "IPv6": 6}.get(str(f)) for f in spec.get("ipFamilies") or ["IPv4"]}
+    return [str(r) for r in spec.get("loadBalancerSourceRanges") or []
+            if ipaddress.ip_network(str(r).strip(), strict=False).version not in families]
 
 
 class KubeEmulator:
@@ -378,11 +393,16 @@ class KubeEmulator:
         self._expire_graceful()
 
     def kubelet_run(self, namespace: str, name: str, *, node: str = "node-1",
-                    pod_ip: str = "10.244.0.10", host_ip: str = "172.18.0.2",
+                    pod_ip: str = "10.244.0.10", host_ip: str | None = None,
                     ready: bool = True) -> Obj:
         """The scheduler and kubelet stand-in: bind the Pod to ``node`` (``spec.nodeName``, as the
         binding subresource does) and report it Running with its containers running, Ready as
-        asked, ``podIP`` and ``hostIP`` set (as the kubelet's status manager writes them)."""
+        asked, ``podIP`` and ``hostIP`` set (as the kubelet's status manager writes them).
+        ``hostIP`` is the node's first InternalIP when ``add_node`` made it (the kubelet's
+        ``nodeutil.GetNodeHostIPs``), else ``host_ip`` (172.18.0.2 unless given)."""
+        if host_ip is None:
+            host_ip = next(iter(self.node_addresses(node, "InternalIP")), "172.18.0.2")
+
         def change(pod: Obj) -> None:
             now = self._timestamp()
             pod["spec"]["nodeName"] = node
@@ -460,12 +480,83 @@ class KubeEmulator:
             self._lost_nodes.pop(node, None)
         self._expire_graceful()
 
+    def add_node(self, name: str, internal_ip: str, external_ip: str | None = None) -> Obj:
+        """A Node as its kubelet and the cloud's node controller report it: ``status.addresses``
+        with its ``InternalIP``, its ``ExternalIP`` when it has one, and its ``Hostname``
+        (k8s.io/api core/v1 ``NodeAddressType``), condition Ready."""
+        addresses = [{"type": "InternalIP", "address": internal_ip}]
+        if external_ip:
+            addresses.append({"type": "ExternalIP", "address": external_ip})
+        addresses.append({"type": "Hostname", "address": name})
+        node = self._create(Route(self._type_by_key(NODES_KEY), None, None, None),
+                            {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name,
+                             "labels": {"kubernetes.io/hostname": name}}})
+        rtype = self._type_by_key(NODES_KEY)
+        with self._lock:
+            old = self._stored(Route(rtype, None, name, None))
+            node = copy.deepcopy(old)
+            node["status"] = {"addresses": addresses, "conditions": [
+                {"type": "Ready", "status": "True", "reason": "KubeletReady"}]}
+            node["metadata"]["resourceVersion"] = self._next_rv()
+            self._objects[self._key(rtype, node["metadata"])] = node
+            self._emit(rtype, "MODIFIED", node, old)
+            return copy.deepcopy(node)
+
+    def node_addresses(self, node: str, kind: str | None = None) -> list[str]:
+        """The addresses ``node`` reports (of one ``kind``: InternalIP, ExternalIP), or none when
+        there is no such Node."""
+        with self._lock:
+            stored = self._objects.get((NODES_KEY, "", node)) or {}
+        return [a["address"] for a in (stored.get("status") or {}).get("addresses") or []
+                if kind is None or a.get("type") == kind]
+
+    def quota_unsynced(self, namespace: str, name: str) -> Obj:
+        """The quota controller has not counted ``name`` yet: its ``status.hard`` is the spec's and
+        ``status.used`` is missing, so every Pod create in the namespace is refused 403 ``status
+        unknown for quota`` (tests/support/kube/admission.py) until ``quota_synced``."""
+        return self._write_quota_status(namespace, name, used=False)
+
+    def quota_synced(self, namespace: str, name: str) -> Obj:
+        """The quota controller's sync: ``status.hard`` and ``status.used`` (Pods not terminal)."""
+        return self._write_quota_status(namespace, name, used=True)
+
+    def _write_quota_status(self, namespace: str, name: str, used: bool) -> Obj:
+        rtype = self._type_by_key(QUOTAS_KEY)
+        with self._lock:
+            old = self._stored(Route(rtype, namespace, name, None))
+            new = copy.deepcopy(old)
+            hard = dict((old.get("spec") or {}).get("hard") or {})
+            new["status"] = {"hard": hard}
+            if used:
+                count = sum(1 for (key, ns, _), o in self._objects.items() if key == PODS_KEY and ns == namespace
+                            and (o.get("status") or {}).get("phase") not in ("Succeeded", "Failed"))
+                new["status"]["used"] = {key: str(count) for key in hard if key in ("pods", "count/pods")}
+            new["metadata"]["resourceVersion"] = self._next_rv()
+            self._objects[self._key(rtype, new["metadata"])] = new
+            self._emit(rtype, "MODIFIED", new, old)
+            return copy.deepcopy(new)
+
     def provision_load_balancer(self, namespace: str, name: str, ip: str | None = None,
                                 hostname: str | None = None) -> Obj:
         """The cloud provider's service controller: a LoadBalancer Service gets its address in
-        ``status.loadBalancer.ingress`` (an ``ip``, or a ``hostname`` on clouds that give one)."""
+        ``status.loadBalancer.ingress`` (an ``ip``, or a ``hostname`` on clouds that give one).
+
+        As the clouds' load balancers do, a ``loadBalancerSourceRanges`` entry of an IP family the
+        Service does not have (an IPv6 range on a single-stack IPv4 Service) fails the sync: the
+        API accepted it (``ValidateService`` only checks each is a CIDR), the cloud's firewall
+        refuses it (AWS: "error authorizing security group ingress: InvalidParameterValue: CIDR
+        block ... is malformed", kubernetes/kubernetes#67551), the Service keeps no address and a
+        Warning Event ``SyncLoadBalancerFailed`` says why. Returns the Service as stored."""
         rtype = self._type_by_key(SERVICES_KEY)
         ingress = {"ip": ip} if ip else {"hostname": hostname}
+        with self._lock:
+            old = self._stored(Route(rtype, namespace, name, None))
+            foreign = _foreign_family_ranges(old.get("spec") or {})
+        if foreign:
+            self._event(namespace, old, "SyncLoadBalancerFailed",
+                        f"Error syncing load balancer: failed to ensure load balancer: error authorizing security "
+                        f"group ingress: \"InvalidParameterValue: CIDR block {foreign[0]} is malformed\"")
+            return copy.deepcopy(old)
         with self._lock:
             old = self._stored(Route(rtype, namespace, name, None))
             new = copy.deepcopy(old)
@@ -474,6 +565,16 @@ class KubeEmulator:
             self._objects[self._key(rtype, new["metadata"])] = new
             self._emit(rtype, "MODIFIED", new, old)
             return copy.deepcopy(new)
+
+    def _event(self, namespace: str, about: Obj, reason: str, message: str) -> Obj:
+        """A Warning Event about ``about``, as a controller's event recorder writes it."""
+        meta = about["metadata"]
+        return self.create(EVENTS_KEY, namespace, {
+            "apiVersion": "v1", "kind": "Event", "metadata": {"generateName": f"{meta['name']}."},
+            "involvedObject": {"apiVersion": about.get("apiVersion", "v1"), "kind": about.get("kind"),
+                               "namespace": namespace, "name": meta["name"], "uid": meta.get("uid")},
+            "type": "Warning", "reason": reason, "message": message, "count": 1,
+            "firstTimestamp": self._timestamp(), "lastTimestamp": self._timestamp()})
 
     def _kubelet_write(self, namespace: str, name: str, change: Any) -> Obj:
         rtype = self._type_by_key(PODS_KEY)
@@ -782,6 +883,8 @@ class KubeEmulator:
         errors = validate_metadata(obj.get("metadata") or {})
         if rtype.key == PODS_KEY and creating:
             errors += validate_pod(obj)
+        if rtype.key == SERVICES_KEY:
+            errors += [FieldError(kind, path, value, detail) for kind, path, value, detail in service_errors(obj)]
         if rtype.key == CRD_KEY:
             errors += crd_errors(obj)
         if schema is not None:

@@ -59,6 +59,8 @@ NAMESPACE_FINALIZER = "kubernetes"
 PODS_KEY = "pods"
 SERVICES_KEY = "services"
 QUOTAS_KEY = "resourcequotas"
+NODES_KEY = "nodes"
+EVENTS_KEY = "events"
 LEASES_KEY = "leases.coordination.k8s.io"
 
 
@@ -75,6 +77,7 @@ DEFAULT_RESOURCES: tuple[ResourceType, ...] = (
     ResourceType("", "v1", "ServiceAccount", "serviceaccounts", True, False),
     ResourceType("", "v1", "Service", "services", True, True, False, {"loadBalancer": {}}),
     ResourceType("", "v1", "ResourceQuota", "resourcequotas", True, True),
+    ResourceType("", "v1", "Node", "nodes", False, True),
     ResourceType("coordination.k8s.io", "v1", "Lease", "leases", True, False),
     # What deploy_controller.yml installs besides the kinds above.
     ResourceType("apps", "v1", "Deployment", "deployments", True, True),

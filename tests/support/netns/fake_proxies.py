@@ -15,7 +15,9 @@ Every endpoint is an ``address:port`` of the namespace; its ``mode`` says how it
 - ``liar``: authenticates like ``forward``, then answers by itself: 204 to any GET, an echo
   body with the address 203.0.113.77 for a path ending in ``/echo``, and to a CONNECT 200
   followed by echoing whatever comes through the "tunnel". ``forward`` with ``lie`` (a list of
-  ``http``, ``echo``, ``connect``) lies for those requests only;
+  ``http``, ``echo``, ``connect``) lies for those requests only; with ``forge`` (``append-address``,
+  ``replay-204``) its echo's proof is one the real probe target signed for a 204 check of a nonce
+  of the liar's making (issue 38 row 2's forgery) instead of zeros;
 - ``echo-credentials``: answers every request with a line that is not HTTP, carrying the
   request's ``Proxy-Authorization`` value (an endpoint echoing what it was sent);
 - ``hang``: accepts, reads, never answers;
@@ -110,13 +112,32 @@ async def forward(method, target, head, reader, writer):
     writer.write(answer)
     return False
 
-async def lie(method, target, reader, writer):
+# A proof the real probe target signs for a nonce of the liar's making (issue 38 row 2): the echo's
+# nonce with the invented address appended (append-address), or the echo's nonce as it is
+# (replay-204), asked for as a 204 check at the echo URL's host.
+async def forged_proof(target, forge):
+    url, _, query = target.partition("?")
+    nonce = query.partition("egress-probe-nonce=")[2].partition("&")[0]
+    asked = nonce + "%20203.0.113.77" if forge == "append-address" else nonce
+    netloc = url.split("://", 1)[1].partition("/")[0]
+    host, _, port = netloc.rpartition(":")
+    up_reader, up_writer = await asyncio.open_connection(host, int(port))
+    up_writer.write(f"GET /generate_204?egress-probe-nonce={asked} HTTP/1.1\r\nHost: {netloc}\r\n"
+                    "Connection: close\r\n\r\n".encode())
+    answer = (await up_reader.read()).decode("latin-1")
+    up_writer.close()
+    found = [l.split(":", 1)[1].strip() for l in answer.split("\r\n") if l.lower().startswith("x-egress-probe-proof:")]
+    return found[0] if found else "0" * 64
+
+async def lie(method, target, reader, writer, settings):
     if method == "CONNECT":
         writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
         await pipe(reader, writer)
         return False
     if target.split("?")[0].endswith("/echo"):
-        body = json.dumps({"ip": "203.0.113.77", "proof": "0" * 64}).encode()
+        forge = settings.get("forge")
+        signed = await forged_proof(target, forge) if forge else "0" * 64
+        body = json.dumps({"ip": "203.0.113.77", "proof": signed}).encode()
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
     else:
         writer.write(b"HTTP/1.1 204 No Content\r\n\r\n")
@@ -147,7 +168,7 @@ async def handle(name, reader, writer):
                 continue
             kind = "connect" if method == "CONNECT" else "echo" if target.split("?")[0].endswith("/echo") else "http"
             lying = mode == "liar" or kind in (settings.get("lie") or ())
-            keep = await (lie(method, target, reader, writer) if lying
+            keep = await (lie(method, target, reader, writer, settings) if lying
                           else forward(method, target, head, reader, writer))
             await writer.drain()
             if not keep:

@@ -259,6 +259,10 @@ def test_probe_absent_none_and_overrides() -> None:
     assert (defaults.connect, defaults.timeout_seconds, defaults.concurrency, defaults.round_seconds,
             defaults.flap_window, defaults.flap_percent) == ("probe.example.net:443", 5, 200, 30, 30, 25)
     assert parse_provider_config(with_probe({**target, "connect": "none"})).provider("home-kvm").probe.connect is None
+    # Where the controller's probes come from: named once, admitted by a provider with public endpoints.
+    assert defaults.sources == ()
+    named = parse_provider_config(with_probe({**target, "sources": ["203.0.113.5/32"]})).provider("home-kvm").probe
+    assert named.sources == ("203.0.113.5/32",) and named.as_dict()["sources"] == ["203.0.113.5/32"]
 
 
 TARGET = {"httpUrl": "http://x/generate_204", "keyFile": KEY}
@@ -283,6 +287,7 @@ TARGET = {"httpUrl": "http://x/generate_204", "keyFile": KEY}
     ({**TARGET, "flapWindow": 3}, "providers[0].probe.flapWindow: must be an integer >= 6"),
     ({**TARGET, "flapPercent": 95}, "providers[0].probe.flapPercent: must be at most 90"),
     ({**TARGET, "httpurl": "http://x/"}, "providers[0].probe.httpurl: unknown field"),
+    ({**TARGET, "sources": ["203.0.113.5/33"]}, "providers[0].probe.sources[0]: '203.0.113.5/33' is not a network"),
 ])
 def test_a_bad_probe_fails_only_its_provider(probe: Any, expected: str) -> None:
     config = parse_provider_config(with_probe(probe))

@@ -34,6 +34,7 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.k8s.pods impo
     build_pod,
 )
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.k8s.settings import KubernetesSettings
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.squid_access import parse_access
 from support.collection.provider_config import write_kubeconfig
 from support.kube.emulator import KubeEmulator
 
@@ -403,6 +404,23 @@ def test_a_full_resource_quota_is_transient_and_names_the_quota(provider: K8sPro
     assert "ResourceQuota proxies is used up" in message
 
 
+def test_a_quota_not_counted_yet_is_transient_and_the_create_passes_once_it_is(provider: K8sProvider,
+                                                                               kube: KubeEmulator) -> None:
+    # Issue 39 row 7: 403 "status unknown for quota" (the quota controller has not synced a new
+    # ResourceQuota yet) was permanent: the Proxy went Failed. It heals by itself at the sync.
+    provider.client.core.create_namespaced_resource_quota("egress", client.V1ResourceQuota(
+        metadata=client.V1ObjectMeta(name="proxies"), spec=client.V1ResourceQuotaSpec(hard={"pods": "5"})))
+    kube.quota_unsynced("egress", "proxies")
+    with pytest.raises(Transient) as caught:
+        provider.create(REQUEST, check_mode=False)
+    message = str(caught.value)
+    assert "status unknown for quota: proxies, resources: pods" in message
+    assert "has not counted the namespace's ResourceQuota proxies yet" in message
+    kube.quota_synced("egress", "proxies")
+    changed, created = provider.create(REQUEST, check_mode=False)
+    assert changed and created.state == "pending"
+
+
 def test_a_pod_on_a_node_that_stopped_reporting_is_in_error_then_stopped(provider: K8sProvider,
                                                                         kube: KubeEmulator) -> None:
     # Running + Ready=False from the node lifecycle controller: not serving, replaced like a dead
@@ -419,9 +437,14 @@ def test_a_pod_on_a_node_that_stopped_reporting_is_in_error_then_stopped(provide
     assert provider.delete(PROVIDER_ID, check_mode=False) is False  # already terminating: nothing to do
 
 
-@pytest.mark.parametrize("exposure", ["NodePort", "LoadBalancer"])
+@pytest.mark.parametrize(("exposure", "external_ip"),
+                         [("NodePort", None), ("NodePort", "198.51.100.11"), ("LoadBalancer", "198.51.100.11")])
 def test_a_service_exposed_pod_hands_out_the_address_crawlers_dial(tmp_path: Path, kube: KubeEmulator,
-                                                                   exposure: str) -> None:
+                                                                   exposure: str, external_ip: str | None) -> None:
+    # Issue 39 row 6: a NodePort is handed out on its node's ExternalIP where the node has one
+    # (crawlers outside the cluster route there), else on the InternalIP (the Pod's hostIP).
+    # Issue 38 row 9: a LoadBalancer gets no node port (one would bypass its source ranges).
+    kube.add_node("worker-1", "192.0.2.21", external_ip=external_ip)
     provider = provider_in(tmp_path, kube, exposure=exposure)
     _, _created = provider.create(REQUEST, check_mode=False)
     service = kube.get_object("services", "egress", "eu-1")
@@ -429,12 +452,13 @@ def test_a_service_exposed_pod_hands_out_the_address_crawlers_dial(tmp_path: Pat
     assert service["spec"]["externalTrafficPolicy"] == "Local"
     pod = kube.get_object("pods", "egress", "eu-1")
     assert pod is not None and service["metadata"]["ownerReferences"][0]["uid"] == pod["metadata"]["uid"]
-    node_port = service["spec"]["ports"][0]["nodePort"]
-    kube.kubelet_run("egress", "eu-1", pod_ip="10.244.1.7", host_ip="192.0.2.21")
+    node_port = service["spec"]["ports"][0].get("nodePort")
+    assert (node_port is None) == (exposure == "LoadBalancer")
+    kube.kubelet_run("egress", "eu-1", pod_ip="10.244.1.7", node="worker-1")
     if exposure == "LoadBalancer":
         assert (provider.get(PROVIDER_ID).state, provider.get(PROVIDER_ID).endpoint) == ("pending", None)
         kube.provision_load_balancer("egress", "eu-1", ip="198.51.100.20")
-    wanted = f"192.0.2.21:{node_port}" if exposure == "NodePort" else "198.51.100.20:3128"
+    wanted = f"{external_ip or '192.0.2.21'}:{node_port}" if exposure == "NodePort" else "198.51.100.20:3128"
     got = provider.get(PROVIDER_ID)
     assert (got.state, got.ip, got.endpoint) == ("running", "10.244.1.7", wanted)
     assert [(i.endpoint, i.ip) for i in provider.list(TAGS).instances] == [(wanted, "10.244.1.7")]
@@ -442,6 +466,49 @@ def test_a_service_exposed_pod_hands_out_the_address_crawlers_dial(tmp_path: Pat
     assert provider.create(REQUEST, check_mode=False)[0] is False
     assert provider.delete(PROVIDER_ID, check_mode=False) is True
     assert kube.get_object("services", "egress", "eu-1") is None
+
+
+def test_the_pods_squid_refuses_every_address_of_every_node(provider: K8sProvider, kube: KubeEmulator) -> None:
+    # Issue 38 row 1: a Pod's squid refused its own IPs and its node's hostIP only; a node's
+    # ExternalIP (and the other nodes', where the scheduler may put it) reached the node's services.
+    kube.add_node("worker-1", "10.0.0.11", external_ip="198.51.100.11")
+    kube.add_node("worker-2", "10.0.0.12", external_ip="198.51.100.12")
+    access = parse_access({"open": True, "allowed_sources": ["203.0.113.0/24"]})
+    provider.create(dataclasses.replace(REQUEST, access=access), check_mode=False)
+    pod = kube.get_object("pods", "egress", "eu-1")
+    assert pod is not None
+    conf = pod["metadata"]["annotations"]["crawl.example.com/squid-conf"]
+    acl = [line for line in conf.splitlines() if line.startswith("acl egress_host dst ")]
+    refused = {address for line in acl for address in line.split()[3:]}
+    assert {"10.0.0.11/32", "10.0.0.12/32", "198.51.100.11/32", "198.51.100.12/32"} <= refused
+    assert "http_access deny egress_host" in conf.splitlines()
+
+
+def test_the_controllers_probe_sources_are_admitted_beside_the_crawlers(tmp_path: Path, kube: KubeEmulator) -> None:
+    # Issue 39 item 1: probe.sources, named once, reach squid's allowlist and the load balancer's
+    # ranges, so the controller's own probe takes the crawlers' way and is not refused on it.
+    settings = KubernetesSettings(namespace="egress", image="squid", exposure="LoadBalancer",
+                                  kubeconfig=str(write_kubeconfig(tmp_path / "kubeconfig", kube.url)))
+    provider = K8sProvider(settings, KubeClient(settings), probe_sources=("192.0.2.5/32",))
+    access = parse_access({"open": True, "allowed_sources": ["203.0.113.0/24"]})
+    provider.create(dataclasses.replace(REQUEST, access=access), check_mode=False)
+    service = kube.get_object("services", "egress", "eu-1")
+    assert service is not None and service["spec"]["loadBalancerSourceRanges"] == ["203.0.113.0/24", "192.0.2.5/32"]
+    pod = kube.get_object("pods", "egress", "eu-1")
+    assert pod is not None
+    conf = pod["metadata"]["annotations"]["crawl.example.com/squid-conf"]
+    assert "# Clients outside 203.0.113.0/24, 192.0.2.5/32." in conf
+
+
+def test_a_node_port_without_the_grant_to_read_nodes_names_the_fix(tmp_path: Path, kube: KubeEmulator) -> None:
+    provider = provider_in(tmp_path, kube, exposure="NodePort")
+    provider.create(REQUEST, check_mode=False)
+    kube.kubelet_run("egress", "eu-1", node="worker-1")
+    kube.fail_next("GET", r"/api/v1/nodes", 403, reason="Forbidden",
+                   message='nodes is forbidden: User "system:serviceaccount:egress-proxies:x" cannot list resource')
+    with pytest.raises(Permanent, match=r"listing nodes \(the provider reads the nodes' addresses: its service "
+                                        r"account needs get and list on nodes.*rbac.yaml"):
+        provider.list(TAGS)
 
 
 def test_a_service_left_behind_is_made_again_and_removed_with_the_pod(tmp_path: Path, kube: KubeEmulator) -> None:

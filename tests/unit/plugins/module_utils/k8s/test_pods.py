@@ -294,11 +294,38 @@ def test_the_endpoint_is_what_a_crawler_dials_for_each_exposure(exposure: str, s
     assert instance.ip == ("192.0.2.21" if exposure == "hostNetwork" else "10.244.1.7")  # its own address
 
 
+@pytest.mark.parametrize(
+    ("exposure", "service", "node", "note"),
+    [("none", None, None, None),
+     ("NodePort", node_port_service(), None,
+      ("NodePort on the node's InternalIP 192.0.2.21 (the node has no ExternalIP): reachable from the cluster's "
+      "network only")),
+     ("NodePort", node_port_service(), {"status": {"addresses": [{"type": "InternalIP", "address": "192.0.2.21"},
+                                                                 {"type": "ExternalIP", "address": "198.51.100.11"}]}},
+      "NodePort on the node's ExternalIP 198.51.100.11, no firewall in front: the outside path is not verified"),
+     ("LoadBalancer", dict(load_balancer([{"ip": "198.51.100.20"}]), spec={"loadBalancerSourceRanges": [
+         "203.0.113.0/24", "198.51.100.7/32"]}), None,
+      ("LoadBalancer admitting 203.0.113.0/24, 198.51.100.7/32 only, none inside the private networks: a passing "
+      "probe came from outside the cluster, the crawlers' way (outside path verified)")),
+     ("LoadBalancer", dict(load_balancer([{"ip": "198.51.100.20"}]), spec={"loadBalancerSourceRanges": [
+         "203.0.113.0/24", "10.0.0.0/8"]}), None,
+      ("LoadBalancer that admits private sources (10.0.0.0/8): a probe from inside the cluster passes without "
+      "crossing the load balancer, so the outside path is not verified; to verify it, probe from outside")),
+     ("LoadBalancer", load_balancer([{"ip": "198.51.100.20"}]), None,
+      "LoadBalancer that admits every source (no source ranges)")],
+    ids=["pod-ip", "node-port-internal", "node-port-external", "lb-public-ranges", "lb-private-range", "lb-open"])
+def test_the_instance_says_how_crawlers_outside_reach_it_and_whether_a_probe_proves_it(
+        exposure: str, service: dict[str, Any] | None, node: dict[str, Any] | None, note: str | None) -> None:
+    found = pod_instance(with_status(RUNNING, exposure=exposure), exposure, service, node).exposure
+    assert found == note if note is None else (found or "").startswith(note)
+
+
 def test_the_service_selects_its_pod_and_keeps_the_client_address() -> None:
     settings = dataclasses.replace(SETTINGS, exposure="LoadBalancer")
     created = pod(settings)
     created["metadata"]["uid"] = "5f0c-11"
-    access = parse_access({"open": True, "allowed_sources": ["198.51.100.0/24"]})
+    # fc00::/7 cannot be a range of an IPv4 load balancer: the cloud would refuse the whole list.
+    access = parse_access({"open": True, "allowed_sources": ["198.51.100.0/24", "fc00::/7"]})
     service = build_service(settings, dataclasses.replace(REQUEST, access=access), created)
     assert service["metadata"]["name"] == created["metadata"]["name"]
     assert service["metadata"]["labels"] == created["metadata"]["labels"]  # listed and cleaned up alike
@@ -306,9 +333,32 @@ def test_the_service_selects_its_pod_and_keeps_the_client_address() -> None:
                                                        "name": "crawlers-eu-1-3f9c2a", "uid": "5f0c-11"}]
     assert service["spec"] == {
         "type": "LoadBalancer", "externalTrafficPolicy": "Local", "loadBalancerSourceRanges": ["198.51.100.0/24"],
+        "ipFamilyPolicy": "SingleStack", "ipFamilies": ["IPv4"],
+        # No node ports: nodeIP:nodePort would bypass loadBalancerSourceRanges (issue 38 row 9).
+        "allocateLoadBalancerNodePorts": False,
         "selector": {"app.kubernetes.io/managed-by": "egress-proxies",
                      "app.kubernetes.io/instance": "crawlers-eu-1-3f9c2a"},
         "ports": [{"name": "proxy", "port": 3128, "targetPort": "proxy", "protocol": "TCP"}]}
+
+
+@pytest.mark.parametrize(
+    ("families", "sources", "ranges"),
+    [(("IPv4",), ["198.51.100.0/24", "2001:db8::/32"], ["198.51.100.0/24"]),
+     (("IPv6",), ["198.51.100.0/24", "2001:db8::/32"], ["2001:db8::/32"]),
+     (("IPv4", "IPv6"), ["198.51.100.0/24", "2001:db8::/32"], ["198.51.100.0/24", "2001:db8::/32"]),
+     (("IPv4",), ["2001:db8::/32"], None)])
+def test_source_ranges_are_split_by_the_services_ip_families(families: tuple[str, ...], sources: list[str],
+                                                             ranges: list[str] | None) -> None:
+    settings = dataclasses.replace(SETTINGS, exposure="LoadBalancer", ip_families=families)
+    created = dict(pod(settings), metadata=dict(pod(settings)["metadata"], uid="5f0c-11"))
+    request = dataclasses.replace(REQUEST, access=parse_access({"open": True, "allowed_sources": sources}))
+    if ranges is None:  # an empty list would open the load balancer to everyone
+        with pytest.raises(Permanent, match=r"access.allowed_sources: none of 2001:db8::/32 is IPv4.*ipFamilies"):
+            build_service(settings, request, created)
+        return
+    spec = build_service(settings, request, created)["spec"]
+    assert (spec["loadBalancerSourceRanges"], spec["ipFamilies"]) == (ranges, list(families))
+    assert spec["ipFamilyPolicy"] == ("RequireDualStack" if len(families) > 1 else "SingleStack")
 
 
 # -- with the access option --------------------------------------------------------------------------

@@ -16,7 +16,8 @@ def test_kubernetes_settings_and_their_defaults() -> None:
     assert minimal is not None
     assert minimal == KubernetesSettings(namespace="egress", image="ubuntu/squid:latest", kubeconfig=None,
                                          squid_config=None, exposure="none", spread_nodes=True,
-                                         cpu_request="100m", memory_request="128Mi", namespaces=())
+                                         cpu_request="100m", memory_request="128Mi", namespaces=(),
+                                         ip_families=("IPv4",))
     assert minimal.locations == ("egress",)
     document = changed(((*K8S, "namespaces"), ["crawl-a", "egress"]), ((*K8S, "kubeconfig"), "/etc/kube/config"),
                        ((*K8S, "squidConfig"), "# https_port is fine\nhttp_access allow all\n"),
@@ -61,7 +62,28 @@ BAD_FIELDS = [
                  "LoadBalancer", id="kubernetes-exposure"),
     pytest.param(changed(((*K8S, "hostnetwork"), True)), "providers[2].kubernetes.hostnetwork: unknown field",
                  id="kubernetes-typo"),
+    pytest.param(changed(((*K8S, "ipFamilies"), ["IPv4", "IPv4"])),
+                 "providers[2].kubernetes.ipFamilies: ['IPv4', 'IPv4'] must list IPv4, IPv6 or both, each once",
+                 id="kubernetes-ip-families"),
+    # Issue 39 row 5: a public exposure with the private default sources shut out crawlers on the
+    # internet; the sources must be named (0.0.0.0/0 only when written).
+    pytest.param(changed(((*K8S, "exposure"), "LoadBalancer")),
+                 "providers[2].allowedSources: required with kubernetes.exposure: LoadBalancer (its endpoints are "
+                 "reachable from outside the cluster): name the crawlers' networks (allowedSources: "
+                 "[203.0.113.0/24]), or 0.0.0.0/0 and ::/0 to serve anyone; name the controller's own once in "
+                 "probe.sources", id="kubernetes-load-balancer-without-sources"),
+    pytest.param(changed(((*K8S, "exposure"), "NodePort")),
+                 "providers[2].allowedSources: required with kubernetes.exposure: NodePort",
+                 id="kubernetes-node-port-without-sources"),
 ]
+
+
+def test_a_public_exposure_with_named_sources_and_probe_sources_is_valid() -> None:
+    document = changed(((*K8S, "exposure"), "LoadBalancer"), ((*K8S, "ipFamilies"), ["IPv4", "IPv6"]),
+                       (("providers", 2, "allowedSources"), ["203.0.113.0/24"]))
+    provider = parse_provider_config(document).providers[2]
+    assert provider.kubernetes is not None and provider.kubernetes.ip_families == ("IPv4", "IPv6")
+    assert provider.allowed_sources == ("203.0.113.0/24",)
 
 
 @pytest.mark.parametrize(("document", "expected"), BAD_FIELDS)
