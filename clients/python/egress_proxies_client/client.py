@@ -95,9 +95,9 @@ class ProxyClient:
     (it may be being created), then ``PoolNotFound``.
 
     Bounds (``limits.py``): proxies that fail are set aside ``failure_cooldown`` seconds, doubled
-    per failure in a row up to ``max_failure_cooldown``; at most ``max_quarantines`` reports in
-    ``quarantine_window`` seconds and ``max_quarantine_share`` of the listed proxies banned at once
-    (a ban past them sets the proxy aside for ``max_failure_cooldown`` instead of reporting it)."""
+    per failure in a row up to ``max_failure_cooldown``; at most ``max_quarantines`` reports, and
+    ``max_quarantine_share`` of the pool, in ``quarantine_window`` seconds (a ban past them sets the
+    proxy aside for ``max_failure_cooldown`` instead of reporting it)."""
 
     def __init__(self, url: str, token: str, *, namespace: str | None = None, pool: str | None = None,
                  policy: str = "round_robin", refresh_seconds: float = 5.0, timeout: float = 5.0,
@@ -267,8 +267,8 @@ class ProxyClient:
             if known is not None:
                 return known
             future: Future[QuarantineOutcome] = Future()
-            listed = {listed.instance for listed in self._listed}
-            verdict = self._budget.take(len(self._banned & listed), len(listed), time.monotonic())
+            verdict = self._budget.take(proxy.instance, {listed.instance for listed in self._listed},
+                                        time.monotonic())
             if not verdict.allowed:
                 self._set_aside(proxy, self._backoff.ceiling)
                 future.set_result(QuarantineOutcome(proxy, False, None, f"not reported: the quarantine budget is "

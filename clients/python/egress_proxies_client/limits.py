@@ -79,8 +79,10 @@ class BudgetVerdict:
 
 class QuarantineBudget:
     """At most ``per_window`` quarantines in any ``window`` seconds, and never more than ``share``
-    of the proxies listed banned by this client at once (the pool's floor, on the controller,
-    is the other bound)."""
+    of the pool in that window (one is always allowed: a pool of one can have its one replaced).
+    The pool is what discovery lists plus what this client reported in the window, since a
+    quarantined proxy leaves discovery at once; the pool's floor, on the controller, is the other
+    bound."""
 
     def __init__(self, per_window: int, window: float, share: float) -> None:
         if per_window < 1:
@@ -90,17 +92,19 @@ class QuarantineBudget:
         if not 0 < share <= 1:
             raise ValueError(f"max_quarantine_share: {share!r} must be above 0 and at most 1")
         self.per_window, self.window, self.share = per_window, window, share
-        self._sent: deque[float] = deque()
+        self._sent: deque[tuple[float, Instance]] = deque()
 
-    def take(self, banned: int, listed: int, now: float) -> BudgetVerdict:
-        """One quarantine more, with ``banned`` of ``listed`` already banned here (this one not counted)."""
-        while self._sent and self._sent[0] <= now - self.window:
+    def take(self, instance: Instance, listed: set[Instance], now: float) -> BudgetVerdict:
+        """One quarantine more, of ``instance``, with ``listed`` in discovery now."""
+        while self._sent and self._sent[0][0] <= now - self.window:
             self._sent.popleft()
         if len(self._sent) >= self.per_window:
             return BudgetVerdict(False, f"{self.per_window} quarantines in the last {self.window:.0f} s "
                                         "(max_quarantines)")
-        if banned + 1 > max(1.0, self.share * listed):  # one is always allowed: a pool of one can be replaced
-            return BudgetVerdict(False, f"{banned} of {listed} listed proxies already banned by this client "
-                                        f"(max_quarantine_share {self.share:g})")
-        self._sent.append(now)
+        reported = {sent for _, sent in self._sent}
+        pool = len(listed | reported | {instance})
+        if len(self._sent) + 1 > max(1.0, self.share * pool):
+            return BudgetVerdict(False, f"{len(self._sent)} of {pool} proxies already reported by this client in the "
+                                        f"last {self.window:.0f} s (max_quarantine_share {self.share:g})")
+        self._sent.append((now, instance))
         return BudgetVerdict(True)

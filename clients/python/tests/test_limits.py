@@ -44,16 +44,21 @@ def test_site_cool_downs_are_bounded_in_memory(monkeypatch: pytest.MonkeyPatch) 
 
 
 def test_the_quarantine_budget_bounds_reports_per_window_and_the_share_of_the_pool() -> None:
+    pool = {("crawlers", f"p{n}", f"id-{n}") for n in range(10)}
+    first, second, third = sorted(pool)[:3]
     budget = QuarantineBudget(per_window=2, window=60.0, share=1.0)
-    assert budget.take(0, 10, now=0.0).allowed and budget.take(1, 10, now=1.0).allowed
-    refused = budget.take(2, 10, now=2.0)
+    assert budget.take(first, pool, now=0.0).allowed and budget.take(second, pool, now=1.0).allowed
+    refused = budget.take(third, pool, now=2.0)
     assert not refused.allowed and "2 quarantines in the last 60 s (max_quarantines)" in refused.why
-    assert budget.take(2, 10, now=60.5).allowed  # the first one left the window
+    assert budget.take(third, pool, now=60.5).allowed  # the first one left the window
     share = QuarantineBudget(per_window=100, window=60.0, share=0.5)
-    assert share.take(0, 3, now=0.0).allowed  # 1 of 3
-    verdict = share.take(1, 3, now=0.0)  # 2 of 3 would be more than half
-    assert not verdict.allowed and "1 of 3 listed proxies already banned" in verdict.why
-    assert share.take(0, 1, now=0.0).allowed  # a pool of one can always have its one replaced
+    three = {A, B, ("crawlers", "c", "id-c")}
+    assert share.take(A, three, now=0.0).allowed  # 1 of 3
+    # A gone from discovery (quarantined): still counted in the pool while in the window.
+    verdict = share.take(B, three - {A}, now=1.0)
+    assert not verdict.allowed and "1 of 3 proxies already reported by this client" in verdict.why
+    assert share.take(B, three - {A}, now=61.0).allowed  # the window moved on
+    assert QuarantineBudget(100, 60.0, 0.5).take(A, {A}, now=0.0).allowed  # a pool of one: its one
 
 
 @pytest.mark.parametrize(("arguments", "message"), [
