@@ -49,6 +49,7 @@ DIRECTORY_BUDGETS = {
     "tests/controller": 1200,
     "tests/integration": 1500,
     "tests/packaging": 360,
+    "clients/python": 30,  # the crawler client's own unit tests (testpaths)
 }
 SLOWEST = 15
 

@@ -6,7 +6,8 @@ Started by ``cli`` next to ``loop.Controller``. Routes of the discovery port (``
 - ``/healthz`` and ``/readyz``: ``SweepHealth.alive()`` / ``ready()``, 200 ``ok`` or 503 with the
   reason. Unauthenticated, for the kubelet.
 - ``/v1/pools/{namespace}/{name}/proxies[.txt]``: the same, for one ProxyPool's members, and
-  ``/v1/namespaces/{namespace}/proxies[.txt]`` for one namespace; 403 for a token without it.
+  ``/v1/namespaces/{namespace}/proxies[.txt]`` for one namespace; 403 for a token without it,
+  404 ``no ProxyPool`` for a pool that does not exist (an empty list: it has no member ready).
 - ``POST /v1/proxies/{namespace}/{name}/quarantine`` with ``{"reason": "..."}``: a crawler reports
   the proxy's current instance unusable (banned); it leaves discovery at once and is replaced
   (``sweep.quarantine.Quarantine``). Same tokens and scopes as discovery, rate-limited per token.
@@ -539,6 +540,11 @@ class ControllerHTTPServer:
             return self._refused(header, peer, "discovery")
         if within is not None and namespaces is not None and within[0] not in namespaces:
             return 403, _TEXT, f"this token does not cover namespace {within[0]}\n".encode(), {}
+        # "No such pool" told apart from "no member ready" (an empty list): a mistyped pool fails
+        # the crawler at once instead of draining its queue (issue 41). After the 403: a token
+        # learns nothing of a namespace it does not cover.
+        if within is not None and within[1] is not None and not self.discovery.knows_pool(within[0], within[1]):
+            return 404, _TEXT, f"no ProxyPool {within[0]}/{within[1]}\n".encode(), {}
         proxies = sorted((p for p in self.discovery.handed_out()
                           if (namespaces is None or p.namespace in namespaces)
                           and (within is None or (p.namespace == within[0] and within[1] in (None, pool_of(p))))),

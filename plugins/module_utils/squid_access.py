@@ -7,9 +7,9 @@ configuration (docs/architecture.md, "Security model").
 The policy is two pieces of squid.conf around the distribution's and the user's configuration,
 ``head + <theirs> + tail`` (:meth:`Policy.around`), because squid decides by order:
 
-- the **head** comes first, and squid takes the first ``http_access`` line that matches: ports,
-  the cache manager, then client sources (403), then credentials (407), then destinations (403),
-  then ``allow``, then ``deny all``, so no ``http_access`` line of anyone else's ever decides a
+- the **head** comes first, and squid takes the first ``http_access`` line that matches: the
+  cache manager, then client sources (403), then credentials (407), then ports and destinations
+  (403), then ``allow``, then ``deny all``, so no ``http_access`` line of anyone else's ever decides a
   request. A request refused for its source or credentials is refused before any destination
   ACL, so it costs no DNS lookup. Every ACL a rule refuses with lists what is *refused*
   (squid_networks.py), so a user's ``acl`` line of the same name, which squid appends, can only
@@ -39,7 +39,7 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.errors import
 # What an instance's policy is built from besides the Access itself: a new version changes what
 # every instance gets, so the controller makes it part of each instance's build hash
 # (``provider_config_info`` returns it) and replaces instances built with an older one.
-POLICY_VERSION = "3"
+POLICY_VERSION = "4"
 BASIC_NCSA_AUTH = "/usr/lib/squid/basic_ncsa_auth"
 # The realm a client sees in a 407; neutral, so it names neither the software nor the fleet.
 REALM = "proxy"
@@ -236,7 +236,7 @@ def _acls(access: Access, paths: PolicyPaths, hosts: Sequence[nets.Network]) -> 
             " but those opened by allowed_destinations (%s)" % ", ".join(access.allowed_destinations) if opened
             else "", _described(nets.INTERNAL)))
         lines += nets.acl_lines("egress_internal", "dst", closed)
-    return [*lines, "acl egress_squid_server rep_header Server ^squid(/|$)",
+    return [*lines, *_own_error_acl(access), "acl egress_squid_server rep_header Server ^squid(/|$)",
             "acl egress_client_cache_control req_header Cache-Control %s" % _CLIENT_CACHE_CONTROL]
 
 
@@ -249,13 +249,15 @@ def _comment(text: str) -> List[str]:
 
 
 def _http_access(access: Access, internal_closed: bool, host_refused: bool) -> List[str]:
-    rules = ["http_access deny egress_refused_ports",
-             "http_access deny egress_connect egress_connect_refused_ports",
-             "http_access deny manager"]
+    rules = ["http_access deny manager"]
     if access.allowed_sources:
         rules += ["http_access deny egress_foreign"]  # 403, before any credential is asked for
     if access.users:
         rules += ["http_access deny !egress_users"]  # 407: no, wrong or made-up credentials
+    # Ports after credentials: a credential holder's refusal carries OWN_ERROR_HEADER, which needs
+    # the credentials checked (a stranger gets the 407 first, whatever the port).
+    rules += ["http_access deny egress_refused_ports",
+              "http_access deny egress_connect egress_connect_refused_ports"]
     # Destinations last: their ACLs resolve the host name, so only a client that passed the
     # rules above ever costs a DNS lookup.
     refused = ["egress_never"] + (["egress_host"] if host_refused else []) + (
@@ -288,7 +290,33 @@ def _head(access: Access, paths: PolicyPaths, hosts: Sequence[nets.Network]) -> 
               "reply_header_access X-Squid-Error deny all",
               "reply_header_access X-Cache deny all",
               "reply_header_access X-Cache-Lookup deny all"]
+    lines += _own_error_header(access)
     return "\n".join(lines) + "\n"
+
+
+# Issue 41: a crawler must tell the proxy's own refusals (a destination the policy refuses, a site
+# squid cannot reach) from the site's answers, or it reports its proxy as banned by the site. Squid
+# names its error in this header, to credential holders only (strangers learn nothing of the
+# fleet). squid_error matches only the errors squid made itself, never a site's answer; a site's
+# header of the same name is removed (reply_header_add adds after reply_header_access removed).
+OWN_ERROR_HEADER = "X-Egress-Proxies-Error"
+
+
+def _own_error_acl(access: Access) -> List[str]:
+    if not access.users:
+        return []
+    errors = [name for name in ERROR_TEMPLATES if name not in _PAGES_ONLY]
+    return nets.acl_lines("egress_own_error", "squid_error", errors)
+
+
+def _own_error_header(access: Access) -> List[str]:
+    lines = ["reply_header_access %s deny all" % OWN_ERROR_HEADER]
+    if access.users:
+        # A source outside allowed_sources never gets it, whatever credentials it holds (squid's
+        # credential cache can match egress_users after the 403 for its source).
+        sources = " !egress_foreign" if access.allowed_sources else ""
+        lines += ['reply_header_add %s "%%err_code" egress_users egress_own_error%s' % (OWN_ERROR_HEADER, sources)]
+    return lines
 
 
 def _tail(access: Access, paths: PolicyPaths) -> str:
@@ -348,6 +376,8 @@ ERROR_TEMPLATES = (
     "ERR_UNSUP_REQ", "ERR_URN_RESOLVE", "ERR_WRITE_ERROR", "ERR_ZERO_SIZE_OBJECT",
 )
 DIR_LISTING_TEMPLATE = "ERR_DIR_LISTING"
+# Templates that are pages only (for deny_info), not an error squid records: squid_error refuses them.
+_PAGES_ONLY = ("ERR_ACL_TIME_QUOTA_EXCEEDED", "ERR_AGENT_CONFIGURE", "ERR_AGENT_WPAD")
 DIR_LISTING_PAGE = """<!DOCTYPE html>
 <html><head><meta charset="utf-8"><title>Directory: %U</title></head>
 <body><h2>Directory: <a href="%U">%U</a>/</h2>

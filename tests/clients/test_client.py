@@ -6,6 +6,7 @@ controller, and quarantine reports with 401, 403, 404 and 429 answers.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
@@ -69,6 +70,9 @@ def test_wrong_token_scope_address_or_argument_is_one_clear_error_at_start(disco
         ({"token": "not-a-token", "namespace": "crawlers"}, "the controller refused the token (401"),
         ({"token": CRAWLER_TOKEN, "namespace": "team-b"}, "the token does not cover namespace team-b (403"),
         ({"token": CRAWLER_TOKEN, "pool": "team-b/eu"}, "the token does not cover pool team-b/eu (403"),
+        # Issue 41 row 5: a mistyped pool is an error, not an empty list to wait on.
+        ({"token": CRAWLER_TOKEN, "pool": "crawlers/nonexistent"},
+         "discovery knows no pool crawlers/nonexistent (404 no ProxyPool crawlers/nonexistent"),
     ]
     for arguments, message in cases:
         with pytest.raises(DiscoveryError, match=message.replace("(", r"\(")):
@@ -87,8 +91,9 @@ def test_wrong_token_scope_address_or_argument_is_one_clear_error_at_start(disco
             ProxyClient(f"http://127.0.0.1:{closed}", CRAWLER_TOKEN, **bad)
     with pytest.raises(ValueError, match="url: 'egress-proxies:8080' is not the controller's http://"):
         ProxyClient("egress-proxies:8080", CRAWLER_TOKEN)
-    with pytest.raises(ValueError, match="token: empty, or surrounded by whitespace"):
+    with pytest.raises(ValueError, match="token: contains whitespace or a control character") as caught:
         ProxyClient(f"http://127.0.0.1:{closed}", CRAWLER_TOKEN + "\n")
+    assert CRAWLER_TOKEN not in str(caught.value)
 
 
 def test_each_policy_hands_out_every_proxy_its_own_way(discovery: DiscoveryServer, clients: list[ProxyClient]) -> None:
@@ -195,7 +200,9 @@ def test_429_waits_for_retry_after_and_gives_up_beyond_max_retry_after(tmp_path:
     try:
         discovery.add("eu-0", "10.20.0.1")
         discovery.add("eu-1", "10.20.0.2")
-        client = ProxyClient(discovery.url, CRAWLER_TOKEN, namespace="crawlers")
+        # Past the client's own quarantine budget (10 a minute, half the pool): the controller's is tested.
+        client = ProxyClient(discovery.url, CRAWLER_TOKEN, namespace="crawlers", max_quarantines=100,
+                             max_quarantine_share=1.0)
         impatient = ProxyClient(discovery.url, CRAWLER_TOKEN, namespace="crawlers", max_retry_after=1)
         clients += [client, impatient]
         ghosts = [client.report_banned(Proxy("crawlers", f"ghost-{n}", "10.20.0.99", 3128), "banned")
@@ -242,3 +249,60 @@ def test_clients_started_together_refresh_spread_out(discovery: DiscoveryServer,
     # clients spread over most of it (a loaded machine adds delay, never uniformity).
     offsets = sorted(times[1] - times[0] for times in moments.values())
     assert offsets[-1] - offsets[0] >= 0.8 and offsets[0] < 1.0, offsets
+
+
+def test_a_ban_report_outlives_an_outage_and_close_flushes_for_a_bounded_time(
+        discovery: DiscoveryServer, clients: list[ProxyClient]) -> None:
+    """Issue 41 row 6: a report made while the controller is down is sent when it is back; one
+    still undelivered when the client closes gets close's time, then counts as undelivered."""
+    client = ProxyClient(discovery.url, CRAWLER_TOKEN, pool="crawlers/eu", max_quarantine_share=1.0)
+    clients.append(client)
+    first, second = client.pick(), client.pick()
+    discovery.stop()
+    future = client.report_banned(first, "HTTP 403 from example.com")
+    assert first not in client.proxies()  # out at once, whatever the controller
+    with pytest.raises(TimeoutError):
+        future.result(timeout=1.5)  # still trying
+    discovery.restart()
+    outcome = future.result(timeout=30)
+    assert outcome.quarantined and outcome.attempts >= 2 and discovery.store.reasons(first.key) == ["Quarantined"]
+    discovery.stop()
+    late = client.report_banned(second, "HTTP 403 from example.com")
+    started = time.monotonic()
+    client.close(timeout=1.0)
+    closed_in = time.monotonic() - started
+    outcome = late.result(timeout=5)
+    assert outcome.undelivered and not outcome.quarantined
+    assert "not delivered before the client closed" in outcome.detail
+    assert 0.9 <= closed_in < 5, closed_in
+
+
+def test_the_asyncio_api_never_blocks_the_event_loop(tmp_path: Path) -> None:
+    """Issue 41 row 7: apick's wait for a proxy lets the loop run (pick's would block it)."""
+    discovery = DiscoveryServer(tmp_path)  # nothing listed yet
+
+    async def crawl() -> tuple[int, str]:
+        client = await asyncio.to_thread(ProxyClient, discovery.url, CRAWLER_TOKEN, namespace="crawlers",
+                                         refresh_seconds=0.5)
+        ticks = 0
+
+        async def tick() -> None:
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.01)
+                ticks += 1
+
+        ticker = asyncio.create_task(tick())
+        asyncio.get_running_loop().call_later(0.5, discovery.add, "eu-0", "10.20.0.1")
+        try:
+            proxy = await client.apick(wait=10)
+        finally:
+            ticker.cancel()
+            await client.aclose(timeout=1)
+        return ticks, proxy.name
+
+    try:
+        ticks, name = asyncio.run(crawl())
+    finally:
+        discovery.stop()
+    assert name == "eu-0" and ticks >= 20, ticks  # the loop ran on while apick waited (>= 0.5 s)

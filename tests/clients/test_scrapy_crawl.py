@@ -88,11 +88,18 @@ class Lab:
     api: client.ApiClient
 
     def discovery(self) -> list[dict[str, Any]]:
+        """The pool's members in discovery; none while no sweep has seen the pool yet (its 404)."""
         request = urllib.request.Request(
             f"http://127.0.0.1:{self.controller.port}/v1/pools/{NAMESPACE}/{POOL}/proxies",
             headers={"Authorization": f"Bearer {CRAWLER_TOKEN}"})
-        with urllib.request.urlopen(request, timeout=5) as answer:
-            return list(json.loads(answer.read())["proxies"])
+        try:
+            with urllib.request.urlopen(request, timeout=5) as answer:
+                return list(json.loads(answer.read())["proxies"])
+        except urllib.error.HTTPError as error:
+            error.close()
+            if error.code == 404:
+                return []
+            raise
 
 
 def start_controller(kube: KubeEmulator, ns: NetworkNamespace, probe_target: ProbeTargetProcess,

@@ -61,6 +61,7 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.squid_access 
     DIR_LISTING_TEMPLATE,
     ERROR_PAGE,
     ERROR_TEMPLATES,
+    OWN_ERROR_HEADER,
     Access,
     parse_access,
 )
@@ -566,6 +567,31 @@ def test_a_wrong_password_for_the_user_is_refused(lab: Lab, request: pytest.Fixt
     assert _ask(lab, proxy, "GET", PUBLIC, "crawlers-wrong", "allowed") == 407
     assert _ask(lab, proxy, "GET", PUBLIC, "right", "allowed") == 204
     assert _ask(lab, proxy, "GET", PUBLIC, "crawlers-wrong", "allowed") == 407
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_the_proxys_own_errors_are_marked_for_credential_holders_only(lab: Lab, request: pytest.FixtureRequest,
+                                                                      policy: str) -> None:
+    """Issue 41 row 1: a crawler tells the proxy's own refusal from a site's ban by the marker,
+    which names squid's error; strangers, clients without credentials and every origin's own
+    answer never carry it (the hostile configuration beside the policy changes none of it)."""
+    proxy = proxy_of(request, policy)
+    marker = OWN_ERROR_HEADER.lower()
+
+    def marked(raw: bytes, source: str = "allowed") -> tuple[int, str | None]:
+        status, rest = _exchange(lab, proxy, raw, source)
+        return status, _headers(rest)[0].get(marker)
+
+    right = _credential("right")
+    refused_port = f"GET http://{PUBLIC}:25/ HTTP/1.1\r\nHost: {PUBLIC}:25\r\n{right}Connection: close\r\n\r\n"
+    assert marked(refused_port.encode()) == (403, "ERR_ACCESS_DENIED")
+    assert marked(_request("GET", "169.254.169.254", right)) == (403, "ERR_ACCESS_DENIED")
+    status, error = marked(_request("GET", "unknown.test", right))  # squid could not reach a site
+    assert status == 502 and error is not None and error.startswith("ERR_") and error != "ERR_ACCESS_DENIED"
+    assert marked(refused_port.replace(right, "").encode()) == (407, None)
+    assert marked(_request("GET", "169.254.169.254", _credential("made-up"))) == (407, None)
+    assert marked(_request("GET", "169.254.169.254", right), "foreign") == (403, None)
+    assert marked(_request("GET", PUBLIC, right)) == (204, None)  # the origin's answer
 
 
 # -- the install script and the Pod ----------------------------------------------------------------

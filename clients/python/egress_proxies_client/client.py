@@ -1,14 +1,18 @@
 """``ProxyClient``: the proxies of a namespace or pool from the controller's discovery, kept fresh in
 the background, handed out by a policy, and banned ones reported to the controller's quarantine.
 
-Threads: the caller's (``pick``, ``report_banned``: in memory, never waiting on the network), a
-refresher (one conditional GET every ``refresh_seconds`` +-20 %, its first at a random point of the
-first interval, so processes started together spread out), and a reporter started by the first
-``report_banned`` (quarantine POSTs one at a time, 429s waited out as ``Retry-After`` says).
+Threads: the caller's (``pick``, ``report_banned``, ``report_failure``, ``cool_down``: in memory,
+never waiting on the network), a refresher (one conditional GET every ``refresh_seconds`` +-20 %,
+its first at a random point of the first interval, so processes started together spread out), and
+a reporter started by the first ``report_banned`` (quarantine POSTs one at a time, 429s waited out
+as ``Retry-After`` says, an unreachable controller retried with backoff for as long as the client
+runs, and what is left given ``close``'s time to go out). asyncio code uses ``apick`` and
+``aclose``, which never block the event loop.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import queue
 import random
@@ -18,6 +22,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 
+from egress_proxies_client.limits import Backoff, QuarantineBudget, SiteCooldowns
 from egress_proxies_client.policies import Policy, make_policy
 from egress_proxies_client.proxy import DiscoveryFormatError, Proxy, parse_listing
 from egress_proxies_client.transport import Answer, Controller, ControllerUnreachable, Scope, reason_text
@@ -26,9 +31,12 @@ log = logging.getLogger("egress_proxies_client")
 
 # Each refresh interval is this much shorter or longer at random, so clients never fall in step.
 JITTER = 0.2
-# Attempts of one quarantine report: 429s and 5xx answers and unreachable controllers are retried
-# up to this many times in all; any other 4xx never (the same request would be refused again).
-REPORT_ATTEMPTS = 4
+# A quarantine report the controller did not take (unreachable, 5xx) is sent again after this many
+# seconds, doubled each time up to REPORT_BACKOFF_CEILING, for as long as the client runs; a 429
+# as Retry-After says; any other 4xx never (the same request would be refused again).
+REPORT_BACKOFF, REPORT_BACKOFF_CEILING = 1.0, 30.0
+# How often a client starting against a pool discovery does not know asks again (pool_wait).
+POOL_POLL = 1.0
 
 
 class EgressProxiesError(Exception):
@@ -37,6 +45,10 @@ class EgressProxiesError(Exception):
 
 class DiscoveryError(EgressProxiesError):
     """Discovery cannot be used at start-up: wrong token, scope, address, or the controller is down."""
+
+
+class PoolNotFound(DiscoveryError):
+    """The ProxyPool does not exist (a typo, another namespace, not created yet) after ``pool_wait``."""
 
 
 class NoProxyAvailable(EgressProxiesError):
@@ -63,6 +75,13 @@ class QuarantineOutcome:
     """The controller's last answer (200, 404, 429, ...); None when it never answered or was not asked."""
     detail: str
     attempts: int
+    over_budget: bool = False
+    """Not sent: this client's quarantine budget was spent (the proxy is set aside instead)."""
+
+    @property
+    def undelivered(self) -> bool:
+        """Sent but never answered: the controller was unreachable until the client closed."""
+        return not self.quarantined and self.status is None and self.attempts > 0
 
 
 class ProxyClient:
@@ -72,15 +91,28 @@ class ProxyClient:
     neither, every namespace the token covers. The constructor reads discovery once and raises
     ``DiscoveryError`` saying what is wrong (the token, the scope, the address). After that an
     unreachable controller never takes the proxies away: the last good list is used until
-    discovery answers again."""
+    discovery answers again. A pool discovery does not know is waited for ``pool_wait`` seconds
+    (it may be being created), then ``PoolNotFound``.
+
+    Bounds (``limits.py``): proxies that fail are set aside ``failure_cooldown`` seconds, doubled
+    per failure in a row up to ``max_failure_cooldown``; at most ``max_quarantines`` reports, and
+    ``max_quarantine_share`` of the pool, in ``quarantine_window`` seconds (a ban past them sets the
+    proxy aside for ``max_failure_cooldown`` instead of reporting it)."""
 
     def __init__(self, url: str, token: str, *, namespace: str | None = None, pool: str | None = None,
                  policy: str = "round_robin", refresh_seconds: float = 5.0, timeout: float = 5.0,
                  max_retry_after: float = 120.0, on_refresh: Callable[[Refresh], None] | None = None,
-                 rng: random.Random | None = None) -> None:
+                 rng: random.Random | None = None, pool_wait: float = 0.0, failure_cooldown: float = 5.0,
+                 max_failure_cooldown: float = 300.0, max_quarantines: int = 10, quarantine_window: float = 60.0,
+                 max_quarantine_share: float = 0.5) -> None:
         self.scope = _scope(namespace, pool)
         if refresh_seconds < 0.5:
             raise ValueError(f"refresh_seconds: {refresh_seconds!r} is below 0.5 s (every crawler process polls)")
+        self._backoff = Backoff(failure_cooldown, max_failure_cooldown)
+        self._budget = QuarantineBudget(max_quarantines, quarantine_window, max_quarantine_share)
+        self._cooldowns = SiteCooldowns()
+        self.pool_wait = pool_wait
+        self.pool_missing_since: float | None = None  # time.monotonic() since discovery says no such pool
         self._rng = rng or random.Random()
         self._policy: Policy = make_policy(policy, self._rng)
         self.policy = policy
@@ -90,6 +122,7 @@ class ProxyClient:
         self.on_refresh = on_refresh
         self._lock = threading.Lock()
         self._listed: tuple[Proxy, ...] = ()
+        self._usable_instances: set[tuple[str, str, str]] = set()
         self._etag: str | None = None
         self._banned: set[tuple[str, str, str]] = set()
         self._aside: dict[tuple[str, str, str], float] = {}
@@ -97,7 +130,8 @@ class ProxyClient:
         self._reports: dict[tuple[str, str, str], Future[QuarantineOutcome]] = {}
         self._queue: queue.Queue[tuple[Proxy, str, Future[QuarantineOutcome]] | None] = queue.Queue()
         self._reporter: threading.Thread | None = None
-        self._stop = threading.Event()
+        self._stop = threading.Event()  # the threads end now
+        self._closing = threading.Event()  # close() was called: reports still queued get its time
         self._wake = threading.Event()
         self.last_success = 0.0  # time.monotonic() of the last good discovery answer
         self._failing_since: float | None = None
@@ -113,20 +147,70 @@ class ProxyClient:
         deadline = time.monotonic() + wait
         asked = False
         while True:
-            with self._lock:
-                if self._aside_until <= time.monotonic():
-                    self._rebuild()
-                proxy = self._policy.pick(site)
+            proxy = self._pick_now(site)
             if proxy is not None:
                 return proxy
-            if time.monotonic() >= deadline or self._stop.is_set():
-                raise NoProxyAvailable(f"discovery at {self._controller.url} lists no usable proxy for {self.scope}"
-                                       f" ({len(self._listed)} listed, {len(self._banned)} banned, "
-                                       f"{len(self._aside)} set aside)")
+            self._give_up_at(deadline, site)
             if not asked:  # one early refresh, not one per turn of this loop
                 self._wake.set()
                 asked = True
             time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+
+    async def apick(self, site: str | None = None, wait: float = 0.0) -> Proxy:
+        """``pick`` for asyncio code: the wait never blocks the event loop."""
+        deadline = time.monotonic() + wait
+        asked = False
+        while True:
+            proxy = self._pick_now(site)
+            if proxy is not None:
+                return proxy
+            self._give_up_at(deadline, site)
+            if not asked:
+                self._wake.set()
+                asked = True
+            await asyncio.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+
+    def _pick_now(self, site: str | None) -> Proxy | None:
+        """The policy's choice, or, when the site asked that proxy to wait (``cool_down``), the next
+        one it has not; None when nothing is usable for ``site``."""
+        with self._lock:
+            now = time.monotonic()
+            if self._aside_until <= now:
+                self._rebuild()
+            proxy = self._policy.pick(site)
+            if proxy is None or site is None or not len(self._cooldowns) \
+                    or not self._cooldowns.cooling(proxy.instance, site, now):
+                return proxy
+            usable = self._usable()
+            for _ in range(len(usable)):  # the policy's order first (round robin moves on)
+                proxy = self._policy.pick(site)
+                if proxy is not None and not self._cooldowns.cooling(proxy.instance, site, now):
+                    return proxy
+            return next((p for p in usable if not self._cooldowns.cooling(p.instance, site, now)), None)
+
+    def _give_up_at(self, deadline: float, site: str | None) -> None:
+        if time.monotonic() < deadline and not self._stop.is_set():
+            return
+        with self._lock:
+            counts = (f"{len(self._listed)} listed, {len(self._banned)} banned, {len(self._aside)} set aside"
+                      + (f", the rest asked by {site} to wait" if site is not None and len(self._cooldowns) else ""))
+        raise NoProxyAvailable(f"discovery at {self._controller.url} lists no usable proxy for {self.scope} "
+                               f"({counts})")
+
+    def usable(self, proxy: Proxy, site: str | None = None) -> bool:
+        """``proxy`` is still handed out (listed, not banned, not set aside; not cooling down for
+        ``site``): a sticky session keeps it while it is."""
+        with self._lock:
+            if proxy.instance not in self._usable_instances:
+                return False
+            return site is None or not self._cooldowns.cooling(proxy.instance, site, time.monotonic())
+
+    def state(self) -> dict[str, int]:
+        """How many proxies are listed, usable, banned and set aside now (stats, the periodic log)."""
+        with self._lock:
+            self._rebuild()
+            return {"listed": len(self._listed), "usable": len(self._usable_instances), "banned": len(self._banned),
+                    "set_aside": len(self._aside)}
 
     def proxies(self) -> list[Proxy]:
         """The proxies ``pick`` chooses from now (listed, not banned, not set aside)."""
@@ -135,30 +219,68 @@ class ProxyClient:
             return self._usable()
 
     def set_aside(self, proxy: Proxy, seconds: float) -> None:
-        """Hand ``proxy`` out to nobody for ``seconds`` (it failed to answer: not a ban, the
-        controller's probe decides whether it is dead)."""
+        """Hand ``proxy`` out to nobody for ``seconds`` (not a ban: the controller's probe decides
+        whether it is dead)."""
         with self._lock:
-            until = time.monotonic() + seconds
-            self._aside[proxy.instance] = until
-            self._aside_until = min(self._aside_until, until)
-            self._rebuild()
+            self._set_aside(proxy, seconds)
+
+    def report_failure(self, proxy: Proxy) -> float:
+        """``proxy`` failed to answer (refused, timed out, refused its credentials): set aside with
+        backoff; the seconds it is. Credentials are read again from discovery soon."""
+        with self._lock:
+            seconds = self._backoff.failed(proxy.instance)
+            self._set_aside(proxy, seconds)
+        self._wake.set()
+        return seconds
+
+    def report_success(self, proxy: Proxy) -> None:
+        """``proxy`` answered: its next failure starts the backoff over."""
+        with self._lock:
+            self._backoff.succeeded(proxy.instance)
+
+    def cool_down(self, proxy: Proxy, site: str, seconds: float) -> None:
+        """``site`` asked ``proxy`` to wait (429/503, ``Retry-After``): hand it out to nobody for
+        that site for ``seconds``; it serves every other site meanwhile."""
+        with self._lock:
+            now = time.monotonic()
+            self._cooldowns.cool(proxy.instance, site, now + seconds, now)
+
+    def refresh_soon(self) -> None:
+        """Read discovery now rather than at the next interval (new credentials, a new list)."""
+        self._wake.set()
+
+    def _set_aside(self, proxy: Proxy, seconds: float) -> None:
+        until = time.monotonic() + seconds
+        self._aside[proxy.instance] = max(until, self._aside.get(proxy.instance, 0.0))
+        self._aside_until = min(self._aside_until, until)
+        self._rebuild()
 
     def report_banned(self, proxy: Proxy, reason: str, *, quarantine: bool = True) -> Future[QuarantineOutcome]:
         """Stop handing ``proxy`` out at once and, with ``quarantine``, report it to the controller,
         which takes it out of discovery and replaces it. Returns at once; the Future says how the
-        report ended. Reporting the same instance again returns the first report's Future."""
+        report ended. Reporting the same instance again returns the first report's Future.
+
+        Past the quarantine budget (see the class) the proxy is set aside for
+        ``max_failure_cooldown`` seconds and not reported (``QuarantineOutcome.over_budget``)."""
         with self._lock:
-            self._banned.add(proxy.instance)
-            self._rebuild()
             known = self._reports.get(proxy.instance)
             if known is not None:
                 return known
             future: Future[QuarantineOutcome] = Future()
+            verdict = self._budget.take(proxy.instance, {listed.instance for listed in self._listed},
+                                        time.monotonic())
+            if not verdict.allowed:
+                self._set_aside(proxy, self._backoff.ceiling)
+                future.set_result(QuarantineOutcome(proxy, False, None, f"not reported: the quarantine budget is "
+                                                    f"spent: {verdict.why}", 0, over_budget=True))
+                return future
+            self._banned.add(proxy.instance)
+            self._rebuild()
             self._reports[proxy.instance] = future
         if not quarantine:
             future.set_result(QuarantineOutcome(proxy, False, None, "banned here only (quarantine=False)", 0))
             return future
-        if self._stop.is_set():
+        if self._closing.is_set():
             future.set_result(QuarantineOutcome(proxy, False, None, "not reported: the client is closed", 0))
             return future
         self._start_reporter()
@@ -174,9 +296,17 @@ class ProxyClient:
         """Read discovery now (the background thread does this every ``refresh_seconds``); False
         when it failed, and the last good list stays in use."""
         answer, failure = self._fetch()
+        if answer is not None and _no_such_pool(answer, self.scope):
+            if self.pool_missing_since is None:
+                self.pool_missing_since = time.monotonic()
+                log.warning("egress proxies: %s", _refusal(answer, self.scope))
+            with self._lock:
+                self._install_locked((), None)
+            return False
         if answer is None or answer.status not in (200, 304):
             self._failed(failure or _refusal(answer, self.scope))
             return False
+        self.pool_missing_since = None
         if answer.status == 200:
             try:
                 listed = parse_listing(answer.body)
@@ -188,14 +318,23 @@ class ProxyClient:
         return True
 
     def close(self, timeout: float = 5.0) -> None:
-        """Stop the threads; reports still queued get ``timeout`` seconds to go out."""
+        """Stop the threads; reports still queued or being retried get ``timeout`` seconds to go
+        out, and those that did not end ``undelivered``."""
         deadline = time.monotonic() + timeout
-        self._stop.set()
-        self._wake.set()
+        self._closing.set()
         self._queue.put(None)
-        self._refresher.join(timeout=max(0.0, deadline - time.monotonic()))
+        self._wake.set()
         if self._reporter is not None:
             self._reporter.join(timeout=max(0.0, deadline - time.monotonic()))
+        self._stop.set()
+        self._wake.set()
+        self._refresher.join(timeout=max(0.0, deadline - time.monotonic()))
+        if self._reporter is not None:
+            self._reporter.join(timeout=1.0)
+
+    async def aclose(self, timeout: float = 5.0) -> None:
+        """``close`` for asyncio code, in a worker thread."""
+        await asyncio.to_thread(self.close, timeout)
 
     def __enter__(self) -> ProxyClient:
         return self
@@ -206,7 +345,15 @@ class ProxyClient:
     # -- discovery ------------------------------------------------------------------------------
 
     def _start(self) -> None:
+        deadline = time.monotonic() + self.pool_wait
         answer, failure = self._fetch()
+        while answer is not None and _no_such_pool(answer, self.scope) and time.monotonic() < deadline:
+            log.warning("egress proxies: %s; waiting up to %.0f s for it", _refusal(answer, self.scope),
+                        deadline - time.monotonic())
+            time.sleep(min(POOL_POLL, max(0.0, deadline - time.monotonic())))
+            answer, failure = self._fetch()
+        if answer is not None and _no_such_pool(answer, self.scope):
+            raise PoolNotFound(_refusal(answer, self.scope))
         if answer is None:
             raise DiscoveryError(f"cannot reach the egress-proxies controller at {self._controller.url}: {failure}. "
                                  "Check the address (url=, EGRESS_PROXIES_URL) and that the controller runs")
@@ -236,18 +383,24 @@ class ProxyClient:
 
     def _install(self, listed: tuple[Proxy, ...], etag: str | None) -> None:
         with self._lock:
-            self._listed, self._etag = listed, etag
-            present = {proxy.instance for proxy in listed}
-            # A banned instance discovery no longer lists is gone for good: forget it.
-            self._banned &= present
-            self._rebuild()
+            self._install_locked(listed, etag)
+
+    def _install_locked(self, listed: tuple[Proxy, ...], etag: str | None) -> None:
+        self._listed, self._etag = listed, etag
+        present = {proxy.instance for proxy in listed}
+        # A banned or failing instance discovery no longer lists is gone for good: forget it.
+        self._banned &= present
+        self._backoff.forget(present)
+        self._rebuild()
 
     def _rebuild(self) -> None:
         """The policy's list from what is listed, minus bans and set-asides (under the lock)."""
         now = time.monotonic()
         self._aside = {key: until for key, until in self._aside.items() if until > now}
         self._aside_until = min(self._aside.values(), default=float("inf"))
-        self._policy.update(self._usable())
+        usable = self._usable()
+        self._usable_instances = {proxy.instance for proxy in usable}
+        self._policy.update(usable)
 
     def _usable(self) -> list[Proxy]:
         excluded = self._banned | self._aside.keys()
@@ -298,19 +451,23 @@ class ProxyClient:
             else:
                 log.warning("egress proxies: %s not quarantined: %s", proxy, outcome.detail)
             future.set_result(outcome)
-        while not self._queue.empty():  # closed: what is left is not sent
+        while not self._queue.empty():  # closed: what is left was never sent
             left = self._queue.get_nowait()
             if left is not None:
-                left[2].set_result(QuarantineOutcome(left[0], False, None, "not reported: the client closed", 0))
+                left[2].set_result(QuarantineOutcome(left[0], False, None, "not reported: the client closed", 1))
 
     def _quarantine(self, proxy: Proxy, reason: str) -> QuarantineOutcome:
+        """Until the controller answers for good, or the client has closed (``close``'s time spent)."""
         status: int | None = None
         detail = ""
-        for attempt in range(1, REPORT_ATTEMPTS + 1):
+        attempt, backoff = 0, REPORT_BACKOFF
+        while True:
+            attempt += 1
             try:
                 answer = self._controller.post_quarantine(proxy.namespace, proxy.name, reason)
             except ControllerUnreachable as error:
-                status, detail, wait = None, f"controller unreachable: {error}", float(2 ** attempt)
+                status, detail, wait = None, f"controller unreachable: {error}", backoff
+                backoff = min(REPORT_BACKOFF_CEILING, backoff * 2)
             else:
                 status, detail = answer.status, answer.text()
                 if answer.status == 200:
@@ -323,10 +480,11 @@ class ProxyClient:
                 elif answer.status < 500:
                     return QuarantineOutcome(proxy, False, answer.status, detail, attempt)
                 else:
-                    wait = float(2 ** attempt)
-            if attempt == REPORT_ATTEMPTS or self._stop.wait(wait):
-                break
-        return QuarantineOutcome(proxy, False, status, detail, attempt)
+                    wait, backoff = backoff, min(REPORT_BACKOFF_CEILING, backoff * 2)
+            # While closing, retries come every half second until close's time is spent.
+            if self._stop.wait(min(wait, 0.5) if self._closing.is_set() else wait):
+                return QuarantineOutcome(proxy, False, status if status is not None and status < 500 else None,
+                                         f"not delivered before the client closed: {detail}", attempt)
 
 
 def _scope(namespace: str | None, pool: str | None) -> Scope:
@@ -342,6 +500,12 @@ def _scope(namespace: str | None, pool: str | None) -> Scope:
     return Scope(namespace, None)
 
 
+def _no_such_pool(answer: Answer, scope: Scope) -> bool:
+    """Discovery's answer that the pool does not exist (404 "no ProxyPool ..."), not that the
+    address is no discovery at all."""
+    return scope.pool is not None and answer.status == 404 and answer.body.startswith(b"no ProxyPool")
+
+
 def _refusal(answer: Answer | None, scope: Scope) -> str:
     """What a refused discovery request means, and what to do about it."""
     if answer is None:
@@ -354,6 +518,9 @@ def _refusal(answer: Answer | None, scope: Scope) -> str:
         return f"the token does not cover {scope} (403 {said}); ask the operator to add it to the token's namespaces"
     if answer.status == 503:
         return f"discovery is disabled on the controller (503 {said})"
+    if _no_such_pool(answer, scope):
+        return (f"discovery knows no {scope} (404 {said}): check the name (pool=, EGRESS_PROXIES_POOL) against "
+                f"`kubectl get proxypools -n {scope.namespace}`")
     if answer.status == 404:
         return f"no discovery at this address (404 {said}): is it the egress-proxies controller, and current enough?"
     return f"discovery answered {answer.status}: {said}"

@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import email.utils
 import http.client
-import importlib.metadata
+import ipaddress
 import json
+import logging
 import time
 from dataclasses import dataclass
 from urllib.parse import quote, urlsplit
 
-try:
-    USER_AGENT = f"egress-proxies-client/{importlib.metadata.version('egress-proxies-client')}"
-except importlib.metadata.PackageNotFoundError:  # run from a source tree without installing it
-    USER_AGENT = "egress-proxies-client"
+from egress_proxies_client.version import __version__
+
+USER_AGENT = f"egress-proxies-client/{__version__}"
+log = logging.getLogger("egress_proxies_client")
 # The controller refuses reasons longer than this (docs/contract.md, "Quarantine").
 MAX_REASON = 512
 
@@ -67,8 +68,13 @@ class Controller:
         if parts.username or parts.password or parts.query or parts.fragment:
             raise ValueError("url: the controller's address takes no credentials, query or fragment; "
                              "the token goes in token=")
-        if not token or token != token.strip():
-            raise ValueError("token: empty, or surrounded by whitespace (a token file read with its newline?)")
+        check_token(token)
+        if parts.scheme == "http" and not is_loopback(parts.hostname):
+            # Anyone on the path reads a token sent in clear; a crawler in the controller's own
+            # cluster may accept that, so it is a warning, not a refusal.
+            log.warning("egress proxies: the discovery token travels unencrypted to %s (http://, not loopback); "
+                        "use the controller's https:// address where the network between is not trusted",
+                        parts.hostname)
         self.url = url.rstrip("/")
         self._https = parts.scheme == "https"
         self._host = parts.hostname
@@ -105,6 +111,26 @@ class Controller:
             connection.close()
         return Answer(response.status, data, response.headers.get("ETag"),
                       retry_after_seconds(response.headers.get("Retry-After")))
+
+
+def check_token(token: str) -> None:
+    """Refuse a token that cannot travel in a header as it is, naming the argument, never the value
+    (an error message ends up in logs and tracebacks)."""
+    if not token:
+        raise ValueError("token: empty; give the discovery token the operator issued for your team")
+    if any(character.isspace() or not character.isprintable() for character in token):
+        raise ValueError("token: contains whitespace or a control character (the value is not shown); a token "
+                         "file read with its newline? Strip it, e.g. Path(file).read_text().strip()")
+
+
+def is_loopback(host: str) -> bool:
+    """The host is this machine: ``localhost`` or a loopback address (traffic to it never leaves)."""
+    if host.lower() == "localhost" or host.lower().endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def retry_after_seconds(value: str | None, now: float | None = None) -> float | None:

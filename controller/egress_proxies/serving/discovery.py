@@ -151,6 +151,8 @@ class DiscoveryView:
         # (namespace, name) -> the providerID quarantined here since the view last showed it.
         self._hidden: dict[tuple[str, str], str] = {}
         self._floors: Floors = {}
+        # A sweep published or the store was read: the floors name every pool there is (knows_pool).
+        self._pools_read = False
         # The sweeps that published: a sweep that failed before its end leaves the view as it was.
         self.published = 0
 
@@ -164,6 +166,7 @@ class DiscoveryView:
             self._swept = {p.uid: p for p in chosen}
             self._swept_list = None
             self._floors = floors
+            self._pools_read = True
             self.published += 1
             self._forget_withdrawn(started)
 
@@ -188,6 +191,7 @@ class DiscoveryView:
             self._stored = chosen
             if not self._serving_sweeps:
                 self._floors = floors
+            self._pools_read = True
             self._forget_withdrawn(started)
 
     def serve_sweeps(self, serving: bool) -> None:
@@ -235,6 +239,12 @@ class DiscoveryView:
     def serving_sweeps(self) -> bool:
         with self._lock:
             return self._serving_sweeps
+
+    def knows_pool(self, namespace: str, name: str) -> bool:
+        """False only when the pools have been read and this one is not among them (a valid pool
+        not being deleted): discovery answers 404 for it instead of an empty list (issue 41)."""
+        with self._lock:
+            return not self._pools_read or (namespace, name) in self._floors
 
     @property
     def floors(self) -> Floors:

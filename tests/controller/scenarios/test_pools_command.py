@@ -174,8 +174,11 @@ def test_a_burst_of_quarantines_from_one_token_never_takes_discovery_below_min_r
     discovery = f"/v1/pools/{NAMESPACE}/eu/proxies"
     with kube_controller(cluster, config, tmp_path, "--discovery-tokens", str(tokens),
                          env={"DISCOVERY_TOKEN": TOKEN}) as controller:
-        controller.wait_for(lambda: len(controller.http("GET", discovery, CRAWLER_TOKEN)[1]["proxies"]) == 4, 180,
-                            "4 members in discovery")
+        def members() -> int:
+            code, answer = controller.http("GET", discovery, CRAWLER_TOKEN)
+            return len(answer["proxies"]) if code == 200 else 0  # 404 until a sweep has seen the pool
+
+        controller.wait_for(lambda: members() == 4, 180, "4 members in discovery")
         victims = sorted(p["name"] for p in controller.http("GET", discovery, CRAWLER_TOKEN)[1]["proxies"])
         answers = [controller.http("POST", f"/v1/proxies/{NAMESPACE}/{name}/quarantine", CRAWLER_TOKEN,
                                    {"reason": "403 from example.com"}) for name in victims]

@@ -363,6 +363,11 @@ def test_quarantine_over_http_hides_at_once_replaces_records_and_rate_limits(
         assert code == 200 and len(text.decode().split()) == 2
         assert http_call(server, "GET", f"/v1/pools/{NAMESPACE}/eu/proxies", OTHER_TOKEN)[0] == 403
         assert http_call(server, "GET", f"/v1/pools/{NAMESPACE}/eu/proxies", "wrong")[0] == 401
+        # Issue 41 row 5: a pool that does not exist is told apart from one with no member ready;
+        # a token that does not cover the namespace still learns nothing (403 before the 404).
+        assert http_call(server, "GET", f"/v1/pools/{NAMESPACE}/nonexistent/proxies", CRAWLER_TOKEN)[:3:2] == (
+            404, f"no ProxyPool {NAMESPACE}/nonexistent\n".encode())
+        assert http_call(server, "GET", f"/v1/pools/{NAMESPACE}/nonexistent/proxies", OTHER_TOKEN)[0] == 403
 
         path = f"/v1/proxies/{NAMESPACE}/{victim}/quarantine"
         assert http_call(server, "POST", path, "wrong", {"reason": "banned"})[0] == 401

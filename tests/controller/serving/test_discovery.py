@@ -174,3 +174,15 @@ def test_quarantined_members_stay_listed_only_to_keep_min_ready(floor: int, serv
                                                                  quarantined_serving: list[str],
                                                                  listed: list[str]) -> None:
     assert kept_listed(floor, serving, quarantined_serving) == listed
+
+
+def test_the_view_knows_a_pool_from_its_floors_once_the_pools_were_read() -> None:
+    """Issue 41 row 5: discovery's 404 for a pool that does not exist. Before any sweep or stored
+    read the view knows no pools yet, so it refuses none (an empty list, as before)."""
+    view = DiscoveryView()
+    assert view.knows_pool("crawlers", "anything")
+    view.load_stored([], FLOORS, 0.0)
+    assert view.knows_pool("crawlers", "eu") and not view.knows_pool("crawlers", "nonexistent")
+    assert not view.knows_pool("others", "eu")  # a pool's name is per namespace
+    view.publish([], {}, 1.0)  # a sweep that saw the pool go
+    assert not view.knows_pool("crawlers", "eu")

@@ -19,8 +19,8 @@ import yaml
 
 from egress_proxies.health import SweepHealth
 from egress_proxies.http_server import ControllerHTTPServer, DiscoveryAccess, Response, ServerSettings, TokenScopes
-from egress_proxies.resources.pool import POOL_LABEL
-from egress_proxies.serving.discovery import DiscoveryView
+from egress_proxies.resources.pool import POOL_LABEL, pool_of
+from egress_proxies.serving.discovery import DiscoveryView, PoolFloor
 from egress_proxies.sweep.quarantine import Quarantine
 from support.controller.fakes import MemoryStore
 
@@ -72,8 +72,12 @@ class DiscoveryServer:
         return f"http://127.0.0.1:{self.port}"
 
     def load(self) -> None:
-        """The view reads the store again (after a change a test made)."""
-        self.view.load_stored(self.store.list_proxies()[0], {}, time.monotonic())
+        """The view reads the store again (after a change a test made); the pools are those the
+        Proxies name (floor 0: none kept listed once quarantined)."""
+        proxies = self.store.list_proxies()[0]
+        floors = {(p.namespace, pool): PoolFloor(f"pool-{pool}", 0) for p in proxies
+                  if (pool := pool_of(p)) is not None}
+        self.view.load_stored(proxies, floors, time.monotonic())
 
     def write_tokens(self, scopes: dict[str, list[str]]) -> None:
         """Replace the tokens file (the server reads it again when it changes)."""
@@ -97,6 +101,11 @@ class DiscoveryServer:
         stored = self.store.objects[(namespace, name)]
         stored.status = {**stored.status, "ip": ip, "endpoint": f"{ip}:{stored.status['endpoint'].split(':')[1]}",
                          "providerID": f"k8s://namespaces/egress/pods/{name}-{ip}"}
+        self.load()
+
+    def remove(self, name: str, namespace: str = "crawlers") -> None:
+        """The Proxy is gone (a pool whose last member goes is gone for discovery too)."""
+        del self.store.objects[(namespace, name)]
         self.load()
 
     def stop(self) -> None:

@@ -10,14 +10,18 @@ while the site runs.
 The ban: the first client address to ask for more than ``ban_after`` pages gets ``ban_status``
 (403) from then on, for every page, with the body ``banned: solve this captcha`` (a site that says
 it with a 200 is what a crawler's own ban detector is for); only that one address is ever banned
-(so a crawl can finish through the others).
+(so a crawl can finish through the others). ``ban_headers`` go with each ban answer: a
+``Retry-After`` for a site that rate-limits (``ban_status=429``), or the fleet's own-error header
+forged by a site that wants its ban taken for the proxy's refusal.
 Every request is recorded (time, peer, path, status) and readable with :meth:`requests`. The
 root page is ``url("/")``.
 """
 
 from __future__ import annotations
 
+import json
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 from support.netns.namespace import NetworkNamespace
@@ -26,13 +30,15 @@ from support.process import tcp_port_accepts
 
 SITE_PORT = 8080
 
-# argv: address, port, pages, ban_after, ban_status, delay file, log path. One JSON line per request.
+# argv: address, port, pages, ban_after, ban_status, delay file, log path, ban headers (JSON). One
+# JSON line per request.
 SITE_SERVER = r"""
 import json, sys, threading, time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 address, port, pages, ban_after, ban_status, delay_path, log_path = sys.argv[1], int(sys.argv[2]), \
     int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), sys.argv[6], sys.argv[7]
+ban_headers = json.loads(sys.argv[8])
 lock = threading.Lock()
 served = {}
 banned = []
@@ -68,6 +74,8 @@ class Site(BaseHTTPRequestHandler):
         self.send_response(status)
         self.send_header("Content-Type", "text/html" if status == 200 else "text/plain")
         self.send_header("Content-Length", str(len(body)))
+        for name, value in (ban_headers.items() if ban else ()):
+            self.send_header(name, value)
         self.end_headers()
         self.wfile.write(body)
 
@@ -88,13 +96,15 @@ class BanningSite(TargetServer):
     ``requests()`` has ``time`` (epoch seconds), ``peer``, ``path``, ``status`` and ``banned``."""
 
     def __init__(self, netns: NetworkNamespace, pages: int, ban_after: int, delay: float = 0.0,
-                 ban_status: int = 403, start_timeout: float = 20.0) -> None:
+                 ban_status: int = 403, start_timeout: float = 20.0, ban_headers: Mapping[str, str] | None = None
+                 ) -> None:
         super().__init__(netns, start_timeout)
         self.http_port = SITE_PORT
         self.pages = pages
         self.ban_after = ban_after
         self.delay = delay
         self.ban_status = ban_status
+        self.ban_headers = dict(ban_headers or {})
         self._delay_file = Path()
 
     def set_delay(self, seconds: float) -> None:
@@ -112,6 +122,7 @@ class BanningSite(TargetServer):
         self._delay_file = directory / "delay"
         self.set_delay(self.delay)
         self._run([sys.executable, "-c", SITE_SERVER, self.address, str(self.http_port), str(self.pages),
-                   str(self.ban_after), str(self.ban_status), str(self._delay_file), str(self._log)],
+                   str(self.ban_after), str(self.ban_status), str(self._delay_file), str(self._log),
+                   json.dumps(self.ban_headers)],
                   directory / "site.out", lambda: tcp_port_accepts(self.address, self.http_port),
                   f"the site on {self.address}")

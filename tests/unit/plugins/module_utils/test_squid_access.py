@@ -17,6 +17,7 @@ import pytest
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.errors import Permanent
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.k8s.pods import DEFAULT_SQUID_CONFIG
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.squid_access import (
+    OWN_ERROR_HEADER,
     POLICY_VERSION,
     Access,
     AccessUser,
@@ -120,18 +121,34 @@ class TestParse:
 
 
 class TestPolicy:
-    def test_rules_refuse_ports_then_sources_then_credentials_then_destinations(self) -> None:
+    def test_rules_refuse_sources_then_credentials_then_ports_then_destinations(self) -> None:
         rules = directives(head(access_of(users=USERS, allowed_sources=["10.0.0.0/8"])), "http_access")
         assert rules == [
-            "deny egress_refused_ports", "deny egress_connect egress_connect_refused_ports", "deny manager",
-            "deny egress_foreign", "deny !egress_users", "deny egress_never", "deny egress_internal",
-            "allow egress_users", "deny all"]
+            "deny manager", "deny egress_foreign", "deny !egress_users",
+            "deny egress_refused_ports", "deny egress_connect egress_connect_refused_ports",
+            "deny egress_never", "deny egress_internal", "allow egress_users", "deny all"]
+
+    def test_the_proxys_own_errors_are_marked_for_credential_holders_only(self) -> None:
+        """Issue 41: the marker is added to squid's own errors (squid_error) for a request whose
+        credentials passed, and a site's header of the same name never gets through."""
+        text = head(access_of(users=USERS))
+        assert directives(text, "reply_header_add") == [
+            f'{OWN_ERROR_HEADER} "%err_code" egress_users egress_own_error']
+        assert directives(head(access_of(users=USERS, allowed_sources=["10.0.0.0/8"])), "reply_header_add") == [
+            f'{OWN_ERROR_HEADER} "%err_code" egress_users egress_own_error !egress_foreign']
+        assert f"{OWN_ERROR_HEADER} deny all" in directives(text, "reply_header_access")
+        errors = " ".join(line.split(" ", 3)[3] for line in text.splitlines()
+                          if line.startswith("acl egress_own_error squid_error "))
+        assert "ERR_ACCESS_DENIED" in errors.split() and "ERR_AGENT_WPAD" not in errors.split()
+        open_policy = head(access_of(open=True, allowed_sources=["192.168.0.0/16"]))
+        assert directives(open_policy, "reply_header_add") == [] and "egress_own_error" not in open_policy
 
     def test_an_open_policy_asks_for_no_credentials(self) -> None:
         policy = render_policy(access_of(open=True, allowed_sources=["192.168.0.0/16"]), PATHS)
         assert "auth_param" not in policy.head + policy.tail and "proxy_auth" not in policy.head
-        assert directives(policy.head, "http_access")[-4:] == [
-            "deny egress_foreign", "deny egress_never", "deny egress_internal", "allow all"]
+        assert directives(policy.head, "http_access")[-6:] == [
+            "deny egress_foreign", "deny egress_refused_ports", "deny egress_connect egress_connect_refused_ports",
+            "deny egress_never", "deny egress_internal", "allow all"]
 
     def test_every_acl_a_rule_refuses_with_lists_what_it_refuses(self) -> None:
         """squid appends a later acl line of the same name: a list of what is refused only grows.
