@@ -151,7 +151,7 @@ access_policy_version:
     - It changes when what they deliver changes; the controller makes it part of every instance's build hash,
       so instances built with an older policy are replaced (make before break).
     - "With the root's C(probeSources), which every policy admits besides the crawlers' sources, it carries a
-      digest of them (C(<policy version>+probe.<12 hex>)); naming, changing or removing them replaces the instances too."
+      digest of them (C(<version>+probe.<12 hex>)); naming, changing or removing them replaces the instances too."
   returned: success
   type: str
   sample: "2"
