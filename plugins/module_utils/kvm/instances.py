@@ -83,7 +83,11 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.images im
     lookup_volume,
     volume_xml,
 )
-from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.name_claims import ClaimBook, home_host
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.name_claims import (
+    ClaimBook,
+    home_host,
+    owner_of,
+)
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.networking import (
     check_mode,
     claim,
@@ -147,7 +151,7 @@ class KvmProvider:
         self.transfers = transfers
         self.connections = KvmConnections(settings.ssh)
         self.domain_cache = DomainCache(os.path.join(cache_dir, "domains"), settings.domain_cache_seconds)
-        self.claims = ClaimBook(os.path.join(cache_dir, "claims"))
+        self.claims = ClaimBook(os.path.join(cache_dir, "claims"), owner_of(cache_dir))
         # Placement of a batch's creates: each owner's count per host (config order), read
         # once per run and kept up to date by the run's own placements, so items placed side
         # by side spread instead of all seeing the same emptiest host.
@@ -435,8 +439,8 @@ class KvmProvider:
         else the claim is another run's creating it now (Transient: the retry finds its domain),
         or a leftover, taken over: at once when this controller took it (its run is over), after
         ``CLAIM_PATIENCE_SECONDS`` when another did."""
-        stamp = home.take(request.name)
-        if stamp is None:
+        stamp = self.claims.stamp_for(request.name)
+        if not home.take(request.name, stamp):
             host, domain = self._existing(request)
             if domain is not None:
                 return host, domain, None
@@ -449,11 +453,10 @@ class KvmProvider:
             # A leftover (this controller's, from a run that is over; another's, past its patience), or
             # released meanwhile: replaced by a new stamp, which the old run's _still_claimed cannot match.
             home.release(request.name, held)
-            stamp = home.take(request.name, avoid=held)
-            if stamp is None:
+            stamp = self.claims.stamp_for(request.name, avoid=held)
+            if not home.take(request.name, stamp):
                 raise Transient("the name %s was claimed on host %s by another run at the same time; will retry" % (
                     request.name, home.home.name))
-        self.claims.took(request.name, stamp)
         return None, None, stamp
 
     def _release(self, name: str, stamp: Optional[int] = None) -> None:
