@@ -259,6 +259,7 @@ class Phase:
     list_seconds: dict[str, float] = field(default_factory=dict)  # provider -> runner's own list time
     create_seconds: dict[str, float] = field(default_factory=dict)  # provider -> runner's own create time
     kubelet_seconds: float = 0.0  # the bench's kubelet stand-in, inside ``seconds``
+    cpu_seconds: dict[str, float] = field(default_factory=dict)  # whose CPU (cpu_seconds()) -> seconds in it
 
     @property
     def spawns(self) -> int:
@@ -375,12 +376,38 @@ def timed_sweep(reconciler: Reconciler, runner: CountingRunner, providers: Seque
                  {name: runner_seconds(name, "list") - before[name] for name in providers})
 
 
+def _live_children_cpu() -> float:
+    """CPU seconds of this process's children still running (the test libvirtds, the emulators):
+    not in RUSAGE_CHILDREN until they are waited for."""
+    total = 0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        if int(fields[1]) == os.getpid():  # field 4, the parent's pid
+            total += int(fields[11]) + int(fields[12])  # fields 14 and 15, utime and stime
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds() -> dict[str, float]:
+    """CPU seconds used so far, by whom: figures that do not depend on how loaded the machine is."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return {"controller": own.ru_utime + own.ru_stime,
+            "runner processes (ansible-playbook, modules)": children.ru_utime + children.ru_stime,
+            "test libvirtds and API emulator(s)": _live_children_cpu()}
+
+
 def until_ready(reconciler: Reconciler, store: KubeStore, runner: CountingRunner, providers: Sequence[str],
                 max_sweeps: int, kubelet: KubeletStandIn | None) -> Phase:
     """Sweep from empty until every Proxy of ``store`` is Ready (the kubelet plays in between)."""
     started = time.monotonic()
     kubelet_before = kubelet.seconds if kubelet else 0.0
     creates_before = {name: runner_seconds(name, "create") for name in providers}
+    cpu_before = cpu_seconds()
     phase = Phase()
     while True:
         sweep = timed_sweep(reconciler, runner, providers)
@@ -396,6 +423,7 @@ def until_ready(reconciler: Reconciler, store: KubeStore, runner: CountingRunner
         if phase.sweeps >= max_sweeps:
             raise BenchError(f"only {ready} of {total} Proxies Ready after {phase.sweeps} sweeps")
     phase.seconds = time.monotonic() - started
+    phase.cpu_seconds = {who: spent - cpu_before[who] for who, spent in cpu_seconds().items()}
     phase.kubelet_seconds = kubelet.seconds - kubelet_before if kubelet else 0.0
     phase.create_seconds = {name: runner_seconds(name, "create") - creates_before[name] for name in providers}
     return phase
@@ -546,6 +574,11 @@ def print_results(r: Results) -> None:
     row("  create calls' runner time, summed", f"{sum(fe.create_seconds.values()):.1f} s",
         f"{sum(fe.create_seconds.values()) / max(1, creates.total()):.2f} s per create; runs side by side share "
         f"{os.cpu_count()} cores")
+    row("  CPU seconds, all processes", f"{sum(fe.cpu_seconds.values()):.1f} s",
+        f"{sum(fe.cpu_seconds.values()) / max(1, creates.total()) * 1000:.1f} ms per create; "
+        f"{os.cpu_count()} cores: the fill's floor on a quiet machine is this / {os.cpu_count()}")
+    for who, spent in fe.cpu_seconds.items():
+        row(f"    {who}", f"{spent:.1f} s", f"{spent / max(1, creates.total()) * 1000:.1f} ms per create")
     if r.mixed:
         for name in r.providers:
             row(f"    {name}", f"{fe.create_seconds[name]:.1f} s",

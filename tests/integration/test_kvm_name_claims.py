@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import shutil
 import threading
 from collections import Counter
 from collections.abc import Iterator
@@ -95,12 +96,12 @@ def test_two_controllers_creating_one_name_at_once_make_one_domain(
     loser_done = threading.Event()
     take = name_claims.HomePool.take
 
-    def meeting_take(self: name_claims.HomePool, name: str, avoid: int | None = None) -> int | None:
+    def meeting_take(self: name_claims.HomePool, name: str, stamp: int) -> bool:
         both_listed.wait()
-        stamp = take(self, name, avoid)
-        if stamp is not None and avoid is None:
+        taken = take(self, name, stamp)
+        if taken:
             assert loser_done.wait(60)
-        return stamp
+        return taken
     monkeypatch.setattr(name_claims.HomePool, "take", meeting_take)
 
     outcomes: dict[str, Any] = {}
@@ -140,12 +141,24 @@ def test_two_controllers_creating_one_name_at_once_make_one_domain(
     assert volumes_of(daemons, NAME) == expected
 
 
+def leftover_claim(settings: KvmSettings, cache: Path) -> int:
+    """A claim of NAME taken by a run of the controller whose cache is ``cache``, which then died
+    before defining anything; its stamp."""
+    with controller(settings, cache) as dead_run:
+        stamp = dead_run.claims.stamp_for(NAME)
+        assert dead_run._home(NAME).take(NAME, stamp)
+    return stamp
+
+
+@pytest.mark.parametrize("cache_kept", [True, False], ids=["cache kept", "restarted with an empty cache"])
 def test_a_claim_left_by_this_controllers_dead_run_is_taken_over_at_once(
-        settings: KvmSettings, daemons: list[LibvirtTestDaemon], tmp_path: Path) -> None:
-    with controller(settings, tmp_path / "a") as dead_run:
-        stamp = dead_run._home(NAME).take(NAME)  # claimed, then the run died before defining anything
-        assert stamp is not None
-        dead_run.claims.took(NAME, stamp)
+        settings: KvmSettings, daemons: list[LibvirtTestDaemon], tmp_path: Path, cache_kept: bool) -> None:
+    stamp = leftover_claim(settings, tmp_path / "a")
+    if not cache_kept:
+        # The controller restarted with an empty cache directory (same machine, same path): its own
+        # claim is still known by its stamp, not waited for as another's for CLAIM_PATIENCE_SECONDS.
+        shutil.rmtree(tmp_path / "a", ignore_errors=True)
+        assert not (tmp_path / "a").exists()
     with controller(settings, tmp_path / "a") as provider:
         changed, instance = provider.create(request(), check_mode=False)
         assert provider._home(NAME).stamp(NAME) not in (None, stamp)  # a new stamp: the old run cannot match it
@@ -156,8 +169,7 @@ def test_a_claim_left_by_this_controllers_dead_run_is_taken_over_at_once(
 def test_another_controllers_claim_is_waited_for_then_taken_over(
         settings: KvmSettings, daemons: list[LibvirtTestDaemon], tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    with controller(settings, tmp_path / "b") as other:
-        assert other._home(NAME).take(NAME) is not None  # b claimed NAME and never made it
+    leftover_claim(settings, tmp_path / "b")  # b claimed NAME and never made it
 
     with controller(settings, tmp_path / "a") as provider, pytest.raises(Transient, match="claimed on host h"):
         provider.create(request(), check_mode=False)
@@ -182,7 +194,7 @@ def test_a_run_whose_claim_was_taken_over_leaves_nothing(
         with controller(settings, tmp_path / "b") as other:
             home = other._home(NAME)
             home.release(NAME)
-            assert home.take(NAME) is not None
+            assert home.take(NAME, other.claims.stamp_for(NAME))
     monkeypatch.setattr(KvmProvider, "_check_networking", taken_over_meanwhile)
 
     with controller(settings, tmp_path / "a") as provider, pytest.raises(Transient, match="taken over"):

@@ -55,7 +55,7 @@ from egress_proxies.serving.monitor import ServingMonitor, Watched, instance_ide
 from egress_proxies.serving.probe import ProbeOutcome, ProbeReason, unknown_outcome
 from egress_proxies.serving.proof import read_key
 from egress_proxies.sweep import flapping
-from egress_proxies.sweep.batches import chunked
+from egress_proxies.sweep.batches import chunked, create_batch_size
 from egress_proxies.sweep.verdict import (
     INSTANCE_FIELDS,
     LOST_REASONS,
@@ -102,6 +102,11 @@ class LiveSettings:
     batch_size: int = 50
     # Create batches of one provider run side by side; the runner's memory cap still bounds them.
     parallel_batches: int = 4
+    # A sweep with more creates than parallel_batches batches of batch_size hold (a fill from empty)
+    # makes its create batches larger, up to this many (never smaller than batch_size): every runner
+    # call costs ~1.3 s of CPU before its first create (ansible-playbook's start), which a fill of
+    # 10,000 paid 200 times at 50 (docs/performance.md, "Fill 10,000 from empty").
+    fill_batch_size: int = 250
     # A Ready Proxy whose provider cannot be listed stays Ready (and in discovery) this long,
     # with a condition saying so; after it, it is no longer vouched for.
     stale_listing_seconds: float = 600.0
@@ -197,7 +202,9 @@ class LivePath:
         # Batches run side by side (the runner's memory cap bounds how many at once); each
         # batch's results are recorded as soon as it returns, so a providerID is never lost
         # to a slower batch.
-        chunks = chunked(creates, self.settings.batch_size)
+        size = create_batch_size(len(creates), self.settings.batch_size, self.settings.parallel_batches,
+                                 self.settings.fill_batch_size)
+        chunks = chunked(creates, size)
         with ThreadPoolExecutor(max_workers=max(1, min(len(chunks), self.settings.parallel_batches))) as pool:
             done = [pool.submit(create_batch, chunk) for chunk in chunks]
             for future in as_completed(done):

@@ -275,8 +275,9 @@ class Reconciler:
         by_provider: dict[str, list[Proxy]] = {}
         for proxy in live:
             by_provider.setdefault(proxy.provider, []).append(proxy)
-        live_settings = LiveSettings(self.settings.batch_size, self.settings.parallel_batches,
-                                     self.settings.stale_listing_seconds)
+        live_settings = LiveSettings(batch_size=self.settings.batch_size,
+                                     parallel_batches=self.settings.parallel_batches,
+                                     stale_listing_seconds=self.settings.stale_listing_seconds)
         parts = LiveParts(self.writer, self._seconds_since, self.monitor, self.discovery)
         sweep = SweepPass(config.owner, contain, report.add, access=access)
 

@@ -11,13 +11,15 @@ and networks travel as opaque handles, handed back to the functions here. Where 
 a thing is an answer rather than a failure (a domain, volume or network that does not exist),
 the lookup returns None instead of raising.
 
-Calls that make no round trip (a handle's ``name()``, ``UUIDString()`` or a volume's ``path()``)
-are made on the handles directly.
+Calls that make no round trip (a handle's ``name()`` or ``UUIDString()``) are made on the handles
+directly; a volume's ``path()`` is a round trip (``virStorageVolGetPath``), so ``volume_path``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import threading
+import weakref
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 try:
@@ -111,10 +113,21 @@ def close_connection(connection: Any) -> None:
         connection.close()
 
 
+# A connection's driver never changes: asked once per connection, not once per volume uploaded.
+_DRIVERS_LOCK = threading.Lock()
+_TEST_DRIVER: "weakref.WeakKeyDictionary[Any, bool]" = weakref.WeakKeyDictionary()
+
+
 def is_test_driver(connection: Any) -> bool:
     """Whether ``connection`` is libvirt's test driver (no volume upload, no leases)."""
-    with _mapped("asking the connection's driver"):
-        return bool(connection.getType().lower() == "test")
+    with _DRIVERS_LOCK:
+        known = _TEST_DRIVER.get(connection)
+    if known is None:
+        with _mapped("asking the connection's driver"):
+            known = bool(connection.getType().lower() == "test")
+        with _DRIVERS_LOCK:
+            _TEST_DRIVER[connection] = known
+    return known
 
 
 # -- domains ----------------------------------------------------------------------------------
@@ -250,6 +263,11 @@ def create_volume_once(storage_pool: Any, name: str, xml: str, context: str) -> 
 def volume_capacity(volume: Any, context: str) -> int:
     with _mapped(context):
         return int(volume.info()[1])
+
+
+def volume_path(volume: Any, context: str) -> str:
+    with _mapped(context):
+        return str(volume.path())
 
 
 def delete_volume(volume: Any, context: str) -> None:

@@ -136,6 +136,13 @@ class DomainCache:
         self._lock = threading.Lock()
         self._hosts: Dict[str, HostDomainCache] = {}
 
+    def save(self) -> None:
+        """Write every hypervisor's cache that changed in this run (the domains a create added)."""
+        with self._lock:
+            hosts = list(self._hosts.values())
+        for host in hosts:
+            host.save()
+
     def for_uri(self, uri: str) -> HostDomainCache:
         with self._lock:
             found = self._hosts.get(uri)

@@ -65,6 +65,7 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.client im
     start_domain,
     undefine_domain,
     volume_capacity,
+    volume_path,
 )
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.connection import KvmConnections
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.domain_cache import DomainCache
@@ -82,7 +83,11 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.images im
     lookup_volume,
     volume_xml,
 )
-from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.name_claims import ClaimBook, home_host
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.name_claims import (
+    ClaimBook,
+    home_host,
+    owner_of,
+)
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.networking import (
     check_mode,
     claim,
@@ -91,6 +96,7 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.networkin
     release_address,
     reserve_address,
 )
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.run_memo import RunMemo
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.settings import KvmHost, KvmSettings
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.provider_id import (
     format_provider_id,
@@ -114,6 +120,16 @@ def seed_volume_name(domain: str) -> str:
     return "%s-seed.iso" % domain
 
 
+@dataclasses.dataclass(frozen=True)
+class _Base:
+    """A host's base image volume as the run's overlays need it: backed by ``path``, at least
+    ``capacity`` bytes."""
+
+    volume: Any
+    capacity: int
+    path: str
+
+
 @dataclasses.dataclass
 class _Fleet:
     """One listing of every configured host: where each domain name lives (the host entry it is
@@ -135,7 +151,7 @@ class KvmProvider:
         self.transfers = transfers
         self.connections = KvmConnections(settings.ssh)
         self.domain_cache = DomainCache(os.path.join(cache_dir, "domains"), settings.domain_cache_seconds)
-        self.claims = ClaimBook(os.path.join(cache_dir, "claims"))
+        self.claims = ClaimBook(os.path.join(cache_dir, "claims"), owner_of(cache_dir))
         # Placement of a batch's creates: each owner's count per host (config order), read
         # once per run and kept up to date by the run's own placements, so items placed side
         # by side spread instead of all seeing the same emptiest host.
@@ -147,12 +163,17 @@ class KvmProvider:
         # Creates without a location: every host's domains, listed once per run (``_fleet``).
         self._fleet_listing: Optional[Union[_Fleet, ProxyError]] = None
         self._home_pools: Dict[str, name_claims.HomePool] = {}
+        # Each host's pool, base volume and networking check, looked up once per run (run_memo).
+        self._memo = RunMemo()
 
     def close(self) -> None:
+        # The domains this run created, so the next listing reads none of their XML again.
+        self.domain_cache.save()
         # The run's libvirt handles go before their connections: freed at interpreter exit instead,
         # after the libvirt module itself, each would print a traceback.
         self._fleet_listing = None
         self._home_pools.clear()
+        self._memo.clear()
         self.connections.close()
         if self.transfers is not None:
             self.transfers.close()
@@ -418,8 +439,8 @@ class KvmProvider:
         else the claim is another run's creating it now (Transient: the retry finds its domain),
         or a leftover, taken over: at once when this controller took it (its run is over), after
         ``CLAIM_PATIENCE_SECONDS`` when another did."""
-        stamp = home.take(request.name)
-        if stamp is None:
+        stamp = self.claims.stamp_for(request.name)
+        if not home.take(request.name, stamp):
             host, domain = self._existing(request)
             if domain is not None:
                 return host, domain, None
@@ -432,11 +453,10 @@ class KvmProvider:
             # A leftover (this controller's, from a run that is over; another's, past its patience), or
             # released meanwhile: replaced by a new stamp, which the old run's _still_claimed cannot match.
             home.release(request.name, held)
-            stamp = home.take(request.name, avoid=held)
-            if stamp is None:
+            stamp = self.claims.stamp_for(request.name, avoid=held)
+            if not home.take(request.name, stamp):
                 raise Transient("the name %s was claimed on host %s by another run at the same time; will retry" % (
                     request.name, home.home.name))
-        self.claims.took(request.name, stamp)
         return None, None, stamp
 
     def _release(self, name: str, stamp: Optional[int] = None) -> None:
@@ -477,11 +497,22 @@ class KvmProvider:
             if stamp is not None:
                 self._release(request.name, stamp)  # nothing was made: a retry takes the claim afresh
             raise
-        return True, self._describe(host, domain)
+        return True, self._describe_started(host, domain)
+
+    def _describe_started(self, host: KvmHost, domain: Any) -> Instance:
+        """A domain this run just defined and started: running (no state read), its XML read once
+        for its MACs and kept in the domain cache (the next listing reads it from there)."""
+        info = self._info(host, domain)
+        self.domain_cache.for_uri(host.uri).put(domain.UUIDString(), info)
+        return self._instance(host, info, "running", domain_ip(domain, info.macs))
 
     def _check_networking(self, host: KvmHost) -> None:
         """Before anything is made on ``host``: its networking fields are sound and its network
-        does what they say (Permanent, naming the field; nothing that runs is touched)."""
+        does what they say (Permanent, naming the field; nothing that runs is touched). Checked
+        once per run and host; a failed check is asked again by the next create."""
+        self._memo.get(("networking checked", host.name), lambda: self._check_network(host))
+
+    def _check_network(self, host: KvmHost) -> bool:
         if host.networking_errors:
             raise Permanent("host %s takes no new proxies until its networking is fixed: %s" % (
                 host.name, "; ".join(host.networking_errors)))
@@ -490,6 +521,7 @@ class KvmProvider:
             raise Permanent("%s: the libvirt network %r does not exist on host %s; define it (the kvm_hypervisor "
                             "role does) or name another" % (host.at("network"), host.network, host.name))
         check_mode(host, network_facts(network, host))
+        return True
 
     def _define(self, connection: Any, host: KvmHost, request: InstanceRequest, spec: DomainSpec) -> Any:
         """Define the domain of ``spec``; on a host that fixes guest addresses, with an address
@@ -519,8 +551,8 @@ class KvmProvider:
         machine = self.settings.machine_types[request.machine_type or self.settings.default_machine_type]
         image = self.settings.images[request.image or self.settings.default_image]
         connection = self.connections.open(host)
-        pool = self._pool(connection, host)
-        base = ensure_base_volume(connection, pool, host.name, image, self.cache_dir, self._progress)
+        pool = self._memo.get(("pool", host.name), lambda: self._pool(connection, host))
+        base = self._memo.get(("base", host.name, image.key), lambda: self._base(connection, pool, host, image))
 
         # The access policy rides in vendor-data: the user's document stays byte for byte.
         vendor_data = build_vendor_data(self.settings.vendor_data, self.settings.install_guest_agent,
@@ -531,9 +563,8 @@ class KvmProvider:
         try:
             overlay = self._create_overlay(pool, request.name, machine.disk_gib * GIB, base, image.format)
             created_volumes.append(overlay)
-            self._remove_stale(pool, seed_volume_name(request.name))
-            seed_volume = create_volume_with_content(connection, pool, seed_volume_name(request.name), "raw",
-                                                     io.BytesIO(seed), len(seed))
+            seed_volume = self._fresh(pool, seed_volume_name(request.name), lambda: create_volume_with_content(
+                connection, pool, seed_volume_name(request.name), "raw", io.BytesIO(seed), len(seed)))
             created_volumes.append(seed_volume)
             created = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
             if stamp is not None:
@@ -559,23 +590,32 @@ class KvmProvider:
         self.log("created domain %s on KVM host %s" % (request.name, host.name))
         return domain
 
-    @staticmethod
-    def _remove_stale(pool: Any, volume_name: str) -> None:
-        """A volume of a domain that was never defined: left by a run killed (or cut off from the
-        host) mid-create, when even its clean-up could not reach libvirt. Only ever called before
-        the domain is defined, so nothing uses it."""
-        stale = lookup_volume(pool, volume_name)
-        if stale is not None:
-            with contextlib.suppress(ProxyError):
-                delete_volume(stale, "deleting stale volume %s" % volume_name)
+    def _base(self, connection: Any, pool: Any, host: KvmHost, image: Any) -> _Base:
+        volume = ensure_base_volume(connection, pool, host.name, image, self.cache_dir, self._progress)
+        context = "reading base volume %s on host %s" % (image.volume_name, host.name)
+        return _Base(volume, volume_capacity(volume, context), volume_path(volume, context))
 
-    def _create_overlay(self, pool: Any, name: str, capacity: int, base: Any, base_format: str) -> Any:
+    @staticmethod
+    def _fresh(pool: Any, volume_name: str, make: Callable[[], Any]) -> Any:
+        """``make()`` the volume ``volume_name``; when that fails because a volume of that name is
+        there, that one is stale and replaced: left by a run killed (or cut off from the host)
+        mid-create, when even its clean-up could not reach libvirt. Only ever called before the
+        domain is defined, so nothing uses it. Asked only on failure: a create that finds nothing
+        in its way (nearly all) makes no lookup."""
+        try:
+            return make()
+        except ProxyError:
+            stale = lookup_volume(pool, volume_name)
+            if stale is None:
+                raise
+        with contextlib.suppress(ProxyError):
+            delete_volume(stale, "deleting stale volume %s" % volume_name)
+        return make()
+
+    def _create_overlay(self, pool: Any, name: str, capacity: int, base: _Base, base_format: str) -> Any:
         volume_name = overlay_volume_name(name)
-        self._remove_stale(pool, volume_name)
-        context = "creating overlay %s" % volume_name
-        base_capacity = volume_capacity(base, context)
-        return create_volume(pool, volume_xml(volume_name, max(capacity, base_capacity), "qcow2", base.path(),
-                                              base_format), context)
+        xml = volume_xml(volume_name, max(capacity, base.capacity), "qcow2", base.path, base_format)
+        return self._fresh(pool, volume_name, lambda: create_volume(pool, xml, "creating overlay %s" % volume_name))
 
     # -- delete ----------------------------------------------------------------------------
 

@@ -12,10 +12,12 @@ and adding or removing a hypervisor moves only the names homed there. libvirt cr
 a given name in a pool at most once (under the pool's lock), so of runs claiming one name at once
 exactly one succeeds.
 
-The claim is stamped with its owner: its size in bytes is a random number (1-4096) the owner
-keeps (``stamp``), so a run can tell its claim from one that replaced it, and ``ClaimBook``
-remembers, in the module's cache directory, the claims this controller took and when it first
-saw another's claim with no domain behind it (a run creating it, or one that died doing so).
+The claim is stamped with its owner: its size in bytes (1 to ``STAMPS``) is one of the two stamps
+its owner derives from the name and who it is (``ClaimBook.stamps``: the machine and the cache
+directory it runs with), so a run can tell its claim from one that replaced it, and a controller
+knows its own claims after a restart, even one that emptied its cache directory. ``ClaimBook``
+also remembers, in that directory, when it first saw another's claim with no domain behind it (a
+run creating it, or one that died doing so).
 """
 
 from __future__ import annotations
@@ -23,10 +25,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import random
+import socket
 import tempfile
 import time
-from typing import Any, Callable, Dict, Optional, Sequence
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.errors import Permanent
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.client import (
@@ -39,7 +41,9 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.client im
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.images import volume_xml
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.settings import KvmHost
 
-STAMPS = 4096
+# Claim sizes run from 1 byte to this: small beside a pool's overlays (at most 64 KiB a name), and
+# many enough that another controller's stamp is one of ours for a name once in 32,768.
+STAMPS = 65536
 
 
 def claim_volume_name(domain: str) -> str:
@@ -69,16 +73,11 @@ class HomePool:
         self.home = home
         self.pool = lookup_pool(connection, home.pool, "pool %r on host %s" % (home.pool, home.name))
 
-    def take(self, name: str, avoid: Optional[int] = None) -> Optional[int]:
-        """Claim ``name`` with a fresh stamp (never ``avoid``): the stamp, or None when a claim of
-        that name exists already."""
-        stamp = random.randint(1, STAMPS)
-        while stamp == avoid:
-            stamp = random.randint(1, STAMPS)
+    def take(self, name: str, stamp: int) -> bool:
+        """Claim ``name`` with ``stamp``: False when a claim of that name exists already."""
         volume = claim_volume_name(name)
-        taken = create_volume_once(self.pool, volume, volume_xml(volume, stamp, "raw"),
-                                   "claiming the name %s on host %s" % (name, self.home.name))
-        return stamp if taken else None
+        return create_volume_once(self.pool, volume, volume_xml(volume, stamp, "raw"),
+                                  "claiming the name %s on host %s" % (name, self.home.name))
 
     def stamp(self, name: str) -> Optional[int]:
         """The stamp of ``name``'s claim, or None when it has none."""
@@ -97,14 +96,39 @@ class HomePool:
             delete_volume(volume, context)
 
 
-class ClaimBook:
-    """What this controller knows of claims, one small JSON file per name under ``directory``
-    (the module's cache directory; None keeps nothing): the stamp of each claim it took, and when
-    it first saw each other claim it found with no domain behind it."""
+def owner_of(cache_dir: str) -> str:
+    """Who a controller is, to its claims: the machine it runs on (in Kubernetes the pod's name)
+    and where its module cache directory is, not what that holds. A controller restarted on the
+    same machine or in the same pod is the same owner, whatever its cache still holds; two
+    controllers (two pods, two machines, two cache directories on one machine) are two owners."""
+    return "%s\0%s" % (socket.gethostname(), os.path.realpath(cache_dir))
 
-    def __init__(self, directory: Optional[str], clock: Callable[[], float] = time.time) -> None:
+
+class ClaimBook:
+    """What this controller knows of claims: the stamps its own claims carry (``stamps``), and,
+    one small JSON file per name under ``directory`` (in the module's cache directory; None keeps
+    nothing), when it first saw each other claim it found with no domain behind it."""
+
+    def __init__(self, directory: Optional[str], owner: str, clock: Callable[[], float] = time.time) -> None:
         self.directory = directory
+        self.owner = owner
         self.clock = clock
+
+    def stamps(self, name: str) -> Tuple[int, int]:
+        """The two stamps this owner's claims of ``name`` carry: a claim is taken with the first,
+        a leftover of its own carrying that one is taken over with the second (and the other way
+        round), so a run taken over never finds its stamp again."""
+        first, second = (1 + int.from_bytes(hashlib.sha256(("%s\0%s\0%d" % (self.owner, name, which)).encode(
+            "utf-8")).digest()[:8], "big") % STAMPS for which in (0, 1))
+        return first, (second if second != first else first % STAMPS + 1)
+
+    def stamp_for(self, name: str, avoid: Optional[int] = None) -> int:
+        """The stamp to claim ``name`` with: this owner's first, unless that is ``avoid``."""
+        first, second = self.stamps(name)
+        return second if first == avoid else first
+
+    def is_mine(self, name: str, stamp: int) -> bool:
+        return stamp in self.stamps(name)
 
     def _path(self, name: str) -> Optional[str]:
         if self.directory is None:
@@ -132,12 +156,6 @@ class ClaimBook:
             os.replace(temporary, path)
         except OSError:
             return  # a book that cannot be written only makes a leftover claim wait its patience out
-
-    def took(self, name: str, stamp: int) -> None:
-        self._write(name, {"mine": stamp})
-
-    def is_mine(self, name: str, stamp: int) -> bool:
-        return bool(self._read(name).get("mine") == stamp)
 
     def waited(self, name: str, stamp: int) -> float:
         """Seconds since this controller first saw ``name`` claimed with ``stamp`` and no domain."""

@@ -104,6 +104,24 @@ def test_creates_are_batched(live: Live) -> None:
     assert live.counts["runner_calls"] == 3
 
 
+def test_a_sweep_with_more_creates_than_its_parallel_batches_hold_makes_them_larger(live: Live) -> None:
+    # A fill: 20 creates would be 10 batches of 2, 4 at a time; they go as 4 batches of 5 (the
+    # largest a fill batch may be), each one runner call's start-up for five creates instead of two.
+    live = Live(batch_size=2, parallel_batches=4, fill_batch_size=5)
+    for n in range(20):
+        live.store.add(f"eu-{n}", SPEC)
+    live.sweep(*(f"eu-{n}" for n in range(20)))
+    assert sorted(len(c.operations) for c in live.runner.calls if c.verb == "create") == [5, 5, 5, 5]
+    assert len(live.runner.instances) == 20
+
+    # Fewer creates than four batches hold: as few batches as run side by side, never under batch_size.
+    live = Live(batch_size=2, parallel_batches=4, fill_batch_size=5)
+    for n in range(9):
+        live.store.add(f"eu-{n}", SPEC)
+    live.sweep(*(f"eu-{n}" for n in range(9)))
+    assert sorted(len(c.operations) for c in live.runner.calls if c.verb == "create") == [3, 3, 3]
+
+
 def test_a_spec_change_makes_the_new_instance_before_it_breaks_the_old(live: Live) -> None:
     live.store.add("eu-1", SPEC)
     live.sweep("eu-1")

@@ -7,9 +7,15 @@ from __future__ import annotations
 
 import ast
 import shutil
+import socket
 from pathlib import Path
 
-from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.name_claims import ClaimBook, home_host
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.name_claims import (
+    STAMPS,
+    ClaimBook,
+    home_host,
+    owner_of,
+)
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.settings import KvmHost
 
 REPO = Path(__file__).resolve().parents[5]
@@ -60,15 +66,30 @@ def test_entries_sharing_a_hypervisor_keep_their_claims_in_the_first_entrys_pool
     assert {home_host([routed, nat], f"p-{n}").name for n in range(50)} == {"routed"}
 
 
-def test_the_book_remembers_its_own_claims_and_when_it_first_saw_anothers(tmp_path: Path) -> None:
+def test_the_book_knows_its_owners_stamps_and_when_it_first_saw_anothers(tmp_path: Path) -> None:
     now = [1000.0]
-    book = ClaimBook(str(tmp_path / "claims"), clock=lambda: now[0])
-    book.took("p-1", 17)
-    assert book.is_mine("p-1", 17) and not book.is_mine("p-1", 18) and not book.is_mine("p-2", 17)
+    book = ClaimBook(str(tmp_path / "claims"), "host-a\0/cache", clock=lambda: now[0])
+    first, second = book.stamps("p-1")
+    assert first != second and all(1 <= stamp <= STAMPS for stamp in (first, second))
+    # The same owner after a restart (a new book, nothing on disk) knows them; another owner does not.
+    assert ClaimBook(None, "host-a\0/cache").stamps("p-1") == (first, second)
+    assert ClaimBook(None, "host-b\0/cache").stamps("p-1") != (first, second)
+    assert book.stamps("p-2") != (first, second)
+    assert book.is_mine("p-1", first) and book.is_mine("p-1", second)
+    assert not any(book.is_mine("p-1", stamp) for stamp in range(1, 2000) if stamp not in (first, second))
+    # A leftover carrying one of the two is taken over with the other.
+    assert book.stamp_for("p-1") == first
+    assert book.stamp_for("p-1", avoid=first) == second and book.stamp_for("p-1", avoid=second) == first
     assert book.waited("p-2", 5) == 0.0
     now[0] += 30
     assert book.waited("p-2", 5) == 30.0
     assert book.waited("p-2", 6) == 0.0  # another stamp: another claim, waited for afresh
-    book.forget("p-1")
-    assert not book.is_mine("p-1", 17)
-    assert ClaimBook(None).waited("p-3", 1) == 0.0 and not ClaimBook(None).is_mine("p-3", 1)
+    book.forget("p-2")
+    assert book.waited("p-2", 5) == 0.0
+    assert ClaimBook(None, "host-a\0/cache").waited("p-3", 1) == 0.0
+
+
+def test_the_owner_is_the_machine_and_where_the_cache_is_not_what_it_holds(tmp_path: Path) -> None:
+    assert owner_of(str(tmp_path / "a")) == owner_of(str(tmp_path / "a" / "." ))
+    assert owner_of(str(tmp_path / "a")) != owner_of(str(tmp_path / "b"))
+    assert owner_of(str(tmp_path / "a")).startswith(socket.gethostname() + "\0")
