@@ -153,6 +153,9 @@ class Provider:
     """Networks crawlers may use this provider's proxies from, unless a Proxy says otherwise."""
     allowed_destinations: Tuple[str, ...] = ()
     """Internal networks this provider's proxies may reach, unless a Proxy says otherwise."""
+    location_errors: Tuple[str, ...] = ()
+    """Errors that keep single locations (a KVM host's networking) from new proxies: the provider
+    stays usable for the others at run time, but the file is not valid (``ConfigReport.errors``)."""
 
     @property
     def valid(self) -> bool:
@@ -251,10 +254,11 @@ def _parse_provider(item: Reader, name: str) -> Provider:
     # proxies may reach on purpose (squid_access.py refuses every other internal destination).
     sources = _parse_networks(item, errors, "allowedSources", DEFAULT_ALLOWED_SOURCES)
     destinations = _parse_networks(item, errors, "allowedDestinations", ())
+    locations = tuple(errors.locations)
     if errors.messages or settings is None or probe is None:
-        return Provider(name, provider_type, errors=tuple(errors.messages))
+        return Provider(name, provider_type, errors=tuple(errors.messages), location_errors=locations)
     return Provider(name, provider_type, settings, probe=probe, allowed_sources=sources,
-                    allowed_destinations=destinations)
+                    allowed_destinations=destinations, location_errors=locations)
 
 
 def _parse_networks(item: Reader, errors: Errors, key: str, default: Tuple[str, ...]) -> Tuple[str, ...]:
@@ -360,7 +364,7 @@ def validate_provider_config(document: Any) -> ConfigReport:
         errors.messages.extend(root.messages[before:])
         if item is not None and name is not None:
             provider = _parse_provider(item, name)
-            errors.messages.extend(provider.errors)
+            errors.messages.extend(provider.errors + provider.location_errors)
             providers.append(provider)
     return ConfigReport(owner=owner, providers=tuple(providers), root_errors=tuple(root.messages),
                         errors=tuple(errors.messages))

@@ -326,7 +326,12 @@ class ProbeSettings:
 
 
 class ConfigUnreadable(Exception):
-    """The provider config cannot be used at all: unreadable, not YAML, or invalid at its root."""
+    """The provider config cannot be used at all: unreadable, not YAML, or invalid at its root.
+    ``errors`` holds every error apart, each with its field path, for a person to read one a line."""
+
+    def __init__(self, message: str, errors: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.errors = tuple(errors) or (message,)
 
 
 @dataclass(frozen=True)
@@ -346,6 +351,8 @@ class ProviderSet:
     backend_errors: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     destinations: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # name -> opened destinations
     policy_version: str = ""  # the access policy the collection's modules deliver
+    # name -> errors that keep single locations (a KVM host) from new proxies; the provider stays usable
+    location_errors: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     def clients(self, runner: Runner) -> dict[str, ProviderClient]:
         """A client for every valid provider."""
@@ -378,6 +385,12 @@ def check_config(runner: Runner, path: str, previous: ProviderSet | None = None,
     # metrics count this call apart from every provider's.
     arguments = {"provider_config": absolute, **({"check_backends": True} if check_backends else {})}
     outcome = runner.run("_config", "check", [Operation(CONFIG_MODULE, arguments)])[0]
+    if not outcome.ok and not outcome.result:
+        # The validator never ran (no module result at all: a collection not found, a killed
+        # run): nothing is known about the file, so the message must not blame it.
+        raise ConfigUnreadable(f"provider config {absolute}: not checked: the collection's {CONFIG_MODULE} "
+                               f"did not run ({outcome.message}); is crawl.egress_proxies installed in "
+                               "ANSIBLE_COLLECTIONS_PATH?")
     if not outcome.ok:
         raise ConfigUnreadable(f"provider config {absolute}: {outcome.message}")
     data = outcome.result
@@ -388,8 +401,11 @@ def check_config(runner: Runner, path: str, previous: ProviderSet | None = None,
     sources: dict[str, tuple[str, ...]] = {}
     backend_errors: dict[str, tuple[str, ...]] = {}
     destinations: dict[str, tuple[str, ...]] = {}
+    location_errors: dict[str, tuple[str, ...]] = {}
     for provider in data.get("providers") or []:
         name = str(provider.get("name"))
+        if provider.get("location_errors"):
+            location_errors[name] = tuple(str(e) for e in provider["location_errors"])
         sources[name] = tuple(str(s) for s in provider.get("allowed_sources") or ())
         if provider.get("backend_errors"):
             backend_errors[name] = tuple(str(e) for e in provider["backend_errors"])
@@ -410,7 +426,8 @@ def check_config(runner: Runner, path: str, previous: ProviderSet | None = None,
             invalid[name] = (why,)
     owner = data.get("owner")
     if not owner:  # a root error (the owner tags every instance): no provider is usable
-        raise ConfigUnreadable(f"provider config {absolute}: " + "; ".join(errors or ("owner: missing",)))
+        every = errors or ("owner: missing",)
+        raise ConfigUnreadable(f"provider config {absolute}: " + "; ".join(every), every)
     return ProviderSet(path=absolute, owner=str(owner), types=types, invalid=invalid, errors=errors, digest=digest,
                        probes=probes, sources=sources, backend_errors=backend_errors, destinations=destinations,
-                       policy_version=str(data.get("access_policy_version") or ""))
+                       policy_version=str(data.get("access_policy_version") or ""), location_errors=location_errors)
