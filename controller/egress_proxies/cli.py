@@ -119,7 +119,12 @@ _Add = Callable[..., argparse.Action]
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="egress-proxies", description="Keep every Proxy resource backed by a running egress proxy.")
+        prog="egress-proxies", description="Keep every Proxy resource backed by a running egress proxy.",
+        epilog="A Proxy is Ready once a request through it reached the probe target: run 'egress-proxies "
+               "probe-target --key-file KEY' where the proxies and this controller both reach it (on a one-host "
+               "setup, on the KVM host's public address) and name it in each provider's probe. This controller's "
+               "own egress address must be in every provider's allowedSources, or its probe is refused like any "
+               "other client (docs/production.md).")
     parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     _source_options(parser.add_argument_group("where Proxies come from").add_argument)
     _config_options(parser.add_argument_group("provider config and run modes").add_argument)

@@ -461,9 +461,55 @@ def test_an_image_that_cannot_be_pulled_is_reported_in_seconds(deploy: Deploy, k
                                                               api: client.ApiClient) -> None:
     with RolloutStandIn(kube, api, pull_fails=True):
         started = time.monotonic()
-        run = deploy(egress_proxies_wait_timeout=300)
+        # A rollout wait of 600 s: the run ends long before (Deploy kills it after 180 s), and says why.
+        run = deploy(egress_proxies_wait_timeout=600)
         seconds = time.monotonic() - started
-    assert run.returncode != 0
-    assert "ErrImagePull" in run.output and "registry.example/egress-proxies-controller:0.1.0-test" in run.output
-    assert "egress_proxies_image_pull_secrets" in run.output, run.output
-    assert seconds < 120, f"{seconds:.0f} s: the pull failure waited for the rollout timeout"
+    assert run.returncode != 0 and seconds < 180
+    assert "The controller cannot start" in run.output and "ErrImagePull" in run.output, run.output[-3000:]
+    assert "registry.example/egress-proxies-controller:0.1.0-test" in run.output
+    assert "egress_proxies_image_pull_secrets" in run.output
+
+
+# -- the production page (docs/production.md) ---------------------------------------------------------
+
+PRODUCTION_PAGE = Path(__file__).resolve().parents[2] / "docs" / "production.md"
+
+
+def page_files() -> dict[str, str]:
+    """The page's named code blocks (```yaml NAME), by name: what a reader saves as files."""
+    return dict(re.findall(r"^```yaml (\S+)\n(.*?)^```$", PRODUCTION_PAGE.read_text(), re.M | re.S))
+
+
+def test_the_production_page_deploys_as_written(deploy: Deploy, kube: KubeEmulator,
+                                                rollouts: RolloutStandIn) -> None:
+    """The page's providers.yaml, tokens.yaml and deploy-vars.yml, saved as a reader would, through
+    the deploy playbook: every knob it sets reaches the cluster."""
+    blocks = page_files()
+    assert set(blocks) == {"providers.yaml", "tokens.yaml", "deploy-vars.yml"}
+    for name in ("providers.yaml", "tokens.yaml"):
+        (deploy.files / name).write_text(blocks[name])
+    (deploy.files / "kvm-ssh").mkdir()
+    (deploy.files / "kvm-ssh" / "id_ed25519").write_text(PRIVATE_KEY)
+    (deploy.files / "kvm-ssh" / "known_hosts").write_text(KNOWN_HOSTS)
+    (deploy.files / "gcp-key.json").write_text(GCP_KEY)
+    page_vars = yaml.safe_load(blocks["deploy-vars.yml"])
+
+    run = deploy(**page_vars)
+
+    assert run.returncode == 0, run.output
+    assert rollouts.generations == [1]
+    config_map = kube.get_object("configmaps", NAMESPACE, "egress-proxies-providers")
+    assert config_map is not None and config_map["data"] == {"providers.yaml": blocks["providers.yaml"]}
+    assert secret_data(kube, "egress-proxies-tokens") == {"tokens.yaml": blocks["tokens.yaml"]}
+    deployment = kube.get_object("deployments.apps", NAMESPACE, DEPLOYMENT)
+    assert deployment is not None
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert container["image"] == page_vars["egress_proxies_image"]
+    settings = controller_settings(container)
+    assert settings.discovery_tokens is not None and settings.gc_dry_run
+    ingress = kube.get_object("ingresses.networking.k8s.io", NAMESPACE, "egress-proxies-discovery")
+    assert ingress is not None
+    assert ingress["spec"]["tls"][0]["hosts"] == [page_vars["egress_proxies_discovery_ingress"]["host"]]
+    # The probe's egress address is in every provider's allowedSources, as the page says it must be.
+    providers = yaml.safe_load(blocks["providers.yaml"])["providers"]
+    assert all("198.51.100.7/32" in provider["allowedSources"] for provider in providers)
