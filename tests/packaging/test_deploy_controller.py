@@ -152,10 +152,12 @@ class RolloutStandIn:
     def _replace_pod(self, deployment: Obj, generation: int) -> None:
         template = deployment["spec"]["template"]
         for old in self.core.list_namespaced_pod(NAMESPACE, label_selector=SELECTOR).items:
-            self.core.delete_namespaced_pod(old.metadata.name, NAMESPACE)
+            if old.metadata is not None and old.metadata.name:
+                self.core.delete_namespaced_pod(old.metadata.name, NAMESPACE)
         name = f"{DEPLOYMENT}-g{generation}"
-        self.core.create_namespaced_pod(NAMESPACE, {"apiVersion": "v1", "kind": "Pod", "metadata": {
-            "name": name, "labels": template["metadata"]["labels"]}, "spec": template["spec"]})
+        pod: Any = {"apiVersion": "v1", "kind": "Pod", "spec": template["spec"],
+                    "metadata": {"name": name, "labels": template["metadata"]["labels"]}}
+        self.core.create_namespaced_pod(NAMESPACE, pod)
         (container,) = template["spec"]["containers"]
         state = ({"waiting": {"reason": "ErrImagePull", "message": f'failed to pull image "{container["image"]}": '
                               "not found"}} if self.pull_fails else {"running": {}})
@@ -406,7 +408,8 @@ def test_every_production_knob_lands_where_the_controller_reads_it(deploy: Deplo
     (deploy.files / "providers.yaml").write_text(PROVIDER_CONFIG + GCP_PROVIDER)
     (deploy.files / "tokens.yaml").write_text(TEAM_TOKENS)
     (deploy.files / "gcp-key.json").write_text(GCP_KEY)
-    knobs = {"egress_proxies_crawler_tokens_file": "tokens.yaml", "egress_proxies_gcp_credentials_file": "gcp-key.json",
+    knobs: dict[str, Any] = {
+             "egress_proxies_crawler_tokens_file": "tokens.yaml", "egress_proxies_gcp_credentials_file": "gcp-key.json",
              "egress_proxies_service_account_annotations": WORKLOAD_IDENTITY,
              "egress_proxies_discovery_ingress": INGRESS, "egress_proxies_controller_args": ["--gc-dry-run"],
              "egress_proxies_image_pull_secrets": ["registry-creds"], "egress_proxies_resources": RESOURCES}
