@@ -404,3 +404,21 @@ def test_the_provider_config_is_the_one_source_of_the_hosts_publishing(host: Hyp
     assert (hook["public_address"], hook["publish_ports"], hook["source_addresses"]) == (
         entry["publicAddress"], [first, last], entry["sourceAddresses"])
     assert "<forward mode='nat'" in conn.networkLookupByName("default").XMLDesc(0)
+
+
+@pytest.mark.usefixtures("conn")
+def test_a_key_rotation_authorizes_the_new_key_and_removes_the_retired_one(host: HypervisorHost,
+                                                                            tmp_path: Path) -> None:
+    """Issue 40 day 2: the role's second rotation step removes the old controller key."""
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "rotated", "-f", str(tmp_path / "new")],
+                   check=True)
+    new = (tmp_path / "new.pub").read_text().strip()
+    old = host.controller_key_file.with_suffix(".pub").read_text().strip()
+    try:
+        bootstrap(host)  # the old key, as the first bootstrap authorized it
+        assert old in host.run_in_namespace(["cat", "/root/.ssh/authorized_keys"]).stdout
+        bootstrap(host, kvm_hypervisor_controller_public_key=new, kvm_hypervisor_retired_public_keys=[old])
+        keys = host.run_in_namespace(["cat", "/root/.ssh/authorized_keys"]).stdout
+        assert new in keys and old not in keys, keys
+    finally:  # as a first bootstrap leaves it, for the tests after this one
+        host.run_in_namespace(["sh", "-c", 'printf "%s\\n" "$1" > /root/.ssh/authorized_keys', "restore", old])
