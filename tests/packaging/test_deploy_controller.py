@@ -433,7 +433,8 @@ def test_every_production_knob_lands_where_the_controller_reads_it(deploy: Deplo
     assert pod["imagePullSecrets"] == [{"name": "registry-creds"}]
     assert container["resources"] == RESOURCES
     account = kube.get_object("serviceaccounts", NAMESPACE, pod["serviceAccountName"])
-    assert account is not None and account["metadata"]["annotations"] == WORKLOAD_IDENTITY
+    assert account is not None
+    assert without_server_fields(account)["metadata"]["annotations"] == WORKLOAD_IDENTITY
     ingress = kube.get_object("ingresses.networking.k8s.io", NAMESPACE, "egress-proxies-discovery")
     assert ingress is not None
     assert ingress["spec"]["ingressClassName"] == "nginx"
