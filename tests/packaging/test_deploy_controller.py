@@ -452,7 +452,7 @@ def test_every_production_knob_lands_where_the_controller_reads_it(deploy: Deplo
         assert secret not in first.output + second.output
 
 
-@pytest.mark.parametrize("image", [None, "egress-proxies-controller.invalid/set-your-image:unset"])
+@pytest.mark.parametrize("image", [None, "egress-proxies-controller.invalid/set-your-image:0.1.0"])
 def test_no_image_or_the_placeholder_is_refused_before_any_write(deploy: Deploy, kube: KubeEmulator,
                                                                 image: str | None) -> None:
     run = deploy(wait=False, egress_proxies_image=image)

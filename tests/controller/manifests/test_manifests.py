@@ -325,7 +325,7 @@ def test_deployment_runs_the_controller_against_kubernetes() -> None:
     assert deployment["spec"]["replicas"] == 1
     main = container()
     # A placeholder that can never be pulled (.invalid never resolves); the deploy playbook refuses it.
-    assert main["image"] == "egress-proxies-controller.invalid/set-your-image:unset"
+    assert main["image"] == "egress-proxies-controller.invalid/set-your-image:0.1.0"
     command = main["command"]
     assert command[:3] == ["egress-proxies", "--source", "kubernetes"]
     options = dict(zip(command[1::2], command[2::2], strict=True))
