@@ -58,6 +58,7 @@ class Settings:
     source: str = "kubernetes"
     proxy_dir: Path = Path("proxies")
     provider_config: Path = Path("/etc/egress-proxies/providers.yaml")
+    provider_config_given: bool = False  # --provider-config on the command line, not the default
     work_dir: Path = Path("/var/lib/egress-proxies")
     interval_seconds: float = 60.0
     gc_grace_seconds: float = ReconcileSettings.gc_grace_seconds
@@ -121,7 +122,12 @@ _Add = Callable[..., argparse.Action]
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="egress-proxies", description="Keep every Proxy resource backed by a running egress proxy.")
+        prog="egress-proxies", description="Keep every Proxy resource backed by a running egress proxy.",
+        epilog="A Proxy is Ready once a request through it reached the probe target: run 'egress-proxies "
+               "probe-target --key-file KEY' where the proxies and this controller both reach it (on a one-host "
+               "setup, on the KVM host's public address) and name it in each provider's probe. This controller's "
+               "own egress address must be in every provider's allowedSources, or its probe is refused like any "
+               "other client (docs/production.md).")
     parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     _source_options(parser.add_argument_group("where Proxies come from").add_argument)
     _config_options(parser.add_argument_group("provider config and run modes").add_argument)
@@ -142,10 +148,13 @@ def _source_options(add: _Add) -> None:
 
 
 def _config_options(add: _Add) -> None:
-    add("--provider-config", type=Path, default=Settings.provider_config, help="the provider config file")
+    add("--provider-config", type=Path, default=None,
+        help=f"the provider config file (default: {Settings.provider_config})")
     add("--check-config", action="store_true",
-        help="validate the provider config with the collection's validator (and the --discovery-tokens file), "
-             "print every error, and exit (non-zero when it is invalid)")
+        help="check exactly the files named: the provider config (with the collection's validator, and each "
+             "provider's backend) and the --discovery-tokens file, or only the tokens file when it is named without "
+             "--provider-config; print every error on a line of its own with its field path, and exit (non-zero "
+             "when any is invalid)")
     add("--once", action="store_true",
         help="run one sweep and exit: 0 only when nothing failed (config, providers, Proxies)")
     add("--until-ready", type=_positive(float, 0, "a number of seconds"), default=None,
@@ -219,7 +228,8 @@ def parse_args(argv: list[str] | None = None) -> Settings:
     args = vars(build_parser().parse_args(argv))
     logs.configure(args.pop("log_level"), args.pop("log_format"))
     # Modules run in ansible-runner's private directories: a relative path would name another file.
-    args["provider_config"] = args["provider_config"].absolute()
+    args["provider_config_given"] = args["provider_config"] is not None
+    args["provider_config"] = (args["provider_config"] or Settings.provider_config).absolute()
     args["proxy_dir"] = args["proxy_dir"].absolute()
     args["work_dir"] = args["work_dir"].absolute()
     return Settings(**args)
@@ -292,16 +302,20 @@ def run_until_ready(controller: Controller, store: ProxyStore, timeout: float, p
 
 def check_config(runner: AnsibleRunner, path: Path) -> int:
     """``--check-config``: every error of the provider config, through the collection's validator,
-    and what each valid provider's backend shows wrong (credentials, scopes, firewall)."""
+    and what each valid provider's backend shows wrong (credentials, scopes, firewall); each on a
+    line of its own, with its field path."""
     try:
         providers = providers_module.check_config(runner, str(path), check_backends=True)
     except providers_module.ConfigUnreadable as error:
-        sys.stdout.write(f"INVALID: {error}\n")
-        return 1
+        return _invalid(path, "provider config", error.errors)
     backend = [error for errors in providers.backend_errors.values() for error in errors]
 
     def verdict(name: str) -> str:
-        return "INVALID" if name in providers.invalid else "NOT USABLE" if name in providers.backend_errors else "ok"
+        if name in providers.invalid:
+            return "INVALID"
+        if name in providers.location_errors:
+            return "INVALID for some locations (the others take new proxies)"
+        return "NOT USABLE" if name in providers.backend_errors else "ok"
 
     lines = [f"provider {name} ({provider_type}): {verdict(name)}" for name, provider_type in providers.types.items()]
     lines += [f"  {error}" for error in (*providers.errors, *backend)]
@@ -323,6 +337,13 @@ def reachability_lines(providers: providers_module.ProviderSet) -> list[str]:
                                 for line in (f"  provider {name}:", *(f"    {sentence}" for sentence in lines)))]
 
 
+def _invalid(path: Path, what: str, errors: tuple[str, ...]) -> int:
+    """A file that cannot be used at all: every error on a line of its own, then the count."""
+    lines = [f"INVALID: {what} {path}", *(f"  {error}" for error in errors), f"{path}: {len(errors)} error(s)"]
+    sys.stdout.write("\n".join(lines) + "\n")
+    return 1
+
+
 def check_tokens(path: Path | None) -> int:
     """``--check-config --discovery-tokens FILE``: the tokens file's problems, as at start-up."""
     if path is None:
@@ -330,10 +351,17 @@ def check_tokens(path: Path | None) -> int:
     try:
         TokenScopes(path).check()
     except TokensFileError as error:
-        sys.stdout.write(f"INVALID: {error}\n")
-        return 1
+        return _invalid(path, "discovery tokens", error.problems)
     sys.stdout.write(f"{path}: valid\n")
     return 0
+
+
+def check_files(runner: AnsibleRunner, settings: Settings) -> int:
+    """``--check-config`` on exactly what it is given: the provider config (the default one when
+    no file is named), and the tokens file; a tokens file named alone is checked alone."""
+    tokens_alone = settings.discovery_tokens is not None and not settings.provider_config_given
+    providers = 0 if tokens_alone else check_config(runner, settings.provider_config)
+    return max(providers, check_tokens(settings.discovery_tokens))
 
 
 @dataclass(frozen=True)
@@ -497,7 +525,7 @@ def main(argv: list[str] | None = None) -> int:
     runner = AnsibleRunner(settings.work_dir, timeout_seconds=settings.runner_timeout_seconds,
                            max_concurrent=settings.max_runners, keep_artifacts=settings.keep_artifacts)
     if settings.check_config:
-        return max(check_config(runner, settings.provider_config), check_tokens(settings.discovery_tokens))
+        return check_files(runner, settings)
     if not settings.provider_config.is_file():
         log.warning("provider config %s does not exist (yet): every sweep fails until it does",
                     settings.provider_config)

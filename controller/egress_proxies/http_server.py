@@ -49,7 +49,7 @@ import re
 import socket
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from pathlib import Path
@@ -120,7 +120,12 @@ TOKENS_FORMAT = "a YAML list of entries {name, sha256, namespaces}"
 
 
 class TokensFileError(Exception):
-    """The discovery tokens file cannot be used as a whole; the message names every problem."""
+    """The discovery tokens file cannot be used as a whole; the message names every problem, and
+    ``problems`` holds them apart (one a line in ``--check-config``)."""
+
+    def __init__(self, message: str, problems: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.problems = tuple(problems) or (message,)
 
 
 @dataclass(frozen=True)
@@ -204,7 +209,7 @@ class TokenScopes:
             return
         entries, problems = self._read()
         if problems:
-            raise TokensFileError(f"discovery tokens {self.path}: " + "; ".join(problems))
+            raise TokensFileError(f"discovery tokens {self.path}: " + "; ".join(problems), problems)
         with self._lock:
             self._entries, self._stamp = entries, self._mtime()
         log.info("discovery tokens %s: %d scoped token(s)", self.path, len(entries))

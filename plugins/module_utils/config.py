@@ -156,6 +156,9 @@ class Provider:
     probe_sources: Tuple[str, ...] = ()
     """The root's ``probeSources``: where the controller's probes arrive from; a provider whose
     proxies are public admits them besides the crawlers' sources."""
+    location_errors: Tuple[str, ...] = ()
+    """Errors that keep single locations (a KVM host's networking) from new proxies: the provider
+    stays usable for the others at run time, but the file is not valid (``ConfigReport.errors``)."""
 
     @property
     def valid(self) -> bool:
@@ -255,10 +258,12 @@ def _parse_provider(item: Reader, name: str, probe_sources: Tuple[str, ...] = ()
     sources = _parse_networks(item, errors, "allowedSources", DEFAULT_ALLOWED_SOURCES)
     destinations = _parse_networks(item, errors, "allowedDestinations", ())
     _require_public_sources(item, errors, settings)
+    locations = tuple(errors.locations)
     if errors.messages or settings is None or probe is None:
-        return Provider(name, provider_type, errors=tuple(errors.messages))
+        return Provider(name, provider_type, errors=tuple(errors.messages), location_errors=locations)
     return Provider(name, provider_type, settings, probe=probe, allowed_sources=sources,
-                    allowed_destinations=destinations, probe_sources=probe_sources)
+                    allowed_destinations=destinations, probe_sources=probe_sources,
+                    location_errors=locations)
 
 
 def _require_public_sources(item: Reader, errors: Errors, settings: Optional[object]) -> None:
@@ -380,7 +385,7 @@ def validate_provider_config(document: Any) -> ConfigReport:
         errors.messages.extend(root.messages[before:])
         if item is not None and name is not None:
             provider = _parse_provider(item, name, probe_sources)
-            errors.messages.extend(provider.errors)
+            errors.messages.extend(provider.errors + provider.location_errors)
             providers.append(provider)
     return ConfigReport(owner=owner, providers=tuple(providers), root_errors=tuple(root.messages),
                         errors=tuple(errors.messages))

@@ -50,6 +50,9 @@ class Errors:
 
     def __init__(self) -> None:
         self.messages: List[str] = []
+        # Errors that keep one location (a KVM host) from new proxies, not the whole section: the
+        # section stays usable at run time, but a check of the file still refuses them.
+        self.locations: List[str] = []
 
     def __len__(self) -> int:
         return len(self.messages)

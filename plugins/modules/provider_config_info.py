@@ -109,6 +109,13 @@ providers:
       description: The errors that make it unusable (the file's root errors, then its section's), with field paths.
       type: list
       elements: str
+    location_errors:
+      description:
+        - Errors that keep single locations from new proxies (a KVM host's C(networkMode), C(publicAddress),
+          C(publishPorts) or C(sourceAddresses)), with field paths. The provider stays usable for its other
+          locations (RV(providers[].valid) is not affected), but the file is not valid and RV(errors) lists them.
+      type: list
+      elements: str
     allowed_sources:
       description: Networks crawlers may use this provider's proxies from unless a Proxy says otherwise.
       type: list
@@ -232,6 +239,7 @@ def main() -> None:
     providers = [
         {"name": provider.name, "type": provider.type, "valid": not root_errors and provider.valid,
          "errors": root_errors + list(provider.errors), "probe": provider.probe.as_dict(),
+         "location_errors": list(provider.location_errors),
          "allowed_sources": list(provider.allowed_sources),
          "allowed_destinations": list(provider.allowed_destinations),
          "reachability": reachability(provider, str(report.owner)) if provider.valid else [],

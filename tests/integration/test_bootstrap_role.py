@@ -347,3 +347,78 @@ def test_a_publish_range_covering_a_port_the_host_listens_on_changes_nothing(hos
             server.wait()
             if server.stdout is not None:
                 server.stdout.close()
+
+
+# --- one source of truth: the role takes the host's publishing from the provider config ---------
+
+# The inventory's networking variables, dropped: with kvm_hypervisor_provider_config the host
+# entry is their one source (the test inventory's isolated network would be a second opinion).
+FROM_THE_CONFIG: dict[str, Any] = {"kvm_hypervisor_network_forward_mode": None}
+
+
+def _provider_config(tmp_path: Path, host: HypervisorHost, **networking: Any) -> Path:
+    """A provider config whose one KVM provider lists this host as ``hypervisor`` (its inventory name)."""
+    config = tmp_path / "providers.yaml"
+    config.write_text(json.dumps({"owner": "prod-cluster-1", "providers": [{
+        "name": "home-kvm", "type": "kvm", "allowedSources": ["198.51.100.0/24"],
+        "kvm": {"ssh": {"keyFile": "/etc/egress-proxies/kvm-ssh/id_ed25519",
+                        "knownHostsFile": "/etc/egress-proxies/kvm-ssh/known_hosts"},
+                "hosts": [{"name": "hypervisor", "uri": f"qemu+libssh2://root@{host.address}/system",
+                           "networkMode": "nat", **networking}],
+                "images": {"debian-12": {"url": "https://images.example.invalid/d.qcow2", "sha256": "a" * 64}},
+                "machineTypes": {"small": {"vcpus": 1, "memoryMiB": 1024, "diskGiB": 10}}}}]}))
+    return config
+
+
+def test_the_provider_config_is_the_one_source_of_the_hosts_publishing(host: HypervisorHost,
+                                                                       conn: libvirt.virConnect,
+                                                                       tmp_path: Path) -> None:
+    """Issue 40 row 6: the role reads the host's entry, a role variable saying otherwise is refused
+    naming both, and a row-6 mistake in the file is refused by the collection's validator; in both
+    refusals nothing on the host changes."""
+    publishing = host.publishing_role_vars()
+    entry = {"publicAddress": publishing["kvm_hypervisor_public_address"],
+             "publishPorts": publishing["kvm_hypervisor_publish_ports"],
+             "sourceAddresses": publishing["kvm_hypervisor_source_addresses"]}
+    config = _provider_config(tmp_path, host, **entry)
+
+    disagreeing = bootstrap(host, check=False, kvm_hypervisor_provider_config=str(config),
+                            kvm_hypervisor_publish_ports="41000-41009", **FROM_THE_CONFIG)
+    assert not disagreeing.ok
+    assert ('kvm_hypervisor_publish_ports is "41000-41009" but the provider config\'s '
+            f'providers[0].kvm.hosts[0].publishPorts says "{entry["publishPorts"]}"') in disagreeing.stdout, \
+        _tail(disagreeing.stdout)
+    assert conn.listAllNetworks() == [] and conn.listAllStoragePools() == []
+
+    reversed_range = _provider_config(tmp_path, host, **{**entry, "publishPorts": "40009-40000"})
+    invalid = bootstrap(host, check=False, kvm_hypervisor_provider_config=str(reversed_range), **FROM_THE_CONFIG)
+    assert not invalid.ok
+    assert "providers[0].kvm.hosts[0].publishPorts: '40009-40000' is not a port range" in invalid.stdout, \
+        _tail(invalid.stdout)
+    assert conn.listAllNetworks() == [] and conn.listAllStoragePools() == []
+
+    config = _provider_config(tmp_path, host, **entry)
+    bootstrap(host, kvm_hypervisor_provider_config=str(config), **FROM_THE_CONFIG)
+    hook = json.loads(host.run_in_namespace(["cat", "/etc/libvirt/hooks/egress-proxies/default.json"]).stdout)
+    first, last = (int(port) for port in entry["publishPorts"].split("-"))
+    assert (hook["public_address"], hook["publish_ports"], hook["source_addresses"]) == (
+        entry["publicAddress"], [first, last], entry["sourceAddresses"])
+    assert "<forward mode='nat'" in conn.networkLookupByName("default").XMLDesc(0)
+
+
+@pytest.mark.usefixtures("conn")
+def test_a_key_rotation_authorizes_the_new_key_and_removes_the_retired_one(host: HypervisorHost,
+                                                                            tmp_path: Path) -> None:
+    """Issue 40 day 2: the role's second rotation step removes the old controller key."""
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "rotated", "-f", str(tmp_path / "new")],
+                   check=True)
+    new = (tmp_path / "new.pub").read_text().strip()
+    old = host.controller_key_file.with_suffix(".pub").read_text().strip()
+    try:
+        bootstrap(host)  # the old key, as the first bootstrap authorized it
+        assert old in host.run_in_namespace(["cat", "/root/.ssh/authorized_keys"]).stdout
+        bootstrap(host, kvm_hypervisor_controller_public_key=new, kvm_hypervisor_retired_public_keys=[old])
+        keys = host.run_in_namespace(["cat", "/root/.ssh/authorized_keys"]).stdout
+        assert new in keys and old not in keys, keys
+    finally:  # as a first bootstrap leaves it, for the tests after this one
+        host.run_in_namespace(["sh", "-c", 'printf "%s\\n" "$1" > /root/.ssh/authorized_keys', "restore", old])

@@ -60,6 +60,8 @@ def test_create_get_list_delete_round_trip(config: Path, tmp_path: Path, libvirt
     assert instance["ip"]  # the test driver reports an address for every source
     assert instance["tags"] == tags and instance["created"]
     assert {"eu-1-3f9c2a.qcow2", "eu-1-3f9c2a-seed.iso", "base-debian-12.qcow2"} <= volume_names(libvirt_test)
+    # Issue 40 day 2: libvirtd starts it again after a host reboot.
+    assert libvirt_test.connection.lookupByName("eu-1-3f9c2a").autostart() == 1
 
     again = proxy(config, tmp_path, name="eu-1-3f9c2a", tags=tags)
     assert again.result["changed"] is False

@@ -3,9 +3,12 @@ ansible-playbook, against the Kubernetes API emulator.
 
 What a user would check after running it: every object of controller/manifests is in the cluster
 with the user's provider config, SSH files, token and image; a second run changes nothing (and
-writes nothing); no secret reaches the playbook's output; a new token rolls the controller. The
-emulator has no Deployment controller, so ``RolloutStandIn`` plays it: it marks each new
-generation of the controller's Deployment rolled out, which the playbook waits for.
+writes nothing); no secret reaches the playbook's output; a new token rolls the controller; every
+production knob (issue 40 row 1, 2, 4, 5) lands where the controller reads it; a placeholder image
+is refused and an image that cannot be pulled is reported in seconds. The emulator has no
+Deployment controller or kubelet, so ``RolloutStandIn`` plays them: for each new generation of the
+controller's Deployment it replaces the controller Pod (ready, or waiting on a pull that fails)
+and marks a ready one's generation rolled out, which the playbook waits for.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import re
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +42,7 @@ DEPLOYMENT = "egress-proxies-controller"
 MANIFESTS = Path(__file__).resolve().parents[2] / "controller" / "manifests"
 LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
 TOKEN_VERSION = "crawl.example.com/discovery-token-version"
+SELECTOR = "app.kubernetes.io/name=egress-proxies-controller"
 PRIVATE_KEY = ("-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAA-not-a-real-key-c2VjcmV0\n"
                "-----END OPENSSH PRIVATE KEY-----\n")
 KNOWN_HOSTS = "beelink ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHostKeyOfBeelink\n"
@@ -89,7 +94,7 @@ class Deploy:
     kube: KubeEmulator
     files: Path
 
-    def __call__(self, *, wait: bool = True, **extra: str | bool) -> Run:
+    def __call__(self, *, wait: bool = True, **extra: Any) -> Run:
         """Run it in ``files``, so relative paths in ``extra`` are relative to the user's directory."""
         variables = {
             "egress_proxies_kubeconfig": str(write_kubeconfig(self.files / "kubeconfig", self.kube.url)),
@@ -101,6 +106,7 @@ class Deploy:
             "egress_proxies_wait_timeout": 60,
             **extra,
         }
+        variables = {name: value for name, value in variables.items() if value is not None}  # None: unset
         (self.files / "vars.yml").write_text(yaml.safe_dump(variables))
         home = self.files / "home"
         home.mkdir(exist_ok=True)
@@ -113,11 +119,15 @@ class Deploy:
 
 class RolloutStandIn:
     """The Deployment controller and kubelet: each new generation of the controller's Deployment
-    is marked rolled out (what kubernetes.core's wait checks). ``generations`` lists those seen."""
+    gets a Pod of its template in place of the last one, ready and the generation marked rolled
+    out (what kubernetes.core's wait checks), or, with ``pull_fails``, waiting in ErrImagePull as a
+    kubelet reports an image it cannot pull (and never rolled out). ``generations`` lists those seen."""
 
-    def __init__(self, kube: KubeEmulator, apps: client.AppsV1Api) -> None:
+    def __init__(self, kube: KubeEmulator, api: client.ApiClient, pull_fails: bool = False) -> None:
         self.kube = kube
-        self.apps = apps
+        self.apps = client.AppsV1Api(api)
+        self.core = client.CoreV1Api(api)
+        self.pull_fails = pull_fails
         self.generations: list[int] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="rollout-stand-in", daemon=True)
@@ -128,13 +138,33 @@ class RolloutStandIn:
             if deployment is None:
                 continue
             generation = deployment["metadata"]["generation"]
-            if (deployment.get("status") or {}).get("observedGeneration") == generation:
+            if generation in self.generations:
+                continue
+            self.generations.append(generation)
+            self._replace_pod(deployment, generation)
+            if self.pull_fails:
                 continue
             replicas = deployment["spec"]["replicas"]
             self.apps.patch_namespaced_deployment_status(DEPLOYMENT, NAMESPACE, {"status": {
                 "observedGeneration": generation, "replicas": replicas, "updatedReplicas": replicas,
                 "readyReplicas": replicas, "availableReplicas": replicas}})
-            self.generations.append(generation)
+
+    def _replace_pod(self, deployment: Obj, generation: int) -> None:
+        template = deployment["spec"]["template"]
+        for old in self.core.list_namespaced_pod(NAMESPACE, label_selector=SELECTOR).items:
+            if old.metadata is not None and old.metadata.name:
+                self.core.delete_namespaced_pod(old.metadata.name, NAMESPACE)
+        name = f"{DEPLOYMENT}-g{generation}"
+        pod: Any = {"apiVersion": "v1", "kind": "Pod", "spec": template["spec"],
+                    "metadata": {"name": name, "labels": template["metadata"]["labels"]}}
+        self.core.create_namespaced_pod(NAMESPACE, pod)
+        (container,) = template["spec"]["containers"]
+        state = ({"waiting": {"reason": "ErrImagePull", "message": f'failed to pull image "{container["image"]}": '
+                              "not found"}} if self.pull_fails else {"running": {}})
+        self.core.patch_namespaced_pod_status(name, NAMESPACE, {"status": {
+            "phase": "Pending" if self.pull_fails else "Running",
+            "containerStatuses": [{"name": container["name"], "image": container["image"], "imageID": "",
+                                   "ready": not self.pull_fails, "restartCount": 0, "state": state}]}})
 
     def __enter__(self) -> RolloutStandIn:
         self._thread.start()
@@ -170,7 +200,7 @@ def deploy(installed_collection: InstalledCollection, kube: KubeEmulator, files:
 
 @pytest.fixture
 def rollouts(kube: KubeEmulator, api: client.ApiClient) -> Iterator[RolloutStandIn]:
-    with RolloutStandIn(kube, client.AppsV1Api(api)) as stand_in:
+    with RolloutStandIn(kube, api) as stand_in:
         yield stand_in
 
 
@@ -399,3 +429,147 @@ def test_an_invalid_provider_config_is_refused_with_every_error_before_the_clust
     assert "providers[2].kubernetes.replicaz: unknown field" in run.output
     assert "2 error(s)" in run.output
     assert kube.requests() == []  # not even a read: the deploy stopped before any Kubernetes task
+
+
+# -- the production knobs (issue 40 rows 1, 2, 4, 5) ------------------------------------------------
+
+TEAM_TOKENS = "- {name: crawlers, namespaces: [crawlers], sha256: %s}\n" % ("c" * 64)
+GCP_KEY = '{"type": "service_account", "private_key": "-----BEGIN PRIVATE KEY-----\\nsecret-gcp-key-material"}\n'
+GCP_PROVIDER = """\
+- name: gcp-eu
+  type: gcp
+  gcp:
+    project: my-project
+    zones: [europe-west1-b]
+    machineTypes: {small: e2-small}
+    images: {debian-12: projects/debian-cloud/global/images/family/debian-12}
+    credentialsFile: /etc/egress-proxies/gcp/key.json
+"""
+WORKLOAD_IDENTITY = {"iam.gke.io/gcp-service-account": "egress-proxies@my-project.iam.gserviceaccount.com"}
+INGRESS = {"host": "discovery.crawl.example.net", "tls_secret_name": "discovery-tls", "class_name": "nginx"}
+RESOURCES = {"requests": {"cpu": "500m", "memory": "512Mi"}, "limits": {"memory": "2Gi"}}
+
+
+def controller_settings(container: Obj) -> Any:
+    """The controller's settings from the container's command, parsed by the controller's own parser."""
+    from egress_proxies.cli import build_parser
+
+    variables = {"POD_NAMESPACE": NAMESPACE, "POD_NAME": "pod"}
+    words = [re.sub(r"\$\((\w+)\)", lambda m: variables[m.group(1)], word) for word in container["command"][1:]]
+    return build_parser().parse_args(words)
+
+
+def test_every_production_knob_lands_where_the_controller_reads_it(deploy: Deploy, kube: KubeEmulator,
+                                                                   rollouts: RolloutStandIn) -> None:
+    (deploy.files / "providers.yaml").write_text(PROVIDER_CONFIG + GCP_PROVIDER)
+    (deploy.files / "tokens.yaml").write_text(TEAM_TOKENS)
+    (deploy.files / "gcp-key.json").write_text(GCP_KEY)
+    knobs: dict[str, Any] = {
+             "egress_proxies_crawler_tokens_file": "tokens.yaml", "egress_proxies_gcp_credentials_file": "gcp-key.json",
+             "egress_proxies_service_account_annotations": WORKLOAD_IDENTITY,
+             "egress_proxies_discovery_ingress": INGRESS, "egress_proxies_controller_args": ["--gc-dry-run"],
+             "egress_proxies_image_pull_secrets": ["registry-creds"], "egress_proxies_resources": RESOURCES}
+
+    first = deploy(**knobs)
+
+    assert first.returncode == 0, first.output
+    assert rollouts.generations == [1]
+    assert secret_data(kube, "egress-proxies-tokens") == {"tokens.yaml": TEAM_TOKENS}
+    assert secret_data(kube, "gcp-credentials") == {"key.json": GCP_KEY}
+    deployment = kube.get_object("deployments.apps", NAMESPACE, DEPLOYMENT)
+    assert deployment is not None
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    settings = controller_settings(container)
+    assert settings.discovery_tokens == Path("/etc/egress-proxies/tokens/tokens.yaml") and settings.gc_dry_run
+    volumes = {volume["name"]: volume for volume in pod["volumes"]}
+    mounts = {mount["mountPath"]: volumes[mount["name"]] for mount in container["volumeMounts"]}
+    assert mounts[str(settings.discovery_tokens.parent)]["secret"]["secretName"] == "egress-proxies-tokens"
+    assert mounts["/etc/egress-proxies/gcp"]["secret"]["secretName"] == "gcp-credentials"
+    assert pod["imagePullSecrets"] == [{"name": "registry-creds"}]
+    assert container["resources"] == RESOURCES
+    account = kube.get_object("serviceaccounts", NAMESPACE, pod["serviceAccountName"])
+    assert account is not None
+    assert without_server_fields(account)["metadata"]["annotations"] == WORKLOAD_IDENTITY
+    ingress = kube.get_object("ingresses.networking.k8s.io", NAMESPACE, "egress-proxies-discovery")
+    assert ingress is not None
+    assert ingress["spec"]["ingressClassName"] == "nginx"
+    assert ingress["spec"]["tls"] == [{"hosts": [INGRESS["host"]], "secretName": INGRESS["tls_secret_name"]}]
+    (rule,) = ingress["spec"]["rules"]
+    (path,) = rule["http"]["paths"]
+    assert (rule["host"], path["path"], path["pathType"]) == (INGRESS["host"], "/v1/", "Prefix")  # never /metrics
+    assert path["backend"]["service"] == {"name": "egress-proxies", "port": {"name": "http"}}
+
+    version = kube.resource_version
+    second = deploy(**knobs)
+    assert second.returncode == 0 and second.changed == 0, second.output
+    assert kube.resource_version == version and rollouts.generations == [1]
+    for secret in ("secret-gcp-key-material", "c" * 64):
+        assert secret not in first.output + second.output
+
+
+@pytest.mark.parametrize("image", [None, "egress-proxies-controller.invalid/set-your-image:0.1.0"])
+def test_no_image_or_the_placeholder_is_refused_before_any_write(deploy: Deploy, kube: KubeEmulator,
+                                                                image: str | None) -> None:
+    run = deploy(wait=False, egress_proxies_image=image)
+    assert run.returncode != 0
+    assert "egress_proxies_image" in run.output and ("placeholder" in run.output or "required" in run.output)
+    assert kube.requests() == []
+
+
+def test_an_image_that_cannot_be_pulled_is_reported_in_seconds(deploy: Deploy, kube: KubeEmulator,
+                                                              api: client.ApiClient) -> None:
+    with RolloutStandIn(kube, api, pull_fails=True):
+        started = time.monotonic()
+        # A rollout wait of 600 s: the run ends long before (Deploy kills it after 180 s), and says why.
+        run = deploy(egress_proxies_wait_timeout=600)
+        seconds = time.monotonic() - started
+    assert run.returncode != 0 and seconds < 180
+    assert "The controller cannot start" in run.output and "ErrImagePull" in run.output, run.output[-3000:]
+    assert "registry.example/egress-proxies-controller:0.1.0-test" in run.output
+    assert "egress_proxies_image_pull_secrets" in run.output
+
+
+# -- the production page (docs/production.md) ---------------------------------------------------------
+
+PRODUCTION_PAGE = Path(__file__).resolve().parents[2] / "docs" / "production.md"
+
+
+def page_files() -> dict[str, str]:
+    """The page's named code blocks (```yaml NAME), by name: what a reader saves as files."""
+    return dict(re.findall(r"^```yaml (\S+)\n(.*?)^```$", PRODUCTION_PAGE.read_text(), re.M | re.S))
+
+
+def test_the_production_page_deploys_as_written(deploy: Deploy, kube: KubeEmulator,
+                                                rollouts: RolloutStandIn) -> None:
+    """The page's providers.yaml, tokens.yaml and deploy-vars.yml, saved as a reader would, through
+    the deploy playbook: every knob it sets reaches the cluster."""
+    blocks = page_files()
+    assert set(blocks) == {"providers.yaml", "tokens.yaml", "deploy-vars.yml"}
+    for name in ("providers.yaml", "tokens.yaml"):
+        (deploy.files / name).write_text(blocks[name])
+    (deploy.files / "kvm-ssh").mkdir()
+    (deploy.files / "kvm-ssh" / "id_ed25519").write_text(PRIVATE_KEY)
+    (deploy.files / "kvm-ssh" / "known_hosts").write_text(KNOWN_HOSTS)
+    (deploy.files / "gcp-key.json").write_text(GCP_KEY)
+    page_vars = yaml.safe_load(blocks["deploy-vars.yml"])
+
+    run = deploy(**page_vars)
+
+    assert run.returncode == 0, run.output
+    assert rollouts.generations == [1]
+    config_map = kube.get_object("configmaps", NAMESPACE, "egress-proxies-providers")
+    assert config_map is not None and config_map["data"] == {"providers.yaml": blocks["providers.yaml"]}
+    assert secret_data(kube, "egress-proxies-tokens") == {"tokens.yaml": blocks["tokens.yaml"]}
+    deployment = kube.get_object("deployments.apps", NAMESPACE, DEPLOYMENT)
+    assert deployment is not None
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert container["image"] == page_vars["egress_proxies_image"]
+    settings = controller_settings(container)
+    assert settings.discovery_tokens is not None and settings.gc_dry_run
+    ingress = kube.get_object("ingresses.networking.k8s.io", NAMESPACE, "egress-proxies-discovery")
+    assert ingress is not None
+    assert ingress["spec"]["tls"][0]["hosts"] == [page_vars["egress_proxies_discovery_ingress"]["host"]]
+    # The probe's egress address is in every provider's allowedSources, as the page says it must be.
+    providers = yaml.safe_load(blocks["providers.yaml"])["providers"]
+    assert all("198.51.100.7/32" in provider["allowedSources"] for provider in providers)

@@ -330,7 +330,12 @@ class ProbeSettings:
 
 
 class ConfigUnreadable(Exception):
-    """The provider config cannot be used at all: unreadable, not YAML, or invalid at its root."""
+    """The provider config cannot be used at all: unreadable, not YAML, or invalid at its root.
+    ``errors`` holds every error apart, each with its field path, for a person to read one a line."""
+
+    def __init__(self, message: str, errors: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.errors = tuple(errors) or (message,)
 
 
 @dataclass(frozen=True)
@@ -352,6 +357,8 @@ class ProviderSet:
     policy_version: str = ""  # the access policy the collection's modules deliver
     # name -> what its proxies will be reachable at and from (one sentence each), for --check-config
     reachability: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    # name -> errors that keep single locations (a KVM host) from new proxies; the provider stays usable
+    location_errors: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     def clients(self, runner: Runner) -> dict[str, ProviderClient]:
         """A client for every valid provider."""
@@ -384,6 +391,12 @@ def check_config(runner: Runner, path: str, previous: ProviderSet | None = None,
     # metrics count this call apart from every provider's.
     arguments = {"provider_config": absolute, **({"check_backends": True} if check_backends else {})}
     outcome = runner.run("_config", "check", [Operation(CONFIG_MODULE, arguments)])[0]
+    if not outcome.ok and not outcome.result:
+        # The validator never ran (no module result at all: a collection not found, a killed
+        # run): nothing is known about the file, so the message must not blame it.
+        raise ConfigUnreadable(f"provider config {absolute}: not checked: the collection's {CONFIG_MODULE} "
+                               f"did not run ({outcome.message}); is crawl.egress_proxies installed in "
+                               "ANSIBLE_COLLECTIONS_PATH?")
     if not outcome.ok:
         raise ConfigUnreadable(f"provider config {absolute}: {outcome.message}")
     data = outcome.result
@@ -395,8 +408,11 @@ def check_config(runner: Runner, path: str, previous: ProviderSet | None = None,
     backend_errors: dict[str, tuple[str, ...]] = {}
     destinations: dict[str, tuple[str, ...]] = {}
     reachability: dict[str, tuple[str, ...]] = {}
+    location_errors: dict[str, tuple[str, ...]] = {}
     for provider in data.get("providers") or []:
         name = str(provider.get("name"))
+        if provider.get("location_errors"):
+            location_errors[name] = tuple(str(e) for e in provider["location_errors"])
         sources[name] = tuple(str(s) for s in provider.get("allowed_sources") or ())
         reachability[name] = tuple(str(line) for line in provider.get("reachability") or ())
         if provider.get("backend_errors"):
@@ -418,7 +434,9 @@ def check_config(runner: Runner, path: str, previous: ProviderSet | None = None,
             invalid[name] = (why,)
     owner = data.get("owner")
     if not owner:  # a root error (the owner tags every instance): no provider is usable
-        raise ConfigUnreadable(f"provider config {absolute}: " + "; ".join(errors or ("owner: missing",)))
+        every = errors or ("owner: missing",)
+        raise ConfigUnreadable(f"provider config {absolute}: " + "; ".join(every), every)
     return ProviderSet(path=absolute, owner=str(owner), types=types, invalid=invalid, errors=errors, digest=digest,
                        probes=probes, sources=sources, backend_errors=backend_errors, destinations=destinations,
-                       policy_version=str(data.get("access_policy_version") or ""), reachability=reachability)
+                       policy_version=str(data.get("access_policy_version") or ""), reachability=reachability,
+                       location_errors=location_errors)

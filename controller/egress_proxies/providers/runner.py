@@ -302,6 +302,14 @@ def _read_stdout(artifact: Path) -> str:
         return ""
 
 
+def absolute_search_path(search_path: str) -> str:
+    """``ANSIBLE_COLLECTIONS_PATH`` with every relative entry made absolute against the current
+    directory: each run's playbook runs in a private directory, where a relative entry would
+    name another folder, and the collection would not be found."""
+    entries = [entry for entry in search_path.split(os.pathsep) if entry]
+    return os.pathsep.join(str(Path(entry).expanduser().absolute()) for entry in entries)
+
+
 class AnsibleRunner:
     """Runs batches through ansible-runner, bounded in time, concurrency and artifacts on disk."""
 
@@ -312,7 +320,7 @@ class AnsibleRunner:
         self.max_result_chars = max_result_chars
         self.timeout_seconds = timeout_seconds
         self.keep_artifacts = keep_artifacts
-        self.collections_path = collections_path or os.environ.get("ANSIBLE_COLLECTIONS_PATH", "")
+        self.collections_path = absolute_search_path(collections_path or os.environ.get("ANSIBLE_COLLECTIONS_PATH", ""))
         limit = max_concurrent or concurrency_for_memory(memory_available_bytes())
         self.max_concurrent = limit
         self._slots = threading.BoundedSemaphore(limit)

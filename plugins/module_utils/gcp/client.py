@@ -292,8 +292,45 @@ def classify_exception(error: BaseException, context: str, missing: str = "not_f
                          "service account and its key" % context)
     if isinstance(error, (requests.exceptions.Timeout, requests.exceptions.ConnectionError,
                           auth_exceptions.TransportError)):
-        return Transient("%s: %s" % (context, type(error).__name__))
+        return Transient("%s: %s" % (context, unreachable_cause(error)))
     return Transient("%s: %s: %s" % (context, type(error).__name__, error))
+
+
+def _endpoint_of(error: BaseException) -> Optional[str]:
+    """``scheme://host:port`` of the request that failed: never its path or query."""
+    request = getattr(error, "request", None)
+    url = getattr(request, "url", None)
+    if not url:
+        return None
+    parts = urlsplit(str(url))
+    return "%s://%s" % (parts.scheme, parts.netloc.rsplit("@", 1)[-1]) if parts.netloc else None
+
+
+def _root_cause(error: BaseException) -> str:
+    """The innermost reason a connection failed ("[Errno 111] Connection refused", "timed out"):
+    requests, urllib3 and google-auth wrap it in layers whose own text repeats the URL."""
+    queue: List[BaseException] = [error]
+    seen: Set[int] = set()
+    reason = ""
+    while queue:
+        current = queue.pop(0)
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.strerror:
+            reason = "[Errno %s] %s" % (current.errno, current.strerror) if current.errno else current.strerror
+        linked = (getattr(current, "reason", None), *getattr(current, "args", ()), current.__cause__,
+                  current.__context__)
+        queue.extend(item for item in linked if isinstance(item, BaseException))
+    return reason or str(error).rsplit(": ", 1)[-1].strip(" '\")") or "no reason given"
+
+
+def unreachable_cause(error: BaseException) -> str:
+    """What a failed connection says to a person: the endpoint and the cause, e.g. ``cannot
+    reach https://compute.googleapis.com: ConnectionError: [Errno 111] Connection refused``."""
+    endpoint = _endpoint_of(error)
+    where = "cannot reach %s" % endpoint if endpoint else "cannot reach the endpoint"
+    return "%s: %s: %s" % (where, type(error).__name__, _root_cause(error))
 
 
 def _api_errors() -> Tuple[Type[BaseException], ...]:

@@ -186,7 +186,10 @@ def define_domain(connection: Any, xml: str, context: str) -> Any:
 
 
 def start_domain(domain: Any, context: str) -> None:
+    """Start the domain, marked autostart first: libvirtd starts it again after a host reboot
+    (maintenance, a crash), so the proxy comes back without waiting for a sweep to replace it."""
     with _mapped(context):
+        domain.setAutostart(1)
         domain.create()
 
 

@@ -327,6 +327,7 @@ def _hosts(reader: Reader, errors: Errors) -> List[KvmHost]:
         domain_type = errors.read(host.choice, "domainType", DOMAIN_TYPES, "kvm")
         networking_errors = Errors()
         networking = _networking(host, networking_errors)
+        errors.locations.extend(networking_errors.messages)
         if name is not None and uri is not None and pool is not None and network is not None \
                 and domain_type is not None:
             hosts.append(KvmHost(name=name, uri=uri, pool=pool, network=network, domain_type=domain_type,
@@ -346,11 +347,11 @@ def _networking(host: Reader, errors: Errors) -> HostNetworking:
         "publicAddress") else None
     ports = _port_range(host, errors) if host.has("publishPorts") else None
     sources = _source_addresses(host, errors) if host.has("sourceAddresses") else ()
-    for key in ("publishPorts", "sourceAddresses"):
+    for key in ("publicAddress", "publishPorts", "sourceAddresses"):
         if host.has(key) and mode != "nat":
             errors.add("%s: only with networkMode nat (this host's is %s, where every guest has an address of its "
                        "own that crawlers dial and requests leave from); remove it" % (host.at(key), mode))
-    if host.has("publishPorts") != host.has("publicAddress"):
+    if mode == "nat" and host.has("publishPorts") != host.has("publicAddress"):
         missing, given = ("publicAddress", "publishPorts") if host.has("publishPorts") else (
             "publishPorts", "publicAddress")
         errors.add("%s: required with %s (publishing needs the host's public address and a port range, as the "

@@ -325,7 +325,8 @@ def test_deployment_runs_the_controller_against_kubernetes() -> None:
     assert deployment["metadata"]["namespace"] == NAMESPACE
     assert deployment["spec"]["replicas"] == 1
     main = container()
-    assert main["image"] == "ghcr.io/example/egress-proxies-controller:0.1.0"
+    # A placeholder that can never be pulled (.invalid never resolves); the deploy playbook refuses it.
+    assert main["image"] == "egress-proxies-controller.invalid/set-your-image:0.1.0"
     command = main["command"]
     assert command[:3] == ["egress-proxies", "--source", "kubernetes"]
     options = dict(zip(command[1::2], command[2::2], strict=True))
@@ -396,3 +397,13 @@ def test_deployment_is_locked_down() -> None:
                                        "capabilities": {"drop": ["ALL"]}}
     assert main["resources"]["limits"]["memory"] == "1Gi"
     assert main["resources"]["requests"]["memory"]
+
+
+def test_the_readmes_kubectl_get_columns_are_the_crds() -> None:
+    """Issue 40 row 8: what README shows `kubectl get proxies` printing is what the CRD prints
+    (NAME, then every column without a priority, upper-cased)."""
+    readme = (ROOT / "README.md").read_text()
+    shown = readme.split("kubectl get proxies -n crawlers --watch", 1)[1].split("NAME ", 1)[1].splitlines()[0]
+    columns = one("CustomResourceDefinition", f"{model.PLURAL}.{model.GROUP}")["spec"]["versions"][0][
+        "additionalPrinterColumns"]
+    assert ["NAME", *shown.split()] == ["NAME", *(c["name"].upper() for c in columns if not c.get("priority"))]

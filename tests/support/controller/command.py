@@ -55,11 +55,13 @@ def environment() -> dict[str, str]:
     return {**os.environ, "ANSIBLE_COLLECTIONS_PATH": collections_path()}
 
 
-def run_refused(arguments: list[str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    """Run the command expecting it to stop by itself (a refused start); one that is still running
-    after ``timeout`` is killed with everything it started, and the test fails."""
-    process = subprocess.Popen([EGRESS_PROXIES, *arguments], env=environment(), stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True, start_new_session=True)
+def run_refused(arguments: list[str], timeout: float = 60, cwd: Path | None = None,
+                env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run the command expecting it to stop by itself (a refused start, a ``--check-config``); one
+    that is still running after ``timeout`` is killed with everything it started, and the test
+    fails. ``env`` replaces ``environment()``; ``cwd`` is where it runs."""
+    process = subprocess.Popen([EGRESS_PROXIES, *arguments], env=env or environment(), cwd=cwd,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         stdout, stderr = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:

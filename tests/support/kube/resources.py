@@ -81,6 +81,7 @@ DEFAULT_RESOURCES: tuple[ResourceType, ...] = (
     ResourceType("coordination.k8s.io", "v1", "Lease", "leases", True, False),
     # What deploy_controller.yml installs besides the kinds above.
     ResourceType("apps", "v1", "Deployment", "deployments", True, True),
+    ResourceType("networking.k8s.io", "v1", "Ingress", "ingresses", True, True, False, {"loadBalancer": {}}),
     ResourceType("rbac.authorization.k8s.io", "v1", "ClusterRole", "clusterroles", False, False),
     ResourceType("rbac.authorization.k8s.io", "v1", "ClusterRoleBinding", "clusterrolebindings", False, False),
     ResourceType("rbac.authorization.k8s.io", "v1", "Role", "roles", True, False),
