@@ -416,15 +416,20 @@ class Prober:
                          ProbeReason.UNEXPECTED_STATUS)
             _expect_proof(destination, nonce, response, ProbeReason.TARGET_NOT_REACHED,
                           f"{what} through {target.endpoint}")
+            # The echo and the CONNECT carry the same credentials, so the CONNECT goes out right
+            # behind the echo (pipelined): no round trip of its own, nothing the proxy has not seen.
+            connect = _connect_request(destination.connect, auth) if destination.connect is not None else None
             if full and destination.egress_echo_url is not None:
-                egress_ip = await self._echo(connection, target, auth)
-            if destination.connect is not None:
-                await self._tunnel(connection, target, auth)
+                egress_ip = await self._echo(connection, target, auth, then=(connect,) if connect else ())
+            if connect is not None:
+                await self._tunnel(connection, target, auth, connect)
         finally:
             connection.close()
         return egress_ip
 
-    async def _echo(self, connection: _Connection, target: ProbeTarget, auth: str | None) -> str:
+    async def _echo(self, connection: _Connection, target: ProbeTarget, auth: str | None,
+                    then: Sequence[bytes]) -> str:
+        """The egress echo; ``then``: the request that follows it (the connection's ``then``)."""
         destination = target.destination
         assert destination.egress_echo_url is not None  # called only with an echo URL
         nonce = new_nonce()
@@ -432,17 +437,16 @@ class Prober:
         response = await self._later_check(
             connection, _get_request(with_nonce(destination.egress_echo_url, nonce),
                                      destination.host_of(destination.egress_echo_url), auth), what,
-            ProbeReason.EGRESS_ECHO_FAILED, keep_body=True)
+            ProbeReason.EGRESS_ECHO_FAILED, keep_body=True, then=then)
         self._expect(target, response, what, auth, 200, ProbeReason.EGRESS_ECHO_FAILED)
         return _echoed_address(destination, nonce, response.body, f"{what} through {target.endpoint}")
 
-    async def _tunnel(self, connection: _Connection, target: ProbeTarget, auth: str | None) -> None:
-        """CONNECT, then the probe target's proof from the other end of the tunnel."""
+    async def _tunnel(self, connection: _Connection, target: ProbeTarget, auth: str | None, connect: bytes) -> None:
+        """CONNECT (the request ``connect``), then the probe target's proof from the other end of the tunnel."""
         destination = target.destination
         assert destination.connect is not None  # called only with a CONNECT target
         what = "CONNECT " + destination.connect
-        response = await self._later_check(connection, _connect_request(destination.connect, auth), what,
-                                           ProbeReason.CONNECT_FAILED, tunnel=True)
+        response = await self._later_check(connection, connect, what, ProbeReason.CONNECT_FAILED, tunnel=True)
         self._expect(target, response, what, auth, 200, ProbeReason.CONNECT_FAILED)
         nonce = new_nonce()
         inner = _origin_request(destination.tunnel_host, with_nonce(destination.tunnel_path, nonce), close=True)
@@ -513,10 +517,12 @@ class Prober:
                                    f"expected {expected}")
 
     async def _later_check(self, connection: _Connection, request: bytes, what: str, reason: ProbeReason,
-                           *, keep_body: bool = False, tunnel: bool = False, retry: bool = True) -> _Response:
+                           *, keep_body: bool = False, tunnel: bool = False, retry: bool = True,
+                           then: Sequence[bytes] = ()) -> _Response:
         """A check after the HTTP check passed: its transport failure is that check's failure."""
         try:
-            return await connection.request(request, what, keep_body=keep_body, tunnel=tunnel, retry=retry)
+            return await connection.request(request, what, keep_body=keep_body, tunnel=tunnel, retry=retry,
+                                            then=then)
         except _CheckFailed as failure:
             raise _CheckFailed(reason, f"{reason}: {failure.message}") from None
 
@@ -527,20 +533,23 @@ class Prober:
         made_up = ProbeCredentials.made_up().header_value()
         host = destination.host_of(destination.http_url)
         checks = [(f"GET {destination.http_url} without credentials", _get_request(destination.http_url, host, None),
-                   False)]
+                   False),
+                  (f"GET {destination.http_url} with a made-up user and password",
+                   _get_request(destination.http_url, host, made_up), False)]
         if destination.connect is not None:
+            # Last: a CONNECT let through makes the connection a tunnel, and nothing may follow it.
             checks.append((f"CONNECT {destination.connect} without credentials",
                            _connect_request(destination.connect, None), True))
-        checks.append((f"GET {destination.http_url} with a made-up user and password",
-                       _get_request(destination.http_url, host, made_up), False))
+        requests = [request for _, request, _ in checks]
         refused: list[str] = []
         # A connection of its own that never carried valid credentials: a proxy that authenticates
-        # connections rather than requests must not count an earlier login for these.
+        # connections rather than requests must not count an earlier login for these. The requests
+        # go out together (pipelined) and each answer is judged in turn, as if sent one by one.
         connection = _Connection(self, target.host, target.port, destination.check_timeout)
         try:
-            for what, request, tunnel in checks:
+            for index, (what, request, tunnel) in enumerate(checks):
                 try:
-                    response = await connection.request(request, what, tunnel=tunnel)
+                    response = await connection.request(request, what, tunnel=tunnel, then=requests[index + 1:])
                 except _CheckFailed as failure:
                     return None, f"inconclusive: {failure.message}"
                 if response.status not in (403, 407):
@@ -567,6 +576,13 @@ class _Connection:
     the end of the connection). Like any HTTP client, a request that meets a reused connection
     already closed by the peer is sent again once, on a new one. After a CONNECT answered 2xx the
     connection is the tunnel: the next request goes through it, and nothing after that.
+
+    A caller that knows its next requests names them (``then``): they are written right behind
+    the request (HTTP/1.1 pipelining) and their answers read by the ``request`` calls that follow,
+    in order, each judged as if it had been sent alone; a round trip saved per request, which is
+    most of a request's CPU here (the event loop's wake-ups, a send each). When the peer ends the
+    connection before answering them, they are written again on a new one by the calls that
+    follow. A CONNECT is only ever the last of them (what follows a tunnel's 200 goes through it).
     """
 
     def __init__(self, prober: Prober, host: str, port: int, timeout: float, direct: bool = False) -> None:
@@ -576,23 +592,27 @@ class _Connection:
         self._timeout = timeout
         self._via = "at" if direct else "through"  # the endpoint is the server itself, or a proxy
         self._received: ReceivedBytes | None = None
+        # Written on this connection ahead of time, not answered yet, in order.
+        self._ahead: list[bytes] = []
 
     @property
     def endpoint(self) -> str:
         return _join_host_port(self._host, self._port)
 
     async def request(self, request: bytes, what: str, *, keep_body: bool = False, tunnel: bool = False,
-                      retry: bool = True) -> _Response:
-        """Send ``request``, read its answer; ``keep_body`` returns the body, ``tunnel`` marks a
-        CONNECT, ``retry`` False never resends (a request through a tunnel)."""
+                      retry: bool = True, then: Sequence[bytes] = ()) -> _Response:
+        """Send ``request`` (unless it went out already behind an earlier one), read its answer;
+        ``keep_body`` returns the body, ``tunnel`` marks a CONNECT, ``retry`` False never resends
+        (a request through a tunnel), ``then``: the requests the next calls make, in order (see
+        the class docstring)."""
         try:
-            return await self._request(request, what, keep_body, tunnel)
+            return await self._request(request, what, keep_body, tunnel, then)
         except _Stale:
             if not retry:
                 raise _CheckFailed(ProbeReason.BAD_RESPONSE,
                                    f"BadResponse: {what} {self._via} {self.endpoint}: the connection closed before "
                                    "any answer") from None
-            return await self._request(request, what, keep_body, tunnel)
+            return await self._request(request, what, keep_body, tunnel, then)
 
     def close(self, abort: bool = False) -> None:
         transport = self._received.transport if self._received is not None else None
@@ -603,8 +623,13 @@ class _Connection:
             else:
                 transport.close()
         self._received = None
+        self._ahead = []  # lost with the connection: written again by the calls that make them
 
-    async def _exchange(self, request: bytes, keep_body: bool, tunnel: bool) -> tuple[_Response, bool]:
+    async def _exchange(self, request: bytes, keep_body: bool, tunnel: bool,
+                        then: Sequence[bytes]) -> tuple[_Response, bool]:
+        written = bool(self._ahead) and self._ahead[0] == request
+        if self._ahead and not written:
+            self.close(abort=True)  # answers to requests the caller gave up on would come first
         reused = self._received is not None
         started = self._prober.clock()
         if self._received is None:
@@ -613,7 +638,12 @@ class _Connection:
             await asyncio.get_running_loop().create_connection(lambda: received, self._host, self._port)
         reader = self._received
         assert reader.transport is not None  # connected
-        reader.transport.write(request)
+        if written:
+            del self._ahead[0]
+        else:
+            assert not (tunnel and then), "nothing is written behind a CONNECT: it would go through the tunnel"
+            reader.transport.write(b"".join((request, *then)) if then else request)
+            self._ahead = list(then)
         try:
             head = await read_head(reader)
         except (asyncio.IncompleteReadError, ConnectionResetError, BrokenPipeError) as err:
@@ -626,12 +656,13 @@ class _Connection:
         tunnelled = tunnel and 200 <= answer.status < 300
         return _Response(answer.status, answer.headers, body, seconds), reusable or tunnelled
 
-    async def _request(self, request: bytes, what: str, keep_body: bool, tunnel: bool) -> _Response:
+    async def _request(self, request: bytes, what: str, keep_body: bool, tunnel: bool,
+                       then: Sequence[bytes]) -> _Response:
         through = f"{what} {self._via} {self.endpoint}"
         completed = False
         try:
             async with asyncio.timeout(self._timeout):
-                response, keep_open = await self._exchange(request, keep_body, tunnel)
+                response, keep_open = await self._exchange(request, keep_body, tunnel, then)
             completed = True
             if not keep_open:
                 self.close()
