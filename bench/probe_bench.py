@@ -172,9 +172,9 @@ class TimedProber(Prober):
         self.destination_checks += 1
         return await super().check_destination(destination)
 
-    async def probe_one(self, target: ProbeTarget, *, full: bool = True) -> ProbeOutcome:
+    async def probe_one(self, target: ProbeTarget, *, full: bool = True, answered: bool = False) -> ProbeOutcome:
         started = time.monotonic()
-        outcome = await super().probe_one(target, full=full)
+        outcome = await super().probe_one(target, full=full, answered=answered)
         self.spans.setdefault(target.key, []).append((started, time.monotonic()))
         return outcome
 

@@ -271,6 +271,8 @@ class _Response:
     status: int
     headers: dict[str, str]
     body: bytes
+    # From sending the request to the end of the answer's head, and opening the connection it
+    # went on (whichever request opened it).
     seconds: float
 
 
@@ -347,17 +349,25 @@ class Prober:
         await run_workers(unique.values(), concurrency, self.clock() + deadline, one, self.clock)
         return results
 
-    async def probe_one(self, target: ProbeTarget, *, full: bool = True) -> ProbeOutcome:
-        """Probe one target on the running loop; ``full`` adds the egress echo and the privacy check."""
+    async def probe_one(self, target: ProbeTarget, *, full: bool = True, answered: bool = False) -> ProbeOutcome:
+        """Probe one target on the running loop; ``full`` adds the egress echo and the privacy
+        check. ``answered``: the proxy served at its last probe, so the privacy check goes first on
+        the probe's one connection; otherwise beside the other checks, on a connection of its own
+        (the module docstring says why)."""
         probed_at = self.now()
         refusal = self._refusal(target)
         if refusal:
             return _failed(ProbeReason.NOT_ALLOWED, refusal, probed_at, None, full)
-        privacy_check = (asyncio.ensure_future(self._privacy(target)) if full and target.expect_private
-                         else None)
+        privacy_first = full and target.expect_private and answered
+        privacy_check = (asyncio.ensure_future(self._privacy(target, None))
+                         if full and target.expect_private and not answered else None)
+        connection = _Connection(self, target.host, target.port, target.destination.check_timeout)
         latency: list[float] = []
+        privacy: tuple[bool | None, str] = (None, "not checked")
         try:
-            egress_ip = await self._serving_checks(target, full, latency)
+            if privacy_first:
+                privacy = await self._privacy(target, connection)
+            egress_ip = await self._serving_checks(target, full, latency, connection)
         except _CheckFailed as failure:
             if privacy_check is not None:
                 privacy_check.cancel()
@@ -368,7 +378,9 @@ class Prober:
             if privacy_check is not None:
                 privacy_check.cancel()
             raise
-        private, privacy = await privacy_check if privacy_check is not None else (None, "not checked")
+        finally:
+            connection.close()
+        private, privacy_message = await privacy_check if privacy_check is not None else privacy
         destination = target.destination
         message = (f"serving: GET {destination.http_url} through {target.endpoint} answered "
                    f"{destination.expected_status} from the probe target")
@@ -378,7 +390,7 @@ class Prober:
             message += f", egress address {egress_ip}"
         return ProbeOutcome(serving=True, reason=ProbeReason.SERVING, message=message,
                             latency_seconds=latency[0] if latency else None, egress_ip=egress_ip, private=private,
-                            privacy_message=privacy, probed_at=probed_at, full=full)
+                            privacy_message=privacy_message, probed_at=probed_at, full=full)
 
     async def check_destination(self, destination: ProbeDestination) -> str | None:
         """Ask the probe target directly (no proxy): None when its HTTP URL, its tunnel port and
@@ -398,33 +410,28 @@ class Prober:
 
     # -- the checks ----------------------------------------------------------------------------
 
-    async def _serving_checks(self, target: ProbeTarget, full: bool, latency: list[float]) -> str | None:
-        """Checks 1-3 on one kept-alive connection; returns the egress address (None without echo)."""
+    async def _serving_checks(self, target: ProbeTarget, full: bool, latency: list[float],
+                              connection: _Connection) -> str | None:
+        """Checks 1-3 on ``connection``; returns the egress address (None without echo)."""
         destination = target.destination
         auth = target.credentials.header_value() if target.credentials else None
         identity = target.identity.header_value() if target.identity else auth
-        connection = _Connection(self, target.host, target.port, destination.check_timeout)
         egress_ip: str | None = None
-        try:
-            nonce = new_nonce()
-            what = "GET " + destination.http_url
-            response = await connection.request(
-                _get_request(with_nonce(destination.http_url, nonce), destination.host_of(destination.http_url),
-                             identity), what)
-            latency.append(response.seconds)
-            self._expect(target, response, what, identity, destination.expected_status,
-                         ProbeReason.UNEXPECTED_STATUS)
-            _expect_proof(destination, nonce, response, ProbeReason.TARGET_NOT_REACHED,
-                          f"{what} through {target.endpoint}")
-            # The echo and the CONNECT carry the same credentials, so the CONNECT goes out right
-            # behind the echo (pipelined): no round trip of its own, nothing the proxy has not seen.
-            connect = _connect_request(destination.connect, auth) if destination.connect is not None else None
-            if full and destination.egress_echo_url is not None:
-                egress_ip = await self._echo(connection, target, auth, then=(connect,) if connect else ())
-            if connect is not None:
-                await self._tunnel(connection, target, auth, connect)
-        finally:
-            connection.close()
+        nonce = new_nonce()
+        what = "GET " + destination.http_url
+        response = await connection.request(
+            _get_request(with_nonce(destination.http_url, nonce), destination.host_of(destination.http_url),
+                         identity), what)
+        latency.append(response.seconds)
+        self._expect(target, response, what, identity, destination.expected_status, ProbeReason.UNEXPECTED_STATUS)
+        _expect_proof(destination, nonce, response, ProbeReason.TARGET_NOT_REACHED, f"{what} through {target.endpoint}")
+        # The echo and the CONNECT carry the same credentials, so the CONNECT goes out right
+        # behind the echo (pipelined): no round trip of its own, nothing the proxy has not seen.
+        connect = _connect_request(destination.connect, auth) if destination.connect is not None else None
+        if full and destination.egress_echo_url is not None:
+            egress_ip = await self._echo(connection, target, auth, then=(connect,) if connect else ())
+        if connect is not None:
+            await self._tunnel(connection, target, auth, connect)
         return egress_ip
 
     async def _echo(self, connection: _Connection, target: ProbeTarget, auth: str | None,
@@ -526,7 +533,9 @@ class Prober:
         except _CheckFailed as failure:
             raise _CheckFailed(reason, f"{reason}: {failure.message}") from None
 
-    async def _privacy(self, target: ProbeTarget) -> tuple[bool | None, str]:
+    async def _privacy(self, target: ProbeTarget, shared: _Connection | None) -> tuple[bool | None, str]:
+        """Check 4, on ``shared`` (the probe's connection, before any request with credentials; left
+        open only when every request was refused) or, when None, on a connection of its own."""
         if target.credentials is None:
             return False, "NOT private: the proxy served the checks without credentials"
         destination = target.destination
@@ -542,10 +551,11 @@ class Prober:
                            _connect_request(destination.connect, None), True))
         requests = [request for _, request, _ in checks]
         refused: list[str] = []
-        # A connection of its own that never carried valid credentials: a proxy that authenticates
-        # connections rather than requests must not count an earlier login for these. The requests
-        # go out together (pipelined) and each answer is judged in turn, as if sent one by one.
-        connection = _Connection(self, target.host, target.port, destination.check_timeout)
+        # A connection that never carried valid credentials: a proxy that authenticates connections
+        # rather than requests must not count an earlier login for these. The requests go out
+        # together (pipelined) and each answer is judged in turn, as if sent one by one.
+        connection = shared or _Connection(self, target.host, target.port, destination.check_timeout)
+        all_refused = False
         try:
             for index, (what, request, tunnel) in enumerate(checks):
                 try:
@@ -558,8 +568,11 @@ class Prober:
                     return False, (f"NOT private: {what} through {target.endpoint} answered {response.status}, "
                                    "not 407 or 403")
                 refused.append(f"{what} {response.status}")
+            all_refused = True
         finally:
-            connection.close()
+            # Shared, it carries the serving checks next: not a tunnel, nor answers still to come.
+            if shared is None or not all_refused:
+                connection.close()
         return True, "requests without valid credentials refused (" + ", ".join(refused) + ")"
 
 
@@ -594,6 +607,7 @@ class _Connection:
         self._received: ReceivedBytes | None = None
         # Written on this connection ahead of time, not answered yet, in order.
         self._ahead: list[bytes] = []
+        self._connect_seconds = 0.0  # how long opening this connection took
 
     @property
     def endpoint(self) -> str:
@@ -636,6 +650,8 @@ class _Connection:
             received = ReceivedBytes(MAX_HEAD_BYTES)
             self._received = received
             await asyncio.get_running_loop().create_connection(lambda: received, self._host, self._port)
+            self._connect_seconds = self._prober.clock() - started
+            started += self._connect_seconds
         reader = self._received
         assert reader.transport is not None  # connected
         if written:
@@ -650,7 +666,7 @@ class _Connection:
             if reused and not getattr(err, "partial", b""):
                 raise _Stale from None
             raise
-        seconds = self._prober.clock() - started
+        seconds = self._prober.clock() - started + self._connect_seconds
         answer = parse_response(head)
         body, reusable = await _read_body(reader, answer, keep_body=keep_body, tunnel=tunnel)
         tunnelled = tunnel and 200 <= answer.status < 300
