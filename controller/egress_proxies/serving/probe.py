@@ -21,17 +21,28 @@ with an invented address) never passes:
    expecting ``200``, then a plain ``GET <path>?<nonce>`` sent *through the tunnel* to the probe
    target's tunnel port (it speaks plain HTTP there; squid tunnels to 443 only), expecting the
    proof back: the tunnel reached the target, not just a proxy willing to say 200.
-4. **Privacy** (full probes, when ``expect_private``) -- on a connection of its own that never
-   carried credentials: the HTTP check and the CONNECT check without credentials, then the HTTP
-   check with a made-up user and password; each must be refused (407, or 403). A proxy that lets
-   any of them through (a drop-in accepting any password, an ``http_access allow`` before the
-   policy) is not private. Reported in ``ProbeOutcome.private``; it does not change
-   ``serving``: an open proxy does serve, it is just not fit to be handed out.
+4. **Privacy** (full probes, when ``expect_private``) -- on a connection that has never carried
+   valid credentials: the HTTP check without credentials, the HTTP check with a made-up user and
+   password, then the CONNECT check without credentials; each must be refused (407, or 403). A
+   proxy that lets any of them through (a drop-in accepting any password, an ``http_access
+   allow`` before the policy) is not private. Reported in ``ProbeOutcome.private``; it does not
+   change ``serving``: an open proxy does serve, it is just not fit to be handed out.
 
 Checks 1-3 run in that order on one kept-alive connection (a tunnel ends it) and the first
-failure ends the probe; the privacy check runs beside them. A *full* probe runs all four; the
-others (``probe_one(full=False)``) only 1 and 3, which is what a round mostly needs (egress
-address and privacy change rarely; ``monitor`` decides which probe is full).
+failure ends the probe. The privacy check runs first on that same connection, before any
+request with credentials, when the proxy served at its last probe (``probe_one(answered=True)``,
+which the monitor knows): one connection per probe instead of two. Otherwise (a new instance, one
+failing) it runs beside checks 1-3 on a connection of its own, so a proxy that answers nothing
+costs one check timeout, not two. A *full* probe runs all four; the others
+(``probe_one(full=False)``) only 1 and 3, which is what a round mostly needs (egress address and
+privacy change rarely; ``monitor`` decides which probe is full).
+
+Requests whose order is fixed and whose credentials are the same go out together (HTTP/1.1
+pipelining): the privacy check's three, and the egress echo with the CONNECT behind it; each
+answer is read and judged in turn, exactly as if the requests had been sent one by one, and a
+connection the proxy ends early gets the rest again on a new one (``_Connection``). The HTTP
+check (the instance's identity) is always answered before anything with the namespace's
+credentials is sent, so another instance at this address never sees them.
 
 ``reason`` says *how* the proxy failed (``ConnectionRefused``, ``Timeout``,
 ``ProxyAuthenticationRequired`` -- a 407 is never healthy --, ``UnexpectedStatus``,
@@ -50,7 +61,8 @@ whose instances the controller cannot reach say ``probe: none`` and are never pr
 Credentials go into ``Proxy-Authorization`` only; they are never in a repr, a message or a log.
 
 Protocol: raw HTTP/1.1 over ``loop.create_connection`` with a protocol of our own
-(``serving.received``: cheaper than asyncio's streams), persistent connections (``_Connection``),
+(``serving.received``: cheaper than asyncio's streams), persistent and pipelined connections
+(``_Connection``),
 heads read and parsed by ``egress_proxies.http1`` (as the probe target and the controller's HTTP
 server do); the figures are in docs/performance.md (bench/probe_bench.py).
 """
@@ -232,8 +244,8 @@ class ProbeOutcome:
 
     ``serving``: every configured check passed. ``reason``/``message``: see ``ProbeReason``;
     the message never holds credentials nor bytes of the answer. ``latency_seconds``: the HTTP
-    check, from opening the connection to the proxy to the end of the response headers (None
-    when it got no answer). ``egress_ip``: from the egress echo, None without one. ``private``
+    check, from opening the connection to the proxy to the end of the response headers, less the
+    privacy check's requests when they went first on that connection (None when it got no answer). ``egress_ip``: from the egress echo, None without one. ``private``
     (only with ``expect_private``): True when requests without valid credentials were refused
     (407/403), False when the proxy served one, None when not checked (``expect_private`` off, a
     probe that was not full, the proxy not serving) or inconclusive; ``privacy_message`` says
