@@ -245,8 +245,9 @@ class ProbeOutcome:
     ``serving``: every configured check passed. ``reason``/``message``: see ``ProbeReason``;
     the message never holds credentials nor bytes of the answer. ``latency_seconds``: the HTTP
     check, from opening the connection to the proxy to the end of the response headers, less the
-    privacy check's requests when they went first on that connection (None when it got no answer). ``egress_ip``: from the egress echo, None without one. ``private``
-    (only with ``expect_private``): True when requests without valid credentials were refused
+    privacy check's requests when they went first on that connection (None when it got no
+    answer). ``egress_ip``: from the egress echo, None without one. ``private`` (only with
+    ``expect_private``): True when requests without valid credentials were refused
     (407/403), False when the proxy served one, None when not checked (``expect_private`` off, a
     probe that was not full, the proxy not serving) or inconclusive; ``privacy_message`` says
     which. ``probed_at``: when the probe of this proxy started (UTC). ``full``: the egress echo
