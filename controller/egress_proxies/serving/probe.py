@@ -659,14 +659,15 @@ class _Connection:
             self.close(abort=True)  # answers to requests the caller gave up on would come first
         reused = self._received is not None
         started = self._prober.clock()
+        # The check's whole budget: connecting (when it does), sending, the answer's head and body.
+        deadline = asyncio.get_running_loop().time() + self._timeout
         if self._received is None:
-            received = ReceivedBytes(MAX_HEAD_BYTES)
-            self._received = received
-            await asyncio.get_running_loop().create_connection(lambda: received, self._host, self._port)
+            await self._open(deadline)
             self._connect_seconds = self._prober.clock() - started
             started += self._connect_seconds
         reader = self._received
-        assert reader.transport is not None  # connected
+        assert reader is not None and reader.transport is not None  # connected
+        reader.answer_by(deadline)
         if written:
             del self._ahead[0]
         else:
@@ -685,13 +686,19 @@ class _Connection:
         tunnelled = tunnel and 200 <= answer.status < 300
         return _Response(answer.status, answer.headers, body, seconds), reusable or tunnelled
 
+    async def _open(self, deadline: float) -> None:
+        received = ReceivedBytes(MAX_HEAD_BYTES)
+        self._received = received
+        # A timer for connecting only: the reads after it have the connection's own (answer_by).
+        async with asyncio.timeout_at(deadline):
+            await asyncio.get_running_loop().create_connection(lambda: received, self._host, self._port)
+
     async def _request(self, request: bytes, what: str, keep_body: bool, tunnel: bool,
                        then: Sequence[bytes]) -> _Response:
         through = f"{what} {self._via} {self.endpoint}"
         completed = False
         try:
-            async with asyncio.timeout(self._timeout):
-                response, keep_open = await self._exchange(request, keep_body, tunnel, then)
+            response, keep_open = await self._exchange(request, keep_body, tunnel, then)
             completed = True
             if not keep_open:
                 self.close()
