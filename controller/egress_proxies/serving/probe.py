@@ -33,7 +33,8 @@ failure ends the probe. The privacy check runs first on that same connection, be
 request with credentials, when the proxy served at its last probe (``probe_one(answered=True)``,
 which the monitor knows): one connection per probe instead of two. Otherwise (a new instance, one
 failing) it runs beside checks 1-3 on a connection of its own, so a proxy that answers nothing
-costs one check timeout, not two. A *full* probe runs all four; the others
+costs one check timeout, not two (one that served and hangs now costs two, once: it is failing
+after that). A *full* probe runs all four; the others
 (``probe_one(full=False)``) only 1 and 3, which is what a round mostly needs (egress address and
 privacy change rarely; ``monitor`` decides which probe is full).
 
@@ -605,8 +606,8 @@ class _Connection:
 
     A caller that knows its next requests names them (``then``): they are written right behind
     the request (HTTP/1.1 pipelining) and their answers read by the ``request`` calls that follow,
-    in order, each judged as if it had been sent alone; a round trip saved per request, which is
-    most of a request's CPU here (the event loop's wake-ups, a send each). When the peer ends the
+    in order, each judged as if it had been sent alone; a send and a wait of the event loop saved
+    per request (docs/performance.md, "A full probe on one connection"). When the peer ends the
     connection before answering them, they are written again on a new one by the calls that
     follow. A CONNECT is only ever the last of them (what follows a tunnel's 200 goes through it).
     """
