@@ -7,7 +7,8 @@ answers with their proofs (computed here with the key, from the nonces the probe
 CONNECT's tunnel answers the request sent through it. It records (connection number, request,
 credentials) per answered request, and with ``hold`` it answers nothing on a connection until
 that many requests have arrived on it: only a client that writes them together (pipelining)
-gets past that. The real-squid and forwarding-proxy cases are in test_probe.py.
+gets past that. The last test drives the monitor's own rounds over it. The real-squid and
+forwarding-proxy cases are in test_probe.py.
 """
 
 from __future__ import annotations
@@ -21,6 +22,11 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.config import (
+    ProbeSettings as CollectionProbeSettings,
+)
+from egress_proxies.providers.client import ProbeSettings
+from egress_proxies.serving.monitor import ServingMonitor, Watched
 from egress_proxies.serving.probe import ProbeCredentials, ProbeDestination, ProbeOutcome, Prober, ProbeTarget
 from egress_proxies.serving.proof import NONCE_PARAMETER, PROOF_HEADER, proof
 
@@ -157,3 +163,33 @@ def test_a_connection_the_proxy_ends_after_a_refusal_gets_the_rest_again_on_a_ne
     assert outcome.serving and outcome.private is True, (outcome.message, outcome.privacy_message)
     assert outcome.privacy_message.count(" 407") == 3
     assert proxy.answered == [(0, *PRIVACY[0])] + [(1, *request) for request in PRIVACY[1:] + SERVING]
+
+
+class TargetTakenAsAnswering(Prober):
+    """The real Prober, but the probe target asked directly is taken as answering: its address
+    here is made up, and nothing may be sent there."""
+
+    async def check_destination(self, destination: ProbeDestination) -> str | None:  # noqa: ARG002
+        return None
+
+
+def test_the_monitor_moves_an_instance_that_served_to_one_connection_per_full_probe(listener: socket.socket) -> None:
+    """Through the monitor's own rounds (every probe full): the first probe of a new instance
+    takes two connections, the next one, the instance having served, one."""
+    proxy = RecordingProxy()
+    threading.Thread(target=proxy.serve, args=(listener,), daemon=True).start()
+    target = ProbeTarget(key="recorded", host="127.0.0.1", port=listener.getsockname()[1], destination=DESTINATION,
+                         credentials=CREDENTIALS, identity=IDENTITY, expect_private=True)
+    settings = ProbeSettings.from_result(CollectionProbeSettings(
+        enabled=True, http_url=DESTINATION.http_url, key_file="/unused").as_dict())
+    monitor = ServingMonitor(TargetTakenAsAnswering(allowed_networks=["127.0.0.0/8"]), full_every=1)
+    monitor.watch({target.key: Watched("local", target)}, {"local": settings})
+    monitor.probe_now()
+    first = list(proxy.answered)
+    assert len({number for number, _, _ in first}) == 2
+    monitor.probe_now()
+    second = proxy.answered[len(first):]
+    outcome = monitor.outcome(target.key)
+    assert outcome is not None and outcome.serving and outcome.full and outcome.private is True, outcome
+    assert len({number for number, _, _ in second}) == 1
+    assert [(request, who) for _, request, who in second] == PRIVACY + SERVING
