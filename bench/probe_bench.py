@@ -25,13 +25,14 @@ records the time). Rounds are driven one after the other by the monitor's own ro
 
 Printed per round: wall time until the last healthy probe ended (target <= 10 s) and until the
 last probe of the round ended, the probes started, the prober's CPU (the bench process: event
-loop and verdict thread; target <= 5 s; user and system apart), outcomes by reason, how often
-the probe target was asked directly; for the first round (every instance new, the hung ones
-mixed in, every probe full) and for a round in which every healthy instance's verdict changes
-(the controller's key changed: the target's proofs fail the direct check, every verdict goes
-Unknown and nothing is probed; then back, every probe full): each healthy verdict's delay from
-its probe's start, p50/p99/max (target: within its check timeout + 1 s). Then the process's peak
-RSS (target <= 300 MiB for the whole controller; this is the probing part).
+loop and verdict thread; target <= 5 s; user and system apart, and the verdict thread's share),
+outcomes by reason, how often the probe target was asked directly; for the first round (every
+instance new, the hung ones mixed in, every probe full) and for a round in which every healthy
+instance's verdict changes (the controller's key changed: the target's proofs fail the direct
+check, every verdict goes Unknown and nothing is probed; then back, every probe full): each
+healthy verdict's delay from its probe's start, p50/p99/max (target: within its check timeout +
+1 s). Then the process's peak RSS (target <= 300 MiB for the whole controller; this is the
+probing part).
 
 Run as root (the namespace) from the repository root:
 ``.venv/bin/python bench/probe_bench.py [--endpoints 10000] [--hung-percent 10] [--rounds 4]``.
@@ -170,9 +171,9 @@ class TimedProber(Prober):
         self.destination_checks += 1
         return await super().check_destination(destination)
 
-    async def probe_one(self, target: ProbeTarget, *, full: bool = True) -> ProbeOutcome:
+    async def probe_one(self, target: ProbeTarget, *, full: bool = True, answered: bool = False) -> ProbeOutcome:
         started = time.monotonic()
-        outcome = await super().probe_one(target, full=full)
+        outcome = await super().probe_one(target, full=full, answered=answered)
         self.spans.setdefault(target.key, []).append((started, time.monotonic()))
         return outcome
 
@@ -235,9 +236,12 @@ class Bench:
         destinations = monitor_module._Destinations(self.prober)  # one per round, as a round starts one
         written_before = {k: len(v) for k, v in self.written.items()}
         checks_before = self.prober.destination_checks
+        verdict_clock = time.pthread_getcpuclockid(self.thread.ident or 0)
         (user, system), started = cpu_seconds(), time.monotonic()
+        verdict_cpu = time.clock_gettime(verdict_clock)
         asyncio.run(self.monitor._round(PROVIDER, destinations))
         time.sleep(1.0)  # the verdict thread's last writes
+        verdict_cpu = time.clock_gettime(verdict_clock) - verdict_cpu
         wall, (user_after, system_after) = time.monotonic() - started, cpu_seconds()
         user, system = user_after - user, system_after - system
         cpu = user + system
@@ -249,7 +253,8 @@ class Bench:
                   and len(self.written.get(k, [])) > written_before.get(k, 0)]
         lines = [f"round {number}: {len(this)} probes started, {len(delays)} healthy verdicts written; "
                  + verdict("healthy done in", healthy_end - started, 10.0) + f"; all done in {wall - 1.0:.2f} s; "
-                 + verdict("prober CPU", cpu, 5.0) + f" ({user:.2f} user, {system:.2f} system)",
+                 + verdict("prober CPU", cpu, 5.0) + f" ({user:.2f} user, {system:.2f} system; of it the "
+                 f"verdict thread {verdict_cpu:.2f})",
                  f"  reasons: {dict(reasons)}; the probe target asked directly {asked} time(s)"]
         if delays:
             lines.append(f"  healthy verdict delay from its probe's start: p50 {percentile(delays, 0.5):.3f} s, "

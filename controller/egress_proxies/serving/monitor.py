@@ -354,7 +354,9 @@ class ServingMonitor:
         full = (previous is None or not previous.serving or record is None
                 or record.probes % max(1, self.full_every) == 0)
         started = self.prober.clock()
-        outcome = await self.prober.probe_one(item.target, full=full)
+        # Served and not failed since: it answers, so its privacy check can share the probe's connection.
+        answered = record is not None and record.last_success is not None and record.failing_since is None
+        outcome = await self.prober.probe_one(item.target, full=full, answered=answered)
         already_failing = record is not None and record.failing_since is not None
         if not outcome.serving and outcome.reason is not ProbeReason.NOT_ALLOWED and not already_failing:
             # Was it the proxy, or the probe target? Ask the target itself. (An instance already

@@ -21,17 +21,29 @@ with an invented address) never passes:
    expecting ``200``, then a plain ``GET <path>?<nonce>`` sent *through the tunnel* to the probe
    target's tunnel port (it speaks plain HTTP there; squid tunnels to 443 only), expecting the
    proof back: the tunnel reached the target, not just a proxy willing to say 200.
-4. **Privacy** (full probes, when ``expect_private``) -- on a connection of its own that never
-   carried credentials: the HTTP check and the CONNECT check without credentials, then the HTTP
-   check with a made-up user and password; each must be refused (407, or 403). A proxy that lets
-   any of them through (a drop-in accepting any password, an ``http_access allow`` before the
-   policy) is not private. Reported in ``ProbeOutcome.private``; it does not change
-   ``serving``: an open proxy does serve, it is just not fit to be handed out.
+4. **Privacy** (full probes, when ``expect_private``) -- on a connection that has never carried
+   valid credentials: the HTTP check without credentials, the HTTP check with a made-up user and
+   password, then the CONNECT check without credentials; each must be refused (407, or 403). A
+   proxy that lets any of them through (a drop-in accepting any password, an ``http_access
+   allow`` before the policy) is not private. Reported in ``ProbeOutcome.private``; it does not
+   change ``serving``: an open proxy does serve, it is just not fit to be handed out.
 
 Checks 1-3 run in that order on one kept-alive connection (a tunnel ends it) and the first
-failure ends the probe; the privacy check runs beside them. A *full* probe runs all four; the
-others (``probe_one(full=False)``) only 1 and 3, which is what a round mostly needs (egress
-address and privacy change rarely; ``monitor`` decides which probe is full).
+failure ends the probe. The privacy check runs first on that same connection, before any
+request with credentials, when the proxy served at its last probe (``probe_one(answered=True)``,
+which the monitor knows): one connection per probe instead of two. Otherwise (a new instance, one
+failing) it runs beside checks 1-3 on a connection of its own, so a proxy that answers nothing
+costs one check timeout, not two (one that served and hangs now costs two, once: it is failing
+after that). A *full* probe runs all four; the others
+(``probe_one(full=False)``) only 1 and 3, which is what a round mostly needs (egress address and
+privacy change rarely; ``monitor`` decides which probe is full).
+
+Requests whose order is fixed and whose credentials are the same go out together (HTTP/1.1
+pipelining): the privacy check's three, and the egress echo with the CONNECT behind it; each
+answer is read and judged in turn, exactly as if the requests had been sent one by one, and a
+connection the proxy ends early gets the rest again on a new one (``_Connection``). The HTTP
+check (the instance's identity) is always answered before anything with the namespace's
+credentials is sent, so another instance at this address never sees them.
 
 ``reason`` says *how* the proxy failed (``ConnectionRefused``, ``Timeout``,
 ``ProxyAuthenticationRequired`` -- a 407 is never healthy --, ``UnexpectedStatus``,
@@ -50,7 +62,8 @@ whose instances the controller cannot reach say ``probe: none`` and are never pr
 Credentials go into ``Proxy-Authorization`` only; they are never in a repr, a message or a log.
 
 Protocol: raw HTTP/1.1 over ``loop.create_connection`` with a protocol of our own
-(``serving.received``: cheaper than asyncio's streams), persistent connections (``_Connection``),
+(``serving.received``: cheaper than asyncio's streams), persistent and pipelined connections
+(``_Connection``),
 heads read and parsed by ``egress_proxies.http1`` (as the probe target and the controller's HTTP
 server do); the figures are in docs/performance.md (bench/probe_bench.py).
 """
@@ -232,9 +245,10 @@ class ProbeOutcome:
 
     ``serving``: every configured check passed. ``reason``/``message``: see ``ProbeReason``;
     the message never holds credentials nor bytes of the answer. ``latency_seconds``: the HTTP
-    check, from opening the connection to the proxy to the end of the response headers (None
-    when it got no answer). ``egress_ip``: from the egress echo, None without one. ``private``
-    (only with ``expect_private``): True when requests without valid credentials were refused
+    check, from opening the connection to the proxy to the end of the response headers, less the
+    privacy check's requests when they went first on that connection (None when it got no
+    answer). ``egress_ip``: from the egress echo, None without one. ``private`` (only with
+    ``expect_private``): True when requests without valid credentials were refused
     (407/403), False when the proxy served one, None when not checked (``expect_private`` off, a
     probe that was not full, the proxy not serving) or inconclusive; ``privacy_message`` says
     which. ``probed_at``: when the probe of this proxy started (UTC). ``full``: the egress echo
@@ -271,6 +285,8 @@ class _Response:
     status: int
     headers: dict[str, str]
     body: bytes
+    # From sending the request to the end of the answer's head, and opening the connection it
+    # went on (whichever request opened it).
     seconds: float
 
 
@@ -347,17 +363,25 @@ class Prober:
         await run_workers(unique.values(), concurrency, self.clock() + deadline, one, self.clock)
         return results
 
-    async def probe_one(self, target: ProbeTarget, *, full: bool = True) -> ProbeOutcome:
-        """Probe one target on the running loop; ``full`` adds the egress echo and the privacy check."""
+    async def probe_one(self, target: ProbeTarget, *, full: bool = True, answered: bool = False) -> ProbeOutcome:
+        """Probe one target on the running loop; ``full`` adds the egress echo and the privacy
+        check. ``answered``: the proxy served at its last probe, so the privacy check goes first on
+        the probe's one connection; otherwise beside the other checks, on a connection of its own
+        (the module docstring says why)."""
         probed_at = self.now()
         refusal = self._refusal(target)
         if refusal:
             return _failed(ProbeReason.NOT_ALLOWED, refusal, probed_at, None, full)
-        privacy_check = (asyncio.ensure_future(self._privacy(target)) if full and target.expect_private
-                         else None)
+        privacy_first = full and target.expect_private and answered
+        privacy_check = (asyncio.ensure_future(self._privacy(target, None))
+                         if full and target.expect_private and not answered else None)
+        connection = _Connection(self, target.host, target.port, target.destination.check_timeout)
         latency: list[float] = []
+        privacy: tuple[bool | None, str] = (None, "not checked")
         try:
-            egress_ip = await self._serving_checks(target, full, latency)
+            if privacy_first:
+                privacy = await self._privacy(target, connection)
+            egress_ip = await self._serving_checks(target, full, latency, connection)
         except _CheckFailed as failure:
             if privacy_check is not None:
                 privacy_check.cancel()
@@ -368,7 +392,9 @@ class Prober:
             if privacy_check is not None:
                 privacy_check.cancel()
             raise
-        private, privacy = await privacy_check if privacy_check is not None else (None, "not checked")
+        finally:
+            connection.close()
+        private, privacy_message = await privacy_check if privacy_check is not None else privacy
         destination = target.destination
         message = (f"serving: GET {destination.http_url} through {target.endpoint} answered "
                    f"{destination.expected_status} from the probe target")
@@ -378,7 +404,7 @@ class Prober:
             message += f", egress address {egress_ip}"
         return ProbeOutcome(serving=True, reason=ProbeReason.SERVING, message=message,
                             latency_seconds=latency[0] if latency else None, egress_ip=egress_ip, private=private,
-                            privacy_message=privacy, probed_at=probed_at, full=full)
+                            privacy_message=privacy_message, probed_at=probed_at, full=full)
 
     async def check_destination(self, destination: ProbeDestination) -> str | None:
         """Ask the probe target directly (no proxy): None when its HTTP URL, its tunnel port and
@@ -398,33 +424,33 @@ class Prober:
 
     # -- the checks ----------------------------------------------------------------------------
 
-    async def _serving_checks(self, target: ProbeTarget, full: bool, latency: list[float]) -> str | None:
-        """Checks 1-3 on one kept-alive connection; returns the egress address (None without echo)."""
+    async def _serving_checks(self, target: ProbeTarget, full: bool, latency: list[float],
+                              connection: _Connection) -> str | None:
+        """Checks 1-3 on ``connection``; returns the egress address (None without echo)."""
         destination = target.destination
         auth = target.credentials.header_value() if target.credentials else None
         identity = target.identity.header_value() if target.identity else auth
-        connection = _Connection(self, target.host, target.port, destination.check_timeout)
         egress_ip: str | None = None
-        try:
-            nonce = new_nonce()
-            what = "GET " + destination.http_url
-            response = await connection.request(
-                _get_request(with_nonce(destination.http_url, nonce), destination.host_of(destination.http_url),
-                             identity), what)
-            latency.append(response.seconds)
-            self._expect(target, response, what, identity, destination.expected_status,
-                         ProbeReason.UNEXPECTED_STATUS)
-            _expect_proof(destination, nonce, response, ProbeReason.TARGET_NOT_REACHED,
-                          f"{what} through {target.endpoint}")
-            if full and destination.egress_echo_url is not None:
-                egress_ip = await self._echo(connection, target, auth)
-            if destination.connect is not None:
-                await self._tunnel(connection, target, auth)
-        finally:
-            connection.close()
+        nonce = new_nonce()
+        what = "GET " + destination.http_url
+        response = await connection.request(
+            _get_request(with_nonce(destination.http_url, nonce), destination.host_of(destination.http_url),
+                         identity), what)
+        latency.append(response.seconds)
+        self._expect(target, response, what, identity, destination.expected_status, ProbeReason.UNEXPECTED_STATUS)
+        _expect_proof(destination, nonce, response, ProbeReason.TARGET_NOT_REACHED, f"{what} through {target.endpoint}")
+        # The echo and the CONNECT carry the same credentials, so the CONNECT goes out right
+        # behind the echo (pipelined): no round trip of its own, nothing the proxy has not seen.
+        connect = _connect_request(destination.connect, auth) if destination.connect is not None else None
+        if full and destination.egress_echo_url is not None:
+            egress_ip = await self._echo(connection, target, auth, then=(connect,) if connect else ())
+        if connect is not None:
+            await self._tunnel(connection, target, auth, connect)
         return egress_ip
 
-    async def _echo(self, connection: _Connection, target: ProbeTarget, auth: str | None) -> str:
+    async def _echo(self, connection: _Connection, target: ProbeTarget, auth: str | None,
+                    then: Sequence[bytes]) -> str:
+        """The egress echo; ``then``: the request that follows it (the connection's ``then``)."""
         destination = target.destination
         assert destination.egress_echo_url is not None  # called only with an echo URL
         nonce = new_nonce()
@@ -432,17 +458,16 @@ class Prober:
         response = await self._later_check(
             connection, _get_request(with_nonce(destination.egress_echo_url, nonce),
                                      destination.host_of(destination.egress_echo_url), auth), what,
-            ProbeReason.EGRESS_ECHO_FAILED, keep_body=True)
+            ProbeReason.EGRESS_ECHO_FAILED, keep_body=True, then=then)
         self._expect(target, response, what, auth, 200, ProbeReason.EGRESS_ECHO_FAILED)
         return _echoed_address(destination, nonce, response.body, f"{what} through {target.endpoint}")
 
-    async def _tunnel(self, connection: _Connection, target: ProbeTarget, auth: str | None) -> None:
-        """CONNECT, then the probe target's proof from the other end of the tunnel."""
+    async def _tunnel(self, connection: _Connection, target: ProbeTarget, auth: str | None, connect: bytes) -> None:
+        """CONNECT (the request ``connect``), then the probe target's proof from the other end of the tunnel."""
         destination = target.destination
         assert destination.connect is not None  # called only with a CONNECT target
         what = "CONNECT " + destination.connect
-        response = await self._later_check(connection, _connect_request(destination.connect, auth), what,
-                                           ProbeReason.CONNECT_FAILED, tunnel=True)
+        response = await self._later_check(connection, connect, what, ProbeReason.CONNECT_FAILED, tunnel=True)
         self._expect(target, response, what, auth, 200, ProbeReason.CONNECT_FAILED)
         nonce = new_nonce()
         inner = _origin_request(destination.tunnel_host, with_nonce(destination.tunnel_path, nonce), close=True)
@@ -513,34 +538,42 @@ class Prober:
                                    f"expected {expected}")
 
     async def _later_check(self, connection: _Connection, request: bytes, what: str, reason: ProbeReason,
-                           *, keep_body: bool = False, tunnel: bool = False, retry: bool = True) -> _Response:
+                           *, keep_body: bool = False, tunnel: bool = False, retry: bool = True,
+                           then: Sequence[bytes] = ()) -> _Response:
         """A check after the HTTP check passed: its transport failure is that check's failure."""
         try:
-            return await connection.request(request, what, keep_body=keep_body, tunnel=tunnel, retry=retry)
+            return await connection.request(request, what, keep_body=keep_body, tunnel=tunnel, retry=retry,
+                                            then=then)
         except _CheckFailed as failure:
             raise _CheckFailed(reason, f"{reason}: {failure.message}") from None
 
-    async def _privacy(self, target: ProbeTarget) -> tuple[bool | None, str]:
+    async def _privacy(self, target: ProbeTarget, shared: _Connection | None) -> tuple[bool | None, str]:
+        """Check 4, on ``shared`` (the probe's connection, before any request with credentials; left
+        open only when every request was refused) or, when None, on a connection of its own."""
         if target.credentials is None:
             return False, "NOT private: the proxy served the checks without credentials"
         destination = target.destination
         made_up = ProbeCredentials.made_up().header_value()
         host = destination.host_of(destination.http_url)
         checks = [(f"GET {destination.http_url} without credentials", _get_request(destination.http_url, host, None),
-                   False)]
+                   False),
+                  (f"GET {destination.http_url} with a made-up user and password",
+                   _get_request(destination.http_url, host, made_up), False)]
         if destination.connect is not None:
+            # Last: a CONNECT let through makes the connection a tunnel, and nothing may follow it.
             checks.append((f"CONNECT {destination.connect} without credentials",
                            _connect_request(destination.connect, None), True))
-        checks.append((f"GET {destination.http_url} with a made-up user and password",
-                       _get_request(destination.http_url, host, made_up), False))
+        requests = [request for _, request, _ in checks]
         refused: list[str] = []
-        # A connection of its own that never carried valid credentials: a proxy that authenticates
-        # connections rather than requests must not count an earlier login for these.
-        connection = _Connection(self, target.host, target.port, destination.check_timeout)
+        # A connection that never carried valid credentials: a proxy that authenticates connections
+        # rather than requests must not count an earlier login for these. The requests go out
+        # together (pipelined) and each answer is judged in turn, as if sent one by one.
+        connection = shared or _Connection(self, target.host, target.port, destination.check_timeout)
+        all_refused = False
         try:
-            for what, request, tunnel in checks:
+            for index, (what, request, tunnel) in enumerate(checks):
                 try:
-                    response = await connection.request(request, what, tunnel=tunnel)
+                    response = await connection.request(request, what, tunnel=tunnel, then=requests[index + 1:])
                 except _CheckFailed as failure:
                     return None, f"inconclusive: {failure.message}"
                 if response.status not in (403, 407):
@@ -549,8 +582,11 @@ class Prober:
                     return False, (f"NOT private: {what} through {target.endpoint} answered {response.status}, "
                                    "not 407 or 403")
                 refused.append(f"{what} {response.status}")
+            all_refused = True
         finally:
-            connection.close()
+            # Shared, it carries the serving checks next: not a tunnel, nor answers still to come.
+            if shared is None or not all_refused:
+                connection.close()
         return True, "requests without valid credentials refused (" + ", ".join(refused) + ")"
 
 
@@ -567,6 +603,13 @@ class _Connection:
     the end of the connection). Like any HTTP client, a request that meets a reused connection
     already closed by the peer is sent again once, on a new one. After a CONNECT answered 2xx the
     connection is the tunnel: the next request goes through it, and nothing after that.
+
+    A caller that knows its next requests names them (``then``): they are written right behind
+    the request (HTTP/1.1 pipelining) and their answers read by the ``request`` calls that follow,
+    in order, each judged as if it had been sent alone; a send and a wait of the event loop saved
+    per request (docs/performance.md, "A full probe on one connection"). When the peer ends the
+    connection before answering them, they are written again on a new one by the calls that
+    follow. A CONNECT is only ever the last of them (what follows a tunnel's 200 goes through it).
     """
 
     def __init__(self, prober: Prober, host: str, port: int, timeout: float, direct: bool = False) -> None:
@@ -576,23 +619,28 @@ class _Connection:
         self._timeout = timeout
         self._via = "at" if direct else "through"  # the endpoint is the server itself, or a proxy
         self._received: ReceivedBytes | None = None
+        # Written on this connection ahead of time, not answered yet, in order.
+        self._ahead: list[bytes] = []
+        self._connect_seconds = 0.0  # how long opening this connection took
 
     @property
     def endpoint(self) -> str:
         return _join_host_port(self._host, self._port)
 
     async def request(self, request: bytes, what: str, *, keep_body: bool = False, tunnel: bool = False,
-                      retry: bool = True) -> _Response:
-        """Send ``request``, read its answer; ``keep_body`` returns the body, ``tunnel`` marks a
-        CONNECT, ``retry`` False never resends (a request through a tunnel)."""
+                      retry: bool = True, then: Sequence[bytes] = ()) -> _Response:
+        """Send ``request`` (unless it went out already behind an earlier one), read its answer;
+        ``keep_body`` returns the body, ``tunnel`` marks a CONNECT, ``retry`` False never resends
+        (a request through a tunnel), ``then``: the requests the next calls make, in order (see
+        the class docstring)."""
         try:
-            return await self._request(request, what, keep_body, tunnel)
+            return await self._request(request, what, keep_body, tunnel, then)
         except _Stale:
             if not retry:
                 raise _CheckFailed(ProbeReason.BAD_RESPONSE,
                                    f"BadResponse: {what} {self._via} {self.endpoint}: the connection closed before "
                                    "any answer") from None
-            return await self._request(request, what, keep_body, tunnel)
+            return await self._request(request, what, keep_body, tunnel, then)
 
     def close(self, abort: bool = False) -> None:
         transport = self._received.transport if self._received is not None else None
@@ -603,35 +651,55 @@ class _Connection:
             else:
                 transport.close()
         self._received = None
+        self._ahead = []  # lost with the connection: written again by the calls that make them
 
-    async def _exchange(self, request: bytes, keep_body: bool, tunnel: bool) -> tuple[_Response, bool]:
+    async def _exchange(self, request: bytes, keep_body: bool, tunnel: bool,
+                        then: Sequence[bytes]) -> tuple[_Response, bool]:
+        written = bool(self._ahead) and self._ahead[0] == request
+        if self._ahead and not written:
+            self.close(abort=True)  # answers to requests the caller gave up on would come first
         reused = self._received is not None
         started = self._prober.clock()
+        # The check's whole budget: connecting (when it does), sending, the answer's head and body.
+        deadline = asyncio.get_running_loop().time() + self._timeout
         if self._received is None:
-            received = ReceivedBytes(MAX_HEAD_BYTES)
-            self._received = received
-            await asyncio.get_running_loop().create_connection(lambda: received, self._host, self._port)
+            await self._open(deadline)
+            self._connect_seconds = self._prober.clock() - started
+            started += self._connect_seconds
         reader = self._received
-        assert reader.transport is not None  # connected
-        reader.transport.write(request)
+        assert reader is not None and reader.transport is not None  # connected
+        reader.answer_by(deadline)
+        if written:
+            del self._ahead[0]
+        else:
+            assert not (tunnel and then), "nothing is written behind a CONNECT: it would go through the tunnel"
+            reader.transport.write(b"".join((request, *then)) if then else request)
+            self._ahead = list(then)
         try:
             head = await read_head(reader)
         except (asyncio.IncompleteReadError, ConnectionResetError, BrokenPipeError) as err:
             if reused and not getattr(err, "partial", b""):
                 raise _Stale from None
             raise
-        seconds = self._prober.clock() - started
+        seconds = self._prober.clock() - started + self._connect_seconds
         answer = parse_response(head)
         body, reusable = await _read_body(reader, answer, keep_body=keep_body, tunnel=tunnel)
         tunnelled = tunnel and 200 <= answer.status < 300
         return _Response(answer.status, answer.headers, body, seconds), reusable or tunnelled
 
-    async def _request(self, request: bytes, what: str, keep_body: bool, tunnel: bool) -> _Response:
+    async def _open(self, deadline: float) -> None:
+        received = ReceivedBytes(MAX_HEAD_BYTES)
+        self._received = received
+        # A timer for connecting only: the reads after it have the connection's own (answer_by).
+        async with asyncio.timeout_at(deadline):
+            await asyncio.get_running_loop().create_connection(lambda: received, self._host, self._port)
+
+    async def _request(self, request: bytes, what: str, keep_body: bool, tunnel: bool,
+                       then: Sequence[bytes]) -> _Response:
         through = f"{what} {self._via} {self.endpoint}"
         completed = False
         try:
-            async with asyncio.timeout(self._timeout):
-                response, keep_open = await self._exchange(request, keep_body, tunnel)
+            response, keep_open = await self._exchange(request, keep_body, tunnel, then)
             completed = True
             if not keep_open:
                 self.close()

@@ -12,6 +12,12 @@ Like a ``StreamReader`` made with ``limit``: a separator not found within ``limi
 limit is buffered, and resumes when a read waits for more. The peer's end of the connection makes a
 read that cannot be met raise ``asyncio.IncompleteReadError`` (with what had come), an error on the
 connection raises that error (``ConnectionResetError``...).
+
+A read still waiting at the connection's deadline (``answer_by``, on the loop's clock) raises
+``TimeoutError``. One timer per connection, not one per read (``asyncio.timeout`` around each
+check was the probe's other per-request cost): it is armed at the first wait and, when it fires
+before a deadline moved later by the next check, armed again at that one; a probe's checks take
+milliseconds, so it is mostly armed once and cancelled with the connection.
 """
 
 from __future__ import annotations
@@ -29,7 +35,13 @@ class ReceivedBytes(asyncio.Protocol):
         self._error: BaseException | None = None
         self._paused = False
         self._waiter: asyncio.Future[None] | None = None
+        self._deadline: float | None = None
+        self._timer: asyncio.TimerHandle | None = None
         self.transport: asyncio.Transport | None = None
+
+    def answer_by(self, deadline: float) -> None:
+        """Reads that wait past ``deadline`` (the loop's ``time()``) raise ``TimeoutError``."""
+        self._deadline = deadline
 
     # -- asyncio.Protocol ------------------------------------------------------------------
 
@@ -52,6 +64,9 @@ class ReceivedBytes(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._eof = True
         self._error = exc
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         self._wake()
 
     # -- the reads -------------------------------------------------------------------------
@@ -101,11 +116,29 @@ class ReceivedBytes(asyncio.Protocol):
         if self._paused and self.transport is not None:
             self._paused = False
             self.transport.resume_reading()
-        self._waiter = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        if self._deadline is not None:
+            if loop.time() >= self._deadline:
+                raise TimeoutError
+            if self._timer is None:
+                self._timer = loop.call_at(self._deadline, self._expire)
+        self._waiter = loop.create_future()
         try:
             await self._waiter
         finally:
             self._waiter = None
+
+    def _expire(self) -> None:
+        """The timer: fail the waiting read at the deadline, or wait on for a deadline moved later."""
+        self._timer = None
+        waiter, deadline = self._waiter, self._deadline
+        if waiter is None or waiter.done() or deadline is None:
+            return  # nothing waits: the next wait arms the timer again
+        loop = waiter.get_loop()
+        if loop.time() >= deadline:
+            waiter.set_exception(TimeoutError())
+        else:
+            self._timer = loop.call_at(deadline, self._expire)
 
     def _wake(self) -> None:
         if self._waiter is not None and not self._waiter.done():

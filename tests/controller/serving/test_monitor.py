@@ -247,6 +247,22 @@ def test_the_egress_echo_and_privacy_run_first_after_a_failure_and_every_sixth_p
     assert carried.egress_ip == "198.51.100.7"
 
 
+def test_the_prober_is_told_which_instances_answered_since_their_last_failure() -> None:
+    """Only an instance that served and has not failed since gets its privacy check on its one
+    connection (``answered``); a new one, or one failing (a hung one would cost two timeouts), not."""
+    watching = Watching()
+    watching.watch({"kvm": ["192.0.2.10"]})
+    watching.monitor.probe_now()  # new
+    watching.monitor.probe_now()  # served
+    watching.prober.serving["192.0.2.10"] = False
+    watching.monitor.probe_now()  # served, then fails
+    watching.monitor.probe_now()  # failing
+    watching.prober.serving["192.0.2.10"] = True
+    watching.monitor.probe_now()  # failing, then serves
+    watching.monitor.probe_now()
+    assert [answered for _, answered in watching.prober.answered] == [False, True, True, False, False, True]
+
+
 # -- the thread: each provider on its own ---------------------------------------------------------------
 
 

@@ -109,9 +109,9 @@ def lab() -> Iterator[Lab]:
                 squid.terminate()  # all three shut down at once, then each is waited for
 
 
-def probe(lab: Lab, target: ProbeTarget, full: bool = True) -> ProbeOutcome:
+def probe(lab: Lab, target: ProbeTarget, full: bool = True, answered: bool = False) -> ProbeOutcome:
     async def one() -> ProbeOutcome:
-        return await lab.prober().probe_one(target, full=full)
+        return await lab.prober().probe_one(target, full=full, answered=answered)
     return asyncio.run(one())
 
 
@@ -167,12 +167,16 @@ def test_stopped_squid_is_connection_refused(lab: Lab) -> None:
     assert outcome.latency_seconds is None
 
 
-def test_auth_squid_with_the_right_credentials_is_serving_and_private(lab: Lab) -> None:
-    target = lab.target_of(lab.auth_squid, credentials=ProbeCredentials(USER, PASSWORD), expect_private=True)
-    outcome = probe(lab, target)
+@pytest.mark.parametrize("answered", [False, True], ids=["privacy-beside", "privacy-first-on-one-connection"])
+def test_auth_squid_with_the_right_credentials_is_serving_and_private(lab: Lab, answered: bool) -> None:
+    """Squid takes the privacy check's three requests written together, on a connection of their
+    own or (an instance that answered before) first on the probe's one connection."""
+    target = lab.target_of(lab.auth_squid, credentials=ProbeCredentials(USER, PASSWORD), expect_private=True,
+                           destination=lab.destination(egress_echo_url=lab.target.url("/echo")))
+    outcome = probe(lab, target, answered=answered)
     assert outcome.serving, outcome.message
-    assert outcome.private is True
-    # Both ways out without credentials, then a made-up user and password: all refused.
+    assert outcome.private is True and outcome.egress_ip is not None
+    # Both ways out without credentials, and a made-up user and password: all refused.
     assert outcome.privacy_message.count(" 407") == 3
     assert "made-up user and password" in outcome.privacy_message
     assert PASSWORD not in repr(target) and PASSWORD not in repr(outcome)
@@ -247,6 +251,11 @@ def test_an_endpoint_that_answers_by_itself_never_passes(lab: Lab) -> None:
     assert "no valid proof" in echo.message and "203.0.113.77" not in echo.message and echo.egress_ip is None
     honest = probe(lab, lab.fake("forward", 3206, lab.destination(egress_echo_url=lab.target.url("/echo"))))
     assert honest.serving and honest.private is True, honest.message
+    # This proxy ends the connection after each forwarded answer: the CONNECT written behind the
+    # echo is lost with it and goes out again on a new connection.
+    again = probe(lab, lab.fake("forward", 3207, lab.destination(egress_echo_url=lab.target.url("/echo"))),
+                  answered=True)
+    assert again.serving and again.private is True and again.egress_ip is not None, again.message
 
 
 @pytest.mark.parametrize("forge", ["append-address", "replay-204"])
@@ -254,7 +263,7 @@ def test_a_204_proof_replayed_as_the_egress_echo_is_refused(lab: Lab, forge: str
     """Issue 38 row 2: a lying proxy forwards the 204 check honestly, then asks the real probe target
     for a 204 proof of the echo's nonce with an invented address appended (``N%20203.0.113.77``), or
     of the echo's nonce itself, and hands that in as the echo's proof of 203.0.113.77."""
-    port = 3207 if forge == "append-address" else 3208
+    port = 3209 if forge == "append-address" else 3210
     liar = lab.fake("forward", port, lab.destination(egress_echo_url=lab.target.url("/echo")), lie=["echo"],
                     forge=forge)
     outcome = probe(lab, liar)
@@ -263,9 +272,11 @@ def test_a_204_proof_replayed_as_the_egress_echo_is_refused(lab: Lab, forge: str
     assert "no valid proof" in outcome.message
 
 
-def test_a_proxy_that_takes_any_password_is_not_private(lab: Lab) -> None:
-    """Issue 26 row 7: made-up credentials must get 407 too."""
-    outcome = probe(lab, lab.fake("any-password", 3201))
+@pytest.mark.parametrize("answered", [False, True], ids=["privacy-beside", "privacy-first-on-one-connection"])
+def test_a_proxy_that_takes_any_password_is_not_private(lab: Lab, answered: bool) -> None:
+    """Issue 26 row 7: made-up credentials must get 407 too. First on the probe's connection,
+    the serving checks then go on a new one (the answers still due are not theirs)."""
+    outcome = probe(lab, lab.fake("any-password", 3201 + 100 * answered), answered=answered)
     assert outcome.serving and outcome.private is False
     assert "made-up user and password" in outcome.privacy_message and "not 407 or 403" in outcome.privacy_message
 

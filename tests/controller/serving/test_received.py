@@ -63,3 +63,46 @@ def test_reading_pauses_past_twice_the_limit_and_resumes_for_a_longer_read() -> 
     # 100 KiB against a 64-byte limit: the transport is paused and resumed many times on the way.
     body = bytes(range(256)) * 400
     assert asyncio.run(_against(body, lambda r: r.readexactly(len(body)))) == body
+
+
+async def _late(answer_after: float, deadline: float, moved_to: float | None = None) -> tuple[object, float]:
+    """A read on a connection whose server answers ``answer_after`` seconds in, with a deadline
+    ``deadline`` seconds in (moved to ``moved_to`` seconds in while the read waits, if given):
+    what the read returned or raised, and when."""
+    async def serve(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await asyncio.sleep(answer_after)
+            writer.write(b"late\r\n\r\n")
+            await writer.drain()
+        finally:
+            writer.close()  # also when the read gave up first and the test's loop ends
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    loop = asyncio.get_running_loop()
+    received = ReceivedBytes(64)
+    await loop.create_connection(lambda: received, "127.0.0.1", server.sockets[0].getsockname()[1])
+    started = loop.time()
+    received.answer_by(started + deadline)
+    if moved_to is not None:
+        loop.call_later(deadline / 2, received.answer_by, started + moved_to)
+    try:
+        result: object = await received.readuntil(b"\r\n\r\n")
+    except TimeoutError as err:
+        result = err
+    finally:
+        assert received.transport is not None
+        received.transport.close()
+        server.close()
+    return result, loop.time() - started
+
+
+def test_a_read_still_waiting_at_the_deadline_raises_timeout_error() -> None:
+    result, seconds = asyncio.run(_late(answer_after=2.0, deadline=0.2))
+    assert isinstance(result, TimeoutError) and 0.2 <= seconds < 1.0
+
+
+def test_a_deadline_moved_later_while_a_read_waits_keeps_it_waiting_until_then() -> None:
+    """The timer armed for the first deadline fires, finds the deadline moved, and waits on."""
+    assert asyncio.run(_late(answer_after=0.4, deadline=0.2, moved_to=1.5))[0] == b"late\r\n\r\n"
+    result, seconds = asyncio.run(_late(answer_after=2.0, deadline=0.2, moved_to=0.5))
+    assert isinstance(result, TimeoutError) and 0.5 <= seconds < 1.3

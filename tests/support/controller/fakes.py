@@ -294,6 +294,7 @@ class ScriptedProber:
         self.private: dict[str, bool] = {}
         self.delay: dict[str, float] = {}
         self.probed: list[tuple[str, bool]] = []  # (host, full)
+        self.answered: list[tuple[str, bool]] = []  # (host, whether the monitor said it served last)
         self.targets: list[ProbeTarget] = []
         self.checks = 0
         self.destinations: set[ProbeDestination] = set()
@@ -305,11 +306,12 @@ class ScriptedProber:
     def now(self) -> datetime.datetime:
         return self._now or datetime.datetime.now(datetime.UTC)
 
-    async def probe_one(self, target: ProbeTarget, *, full: bool = True) -> ProbeOutcome:
+    async def probe_one(self, target: ProbeTarget, *, full: bool = True, answered: bool = False) -> ProbeOutcome:
         if self.error is not None:
             raise self.error
         started = self.now()
         self.probed.append((target.host, full))
+        self.answered.append((target.host, answered))
         self.targets.append(target)
         await asyncio.sleep(self.delay.get(target.host, 0.0))
         state = self.serving.get(target.host, True)
