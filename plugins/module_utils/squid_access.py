@@ -27,6 +27,7 @@ it); on Kubernetes the Pod's squid.conf has them around the provider's ``squidCo
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import re
 import textwrap
@@ -84,6 +85,17 @@ class Access:
     # Internal networks the proxy may reach on purpose; never metadata, loopback or its own.
     allowed_destinations: Tuple[str, ...] = ()
 
+
+
+def admitting_probes(access: Optional[Access], probe_sources: Sequence[str]) -> Optional[Access]:
+    """``access`` with the config's ``probeSources`` among its allowed sources, so the proxy lets the
+    controller's probe in the way a crawler's request comes (squid's source check, and what a
+    provider opens from the same list: a firewall rule, a load balancer's ranges). A policy
+    without sources (any source) stays as it is: adding some would shut the crawlers out."""
+    if access is None or not access.allowed_sources or not probe_sources:
+        return access
+    added = tuple(source for source in dict.fromkeys(probe_sources) if source not in access.allowed_sources)
+    return dataclasses.replace(access, allowed_sources=access.allowed_sources + added)
 
 def parse_access(value: Optional[Mapping[str, Any]], field: str = "access") -> Optional[Access]:
     """The ``access`` option validated; None when absent (no policy).

@@ -214,7 +214,8 @@ def manifest(name: str) -> Obj:
 
 
 # What the API server allocates for a Service (the emulator does too: tests/support/kube/admission.py).
-SERVICE_SERVER_FIELDS = ("clusterIP", "clusterIPs")
+# What the API server allocates or defaults in a Service the manifests leave out (as the real one does).
+SERVICE_SERVER_FIELDS = ("clusterIP", "clusterIPs", "ipFamilyPolicy", "ipFamilies")
 
 
 def without_server_fields(obj: Obj) -> Obj:
@@ -438,6 +439,7 @@ GCP_KEY = '{"type": "service_account", "private_key": "-----BEGIN PRIVATE KEY---
 GCP_PROVIDER = """\
 - name: gcp-eu
   type: gcp
+  allowedSources: [192.0.2.0/24]
   gcp:
     project: my-project
     zones: [europe-west1-b]
@@ -570,6 +572,9 @@ def test_the_production_page_deploys_as_written(deploy: Deploy, kube: KubeEmulat
     ingress = kube.get_object("ingresses.networking.k8s.io", NAMESPACE, "egress-proxies-discovery")
     assert ingress is not None
     assert ingress["spec"]["tls"][0]["hosts"] == [page_vars["egress_proxies_discovery_ingress"]["host"]]
-    # The probe's egress address is in every provider's allowedSources, as the page says it must be.
-    providers = yaml.safe_load(blocks["providers.yaml"])["providers"]
-    assert all("198.51.100.7/32" in provider["allowedSources"] for provider in providers)
+    # The probe's egress address is admitted everywhere, as the page says it must be: the root's
+    # probeSources (GCP, Kubernetes), and KVM's allowedSources (KVM does not read probeSources).
+    config = yaml.safe_load(blocks["providers.yaml"])
+    assert config["probeSources"] == ["198.51.100.7/32"]
+    assert all("198.51.100.7/32" in provider["allowedSources"] for provider in config["providers"]
+               if provider["type"] == "kvm")

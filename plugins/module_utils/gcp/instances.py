@@ -12,7 +12,6 @@ labels and metadata from ``labels.py``, and the user-data in the metadata item
 from __future__ import annotations
 
 import base64
-import dataclasses
 import datetime
 import re
 import threading
@@ -68,7 +67,7 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.provider_id i
     format_provider_id,
     parse_provider_id,
 )
-from ansible_collections.crawl.egress_proxies.plugins.module_utils.squid_access import Access
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.squid_access import admitting_probes
 
 Log = Callable[[str], None]
 
@@ -140,15 +139,6 @@ def _why_passed(zone: str, error: ProxyError) -> str:
         return "zone %s does not offer the machine type: %s" % (zone, error)
     return "zone %s could not take it: %s" % (zone, error)
 
-
-def admitting_probes(access: Optional[Access], identity: ProviderIdentity) -> Optional[Access]:
-    """``access`` with the config's ``probeSources`` among its allowed sources, so squid lets the
-    controller's probe past its source check as the firewall rule does (``opening_of``). A policy
-    without sources (any source) stays as it is."""
-    if access is None or not access.allowed_sources or not identity.probe_sources:
-        return access
-    added = tuple(source for source in identity.probe_sources if source not in access.allowed_sources)
-    return dataclasses.replace(access, allowed_sources=access.allowed_sources + added)
 
 
 def user_data_metadata(user_data: bytes, encoding: str) -> List[Tuple[str, str]]:
@@ -286,7 +276,7 @@ class GcpProvider:
         labels, tags_json = encode_tags(request.tags)
         opening = opening_of(request.access, request.port, self.firewall.identity)
         self.firewall.require(opening)
-        access = admitting_probes(request.access, self.firewall.identity)
+        access = admitting_probes(request.access, self.firewall.identity.probe_sources)
         metadata = [*user_data_metadata(request.user_data, request.user_data_encoding),
                     (TAGS_METADATA_KEY, tags_json), (PORT_METADATA_KEY, str(request.port)),
                     (SOURCES_METADATA_KEY, opening_metadata(opening)),

@@ -59,6 +59,7 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.provider_id i
     format_provider_id,
     parse_provider_id,
 )
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.squid_access import admitting_probes
 
 
 def check_request(settings: KubernetesSettings, request: InstanceRequest) -> str:
@@ -84,11 +85,8 @@ def with_probe_sources(request: InstanceRequest, probe_sources: Sequence[str]) -
     """``request`` whose access also admits the controller's probe sources (the root's ``probeSources``),
     beside the crawlers': in squid's allowlist and a load balancer's source ranges alike, so the
     controller's own probe is never refused on the way a crawler takes."""
-    access = request.access
-    if access is None or not probe_sources:
-        return request
-    sources = tuple(dict.fromkeys((*access.allowed_sources, *probe_sources)))
-    return dataclasses.replace(request, access=dataclasses.replace(access, allowed_sources=sources))
+    access = admitting_probes(request.access, probe_sources)
+    return request if access is request.access else dataclasses.replace(request, access=access)
 
 
 class K8sProvider:

@@ -55,7 +55,7 @@ def test_every_row_6_publishing_mistake_is_refused_and_an_unreachable_backend_is
             host("half", publishPorts="41000-41999"),
             host("good", publicAddress="203.0.113.12", publishPorts="42000-42999"),
         ]),
-        {"name": "gcp-eu", "type": "gcp", "gcp": {
+        {"name": "gcp-eu", "type": "gcp", "allowedSources": ["192.0.2.0/24"], "gcp": {
             "project": "my-project", "zones": ["europe-west1-b"], "machineTypes": {"small": "e2-small"},
             "images": {"debian-12": "projects/debian-cloud/global/images/family/debian-12"},
             "apiEndpoint": endpoint}},

@@ -28,7 +28,7 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.config import
 from egress_proxies.providers.client import ProbeSettings
 from egress_proxies.serving.monitor import ServingMonitor, Watched
 from egress_proxies.serving.probe import ProbeCredentials, ProbeDestination, ProbeOutcome, Prober, ProbeTarget
-from egress_proxies.serving.proof import NONCE_PARAMETER, PROOF_HEADER, proof
+from egress_proxies.serving.proof import NONCE_PARAMETER, PROOF_HEADER, answer_proof, echo_proof
 
 KEY = b"connections-test-key-0123456789abcdef"
 CREDENTIALS = ProbeCredentials("crawlers", "pw-3c1e0a9b7d5f4e2c")
@@ -89,15 +89,15 @@ class RecordingProxy:
             conn.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
             inner = conn.recv(65536).decode("latin-1")
             self.answered.append((number, "through the tunnel: " + inner.split(" ")[0], "none"))
-            conn.sendall(f"HTTP/1.1 204 No Content\r\n{PROOF_HEADER}: {proof(KEY, nonce_in(inner))}\r\n"
+            conn.sendall(f"HTTP/1.1 204 No Content\r\n{PROOF_HEADER}: {answer_proof(KEY, nonce_in(inner))}\r\n"
                          "Connection: close\r\n\r\n".encode())
             return False
         nonce = nonce_in(target)
         if target.split("?")[0].endswith("/echo"):
-            body = json.dumps({"ip": "127.0.0.1", "proof": proof(KEY, nonce, "127.0.0.1")}).encode()
+            body = json.dumps({"ip": "127.0.0.1", "proof": echo_proof(KEY, nonce, "127.0.0.1")}).encode()
             conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
         else:
-            conn.sendall(f"HTTP/1.1 204 No Content\r\n{PROOF_HEADER}: {proof(KEY, nonce)}\r\n\r\n".encode())
+            conn.sendall(f"HTTP/1.1 204 No Content\r\n{PROOF_HEADER}: {answer_proof(KEY, nonce)}\r\n\r\n".encode())
         return True
 
 
