@@ -31,7 +31,7 @@ import ipaddress
 import re
 import textwrap
 from dataclasses import dataclass
-from typing import Any, List, Mapping, Optional, Tuple
+from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
 from ansible_collections.crawl.egress_proxies.plugins.module_utils import squid_networks as nets
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.errors import Permanent
@@ -39,7 +39,7 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.errors import
 # What an instance's policy is built from besides the Access itself: a new version changes what
 # every instance gets, so the controller makes it part of each instance's build hash
 # (``provider_config_info`` returns it) and replaces instances built with an older one.
-POLICY_VERSION = "2"
+POLICY_VERSION = "3"
 BASIC_NCSA_AUTH = "/usr/lib/squid/basic_ncsa_auth"
 # The realm a client sees in a 407; neutral, so it names neither the software nor the fleet.
 REALM = "proxy"
@@ -176,8 +176,22 @@ class Policy:
         return self.head + middle + self.tail
 
 
-def render_policy(access: Access, paths: PolicyPaths) -> Policy:
-    return Policy(_head(access, paths), _tail(access, paths))
+def render_policy(access: Access, paths: PolicyPaths, refused_host_addresses: Sequence[str] = ()) -> Policy:
+    """The policy of ``access``; ``refused_host_addresses`` are the addresses of the machine the
+    proxy runs on as its provider knows them (a KVM hypervisor's public, source and bridge
+    addresses; a node's; a GCP instance's external one): refused whatever is opened, like the
+    instance's own addresses, because they reach that machine's services (issue 38)."""
+    return Policy(_head(access, paths, _host_networks(refused_host_addresses)), _tail(access, paths))
+
+
+def _host_networks(addresses: Sequence[str]) -> List[nets.Network]:
+    for index, address in enumerate(addresses):
+        try:
+            ipaddress.ip_address(address)
+        except ValueError:
+            raise Permanent("refused_host_addresses[%d]: %r is not an IP address; the provider passes the host's "
+                            "addresses (publicAddress, sourceAddresses, ...) only" % (index, address)) from None
+    return nets.host_networks(addresses)
 
 
 def _auth_lines(access: Access, password_file: str) -> List[str]:
@@ -195,7 +209,7 @@ def _opened(access: Access) -> List[nets.Network]:
     return [ipaddress.ip_network(d) for d in access.allowed_destinations]
 
 
-def _acls(access: Access, paths: PolicyPaths) -> List[str]:
+def _acls(access: Access, paths: PolicyPaths, hosts: Sequence[nets.Network]) -> List[str]:
     """Every ACL the head's rules use; each refusing one lists what it refuses."""
     allowed = [ipaddress.ip_network(s) for s in access.allowed_sources]
     opened = _opened(access)
@@ -212,6 +226,10 @@ def _acls(access: Access, paths: PolicyPaths) -> List[str]:
     lines += nets.acl_lines("egress_never", "dst", nets.never())
     lines += ["# This instance's own addresses, written where it runs.",
               'acl egress_never dst "%s"' % paths.own_addresses]
+    if hosts:
+        # An ACL of its own: squid ignores an entry that overlaps one already in the same ACL.
+        lines += ["# The machine this proxy runs on (its provider knows these addresses), and their NAT64 forms."]
+        lines += nets.acl_lines("egress_host", "dst", hosts)
     closed = nets.closed(opened)
     if closed:
         lines += _comment("Internal networks%s: %s; and these as NAT64 addresses." % (
@@ -230,7 +248,7 @@ def _comment(text: str) -> List[str]:
     return ["# " + line for line in textwrap.wrap(text, 96)]
 
 
-def _http_access(access: Access, internal_closed: bool) -> List[str]:
+def _http_access(access: Access, internal_closed: bool, host_refused: bool) -> List[str]:
     rules = ["http_access deny egress_refused_ports",
              "http_access deny egress_connect egress_connect_refused_ports",
              "http_access deny manager"]
@@ -240,7 +258,8 @@ def _http_access(access: Access, internal_closed: bool) -> List[str]:
         rules += ["http_access deny !egress_users"]  # 407: no, wrong or made-up credentials
     # Destinations last: their ACLs resolve the host name, so only a client that passed the
     # rules above ever costs a DNS lookup.
-    refused = ["egress_never"] + (["egress_internal"] if internal_closed else [])
+    refused = ["egress_never"] + (["egress_host"] if host_refused else []) + (
+        ["egress_internal"] if internal_closed else [])
     rules += ["http_access deny %s" % acl for acl in refused]
     # Whoever passed every rule above; nothing after this line is ever reached.
     rules += ["http_access allow egress_users", "http_access deny all"] if access.users else ["http_access allow all"]
@@ -248,7 +267,7 @@ def _http_access(access: Access, internal_closed: bool) -> List[str]:
     return rules + ["adapted_http_access deny %s" % acl for acl in refused]
 
 
-def _head(access: Access, paths: PolicyPaths) -> str:
+def _head(access: Access, paths: PolicyPaths, hosts: Sequence[nets.Network]) -> str:
     lines = ["# crawl.egress_proxies access policy, version %s (docs/architecture.md, \"Security model\")." %
              POLICY_VERSION,
              "# Generated per instance. Squid takes the first http_access line that matches, and these end",
@@ -256,8 +275,8 @@ def _head(access: Access, paths: PolicyPaths) -> str:
              "# rule refuses with lists what it refuses: an acl line of that name later (squid appends)",
              "# refuses more."]
     lines += _auth_lines(access, paths.password_file)  # proxy_auth ACLs need the scheme first
-    lines += _acls(access, paths)
-    lines += _http_access(access, bool(nets.closed(_opened(access))))
+    lines += _acls(access, paths, hosts)
+    lines += _http_access(access, bool(nets.closed(_opened(access))), bool(hosts))
     if access.users:
         lines += ["auth_schemes basic all"]  # no scheme a later auth_param adds is ever offered
     lines += ["cachemgr_passwd disable all",  # the cache manager, from anywhere, localhost too

@@ -73,9 +73,10 @@ def error_pages_shell(directory: str) -> List[str]:
             "done"]
 
 
-def instance_config(access: Access) -> str:
-    """The squid.conf of a KVM or GCP instance (``squid -f``)."""
-    policy = render_policy(access, INSTANCE_PATHS)
+def instance_config(access: Access, refused_host_addresses: Sequence[str] = ()) -> str:
+    """The squid.conf of a KVM or GCP instance (``squid -f``); ``refused_host_addresses`` as in
+    ``squid_access.render_policy``."""
+    policy = render_policy(access, INSTANCE_PATHS, refused_host_addresses)
     return "include %s\n%s" % (GATE_PATH, policy.around("include %s\n" % DISTRIBUTION_CONFIG))
 
 
@@ -173,8 +174,10 @@ def _reload() -> List[str]:
     ]
 
 
-def install_script(access: Access, boot_gate: bool = False) -> bytes:
+def install_script(access: Access, boot_gate: bool = False, refused_host_addresses: Sequence[str] = ()) -> bytes:
     """A POSIX sh script that installs the policy on a KVM or GCP instance, then (re)loads squid.
+    ``refused_host_addresses``: the addresses of the machine it runs on that the provider knows
+    (``squid_access.render_policy``).
 
     ``boot_gate`` (the KVM boothook): squid also refuses every request (403) until cloud-init
     has finished this boot, user-data included: Ready means serving, and the probe must not pass
@@ -194,13 +197,13 @@ def install_script(access: Access, boot_gate: bool = False) -> bytes:
     parts += heredoc("write %s 0755" % REFRESH_PATH, REFRESH)
     parts += ["/bin/sh %s && log \"wrote %s\"" % (REFRESH_PATH, OWN_ADDRESSES)]
     parts += _gate(boot_gate)
-    parts += heredoc("write %s 0644" % CONFIG_PATH, instance_config(access))
+    parts += heredoc("write %s 0644" % CONFIG_PATH, instance_config(access, refused_host_addresses))
     parts += heredoc("write %s 0644" % UNIT_DROPIN, UNIT)
     parts += _reload()
     return ("\n".join(parts) + "\n").encode("ascii")
 
 
-def boothook(access: Access) -> bytes:
+def boothook(access: Access, refused_host_addresses: Sequence[str] = ()) -> bytes:
     """:func:`install_script` as a ``#cloud-boothook`` document, for KVM vendor-data.
 
     cloud-init runs vendor-data parts with the same handlers as user-data; a boothook runs
@@ -208,7 +211,7 @@ def boothook(access: Access) -> bytes:
     with the policy from its very first start. cloud-init strips the ``#cloud-boothook``
     line and executes the rest, which therefore starts with its own ``#!/bin/sh``.
     """
-    return b"#cloud-boothook\n" + install_script(access, boot_gate=True)
+    return b"#cloud-boothook\n" + install_script(access, boot_gate=True, refused_host_addresses=refused_host_addresses)
 
 
 def container_command(run_directory: str, address_variables: Sequence[str], squid: Sequence[str]) -> List[str]:

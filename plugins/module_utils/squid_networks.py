@@ -9,7 +9,8 @@ Three lists, each network with the reason it is there (docs/architecture.md, "Se
 - :data:`LOOPBACK`: loopback, unspecified and IPv4-compatible addresses (this host);
 - :data:`INTERNAL`: private, shared, unique-local and link-local networks.
 
-The first two, and the instance's own addresses, are refused whatever an operator opens;
+The first two, the instance's own addresses and the addresses of the machine it runs on (the
+hypervisor's, the node's: :func:`host_networks`) are refused whatever an operator opens;
 :data:`INTERNAL` is refused unless opened (``allowed_destinations``). Each IPv4 network is refused
 in its NAT64 form too (``64:ff9b::/96``, RFC 6052), which a NAT64 gateway translates back.
 
@@ -112,6 +113,14 @@ def never() -> List[Network]:
     addresses join them where it runs)."""
     fixed = networks(LOOPBACK) + networks(METADATA)
     return _collapsed(fixed + nat64(fixed))
+
+
+def host_networks(addresses: Iterable[str]) -> List[Network]:
+    """The addresses of the machine a proxy runs on (the provider knows them: a KVM hypervisor's
+    public, source and bridge addresses, a node's addresses, a GCP instance's external address),
+    each as a single-address network, collapsed, with the NAT64 forms of the IPv4 ones."""
+    hosts = [ipaddress.ip_network(address) for address in addresses]
+    return _collapsed(hosts + nat64(hosts))
 
 
 def closed(opened: Sequence[Network]) -> List[Network]:

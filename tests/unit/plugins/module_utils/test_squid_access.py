@@ -154,6 +154,25 @@ class TestPolicy:
     def test_the_own_addresses_come_from_the_instance(self) -> None:
         assert 'acl egress_never dst "/p/own"\n' in head(access_of(users=USERS))
 
+    def test_the_host_addresses_are_refused_whatever_is_opened(self) -> None:
+        """Issue 38 row 1: the machine the proxy runs on (its provider knows its addresses) is
+        refused like the instance's own addresses, in an ACL of its own, NAT64 forms included."""
+        access = access_of(users=USERS, allowed_destinations=["0.0.0.0/0", "::/0"])
+        text = render_policy(access, PATHS, ("203.0.113.10", "203.0.113.21", "2001:db8::1", "203.0.113.10")).head
+        assert [acl for acl in directives(text, "acl") if acl.startswith("egress_host ")] == [
+            ("egress_host dst 203.0.113.10/32 203.0.113.21/32 64:ff9b::cb00:710a/128 64:ff9b::cb00:7115/128 "
+             "2001:db8::1/128")]
+        assert directives(text, "http_access")[-4:] == [
+            "deny egress_never", "deny egress_host", "allow egress_users", "deny all"]
+        assert directives(text, "adapted_http_access") == ["deny egress_never", "deny egress_host"]
+
+    def test_without_host_addresses_there_is_no_host_acl(self) -> None:
+        assert "egress_host" not in head(access_of(users=USERS))
+
+    def test_a_host_address_that_is_no_address_is_refused_naming_the_parameter(self) -> None:
+        with pytest.raises(Permanent, match=r"refused_host_addresses\[1\]: 'beelink' is not an IP address"):
+            render_policy(access_of(users=USERS), PATHS, ("203.0.113.10", "beelink"))
+
     def test_first_match_lists_are_in_the_head_and_single_values_in_the_tail(self) -> None:
         access = access_of(users=USERS)
         first = head(access)
