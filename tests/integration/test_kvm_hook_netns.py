@@ -411,3 +411,38 @@ def test_the_hosts_own_ports_are_never_published(hypervisor: Hypervisor) -> None
     assert ours(hypervisor.rules()) == []
     assert hypervisor.peer(hypervisor.outside, PUBLIC, 22) == f"host-sshd:{OUTSIDE}"
     assert hypervisor.peer(hypervisor.outside, PUBLIC, 40005) == f"host-service:{OUTSIDE}"
+
+
+def test_a_guest_reaches_no_address_of_the_host_but_its_bridge(hypervisor: Hypervisor) -> None:
+    """Issue 38 row 1, defence in depth: a service of the hypervisor's on every address (a metrics
+    exporter on 0.0.0.0:9100) is out of a guest's reach at the host's public and source addresses
+    once a domain of the network started, whatever the guest's squid would do."""
+    hypervisor.serve(hypervisor.host, 9100, "host-exporter")
+    # A host without the guard (the hook before issue 38): the guest reaches the host's service.
+    for command in ("iptables", "ip6tables"):
+        run("ip", "netns", "exec", hypervisor.host, command, "-w", "-F", "EGRESS-PROXIES-IN", check=False)
+    for address in (PUBLIC, *SOURCES):
+        assert hypervisor.peer(hypervisor.guest, address, 9100) == f"host-exporter:{GUEST}"
+
+    xml = domain_xml("guarded")
+    assert start(hypervisor, "guarded", xml).returncode == 0
+    assert hypervisor.hook("guarded", "reconnect", "begin", xml).returncode == 0  # libvirtd restarted: one guard
+    try:
+        for address in (PUBLIC, *SOURCES):
+            assert hypervisor.peer(hypervisor.guest, address, 9100).startswith("unreachable"), address
+        guards = [line for line in hypervisor.rules().splitlines() if "egress-proxies-guard:" in line]
+        assert guards == [(f"-A EGRESS-PROXIES-IN ! -d 10.241.0.1/32 -i {BRIDGE} -m addrtype --dst-type LOCAL -m "
+                           f'conntrack ! --ctstate RELATED,ESTABLISHED -m comment --comment "egress-proxies-guard:'
+                           f'{NETWORK}" -j DROP')]
+        assert "-A INPUT -j EGRESS-PROXIES-IN" in hypervisor.rules()
+        six = run("ip", "netns", "exec", hypervisor.host, "ip6tables", "-w", "-S", "EGRESS-PROXIES-IN").stdout
+        assert six.count(f"egress-proxies-guard:{NETWORK}") == 1 and "! -p ipv6-icmp" in six, six
+        # What must still pass: the crawler outside and the host itself (its replies) reach the
+        # guest's proxy through the published port, and the guest leaves from its source address.
+        assert hypervisor.peer(hypervisor.outside, PUBLIC, 40003) == OUTSIDE
+        assert hypervisor.peer(hypervisor.host, PUBLIC, 40003) == PUBLIC
+        assert hypervisor.peer(hypervisor.guest, OUTSIDE, ECHO_PORT) == SOURCES[1]
+    finally:
+        stop(hypervisor, "guarded", xml)
+    # The guard stays when the domain goes: it belongs to the network, not to a domain.
+    assert hypervisor.peer(hypervisor.guest, PUBLIC, 9100).startswith("unreachable")

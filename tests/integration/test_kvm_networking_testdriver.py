@@ -28,6 +28,7 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.networkin
     CLAIM_ATTEMPTS,
     Reservation,
     claim,
+    host_addresses,
 )
 from support.collection.modules import ModuleRun, run_module
 from support.collection.provider_config import OWNER_TAGS, BaseImage, kvm_host, write_kvm_config
@@ -223,3 +224,20 @@ def test_a_claim_that_keeps_colliding_leaves_nothing_defined(tmp_path: Path, lib
               lambda: holding_everything(defined[-1]) if defined else [], define)
     assert len(defined) == CLAIM_ATTEMPTS
     assert "p-0" not in {d.name() for d in connection.listAllDomains()}
+
+
+def test_the_hypervisors_addresses_the_provider_knows_are_what_its_guests_refuse(
+        tmp_path: Path, libvirt_test: LibvirtTestDaemon, image: BaseImage) -> None:
+    """Issue 38 row 1: the addresses the KVM boothook's squid policy refuses (``egress_host``):
+    the host's public and source addresses, its address on the guests' network (read from the
+    live network, the test driver's 192.168.122.1) and the address its URI names."""
+    hosts = [published_host("h1", libvirt_test.uri),
+             {**kvm_host("h2", "qemu+ssh://root@198.51.100.7/system", pool=POOL), "networkMode": "nat"}]
+    config = write_kvm_config(tmp_path / "providers.yaml", hosts, image,
+                              ssh={"keyFile": "/nonexistent/key", "knownHostsFile": "/nonexistent/known_hosts"})
+    settings = load_provider_config(str(config)).provider("lab").kvm
+    assert settings is not None
+    connection = libvirt_test.connection
+    assert host_addresses(connection, settings.hosts[0]) == (PUBLIC, *SOURCES, "192.168.122.1")
+    # A host named by address in its URI (its connection here is the test driver's: same network).
+    assert host_addresses(connection, settings.hosts[1]) == ("192.168.122.1", "198.51.100.7")

@@ -86,6 +86,7 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.name_clai
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.networking import (
     check_mode,
     claim,
+    host_addresses,
     lookup_network,
     network_facts,
     release_address,
@@ -522,9 +523,10 @@ class KvmProvider:
         pool = self._pool(connection, host)
         base = ensure_base_volume(connection, pool, host.name, image, self.cache_dir, self._progress)
 
-        # The access policy rides in vendor-data: the user's document stays byte for byte.
-        vendor_data = build_vendor_data(self.settings.vendor_data, self.settings.install_guest_agent,
-                                        boothook(request.access) if request.access is not None else None)
+        # The access policy rides in vendor-data: the user's document stays byte for byte. It
+        # refuses the hypervisor's addresses too (issue 38).
+        policy = boothook(request.access, host_addresses(connection, host)) if request.access is not None else None
+        vendor_data = build_vendor_data(self.settings.vendor_data, self.settings.install_guest_agent, policy)
         seed = build_seed_iso(request.user_data, build_meta_data(new_instance_id(request.name), request.name),
                               vendor_data)
         created_volumes: List[Any] = []
