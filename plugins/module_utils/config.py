@@ -251,10 +251,27 @@ def _parse_provider(item: Reader, name: str) -> Provider:
     # proxies may reach on purpose (squid_access.py refuses every other internal destination).
     sources = _parse_networks(item, errors, "allowedSources", DEFAULT_ALLOWED_SOURCES)
     destinations = _parse_networks(item, errors, "allowedDestinations", ())
+    if item.data.get("allowedSources") is None and isinstance(settings, KvmSettings):
+        for problem in _unnamed_public_sources(item, settings.published_addresses):
+            errors.add(problem)
     if errors.messages or settings is None or probe is None:
         return Provider(name, provider_type, errors=tuple(errors.messages))
     return Provider(name, provider_type, settings, probe=probe, allowed_sources=sources,
                     allowed_destinations=destinations)
+
+
+def _unnamed_public_sources(item: Reader, published: Tuple[Tuple[str, str], ...]) -> List[str]:
+    """Issue 39: proxies published on an address outside the private networks are public, and the
+    default sources (the private networks) would refuse every crawler on the internet and a probe
+    from there: such a provider must name its sources."""
+    private = [ipaddress.ip_network(network) for network in DEFAULT_ALLOWED_SOURCES]
+    return ["%s: required because %s (%s) publishes proxies on a public address, where the default (the private "
+            "networks %s) refuses every crawler on the internet; list the crawlers' networks and the address the "
+            "controller's probe comes from, such as allowedSources: [198.51.100.0/24, 192.0.2.7/32] (0.0.0.0/0 "
+            "only if anyone may try the proxies' credentials)" % (
+                item.at("allowedSources"), where, address, ", ".join(DEFAULT_ALLOWED_SOURCES))
+            for where, address in published
+            if not any(ipaddress.ip_address(address) in network for network in private)]
 
 
 def _parse_networks(item: Reader, errors: Errors, key: str, default: Tuple[str, ...]) -> Tuple[str, ...]:

@@ -125,6 +125,14 @@ class KvmSettings:
         return None
 
     @property
+    def published_addresses(self) -> Tuple[Tuple[str, str], ...]:
+        """(field path, address) of every host's ``publicAddress``: what crawlers dial. The
+        provider config refuses one outside the private networks unless ``allowedSources`` is
+        written (config.py, issue 39: public exposure is explicit)."""
+        return tuple((host.at("publicAddress"), host.networking.public_address) for host in self.hosts
+                     if host.networking.public_address is not None)
+
+    @property
     def location_errors(self) -> Tuple[str, ...]:
         """Errors that make single hosts unusable for new proxies, not the whole section."""
         return tuple(error for host in self.hosts for error in host.networking_errors)
