@@ -682,14 +682,16 @@ def _serving(lab: Lab, name: str, domain: libvirt.virDomain, running: float) -> 
     """The Proxy is Ready: its status says the probe went through it, egress address included."""
     status = lab.status(name)
     # ip stays the guest's own address; a crawler dials the host's public address at the port
-    # published for this guest (the hook's DNAT and FORWARD accept, and its SNAT: three rules).
+    # published for this guest (the hook's DNAT, its FORWARD accepts, one per allowed IPv4 network, and its SNAT).
     guests = ipaddress.ip_network(f"{lab.host.guest_network_address}/24", strict=False)
     assert ipaddress.ip_address(status["ip"]) in guests, status
     endpoint = str(status["endpoint"])
     public, port = endpoint.rsplit(":", 1)
     first, last = (int(bound) for bound in PUBLISH_PORTS.split("-"))
     assert public == lab.outside.public_address and first <= int(port) <= last, status
-    assert len(lab.forwarding_rules(domain)) == 3, lab.forwarding_rules(domain)
+    # DNAT, SNAT and a FORWARD accept per IPv4 network of the allowed sources.
+    clients = [n for n in minimal_config()["providers"][0]["allowedSources"] if ipaddress.ip_network(n).version == 4]
+    assert len(lab.forwarding_rules(domain)) == 2 + len(clients), lab.forwarding_rules(domain)
     serving = lab.condition(name, "Serving")
     assert serving["status"] == "True" and serving["reason"] == "Serving", serving
     # Through real squid with the delivered policy: the target's proofs of the nonces came back,
@@ -893,10 +895,11 @@ def test_two_proxies_boot_serve_recover_and_leave_nothing_behind(lab: Lab, web_u
     assert lab.curl_through(boot.endpoint, web_url, authenticated=False) == "407"
     # The minimal config's exposure (issue 39 item 7): the crawler in allowedSources has its 204
     # (above, and through every endpoint discovery handed it: discovery_only_listed_serving), the
-    # controller's probe passed (Ready), and a client outside allowedSources is refused before it
-    # is asked for credentials, with them or without.
-    assert lab.curl_through(boot.endpoint, web_url, source=STRANGER) == "403"
-    assert lab.curl_through(boot.endpoint, web_url, authenticated=False, source=STRANGER) == "403"
+    # controller's probe passed (Ready), and a client outside allowedSources is refused by the
+    # host before squid (the hook forwards the published port from the allowed sources only:
+    # libvirt's REJECT, no HTTP answer at all), with credentials or without.
+    assert lab.curl_through(boot.endpoint, web_url, source=STRANGER) == "000"
+    assert lab.curl_through(boot.endpoint, web_url, authenticated=False, source=STRANGER) == "000"
     # The hypervisor is no destination (issue 38 row 1): its service at its public and source
     # addresses, which the crawler reaches directly, is refused through the proxy.
     for address in (PUBLIC_ADDRESS, *lab.outside.source_addresses):

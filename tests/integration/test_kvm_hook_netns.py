@@ -188,13 +188,15 @@ def uuid_of(name: str) -> str:
 
 
 def domain_xml(name: str, *, port: int = 40003, source: str | None = SOURCES[1], guest: str = GUEST,
-               metadata: bool = True, proxy_port: int = PROXY_PORT) -> str:
-    """A domain as the KVM provider defines it on a host that publishes proxies (domain_xml.py)."""
+               metadata: bool = True, proxy_port: int = PROXY_PORT, clients: tuple[str, ...] = ()) -> str:
+    """A domain as the KVM provider defines it on a host that publishes proxies (domain_xml.py);
+    ``clients``: the networks its crawlers may connect from (the Proxy's allowed sources)."""
     published = f"<egress:published address='{PUBLIC}' port='{port}'/>" if port else ""
     sourced = f"<egress:source address='{source}'/>" if source else ""
+    allowed = "".join(f"<egress:client network='{network}'/>" for network in clients)
     instance = (f"<metadata><egress:instance xmlns:egress='https://crawl.example.com/egress-proxies/v1alpha1'>"
                 f"<egress:port>{proxy_port}</egress:port><egress:guest address='{guest}' mac='{GUEST_MAC}'/>"
-                f"{published}{sourced}</egress:instance></metadata>") if metadata else ""
+                f"{published}{sourced}{allowed}</egress:instance></metadata>") if metadata else ""
     return (f"<domain type='kvm'><name>{escape(name)}</name><uuid>{uuid_of(name)}</uuid>{instance}<devices>"
             f"<interface type='network'><mac address='{GUEST_MAC}'/><source network='{NETWORK}'/></interface>"
             f"</devices></domain>")
@@ -446,3 +448,31 @@ def test_a_guest_reaches_no_address_of_the_host_but_its_bridge(hypervisor: Hyper
         stop(hypervisor, "guarded", xml)
     # The guard stays when the domain goes: it belongs to the network, not to a domain.
     assert hypervisor.peer(hypervisor.guest, PUBLIC, 9100).startswith("unreachable")
+
+
+def test_only_the_crawlers_networks_reach_a_published_port(hypervisor: Hypervisor) -> None:
+    """Issue 39 item 7: a client outside the Proxy's allowed sources (recorded on the domain) is
+    refused by the host, before squid: the published port's FORWARD accept names each IPv4 network
+    (IPv6 ones cannot reach an IPv4 published port). The host's own connections (the controller's
+    probe) take no FORWARD path and still arrive."""
+    xml = domain_xml("clients", clients=("198.51.100.0/24", "203.0.113.10/32", "fc00::/7"))
+    assert start(hypervisor, "clients", xml).returncode == 0
+    try:
+        assert hypervisor.peer(hypervisor.outside, PUBLIC, 40003).startswith("unreachable")
+        assert hypervisor.peer(hypervisor.host, PUBLIC, 40003) == PUBLIC
+        accepts = [line for line in ours(hypervisor.rules()) if line.startswith("-A EGRESS-PROXIES-FWD ")]
+        assert [line.split()[3] for line in accepts] == ["198.51.100.0/24", "203.0.113.10/32"], accepts
+    finally:
+        stop(hypervisor, "clients", xml)
+    xml = domain_xml("clients", clients=("10.242.0.0/24",))
+    assert start(hypervisor, "clients", xml).returncode == 0
+    try:
+        assert hypervisor.peer(hypervisor.outside, PUBLIC, 40003) == OUTSIDE
+    finally:
+        stop(hypervisor, "clients", xml)
+    xml = domain_xml("clients", clients=("10.242.0.1/24",))
+    refused = start(hypervisor, "clients", xml)
+    assert refused.returncode == 1
+    assert "client network '10.242.0.1/24' is not a network" in refused.stderr, refused.stderr
+    stop(hypervisor, "clients", xml)
+    assert ours(hypervisor.rules()) == []

@@ -543,7 +543,8 @@ class KvmProvider:
             domain = self._define(connection, host, request, DomainSpec(
                 name=request.name, domain_type=host.domain_type, vcpus=machine.vcpus, memory_mib=machine.memory_mib,
                 machine=machine.machine, overlay_path=overlay.path(), seed_path=seed_volume.path(),
-                network=host.network, tags=dict(request.tags), created=created, port=request.port))
+                network=host.network, tags=dict(request.tags), created=created, port=request.port,
+                clients=request.access.allowed_sources if request.access is not None else ()))
             try:
                 start_domain(domain, "starting domain %s on host %s" % (request.name, host.name))
             except ProxyError:
