@@ -76,7 +76,7 @@ from support.kube.resources import proxy_crd
 from support.process import DaemonStartError, stop_process_group
 from support.waiting import wait_for
 
-pytestmark = [pytest.mark.timeout(1800), pytest.mark.vm]
+pytestmark = [pytest.mark.timeout(3600), pytest.mark.vm]
 
 # docs/kvm-provider.md, "The minimal config": the provider config this test applies, exactly, but
 # for what points at this machine (the host's URI, the key and image files, domainType qemu) and
@@ -112,7 +112,9 @@ SWEEP_ALLOWANCE = 30.0
 SOURCE_ADDRESSES = 4
 # Under software emulation a guest answers through squid 40-65 s after it starts; a loaded CI
 # machine may be several times slower (4.5 min from start to an address at load 15, measured).
-BOOT_SECONDS = 600.0
+# At load 17-22 (2026-12-06, eight engineers' tests and VMs on two cores) two guests were not
+# Ready 600 s after they started.
+BOOT_SECONDS = 1200.0
 
 # The case that broke the predecessor: the user's cloud-config has its own `packages` key and
 # writes squid's configuration. It must reach the guest byte for byte (the guest agent comes as
