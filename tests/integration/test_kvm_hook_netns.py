@@ -172,12 +172,15 @@ class Hypervisor:
         return run("ip", "netns", "exec", namespace, sys.executable, "-c", PEER_CLIENT, address,
                    str(port)).stdout.strip()
 
-    def hook(self, domain: str, operation: str, sub_operation: str, xml: str) -> subprocess.CompletedProcess[str]:
+    def hook(self, domain: str, operation: str, sub_operation: str, xml: str,
+             commands: Path | None = None) -> subprocess.CompletedProcess[str]:
         """The hook as libvirtd runs it, in the host's namespace, seeing the role's configuration at
         /etc/libvirt/hooks/egress-proxies and the test's /run (its lock, libvirtd's status files):
-        private mounts, the machine's own /etc and /run are not touched."""
+        private mounts, the machine's own /etc and /run are not touched. ``commands``: a directory
+        put first on its PATH."""
+        path = f"PATH={shlex.quote(str(commands))}:$PATH " if commands else ""
         script = (f"mount --bind {shlex.quote(str(self.root / 'etc-libvirt'))} /etc/libvirt && "
-                  f"mount --bind {shlex.quote(str(self.root / 'run'))} /run && exec /usr/bin/python3 \"$@\"")
+                  f"mount --bind {shlex.quote(str(self.root / 'run'))} /run && {path}exec /usr/bin/python3 \"$@\"")
         return run("ip", "netns", "exec", self.host, "unshare", "--mount", "sh", "-c", script, "hook", str(HOOK),
                    domain, operation, sub_operation, "-", stdin=xml, check=False)
 
@@ -476,3 +479,24 @@ def test_only_the_crawlers_networks_reach_a_published_port(hypervisor: Hyperviso
     assert "client network '10.242.0.1/24' is not a network" in refused.stderr, refused.stderr
     stop(hypervisor, "clients", xml)
     assert ours(hypervisor.rules()) == []
+
+
+def test_a_host_without_ip6tables_still_starts_its_guests_with_the_ipv4_guard(hypervisor: Hypervisor) -> None:
+    """A host booted without IPv6 (ip6tables fails): the IPv6 guard is skipped with a warning,
+    the domain starts and the IPv4 guard holds."""
+    commands = hypervisor.root / "no-ipv6"
+    commands.mkdir(exist_ok=True)
+    (commands / "ip6tables").write_text("#!/bin/sh\necho 'ip6tables: IPv6 is disabled' >&2\nexit 3\n")
+    (commands / "ip6tables").chmod(0o755)
+    for command in ("iptables", "ip6tables"):
+        run("ip", "netns", "exec", hypervisor.host, command, "-w", "-F", "EGRESS-PROXIES-IN", check=False)
+    xml = domain_xml("no-ipv6")
+    hypervisor.running("no-ipv6", xml)
+    started = hypervisor.hook("no-ipv6", "started", "begin", xml, commands)
+    try:
+        assert started.returncode == 0, started.stderr
+        assert "no IPv6 guard for network default" in started.stderr, started.stderr
+        assert [line for line in hypervisor.rules().splitlines() if "egress-proxies-guard:" in line]
+        assert len(ours(hypervisor.rules())) == 3
+    finally:
+        stop(hypervisor, "no-ipv6", xml)
