@@ -56,6 +56,7 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.k8s.settings 
     parse_kubernetes_section,
 )
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.settings import KvmSettings, parse_kvm_section
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.squid_networks import PRIVATE_SOURCES
 
 # Each provider type and the parser of its section (the entry's field named after the type).
 # A new provider type is its <type>/settings.py and one entry here; a typed view on Provider
@@ -102,7 +103,7 @@ PROBE_NUMBERS = {
 # Where crawlers may connect from when neither the provider nor the Proxy says: private, CGNAT
 # and unique-local networks. Credentials are required on top; the whole Internet
 # (0.0.0.0/0, ::/0) only when someone writes it.
-DEFAULT_ALLOWED_SOURCES = ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "fc00::/7")
+DEFAULT_ALLOWED_SOURCES = PRIVATE_SOURCES
 
 
 @dataclass(frozen=True)

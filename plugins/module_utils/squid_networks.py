@@ -35,6 +35,16 @@ from typing import Iterable, List, Sequence, Tuple, Union
 
 Network = Union[ipaddress.IPv4Network, ipaddress.IPv6Network]
 
+# Private, CGNAT and unique-local networks: where crawlers may connect from when nothing says
+# otherwise (config.DEFAULT_ALLOWED_SOURCES), and what is *not* a public address for a provider
+# deciding whether its endpoints are public (they must then name their sources).
+PRIVATE_SOURCES: Tuple[str, ...] = ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "fc00::/7")
+
+
+def is_public(address: str) -> bool:
+    """Whether ``address`` lies outside ``PRIVATE_SOURCES`` (a client there is on the internet)."""
+    return not any(ipaddress.ip_address(address) in ipaddress.ip_network(network) for network in PRIVATE_SOURCES)
+
 # (network, whose): the metadata and credential endpoints of instances and Pods.
 METADATA: Tuple[Tuple[str, str], ...] = (
     ("169.254.169.254/32", "AWS, GCP, Azure, OpenStack, Oracle, IBM, DigitalOcean, Hetzner"),

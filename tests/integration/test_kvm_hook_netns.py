@@ -172,12 +172,15 @@ class Hypervisor:
         return run("ip", "netns", "exec", namespace, sys.executable, "-c", PEER_CLIENT, address,
                    str(port)).stdout.strip()
 
-    def hook(self, domain: str, operation: str, sub_operation: str, xml: str) -> subprocess.CompletedProcess[str]:
+    def hook(self, domain: str, operation: str, sub_operation: str, xml: str,
+             commands: Path | None = None) -> subprocess.CompletedProcess[str]:
         """The hook as libvirtd runs it, in the host's namespace, seeing the role's configuration at
         /etc/libvirt/hooks/egress-proxies and the test's /run (its lock, libvirtd's status files):
-        private mounts, the machine's own /etc and /run are not touched."""
+        private mounts, the machine's own /etc and /run are not touched. ``commands``: a directory
+        put first on its PATH."""
+        path = f"PATH={shlex.quote(str(commands))}:$PATH " if commands else ""
         script = (f"mount --bind {shlex.quote(str(self.root / 'etc-libvirt'))} /etc/libvirt && "
-                  f"mount --bind {shlex.quote(str(self.root / 'run'))} /run && exec /usr/bin/python3 \"$@\"")
+                  f"mount --bind {shlex.quote(str(self.root / 'run'))} /run && {path}exec /usr/bin/python3 \"$@\"")
         return run("ip", "netns", "exec", self.host, "unshare", "--mount", "sh", "-c", script, "hook", str(HOOK),
                    domain, operation, sub_operation, "-", stdin=xml, check=False)
 
@@ -188,13 +191,15 @@ def uuid_of(name: str) -> str:
 
 
 def domain_xml(name: str, *, port: int = 40003, source: str | None = SOURCES[1], guest: str = GUEST,
-               metadata: bool = True, proxy_port: int = PROXY_PORT) -> str:
-    """A domain as the KVM provider defines it on a host that publishes proxies (domain_xml.py)."""
+               metadata: bool = True, proxy_port: int = PROXY_PORT, clients: tuple[str, ...] = ()) -> str:
+    """A domain as the KVM provider defines it on a host that publishes proxies (domain_xml.py);
+    ``clients``: the networks its crawlers may connect from (the Proxy's allowed sources)."""
     published = f"<egress:published address='{PUBLIC}' port='{port}'/>" if port else ""
     sourced = f"<egress:source address='{source}'/>" if source else ""
+    allowed = "".join(f"<egress:client network='{network}'/>" for network in clients)
     instance = (f"<metadata><egress:instance xmlns:egress='https://crawl.example.com/egress-proxies/v1alpha1'>"
                 f"<egress:port>{proxy_port}</egress:port><egress:guest address='{guest}' mac='{GUEST_MAC}'/>"
-                f"{published}{sourced}</egress:instance></metadata>") if metadata else ""
+                f"{published}{sourced}{allowed}</egress:instance></metadata>") if metadata else ""
     return (f"<domain type='kvm'><name>{escape(name)}</name><uuid>{uuid_of(name)}</uuid>{instance}<devices>"
             f"<interface type='network'><mac address='{GUEST_MAC}'/><source network='{NETWORK}'/></interface>"
             f"</devices></domain>")
@@ -411,3 +416,87 @@ def test_the_hosts_own_ports_are_never_published(hypervisor: Hypervisor) -> None
     assert ours(hypervisor.rules()) == []
     assert hypervisor.peer(hypervisor.outside, PUBLIC, 22) == f"host-sshd:{OUTSIDE}"
     assert hypervisor.peer(hypervisor.outside, PUBLIC, 40005) == f"host-service:{OUTSIDE}"
+
+
+def test_a_guest_reaches_no_address_of_the_host_but_its_bridge(hypervisor: Hypervisor) -> None:
+    """Issue 38 row 1, defence in depth: a service of the hypervisor's on every address (a metrics
+    exporter on 0.0.0.0:9100) is out of a guest's reach at the host's public and source addresses
+    once a domain of the network started, whatever the guest's squid would do."""
+    hypervisor.serve(hypervisor.host, 9100, "host-exporter")
+    # A host without the guard (the hook before issue 38): the guest reaches the host's service.
+    for command in ("iptables", "ip6tables"):
+        run("ip", "netns", "exec", hypervisor.host, command, "-w", "-F", "EGRESS-PROXIES-IN", check=False)
+    for address in (PUBLIC, *SOURCES):
+        assert hypervisor.peer(hypervisor.guest, address, 9100) == f"host-exporter:{GUEST}"
+
+    xml = domain_xml("guarded")
+    assert start(hypervisor, "guarded", xml).returncode == 0
+    assert hypervisor.hook("guarded", "reconnect", "begin", xml).returncode == 0  # libvirtd restarted: one guard
+    try:
+        for address in (PUBLIC, *SOURCES):
+            assert hypervisor.peer(hypervisor.guest, address, 9100).startswith("unreachable"), address
+        guards = [line for line in hypervisor.rules().splitlines() if "egress-proxies-guard:" in line]
+        assert guards == [(f"-A EGRESS-PROXIES-IN ! -d 10.241.0.1/32 -i {BRIDGE} -m addrtype --dst-type LOCAL -m "
+                           f'conntrack ! --ctstate RELATED,ESTABLISHED -m comment --comment "egress-proxies-guard:'
+                           f'{NETWORK}" -j DROP')]
+        assert "-A INPUT -j EGRESS-PROXIES-IN" in hypervisor.rules()
+        six = run("ip", "netns", "exec", hypervisor.host, "ip6tables", "-w", "-S", "EGRESS-PROXIES-IN").stdout
+        assert six.count(f"egress-proxies-guard:{NETWORK}") == 1 and "! -p ipv6-icmp" in six, six
+        # What must still pass: the crawler outside and the host itself (its replies) reach the
+        # guest's proxy through the published port, and the guest leaves from its source address.
+        assert hypervisor.peer(hypervisor.outside, PUBLIC, 40003) == OUTSIDE
+        assert hypervisor.peer(hypervisor.host, PUBLIC, 40003) == PUBLIC
+        assert hypervisor.peer(hypervisor.guest, OUTSIDE, ECHO_PORT) == SOURCES[1]
+    finally:
+        stop(hypervisor, "guarded", xml)
+    # The guard stays when the domain goes: it belongs to the network, not to a domain.
+    assert hypervisor.peer(hypervisor.guest, PUBLIC, 9100).startswith("unreachable")
+
+
+def test_only_the_crawlers_networks_reach_a_published_port(hypervisor: Hypervisor) -> None:
+    """Issue 39 item 7: a client outside the Proxy's allowed sources (recorded on the domain) is
+    refused by the host, before squid: the published port's FORWARD accept names each IPv4 network
+    (IPv6 ones cannot reach an IPv4 published port). The host's own connections (the controller's
+    probe) take no FORWARD path and still arrive."""
+    xml = domain_xml("clients", clients=("198.51.100.0/24", "203.0.113.10/32", "fc00::/7"))
+    assert start(hypervisor, "clients", xml).returncode == 0
+    try:
+        assert hypervisor.peer(hypervisor.outside, PUBLIC, 40003).startswith("unreachable")
+        assert hypervisor.peer(hypervisor.host, PUBLIC, 40003) == PUBLIC
+        accepts = [line for line in ours(hypervisor.rules()) if line.startswith("-A EGRESS-PROXIES-FWD ")]
+        assert [line.split()[3] for line in accepts] == ["198.51.100.0/24", "203.0.113.10/32"], accepts
+    finally:
+        stop(hypervisor, "clients", xml)
+    xml = domain_xml("clients", clients=("10.242.0.0/24",))
+    assert start(hypervisor, "clients", xml).returncode == 0
+    try:
+        assert hypervisor.peer(hypervisor.outside, PUBLIC, 40003) == OUTSIDE
+    finally:
+        stop(hypervisor, "clients", xml)
+    xml = domain_xml("clients", clients=("10.242.0.1/24",))
+    refused = start(hypervisor, "clients", xml)
+    assert refused.returncode == 1
+    assert "client network '10.242.0.1/24' is not a network" in refused.stderr, refused.stderr
+    stop(hypervisor, "clients", xml)
+    assert ours(hypervisor.rules()) == []
+
+
+def test_a_host_without_ip6tables_still_starts_its_guests_with_the_ipv4_guard(hypervisor: Hypervisor) -> None:
+    """A host booted without IPv6 (ip6tables fails): the IPv6 guard is skipped with a warning,
+    the domain starts and the IPv4 guard holds."""
+    commands = hypervisor.root / "no-ipv6"
+    commands.mkdir(exist_ok=True)
+    (commands / "ip6tables").write_text("#!/bin/sh\necho 'ip6tables: IPv6 is disabled' >&2\nexit 3\n")
+    (commands / "ip6tables").chmod(0o755)
+    for command in ("iptables", "ip6tables"):
+        run("ip", "netns", "exec", hypervisor.host, command, "-w", "-F", "EGRESS-PROXIES-IN", check=False)
+    xml = domain_xml("no-ipv6")
+    hypervisor.running("no-ipv6", xml)
+    started = hypervisor.hook("no-ipv6", "started", "begin", xml, commands)
+    try:
+        assert started.returncode == 0, started.stderr
+        assert "no IPv6 guard for network default" in started.stderr, started.stderr
+        assert [line for line in hypervisor.rules().splitlines() if "egress-proxies-guard:" in line]
+        assert len(ours(hypervisor.rules())) == 3
+    finally:
+        stop(hypervisor, "no-ipv6", xml)

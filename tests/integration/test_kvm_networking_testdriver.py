@@ -28,6 +28,7 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.networkin
     CLAIM_ATTEMPTS,
     Reservation,
     claim,
+    host_addresses,
 )
 from support.collection.modules import ModuleRun, run_module
 from support.collection.provider_config import OWNER_TAGS, BaseImage, kvm_host, write_kvm_config
@@ -36,6 +37,14 @@ from support.hosts.libvirt_daemon import LibvirtTestDaemon
 POOL = "default-pool"  # the test driver's built-in pool
 PUBLIC = "203.0.113.10"  # documentation addresses: written into metadata, never contacted
 SOURCES = ["203.0.113.21", "203.0.113.22"]
+
+
+# The crawlers' networks: a host publishing on a public address needs them named (issue 39).
+CRAWLERS = ["198.51.100.0/24"]
+
+
+def write_config(path: Path, hosts: list[dict[str, Any]], image: BaseImage, **overrides: Any) -> Path:
+    return write_kvm_config(path, hosts, image, allowed_sources=CRAWLERS, **overrides)
 
 
 def published_host(name: str, uri: str, **overrides: Any) -> dict[str, Any]:
@@ -62,7 +71,7 @@ def reservations(daemon: LibvirtTestDaemon) -> dict[str, str]:
 
 def test_published_proxies_get_ports_and_sources_of_their_own(tmp_path: Path, libvirt_test: LibvirtTestDaemon,
                                                               image: BaseImage) -> None:
-    config = write_kvm_config(tmp_path / "providers.yaml", [published_host("h1", libvirt_test.uri)], image)
+    config = write_config(tmp_path / "providers.yaml", [published_host("h1", libvirt_test.uri)], image)
     first = proxy(config, tmp_path, name="p-0").result["instance"]
     second = proxy(config, tmp_path, name="p-1").result["instance"]
     assert first["endpoint"] == f"{PUBLIC}:40000" and second["endpoint"] == f"{PUBLIC}:40001"
@@ -91,7 +100,7 @@ def test_published_proxies_get_ports_and_sources_of_their_own(tmp_path: Path, li
 
 def test_an_exhausted_source_list_fails_that_proxy_only(tmp_path: Path, libvirt_test: LibvirtTestDaemon,
                                                         image: BaseImage) -> None:
-    config = write_kvm_config(tmp_path / "providers.yaml", [published_host("h1", libvirt_test.uri)], image)
+    config = write_config(tmp_path / "providers.yaml", [published_host("h1", libvirt_test.uri)], image)
     for n in range(2):
         assert proxy(config, tmp_path, name=f"p-{n}").status == "successful"
     refused = proxy(config, tmp_path, name="p-2")
@@ -105,7 +114,7 @@ def test_an_exhausted_port_range_names_the_field(tmp_path: Path, libvirt_test: L
                                                  image: BaseImage) -> None:
     host = published_host("h1", libvirt_test.uri, publishPorts="40000-40000")
     del host["sourceAddresses"]
-    config = write_kvm_config(tmp_path / "providers.yaml", [host], image)
+    config = write_config(tmp_path / "providers.yaml", [host], image)
     assert proxy(config, tmp_path, name="p-0").result["instance"]["endpoint"] == f"{PUBLIC}:40000"
     refused = proxy(config, tmp_path, name="p-1")
     assert refused.status == "failed"
@@ -115,7 +124,7 @@ def test_an_exhausted_port_range_names_the_field(tmp_path: Path, libvirt_test: L
 def test_a_host_with_bad_networking_fails_its_own_proxies_only(tmp_path: Path, libvirt_test: LibvirtTestDaemon,
                                                                image: BaseImage) -> None:
     with LibvirtTestDaemon() as second:
-        config = write_kvm_config(tmp_path / "providers.yaml", [
+        config = write_config(tmp_path / "providers.yaml", [
             published_host("h1", libvirt_test.uri, publicAddress="not-an-address"),
             kvm_host("h2", second.uri, pool=POOL)], image)
         # Placement passes the host by; asking for it by name fails, naming the field.
@@ -130,7 +139,7 @@ def test_a_host_with_bad_networking_fails_its_own_proxies_only(tmp_path: Path, l
 def test_a_mode_the_network_does_not_serve_names_the_field(tmp_path: Path, libvirt_test: LibvirtTestDaemon,
                                                            image: BaseImage) -> None:
     # The test driver's network "default" is libvirt's NAT network.
-    config = write_kvm_config(tmp_path / "providers.yaml",
+    config = write_config(tmp_path / "providers.yaml",
                               [{**kvm_host("h1", libvirt_test.uri, pool=POOL), "networkMode": "route"}], image)
     refused = proxy(config, tmp_path, name="p-0")
     assert refused.status == "failed"
@@ -149,7 +158,7 @@ def test_a_routed_host_is_dialled_at_the_guest(tmp_path: Path, libvirt_test: Lib
         "end='198.51.100.20'/></dhcp></ip></network>")
     network.create()
     # Two host entries naming one hypervisor, one per network.
-    config = write_kvm_config(tmp_path / "providers.yaml", [
+    config = write_config(tmp_path / "providers.yaml", [
         {**kvm_host("r1", libvirt_test.uri, pool=POOL, network="routed"), "networkMode": "route"},
         published_host("n1", libvirt_test.uri)], image)
     routed = proxy(config, tmp_path, name="p-r1", location="r1").result["instance"]
@@ -167,7 +176,7 @@ def test_a_port_taken_meanwhile_by_another_run_is_given_up_and_another_claimed(
     then checks every other domain's. The one that finds its port taken undefines its domain (libvirt
     refuses a second definition of a name without its UUID) and defines one with another port; the
     check is forced to see a collision here, against a real libvirtd."""
-    config = write_kvm_config(tmp_path / "providers.yaml", [published_host("h1", libvirt_test.uri)], image)
+    config = write_config(tmp_path / "providers.yaml", [published_host("h1", libvirt_test.uri)], image)
     settings = load_provider_config(str(config)).provider("lab").kvm
     assert settings is not None
     host = settings.hosts[0]
@@ -201,7 +210,7 @@ def test_a_claim_that_keeps_colliding_leaves_nothing_defined(tmp_path: Path, lib
                                                              image: BaseImage) -> None:
     """Every pick taken (another run each time): transient, and the next attempt finds no domain of
     that name, so it starts afresh instead of starting one that holds another's port."""
-    config = write_kvm_config(tmp_path / "providers.yaml", [published_host("h1", libvirt_test.uri)], image)
+    config = write_config(tmp_path / "providers.yaml", [published_host("h1", libvirt_test.uri)], image)
     settings = load_provider_config(str(config)).provider("lab").kvm
     assert settings is not None
     host = settings.hosts[0]
@@ -223,3 +232,40 @@ def test_a_claim_that_keeps_colliding_leaves_nothing_defined(tmp_path: Path, lib
               lambda: holding_everything(defined[-1]) if defined else [], define)
     assert len(defined) == CLAIM_ATTEMPTS
     assert "p-0" not in {d.name() for d in connection.listAllDomains()}
+
+
+def test_the_hypervisors_addresses_the_provider_knows_are_what_its_guests_refuse(
+        tmp_path: Path, libvirt_test: LibvirtTestDaemon, image: BaseImage) -> None:
+    """Issue 38 row 1: the addresses the KVM boothook's squid policy refuses (``egress_host``):
+    the host's public and source addresses, its address on the guests' network (read from the
+    live network, the test driver's 192.168.122.1) and the address its URI names."""
+    hosts = [published_host("h1", libvirt_test.uri),
+             {**kvm_host("h2", "qemu+ssh://root@198.51.100.7/system", pool=POOL), "networkMode": "nat"}]
+    config = write_config(tmp_path / "providers.yaml", hosts, image,
+                              ssh={"keyFile": "/nonexistent/key", "knownHostsFile": "/nonexistent/known_hosts"})
+    settings = load_provider_config(str(config)).provider("lab").kvm
+    assert settings is not None
+    connection = libvirt_test.connection
+    assert host_addresses(connection, settings.hosts[0]) == (PUBLIC, *SOURCES, "192.168.122.1")
+    # A host named by address in its URI (its connection here is the test driver's: same network).
+    assert host_addresses(connection, settings.hosts[1]) == ("192.168.122.1", "198.51.100.7")
+
+
+def test_a_public_address_without_named_sources_is_refused_naming_the_field(
+        tmp_path: Path, libvirt_test: LibvirtTestDaemon, image: BaseImage) -> None:
+    """Issue 39 item 1: proxies published on a public address with the default sources (the
+    private networks) would refuse every crawler on the internet; the provider is refused, naming
+    allowedSources and the host's publicAddress, and nothing is made. A private publicAddress (a
+    LAN) keeps the default."""
+    config = write_kvm_config(tmp_path / "providers.yaml", [published_host("h1", libvirt_test.uri)], image)
+    refused = proxy(config, tmp_path, name="p-0")
+    assert refused.failed and refused.result["error_class"] == "permanent", refused.result
+    assert ("providers[0].allowedSources: required: providers[0].kvm.hosts[0].publicAddress (203.0.113.10) "
+            "publishes proxies on a public address") in refused.result["msg"], refused.result["msg"]
+    assert "list your crawlers' public networks" in refused.result["msg"]
+    assert "the controller's own in the root's probeSources" in refused.result["msg"]
+    assert "p-0" not in {domain.name() for domain in libvirt_test.connection.listAllDomains()}
+    lan = write_kvm_config(tmp_path / "lan.yaml", [published_host("h1", libvirt_test.uri, publicAddress="10.1.2.3")],
+                           image)
+    made = proxy(lan, tmp_path, name="p-0")
+    assert made.result["instance"]["endpoint"] == "10.1.2.3:40000", made.result

@@ -31,6 +31,7 @@ X-Forwarded-For), each with its expected code; printed as measured at the end of
 from __future__ import annotations
 
 import base64
+import ipaddress
 import os
 import secrets
 import shutil
@@ -89,7 +90,12 @@ OPENED = "10.99.0.5"  # internal, in the opened 10.99.0.0/16
 LINK_HERE, LINK_THERE = "198.51.100.1", "198.51.100.2"  # the proxy's end of the link is an own address
 NAMES = {"public.test": [PUBLIC], "internal.test": ["10.1.2.3"], "mixed.test": [PUBLIC, "10.1.2.3"],
          "metadata.google.internal": ["169.254.169.254"]}
-PORTS = {"kvm": 3128, "gcp": 3130, "kubernetes": 3129}
+PORTS = {"kvm": 3128, "gcp": 3130, "kubernetes": 3129, "kvm-on-a-hypervisor": 3131}
+# The hypervisor a KVM guest runs on (issue 38 row 1): its public address and a source address,
+# each with a service of the host's on every address (an exporter on 0.0.0.0:9100), out in the
+# test's "Internet" namespace, public-looking like PUBLIC.
+HYPERVISOR_ADDRESSES = ("198.51.100.10", "198.51.100.21")
+HOST_SERVICE_PORT = 9100
 # What a user's own squid configuration might say, meaning well or not. Every line tries to widen
 # the policy (squid appends to an ACL of the same name; the last auth_param program wins; the
 # first matching http_access, cachemgr_passwd or follow_x_forwarded_for line wins) or to make the
@@ -248,7 +254,7 @@ class Installed:
 
 
 def run_install_script(ns: NetworkNamespace, name: str, access: Access, *, boot_gate: bool,
-                       squid_running: bool = False) -> Installed:
+                       squid_running: bool = False, refused_host_addresses: tuple[str, ...] = ()) -> Installed:
     """Run the generated script as root inside ``ns`` (so ``ip`` lists that namespace's addresses)
     in a private mount namespace whose /etc/squid and /etc/systemd/system are fresh tmpfs (the
     host's are never touched), and copy out what it wrote to ``<ns.root>/<name>`` (readable by
@@ -265,7 +271,7 @@ def run_install_script(ns: NetworkNamespace, name: str, access: Access, *, boot_
     for stub in stubs.iterdir():
         stub.chmod(0o755)
     script = tmp / "access.sh"
-    script.write_bytes(install_script(access, boot_gate=boot_gate))
+    script.write_bytes(install_script(access, boot_gate=boot_gate, refused_host_addresses=refused_host_addresses))
     inner = (f"mount -t tmpfs tmpfs /etc/squid && mount -t tmpfs tmpfs /etc/systemd/system"
              f" && PATH={stubs}:/usr/sbin:/usr/bin:/sbin:/bin sh {script}"
              f" && cp -a /etc/squid {root}/etc/"
@@ -319,6 +325,27 @@ def _open_the_boot_gate(lab: Lab, proxy: Proxy, stubs: Path) -> None:
         except OSError:
             return False  # squid closes and opens its port again, and drops connections, while it reconfigures
     wait_for(serves, 20, "the boot gate to open", 0.1)
+
+
+@pytest.fixture(scope="module")
+def hypervisor_services(lab: Lab) -> Iterator[list[TargetServer]]:
+    with TargetServer(lab.internet, address=HYPERVISOR_ADDRESSES[0], http_port=HOST_SERVICE_PORT,
+                      connect_port=HOST_SERVICE_PORT + 1) as public, \
+            TargetServer(lab.internet, address=HYPERVISOR_ADDRESSES[1], http_port=HOST_SERVICE_PORT,
+                         connect_port=HOST_SERVICE_PORT + 1) as source:
+        yield [public, source]
+
+
+@pytest.fixture(scope="module")
+def kvm_on_a_hypervisor(lab: Lab) -> Proxy:
+    """The KVM boothook as the provider delivers it on a host with a public address and source
+    addresses: the hypervisor's addresses refused (kvm/networking.py, ``host_addresses``)."""
+    installed = run_install_script(lab.ns, "kvm-on-a-hypervisor", lab.access, boot_gate=True,
+                                   refused_host_addresses=HYPERVISOR_ADDRESSES)
+    proxy = _instance_proxy(lab, installed, "kvm-on-a-hypervisor")
+    lab.start(proxy.squid)
+    _open_the_boot_gate(lab, proxy, installed.stubs)
+    return proxy
 
 
 @pytest.fixture(scope="module")
@@ -648,3 +675,23 @@ def test_the_pod_writes_its_own_addresses_and_error_pages(lab: Lab, kubernetes: 
     assert (run / "own-addresses").read_text().split() == [lab.ns.address, LINK_HERE]
     assert sorted(p.name for p in (run / "errors").iterdir()) == sorted((*ERROR_TEMPLATES, DIR_LISTING_TEMPLATE))
     assert (run / "errors" / "ERR_ACCESS_DENIED").read_text() == ERROR_PAGE
+
+
+def test_the_hypervisors_addresses_are_refused(lab: Lab, kvm: tuple[Proxy, Installed],
+                                               kvm_on_a_hypervisor: Proxy,
+                                               hypervisor_services: list[TargetServer]) -> None:
+    """Issue 38 row 1: a crawler with valid credentials asks a KVM proxy for a service of its
+    hypervisor at the host's public and source addresses. The policy as delivered before (the
+    guest's own addresses only) served it; with the host's addresses it is refused, in every
+    spelling squid would connect to, and nothing reaches the host's service."""
+    for server in hypervisor_services:
+        target = f"{server.address}:{HOST_SERVICE_PORT}"
+        assert _ask(lab, kvm[0], "GET", target, "right", "allowed") == 204  # before: the host's service answered
+        served = len(server.requests())
+        nat64 = f"[64:ff9b::{ipaddress.IPv6Address(int(ipaddress.IPv4Address(server.address))).exploded[-9:]}]"
+        for host in (server.address, f"[::ffff:{server.address}]", nat64):
+            assert _ask(lab, kvm_on_a_hypervisor, "GET", f"{host}:{HOST_SERVICE_PORT}", "right", "allowed") == 403
+            assert _ask(lab, kvm_on_a_hypervisor, "CONNECT", host, "right", "allowed") == 403, host
+        assert len(server.requests()) == served
+    # Everything else is as before: a public origin is served.
+    assert _ask(lab, kvm_on_a_hypervisor, "GET", PUBLIC, "right", "allowed") == 204

@@ -49,6 +49,9 @@ class DomainSpec:
     created: str = ""
     port: int = 3128
     guest_network: Optional[GuestNetwork] = None
+    # The networks crawlers may connect from (the Proxy's allowed sources): on a published
+    # guest, the host's hook forwards the published port from these only.
+    clients: Tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -87,7 +90,7 @@ def _sub(parent: ET.Element, tag: str, text: Optional[str] = None, **attrib: str
 
 
 def metadata_element(tags: Dict[str, str], created: str, port: int,
-                     guest_network: Optional[GuestNetwork] = None) -> ET.Element:
+                     guest_network: Optional[GuestNetwork] = None, clients: Tuple[str, ...] = ()) -> ET.Element:
     ET.register_namespace(METADATA_PREFIX, METADATA_NS)
     root = ET.Element("{%s}instance" % METADATA_NS)
     _sub(root, "{%s}created" % METADATA_NS, created)
@@ -97,6 +100,8 @@ def metadata_element(tags: Dict[str, str], created: str, port: int,
         if guest_network.published_address is not None and guest_network.published_port is not None:
             _sub(root, "{%s}published" % METADATA_NS, address=guest_network.published_address,
                  port=str(guest_network.published_port))
+            for network in clients:
+                _sub(root, "{%s}client" % METADATA_NS, network=network)
         if guest_network.source_address is not None:
             _sub(root, "{%s}source" % METADATA_NS, address=guest_network.source_address)
     tags_element = _sub(root, "{%s}tags" % METADATA_NS)
@@ -109,7 +114,7 @@ def build_domain_xml(spec: DomainSpec) -> str:
     domain = ET.Element("domain", type=spec.domain_type)
     _sub(domain, "name", spec.name)
     metadata = _sub(domain, "metadata")
-    metadata.append(metadata_element(spec.tags, spec.created, spec.port, spec.guest_network))
+    metadata.append(metadata_element(spec.tags, spec.created, spec.port, spec.guest_network, spec.clients))
     _sub(domain, "memory", str(spec.memory_mib), unit="MiB")
     _sub(domain, "vcpu", str(spec.vcpus))
     os_element = _sub(domain, "os")

@@ -20,7 +20,7 @@ import datetime
 import io
 import os
 import threading
-from typing import Any, Callable, Dict, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.cloudinit import (
     build_meta_data,
@@ -91,6 +91,7 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.name_clai
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.networking import (
     check_mode,
     claim,
+    host_addresses,
     lookup_network,
     network_facts,
     release_address,
@@ -102,6 +103,7 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.provider_id i
     format_provider_id,
     parse_provider_id,
 )
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.squid_access import admitting_probes
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.squid_install import boothook
 
 GIB = 1024 ** 3
@@ -141,7 +143,7 @@ class _Fleet:
 
 class KvmProvider:
     def __init__(self, settings: KvmSettings, cache_dir: str, log: Log, warn: Optional[Log] = None,
-                 transfers: Optional[TransferReport] = None) -> None:
+                 transfers: Optional[TransferReport] = None, probe_sources: Sequence[str] = ()) -> None:
         """``transfers`` (kvm_proxy's): where base image transfer events go, reported in the result
         as ``image_transfers``; without it (kvm_proxy_info, which never transfers) they are log lines."""
         self.settings = settings
@@ -149,6 +151,7 @@ class KvmProvider:
         self.log = log
         self.warn = warn or log
         self.transfers = transfers
+        self.probe_sources = tuple(probe_sources)  # the root's probeSources: admitted beside the crawlers'
         self.connections = KvmConnections(settings.ssh)
         self.domain_cache = DomainCache(os.path.join(cache_dir, "domains"), settings.domain_cache_seconds)
         self.claims = ClaimBook(os.path.join(cache_dir, "claims"), owner_of(cache_dir))
@@ -554,9 +557,12 @@ class KvmProvider:
         pool = self._memo.get(("pool", host.name), lambda: self._pool(connection, host))
         base = self._memo.get(("base", host.name, image.key), lambda: self._base(connection, pool, host, image))
 
-        # The access policy rides in vendor-data: the user's document stays byte for byte.
-        vendor_data = build_vendor_data(self.settings.vendor_data, self.settings.install_guest_agent,
-                                        boothook(request.access) if request.access is not None else None)
+        # The access policy rides in vendor-data: the user's document stays byte for byte. It
+        # refuses the hypervisor's addresses too (issue 38).
+        # The root's probeSources join the crawlers' sources (squid's and the hook's), as on every provider.
+        access = admitting_probes(request.access, self.probe_sources)
+        policy = boothook(access, host_addresses(connection, host)) if access is not None else None
+        vendor_data = build_vendor_data(self.settings.vendor_data, self.settings.install_guest_agent, policy)
         seed = build_seed_iso(request.user_data, build_meta_data(new_instance_id(request.name), request.name),
                               vendor_data)
         created_volumes: List[Any] = []
@@ -572,7 +578,8 @@ class KvmProvider:
             domain = self._define(connection, host, request, DomainSpec(
                 name=request.name, domain_type=host.domain_type, vcpus=machine.vcpus, memory_mib=machine.memory_mib,
                 machine=machine.machine, overlay_path=overlay.path(), seed_path=seed_volume.path(),
-                network=host.network, tags=dict(request.tags), created=created, port=request.port))
+                network=host.network, tags=dict(request.tags), created=created, port=request.port,
+                clients=access.allowed_sources if access is not None else ()))
             try:
                 start_domain(domain, "starting domain %s on host %s" % (request.name, host.name))
             except ProxyError:

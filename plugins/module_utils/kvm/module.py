@@ -24,11 +24,12 @@ LIBRARIES: List[Tuple[str, bool]] = [("libvirt-python", HAS_LIBVIRT), ("pycdlib"
 
 def kvm_provider(module: ProxyModule) -> KvmProvider:
     """The configured KVM provider; a wrong or missing provider is Permanent."""
-    settings = module.provider().kvm
+    provider = module.provider()
+    settings = provider.kvm
     if settings is None:  # provider() checked the type, so this is a bug
         raise Permanent("provider: %r has no kvm section" % module.params["provider"])
     cache_dir = module.params.get("image_cache_dir") or default_cache_dir()
-    return KvmProvider(settings, cache_dir, module.module.log, module.warn)
+    return KvmProvider(settings, cache_dir, module.module.log, module.warn, probe_sources=provider.probe_sources)
 
 
 def kvm_proxy_provider(module: ProxyModule) -> KvmProvider:

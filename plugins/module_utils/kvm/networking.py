@@ -24,6 +24,7 @@ import random
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, List, Optional, Sequence, Set, Tuple
+from urllib.parse import urlsplit
 
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.errors import Permanent, ProxyError, Transient
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.client import (
@@ -117,6 +118,27 @@ def check_mode(host: KvmHost, facts: NetworkFacts) -> None:
         "kvm_hypervisor_network_forward_mode %s" % (
             host.at("networkMode"), mode, needs, " or ".join(repr(m) for m in served if m != ISOLATED),
             facts.name, host.name, live, host.at("network"), mode))
+
+
+def host_addresses(connection: Any, host: KvmHost) -> Tuple[str, ...]:
+    """The hypervisor's addresses this provider knows, which its guests' squid refuses (issue 38):
+    its ``publicAddress``, its ``sourceAddresses``, its address on the guests' network (the
+    network's ``<ip>``: nat and route) and the address its URI names, when it names one. The
+    host's other addresses are the role's: its hook drops guest traffic to every host address
+    but the bridge's (roles/kvm_hypervisor, "defence in depth")."""
+    network = lookup_network(connection, host)
+    bridge = network_facts(network, host).bridge_address if network is not None else None
+    candidates = [host.networking.public_address, *host.networking.source_addresses, bridge,
+                  urlsplit(host.uri).hostname]
+    return tuple(dict.fromkeys(address for address in candidates if address and _is_address(address)))
+
+
+def _is_address(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False  # a host name: not resolved here (the guest's squid would resolve it anew anyway)
+    return True
 
 
 # --- guest addresses: reserved in the network's DHCP ------------------------------------------

@@ -21,6 +21,7 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.config_reader
     default_key,
 )
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.instance import MIN_PORT
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.squid_networks import is_public
 
 DOMAIN_TYPES = ("kvm", "qemu")
 IMAGE_FORMATS = ("qcow2", "raw")
@@ -123,6 +124,22 @@ class KvmSettings:
             if host.name == name:
                 return host
         return None
+
+    @property
+    def published_addresses(self) -> Tuple[Tuple[str, str], ...]:
+        """(field path, address) of every host's ``publicAddress``: what crawlers dial. The
+        provider config refuses one outside the private networks unless ``allowedSources`` is
+        written (``public_exposure``; issue 39: public exposure is explicit)."""
+        return tuple((host.at("publicAddress"), host.networking.public_address) for host in self.hosts
+                     if host.networking.public_address is not None)
+
+    def public_exposure(self) -> Optional[str]:
+        """What makes this provider's proxies public (config.py then requires ``allowedSources``
+        written), or None: a host publishing on an address outside the private networks."""
+        public = [(where, address) for where, address in self.published_addresses if is_public(address)]
+        if not public:
+            return None
+        return "%s (%s) publishes proxies on a public address" % public[0]
 
     @property
     def location_errors(self) -> Tuple[str, ...]:

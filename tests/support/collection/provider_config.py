@@ -40,7 +40,8 @@ def kvm_host(name: str, uri: str, pool: str = "default", network: str = "default
 
 def write_kvm_config(path: Path, hosts: Sequence[dict[str, Any]], image: BaseImage,
                      ssh: dict[str, str] | None = None, extra_providers: Sequence[dict[str, Any]] = (),
-                     probe: Any = "none", allowed_destinations: Sequence[str] = (), **kvm_overrides: Any) -> Path:
+                     probe: Any = "none", allowed_destinations: Sequence[str] = (), allowed_sources: Sequence[str] = (),
+                     **kvm_overrides: Any) -> Path:
     """A provider config with one KVM provider named ``lab`` (plus any extra providers).
 
     ``probe`` is ``none`` unless a test says otherwise: the libvirt test driver's addresses are
@@ -58,6 +59,8 @@ def write_kvm_config(path: Path, hosts: Sequence[dict[str, Any]], image: BaseIma
         kvm["ssh"] = ssh
     kvm.update(kvm_overrides)
     provider: dict[str, Any] = {"name": "lab", "type": "kvm", "probe": probe, "kvm": kvm}
+    if allowed_sources:
+        provider["allowedSources"] = list(allowed_sources)
     if allowed_destinations:
         provider["allowedDestinations"] = list(allowed_destinations)
     document = {"owner": OWNER, "providers": [provider, *extra_providers]}

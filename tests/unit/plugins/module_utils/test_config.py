@@ -303,6 +303,21 @@ def test_allowed_sources_default_to_private_networks_and_are_checked() -> None:
     assert errors[1].startswith("providers[0].allowedSources[1]: must be a CIDR string")
 
 
+def test_a_kvm_host_published_on_a_public_address_needs_named_sources() -> None:
+    """Issue 39 item 1: public exposure is explicit. A private publicAddress (a LAN's) keeps the
+    default sources; a public one needs allowedSources written, and with them it parses."""
+    lan = changed(((*KVM, "hosts", 0, "publicAddress"), "10.1.2.3"),
+                  ((*KVM, "hosts", 0, "publishPorts"), "40000-40009"))
+    assert parse_provider_config(lan).provider("home-kvm").valid
+    public = changed(((*KVM, "hosts", 0, "publicAddress"), "203.0.113.10"),
+                     ((*KVM, "hosts", 0, "publishPorts"), "40000-40009"))
+    (error,) = parse_provider_config(public).errors
+    assert error.startswith("providers[0].allowedSources: required: providers[0].kvm.hosts[0].publicAddress "
+                            "(203.0.113.10) publishes proxies on a public address"), error
+    public["providers"][0]["allowedSources"] = ["198.51.100.0/24"]
+    assert parse_provider_config(public).provider("home-kvm").allowed_sources == ("198.51.100.0/24",)
+
+
 def test_allowed_destinations_default_to_none_and_are_checked() -> None:
     assert parse_provider_config(valid_document()).provider("home-kvm").allowed_destinations == ()
     document = valid_document()

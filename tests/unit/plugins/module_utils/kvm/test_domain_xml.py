@@ -10,6 +10,7 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.domain_xm
     GUEST_AGENT_CHANNEL,
     METADATA_NS,
     DomainSpec,
+    GuestNetwork,
     build_domain_xml,
     parse_domain_xml,
 )
@@ -63,6 +64,20 @@ def test_the_port_is_kept_in_our_metadata() -> None:
     # parse_domain_xml does not return the port; it is read from our namespace directly.
     root = ET.fromstring(build_domain_xml(spec(port=8080)))
     assert root.findtext(f"./metadata/{{{METADATA_NS}}}instance/{{{METADATA_NS}}}port") == "8080"
+
+
+def test_a_published_guest_records_the_networks_its_crawlers_come_from() -> None:
+    """What the host's hook forwards the published port from (issue 39 item 7); an unpublished
+    guest records none (nothing forwards to it)."""
+    published = GuestNetwork(address="192.168.122.10", mac="52:54:00:00:00:01", published_address="203.0.113.10",
+                             published_port=40000)
+    clients = ("198.51.100.0/24", "fc00::/7")
+    instance = f"./metadata/{{{METADATA_NS}}}instance"
+    root = ET.fromstring(build_domain_xml(spec(guest_network=published, clients=clients)))
+    assert [c.get("network") for c in root.findall(f"{instance}/{{{METADATA_NS}}}client")] == list(clients)
+    unpublished = dataclasses.replace(published, published_address=None, published_port=None)
+    root = ET.fromstring(build_domain_xml(spec(guest_network=unpublished, clients=clients)))
+    assert root.findall(f"{instance}/{{{METADATA_NS}}}client") == []
 
 
 def test_macs_are_read_and_lowercased() -> None:
