@@ -74,7 +74,6 @@ SQUID_CONFIG_MAX_BYTES = 64 * 1024
 _HTTP_PORT_LINE = re.compile(r"^[ \t]*http_port\b", re.MULTILINE)
 
 
-
 def parse_kubernetes_section(reader: Reader, errors: Errors) -> Optional[KubernetesSettings]:
     start = len(errors)
     if reader.has("hostNetwork"):
