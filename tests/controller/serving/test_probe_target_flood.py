@@ -169,8 +169,8 @@ def test_the_controllers_direct_check_on_its_control_listener_outlasts_a_flood_o
             started = time.monotonic()
             assert lab.controller_check(control=True) is None
             check_seconds = time.monotonic() - started
-            show(pytestconfig, "probe target: the controller's public slots held by a neighbour, 5,000 connections "
-                 f"from 20 stranger addresses holding every strangers' slot; {slots} reserved slots full",
+            show(pytestconfig, f"probe target: the controller's {slots} public slots held by a neighbour, 7,500 "
+                 f"connections from 20 stranger addresses holding all {MAX_CONNECTIONS} strangers' slots",
                  [f"monitor round with controlUrl (healthy proxy, full probe): {verdict_seconds * 1000:.1f} ms",
                   f"direct check on the control listener, every slot full: {check_seconds * 1000:.1f} ms",
                   f"load: {os.getloadavg()[0]:.2f}"])
