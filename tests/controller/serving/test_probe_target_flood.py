@@ -146,7 +146,7 @@ def test_the_controllers_direct_check_on_its_control_listener_outlasts_a_flood_o
     strangers never get an answer there; and it still answers when every strangers' slot is full."""
     strangers = [lab.ns.add_address() for _ in range(10)]
     slots = Limits().controller_slots
-    with Flood(lab.ns, lab.target.address, HTTP_PORT, strangers, per_source=500, name="flood-3") as flood, \
+    with Flood(lab.ns, lab.target.address, HTTP_PORT, strangers, per_source=250, name="flood-3") as flood, \
             Flood(lab.ns, lab.target.address, TUNNEL_PORT, [lab.neighbour], per_source=200, name="neighbour"):
         flood.settle(len(strangers) * PER_SOURCE)
         wait_for(lambda: lab.controller_check() is not None, 10, "the neighbour to hold the controller's public slots")
@@ -169,7 +169,7 @@ def test_the_controllers_direct_check_on_its_control_listener_outlasts_a_flood_o
             started = time.monotonic()
             assert lab.controller_check(control=True) is None
             check_seconds = time.monotonic() - started
-            show(pytestconfig, f"probe target: the controller's {slots} public slots held by a neighbour, 7,500 "
+            show(pytestconfig, f"probe target: the controller's {slots} public slots held by a neighbour, 5,000 "
                  f"connections from 20 stranger addresses holding all {MAX_CONNECTIONS} strangers' slots",
                  [f"monitor round with controlUrl (healthy proxy, full probe): {verdict_seconds * 1000:.1f} ms",
                   f"direct check on the control listener, every slot full: {check_seconds * 1000:.1f} ms",
