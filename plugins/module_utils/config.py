@@ -330,6 +330,9 @@ def _parse_probe(item: Reader, errors: Errors) -> Optional[ProbeSettings]:
                               "not an /echo path (the controller asks it for the 204's proof)")
     connect = _probe_connect(reader, errors, http_url)
     numbers = {key: _probe_number(reader, errors, key) for key in PROBE_NUMBERS}
+    if control is not None and numbers["expectStatus"] != 204:
+        errors.add("%s: the control listener answers 204, so expectStatus must be 204 (got %d): leave controlUrl "
+                   "out for a probe target of another kind" % (reader.at("controlUrl"), numbers["expectStatus"]))
     if numbers["roundSeconds"] < numbers["timeoutSeconds"]:
         errors.add("%s: must be at least timeoutSeconds (%d), got %d: a round must have time for one check" % (
             reader.at("roundSeconds"), numbers["timeoutSeconds"], numbers["roundSeconds"]))

@@ -90,6 +90,8 @@ def test_the_providers_control_listener_is_asked_directly_unless_the_proxy_names
     other = probe_target(provider, Proxy("crawlers", "eu-1", "uid-1", {"probe": {"httpUrl": "http://other.test/b"}}),
                          INSTANCE, KEY)
     assert other.destination.control_url is None
+    status = probe_target(provider, Proxy("crawlers", "eu-1", "uid-1", {"probe": {"expectStatus": 200}}), INSTANCE, KEY)
+    assert status.destination.control_url is None
     assert probe_target(settings(), Proxy("crawlers", "eu-1", "uid-1", {}), INSTANCE,
                         KEY).destination.control_url is None
 

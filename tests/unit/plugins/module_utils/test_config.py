@@ -292,6 +292,8 @@ TARGET = {"httpUrl": "http://x/generate_204", "keyFile": KEY}
     ({**TARGET, "controlUrl": "https://10.0.0.5:8081/"},
      ("providers[0].probe.controlUrl: 'https://10.0.0.5:8081/' must be an http:// URL of the probe target's "
       "--control-listen address")),
+    ({**TARGET, "controlUrl": "http://10.0.0.5:8081/", "expectStatus": 200},
+     "providers[0].probe.controlUrl: the control listener answers 204, so expectStatus must be 204 (got 200)"),
     ({**TARGET, "controlUrl": "http://10.0.0.5:8081/echo"},
      "providers[0].probe.controlUrl: 'http://10.0.0.5:8081/echo' must be an http:// URL"),
 ])
