@@ -224,9 +224,9 @@ class Bench:
             return write
 
         settings = ProbeSettings(enabled=True, http_url=targets[0].destination.http_url, key_file="/bench",
-                                 expect_status=204, connect=None, egress_echo_url=None, timeout_seconds=5,
-                                 unhealthy_after_seconds=300, startup_seconds=900, concurrency=200, round_seconds=30,
-                                 flap_window=30, flap_percent=25)
+                                 expect_status=204, connect=None, egress_echo_url=None, control_url=None,
+                                 timeout_seconds=5, unhealthy_after_seconds=300, startup_seconds=900, concurrency=200,
+                                 round_seconds=30, flap_window=30, flap_percent=25)
         self.monitor.watch({t.key: Watched(PROVIDER, t, writer(t.key)) for t in targets}, {PROVIDER: settings})
         self.stopping = threading.Event()
         self.thread = threading.Thread(target=self.monitor._verdict_loop, args=(self.stopping,), daemon=True)

@@ -470,11 +470,18 @@ def probe_target_main(argv: list[str]) -> int:
     parser.add_argument("--listen", type=_listen, action="append", default=None, metavar="HOST:PORT",
                         help="an address to serve plain HTTP on (repeatable; default 0.0.0.0:80 and 0.0.0.0:443, "
                              "443 being where the CONNECT check tunnels to)")
+    parser.add_argument("--control-listen", type=_listen, action="append", default=None, metavar="HOST:PORT",
+                        help="an address for the controller's direct check alone (repeatable; the provider config's "
+                             "probe.controlUrl names it): only --controller-network sources are answered, others "
+                             "closed at once, within slots of its own that no flood on --listen reaches")
     parser.add_argument("--key-file", type=Path, required=True,
                         help="the shared key, the same file as the provider config's probe.keyFile")
     _probe_target_limits(parser.add_argument_group("what one client may hold (strangers reach this server too)"))
     parser.add_argument("--log-level", type=str.upper, choices=["DEBUG", "INFO", "WARNING", "ERROR"], default="INFO")
     args = parser.parse_args(argv)
+    if args.control_listen and not args.controller_network:
+        parser.error("--control-listen needs --controller-network CIDR (the controller's egress addresses): "
+                     "the control listener answers no one else")
     logs.configure(args.log_level, "text")
     try:
         key = proof.read_key(str(args.key_file))
@@ -484,7 +491,8 @@ def probe_target_main(argv: list[str]) -> int:
     limits = target.Limits(max_connections=args.max_connections, per_source=args.max_per_source,
                            idle_seconds=args.idle_timeout, lifetime_seconds=args.connection_lifetime,
                            controller_networks=tuple(args.controller_network or ()))
-    asyncio.run(target.run(key, args.listen or [("0.0.0.0", 80), ("0.0.0.0", 443)], limits))
+    asyncio.run(target.run(key, args.listen or [("0.0.0.0", 80), ("0.0.0.0", 443)], limits,
+                           control=args.control_listen or ()))
     return 0
 
 
@@ -506,7 +514,8 @@ def _probe_target_limits(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--controller-network", type=_network, action="append", default=None, metavar="CIDR",
                        help="the controller's own egress addresses (repeatable): their connections have "
                             f"{defaults.controller_slots} slots of their own and count against no limit above, so "
-                            "no flood starves the controller's direct check of this target")
+                            "no flood starves the controller's direct check of this target; the only sources "
+                            "--control-listen answers")
 
 
 def _network(text: str) -> target.Network:

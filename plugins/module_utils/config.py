@@ -74,11 +74,13 @@ LABEL_VALUE_RE = re.compile(r"^[a-z0-9]([a-z0-9_-]{0,61}[a-z0-9])?$")
 # sides read from ``keyFile``. No public default can, so a provider without a ``probe`` section has
 # no target: its proxies are never Ready until one is named (the controller says so in their
 # Serving condition), and nothing else about the provider changes.
-PROBE_KEYS = ("httpUrl", "keyFile", "expectStatus", "connect", "egressEchoUrl", "timeoutSeconds",
+PROBE_KEYS = ("httpUrl", "keyFile", "expectStatus", "connect", "egressEchoUrl", "controlUrl", "timeoutSeconds",
               "unhealthyAfterSeconds", "startupSeconds", "concurrency", "roundSeconds", "flapWindow",
               "flapPercent")
 HOST_PORT_RE = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):([0-9]{1,5})$")
 _URL_HOST_RE = re.compile(r"^http://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+)(:[0-9]+)?(/\S*)?$")
+# The control listener answers the proof of a 204 only, never the echo.
+_CONTROL_URL_RE = re.compile(r"^(?!\S*/echo(\?\S*)?$)" + _URL_HOST_RE.pattern[1:])
 # The HTTPS port a probe target's tunnel listens on: squid tunnels to 443 only (SSL_ports).
 PROBE_TUNNEL_PORT = 443
 # (default, minimum, maximum) of each numeric probe setting.
@@ -120,6 +122,9 @@ class ProbeSettings:
     expect_status: int = 204
     connect: Optional[str] = None
     egress_echo_url: Optional[str] = None
+    # The probe target's control listener (--control-listen): where the controller asks the target
+    # directly, out of strangers' reach; None: it asks httpUrl, the tunnel port and the echo.
+    control_url: Optional[str] = None
     timeout_seconds: int = 5
     unhealthy_after_seconds: int = 300
     # How long a new instance may take to serve for the first time (boot, cloud-init installing
@@ -133,7 +138,8 @@ class ProbeSettings:
     def as_dict(self) -> Dict[str, Any]:
         return {"enabled": self.enabled, "httpUrl": self.http_url, "keyFile": self.key_file,
                 "expectStatus": self.expect_status, "connect": self.connect, "egressEchoUrl": self.egress_echo_url,
-                "timeoutSeconds": self.timeout_seconds, "unhealthyAfterSeconds": self.unhealthy_after_seconds,
+                "controlUrl": self.control_url, "timeoutSeconds": self.timeout_seconds,
+                "unhealthyAfterSeconds": self.unhealthy_after_seconds,
                 "startupSeconds": self.startup_seconds, "concurrency": self.concurrency,
                 "roundSeconds": self.round_seconds, "flapWindow": self.flap_window, "flapPercent": self.flap_percent}
 
@@ -318,15 +324,24 @@ def _parse_probe(item: Reader, errors: Errors) -> Optional[ProbeSettings]:
     echo = None
     if reader.has("egressEchoUrl"):
         echo = errors.read(reader.string, "egressEchoUrl", pattern=_URL_HOST_RE, rule=url_rule)
+    control = None
+    if reader.has("controlUrl"):
+        control = errors.read(reader.string, "controlUrl", pattern=_CONTROL_URL_RE,
+                              rule="must be an http:// URL of the probe target's --control-listen address, "
+                              "not an /echo path (the controller asks it for the 204's proof)")
     connect = _probe_connect(reader, errors, http_url)
     numbers = {key: _probe_number(reader, errors, key) for key in PROBE_NUMBERS}
+    if control is not None and numbers["expectStatus"] != 204:
+        errors.add("%s: the control listener answers 204, so expectStatus must be 204 (got %d): leave controlUrl "
+                   "out for a probe target of another kind" % (reader.at("controlUrl"), numbers["expectStatus"]))
     if numbers["roundSeconds"] < numbers["timeoutSeconds"]:
         errors.add("%s: must be at least timeoutSeconds (%d), got %d: a round must have time for one check" % (
             reader.at("roundSeconds"), numbers["timeoutSeconds"], numbers["roundSeconds"]))
     if len(errors) > before or http_url is None or key_file is None:
         return None
     return ProbeSettings(enabled=True, http_url=http_url, key_file=key_file, expect_status=numbers["expectStatus"],
-                         connect=connect, egress_echo_url=echo, timeout_seconds=numbers["timeoutSeconds"],
+                         connect=connect, egress_echo_url=echo, control_url=control,
+                         timeout_seconds=numbers["timeoutSeconds"],
                          unhealthy_after_seconds=numbers["unhealthyAfterSeconds"],
                          startup_seconds=numbers["startupSeconds"], concurrency=numbers["concurrency"],
                          round_seconds=numbers["roundSeconds"], flap_window=numbers["flapWindow"],

@@ -53,6 +53,9 @@ EGRESS_PROXIES = str(Path(sys.executable).parent / "egress-proxies")
     (["probe-target", "--key-file", "k", "--max-per-source", "0"], "--max-per-source: '0' must be at least 1"),
     (["probe-target", "--key-file", "k", "--connection-lifetime", "x"],
      "--connection-lifetime: 'x' is not a number of seconds"),
+    (["probe-target", "--key-file", "k", "--control-listen", "127.0.0.1:8081"],
+     "--control-listen needs --controller-network CIDR"),
+    (["probe-target", "--key-file", "k", "--control-listen", "8081"], "--control-listen: '8081' is not HOST:PORT"),
 ])
 def test_bad_command_line_values_are_argparse_errors(argv: list[str], fragment: str) -> None:
     result = subprocess.run([EGRESS_PROXIES, *argv], capture_output=True, text=True, timeout=60, check=False)

@@ -307,6 +307,7 @@ class ProbeSettings:
     expect_status: int
     connect: str | None
     egress_echo_url: str | None
+    control_url: str | None
     timeout_seconds: float
     unhealthy_after_seconds: float
     startup_seconds: float
@@ -322,7 +323,8 @@ class ProbeSettings:
         does not speak this contract."""
         return cls(enabled=bool(data["enabled"]), http_url=data["httpUrl"] or None, key_file=data["keyFile"] or None,
                    expect_status=int(data["expectStatus"]), connect=data["connect"] or None,
-                   egress_echo_url=data["egressEchoUrl"] or None, timeout_seconds=float(data["timeoutSeconds"]),
+                   egress_echo_url=data["egressEchoUrl"] or None, control_url=data["controlUrl"] or None,
+                   timeout_seconds=float(data["timeoutSeconds"]),
                    unhealthy_after_seconds=float(data["unhealthyAfterSeconds"]),
                    startup_seconds=float(data["startupSeconds"]), concurrency=int(data["concurrency"]),
                    round_seconds=float(data["roundSeconds"]), flap_window=int(data["flapWindow"]),

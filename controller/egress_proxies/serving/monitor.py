@@ -86,7 +86,10 @@ def probe_target(settings: ProbeSettings, proxy: Proxy, instance: Instance, key:
         expected_status=int(override.get("expectStatus") or settings.expect_status),
         connect=override.get("connect", settings.connect) or None,
         egress_echo_url=override.get("egressEchoUrl") or settings.egress_echo_url,
-        check_timeout=settings.timeout_seconds)
+        check_timeout=settings.timeout_seconds,
+        # The provider's control listener is its own target's, which answers 204: a Proxy naming
+        # another target (or another status) has that target asked directly at its own URLs.
+        control_url=None if override.get("httpUrl") or override.get("expectStatus") else settings.control_url)
     identity = (ProbeCredentials(instance_identity(instance.name), credentials.password)
                 if credentials is not None and instance.name else None)
     # The endpoint the provider reports (a node's or a load balancer's for an exposed Pod, the

@@ -53,7 +53,8 @@ never carries bytes of the answer beyond its status code (an endpoint may echo w
 credentials included): the reason and fixed words say the rest.
 
 ``check_destination`` asks the probe target directly, not through any proxy (its HTTP URL, its
-tunnel port, its echo): the monitor tells a target that does not answer from proxies that fail
+tunnel port, its echo; or only its control listener, ``control_url``): the monitor tells a
+target that does not answer from proxies that fail
 with it (``ProbeTargetUnreachable``: nothing is known of the proxy then).
 
 Only the proxy endpoint and the probe target are ever connected to. ``Prober(allowed_networks=
@@ -164,7 +165,9 @@ class ProbeDestination:
     """The probe target the checks reach through a proxy: ``http_url`` (an ``http://`` URL; it
     answers ``expected_status`` with the proof), ``connect`` (``host:port`` of its tunnel port
     for the CONNECT check; None: no CONNECT check), ``egress_echo_url`` (None: no egress
-    address), ``proof_key`` (the shared key), and ``check_timeout``, seconds for one check."""
+    address), ``proof_key`` (the shared key), and ``check_timeout``, seconds for one check.
+    ``control_url``: the target's control listener, where ``Prober.check_destination`` asks
+    instead (None: it asks the URLs above)."""
 
     http_url: str
     proof_key: bytes = field(repr=False)
@@ -172,6 +175,7 @@ class ProbeDestination:
     connect: str | None = None
     egress_echo_url: str | None = None
     check_timeout: float = 5.0
+    control_url: str | None = None
 
     def __post_init__(self) -> None:
         _http_url_parts(self.http_url, "http_url")
@@ -183,6 +187,8 @@ class ProbeDestination:
             _connect_target_parts(self.connect, "connect_target")
         if self.egress_echo_url is not None:
             _http_url_parts(self.egress_echo_url, "egress_echo_url")
+        if self.control_url is not None:
+            _http_url_parts(self.control_url, "control_url")
         if not self.check_timeout > 0:
             raise ProbeConfigError(f"check_timeout must be positive, got {self.check_timeout}")
 
@@ -408,12 +414,14 @@ class Prober:
 
     async def check_destination(self, destination: ProbeDestination) -> str | None:
         """Ask the probe target directly (no proxy): None when its HTTP URL, its tunnel port and
-        its echo answer with valid proofs, else why not (never bytes of the answer)."""
-        checks: list[tuple[str, str, int]] = [(destination.http_url, "", 0)]
-        if destination.connect is not None:
+        its echo answer with valid proofs, else why not (never bytes of the answer). With a
+        ``control_url``, its control listener's proof alone: the listener strangers cannot fill
+        (``serving.target``), in the process that serves the rest."""
+        checks: list[tuple[str, str, int]] = [(destination.control_url or destination.http_url, "", 0)]
+        if destination.connect is not None and destination.control_url is None:
             host, port = _connect_target_parts(destination.connect, "connect")
             checks.append((destination.http_url, host, port))
-        if destination.egress_echo_url is not None:
+        if destination.egress_echo_url is not None and destination.control_url is None:
             checks.append((destination.egress_echo_url, "", 0))
         for url, host, port in checks:
             try:

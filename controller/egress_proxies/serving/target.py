@@ -31,6 +31,13 @@ request every 20 s kept its slot forever). ``Limits``:
 - connections from ``controller_networks`` (the controller's own egress addresses, from which it
   checks this target directly) count against neither: they have ``controller_slots`` of their
   own, so a flood from any number of addresses never starves the controller's check.
+
+A control listener (``serve(control=...)``, ``--control-listen``; the provider's ``probe.controlUrl``)
+is the controller's alone: a connection from outside ``controller_networks`` is closed at once,
+and it answers only the direct check (the 204 with its proof, and ``/healthz``; the echo is
+404). It has ``control_slots`` of its own, so not even a flood from the controller's own network
+on the public listeners reaches it. It runs in the same process as the public listeners, which
+all listen or the process exits, so its answer says the target runs with this key.
 """
 
 from __future__ import annotations
@@ -50,7 +57,7 @@ from egress_proxies.serving.proof import PROOF_HEADER, BadNonce, answer_proof, e
 
 log = logging.getLogger(__name__)
 
-_REASONS = {200: "OK", 204: "No Content", 400: "Bad Request", 405: "Method Not Allowed"}
+_REASONS = {200: "OK", 204: "No Content", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed"}
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
@@ -66,6 +73,7 @@ class Limits:
     lifetime_seconds: float = 60.0
     controller_networks: tuple[Network, ...] = ()
     controller_slots: int = 64
+    control_slots: int = 16  # the control listener's: one direct check per provider at a time
 
 
 class ProbeTargetServer:
@@ -77,10 +85,12 @@ class ProbeTargetServer:
         self._open = 0  # strangers' connections (everyone's but the controller's)
         self._by_source: Counter[str] = Counter()
         self._controller_open = 0
+        self._control_open = 0  # connections to the control listener
         self.servers: list[asyncio.Server] = []
 
-    def answer(self, method: str, target: str, peer: str) -> tuple[int, dict[str, str], bytes]:
-        """(status, headers, body) for one request line's method and target from ``peer``."""
+    def answer(self, method: str, target: str, peer: str, control: bool = False) -> tuple[int, dict[str, str], bytes]:
+        """(status, headers, body) for one request line's method and target from ``peer`` (on the
+        control listener: no echo)."""
         if method not in ("GET", "HEAD"):
             return 405, {"Allow": "GET, HEAD"}, b""
         parts = urlsplit(target)
@@ -91,19 +101,24 @@ class ProbeTargetServer:
         if parts.path == "/healthz":
             return 200, {"Content-Type": "text/plain"}, b"ok\n"
         if parts.path.endswith("/echo"):
+            if control:
+                return 404, {"Content-Type": "text/plain"}, b"the control listener answers the direct check only\n"
             document: dict[str, str] = {"ip": peer}
             if nonce is not None:
                 document["proof"] = echo_proof(self.key, nonce, peer)
             return 200, {"Content-Type": "application/json"}, json.dumps(document).encode()
         return 204, ({PROOF_HEADER: answer_proof(self.key, nonce)} if nonce is not None else {}), b""
 
-    async def serve(self, addresses: Sequence[tuple[str, int]]) -> None:
-        """Listen on every address (a port of 0 picks a free one: ``servers`` say which)."""
-        for host, port in addresses:
+    async def serve(self, addresses: Sequence[tuple[str, int]], control: Sequence[tuple[str, int]] = ()) -> None:
+        """Listen on every address, and on every ``control`` address as the control listener (a
+        port of 0 picks a free one: ``servers`` say which, the control listeners last)."""
+        if control and not self.limits.controller_networks:
+            raise ValueError("a control listener needs the controller's networks: it serves no one else")
+        for host, port, handler in [*((host, port, self._connection) for host, port in addresses),
+                                    *((host, port, self._control_connection) for host, port in control)]:
             # The kernel's most (somaxconn): a burst of connections waits to be accepted (and, beyond
             # the limits, closed at once) rather than refused before this process sees it.
-            self.servers.append(await asyncio.start_server(self._connection, host, port, limit=MAX_HEAD_BYTES,
-                                                           backlog=4096))
+            self.servers.append(await asyncio.start_server(handler, host, port, limit=MAX_HEAD_BYTES, backlog=4096))
 
     def close(self) -> None:
         for server in self.servers:
@@ -116,17 +131,35 @@ class ProbeTargetServer:
         if not self._take_slot(source, controller):
             writer.transport.abort()  # closed at once: answering would cost what the limit protects
             return
-        loop = asyncio.get_running_loop()
-        ends = loop.time() + self.limits.lifetime_seconds
+        try:
+            await self._converse(reader, writer, peer, control=False)
+        finally:
+            self._give_slot(source, controller)
+
+    async def _control_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """A connection to the control listener: the controller's networks only, within its own slots."""
+        peer = str(writer.get_extra_info("peername")[0])
+        if not _inside(peer, self.limits.controller_networks) or self._control_open >= self.limits.control_slots:
+            writer.transport.abort()  # a stranger learns nothing here, not even an error
+            return
+        self._control_open += 1
+        try:
+            await self._converse(reader, writer, peer, control=True)
+        finally:
+            self._control_open -= 1
+
+    async def _converse(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: str,
+                        control: bool) -> None:
+        """Answer one connection's requests until it ends, within its lifetime; then close it."""
+        ends = asyncio.get_running_loop().time() + self.limits.lifetime_seconds
         answered = False
         try:
-            while await self._exchange(reader, writer, peer, ends):
+            while await self._exchange(reader, writer, peer, ends, control):
                 pass
             answered = True
         except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError, ValueError):
             pass  # a client that went away, sent garbage or nothing, or ran out of time: nothing to answer
         finally:
-            self._give_slot(source, controller)
             if answered:
                 writer.close()  # the last answer is on its way: a clean end
             else:
@@ -155,7 +188,7 @@ class ProbeTargetServer:
             del self._by_source[source]
 
     async def _exchange(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: str,
-                        ends: float) -> bool:
+                        ends: float, control: bool) -> bool:
         """One request and its answer, all before the connection's end (``ends``, loop time);
         whether the connection carries another."""
         loop = asyncio.get_running_loop()
@@ -170,7 +203,7 @@ class ProbeTargetServer:
             keep = False
         else:
             method = request.method
-            status, extra, body = self.answer(method, request.target, peer)
+            status, extra, body = self.answer(method, request.target, peer, control)
             # A request with a body is answered, but its body is not read: the connection ends.
             bodiless = request.headers.get("content-length", "0") == "0" and "transfer-encoding" not in request.headers
             keep = request.keep_alive and bodiless and loop.time() < ends
@@ -212,13 +245,15 @@ def _inside(peer: str, networks: Sequence[Network]) -> bool:
     return address is not None and any(address in network for network in networks)
 
 
-async def run(key: bytes, addresses: Sequence[tuple[str, int]], limits: Limits | None = None) -> None:
-    """Serve until SIGTERM or SIGINT."""
+async def run(key: bytes, addresses: Sequence[tuple[str, int]], limits: Limits | None = None,
+              control: Sequence[tuple[str, int]] = ()) -> None:
+    """Serve until SIGTERM or SIGINT (``control``: the control listener's addresses)."""
     server = ProbeTargetServer(key, limits)
-    await server.serve(addresses)
-    for listening in server.servers:
+    await server.serve(addresses, control)
+    for index, listening in enumerate(server.servers):
+        what = "probe target" if index < len(addresses) else "probe target's control listener"
         for sock in listening.sockets:
-            log.info("probe target listening on %s", sock.getsockname()[:2])
+            log.info("%s listening on %s", what, sock.getsockname()[:2])
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):

@@ -234,12 +234,12 @@ def test_an_unusable_config_is_unreadable(tmp_path: Path, config: Path) -> None:
 
 def test_probe_settings_are_typed_from_the_validators_wire_form() -> None:
     wire = {"enabled": True, "httpUrl": "http://example.test/", "keyFile": "/etc/probe/key", "expectStatus": "200",
-            "connect": "", "egressEchoUrl": None, "timeoutSeconds": 5, "unhealthyAfterSeconds": 300,
+            "connect": "", "egressEchoUrl": None, "controlUrl": None, "timeoutSeconds": 5, "unhealthyAfterSeconds": 300,
             "startupSeconds": 900, "concurrency": "50", "roundSeconds": 20, "flapWindow": "40", "flapPercent": 30}
     assert ProbeSettings.from_result(wire) == ProbeSettings(
         enabled=True, http_url="http://example.test/", key_file="/etc/probe/key", expect_status=200, connect=None,
-        egress_echo_url=None, timeout_seconds=5.0, unhealthy_after_seconds=300.0, startup_seconds=900.0,
-        concurrency=50, round_seconds=20.0, flap_window=40, flap_percent=30)
+        egress_echo_url=None, control_url=None, timeout_seconds=5.0, unhealthy_after_seconds=300.0,
+        startup_seconds=900.0, concurrency=50, round_seconds=20.0, flap_window=40, flap_percent=30)
     # No probe section: no target named, and no default of the controller's own fills one in.
     unnamed = ProbeSettings.from_result({**wire, "httpUrl": None, "keyFile": None})
     assert (unnamed.http_url, unnamed.key_file) == (None, None)

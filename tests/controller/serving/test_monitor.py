@@ -82,6 +82,20 @@ def test_a_target_takes_the_providers_checks_overridden_by_the_proxys_spec() -> 
     assert probe.key == target_key(INSTANCE) and not probe.expect_private and probe.identity is None
 
 
+def test_the_providers_control_listener_is_asked_directly_unless_the_proxy_names_another_target() -> None:
+    provider = settings(controlUrl="http://10.0.0.5:8081/generate_204")
+    own = probe_target(provider, Proxy("crawlers", "eu-1", "uid-1", {}), INSTANCE, KEY)
+    assert own.destination.control_url == "http://10.0.0.5:8081/generate_204"
+    # Another probe target (its own httpUrl) is not served by the provider's target's control listener.
+    other = probe_target(provider, Proxy("crawlers", "eu-1", "uid-1", {"probe": {"httpUrl": "http://other.test/b"}}),
+                         INSTANCE, KEY)
+    assert other.destination.control_url is None
+    status = probe_target(provider, Proxy("crawlers", "eu-1", "uid-1", {"probe": {"expectStatus": 200}}), INSTANCE, KEY)
+    assert status.destination.control_url is None
+    assert probe_target(settings(), Proxy("crawlers", "eu-1", "uid-1", {}), INSTANCE,
+                        KEY).destination.control_url is None
+
+
 def test_with_credentials_the_target_expects_a_private_proxy_and_logs_in_as_the_instance() -> None:
     probe = probe_target(settings(), Proxy("crawlers", "eu-1", "uid-1", {}), INSTANCE, KEY,
                          ProbeCredentials("crawl-crawlers", "secret"))

@@ -333,6 +333,14 @@ def test_the_probe_targets_answers() -> None:
                                       + echo_proof(b"k" * 32, nonce, "198.51.100.7").encode() + b'"}')
     assert server.answer("GET", "/generate_204", "198.51.100.7") == (204, {}, b"")
     assert server.answer("POST", "/generate_204", "198.51.100.7")[0] == 405
+    # The control listener answers the direct check's 204 only: no echo there.
+    assert server.answer("GET", f"/generate_204?egress-probe-nonce={nonce}", "198.51.100.7", control=True)[0] == 204
+    assert server.answer("GET", f"/echo?egress-probe-nonce={nonce}", "198.51.100.7", control=True)[0] == 404
+
+
+def test_a_control_listener_without_the_controllers_networks_is_refused() -> None:
+    with pytest.raises(ValueError, match="needs the controller's networks"):
+        asyncio.run(ProbeTargetServer(b"k" * 32).serve([], control=[("127.0.0.1", 0)]))
 
 
 @pytest.mark.parametrize("query", ["egress-probe-nonce=abc", f"egress-probe-nonce={new_nonce()}%20203.0.113.77",

@@ -259,6 +259,10 @@ def test_probe_absent_none_and_overrides() -> None:
     assert (defaults.connect, defaults.timeout_seconds, defaults.concurrency, defaults.round_seconds,
             defaults.flap_window, defaults.flap_percent) == ("probe.example.net:443", 5, 200, 30, 30, 25)
     assert parse_provider_config(with_probe({**target, "connect": "none"})).provider("home-kvm").probe.connect is None
+    # No control listener named: the controller asks httpUrl (and the rest) directly, as before.
+    assert defaults.control_url is None and defaults.as_dict()["controlUrl"] is None
+    control = parse_provider_config(with_probe({**target, "controlUrl": "http://10.0.0.5:8081/generate_204"}))
+    assert control.provider("home-kvm").probe.control_url == "http://10.0.0.5:8081/generate_204"
     # Where the controller's probes come from is named once, at the root (probeSources), not per probe.
     assert "sources" not in defaults.as_dict()
 
@@ -285,6 +289,13 @@ TARGET = {"httpUrl": "http://x/generate_204", "keyFile": KEY}
     ({**TARGET, "flapWindow": 3}, "providers[0].probe.flapWindow: must be an integer >= 6"),
     ({**TARGET, "flapPercent": 95}, "providers[0].probe.flapPercent: must be at most 90"),
     ({**TARGET, "httpurl": "http://x/"}, "providers[0].probe.httpurl: unknown field"),
+    ({**TARGET, "controlUrl": "https://10.0.0.5:8081/"},
+     ("providers[0].probe.controlUrl: 'https://10.0.0.5:8081/' must be an http:// URL of the probe target's "
+      "--control-listen address")),
+    ({**TARGET, "controlUrl": "http://10.0.0.5:8081/", "expectStatus": 200},
+     "providers[0].probe.controlUrl: the control listener answers 204, so expectStatus must be 204 (got 200)"),
+    ({**TARGET, "controlUrl": "http://10.0.0.5:8081/echo"},
+     "providers[0].probe.controlUrl: 'http://10.0.0.5:8081/echo' must be an http:// URL"),
 ])
 def test_a_bad_probe_fails_only_its_provider(probe: Any, expected: str) -> None:
     config = parse_provider_config(with_probe(probe))
