@@ -86,7 +86,6 @@ class Access:
     allowed_destinations: Tuple[str, ...] = ()
 
 
-
 def admitting_probes(access: Optional[Access], probe_sources: Sequence[str]) -> Optional[Access]:
     """``access`` with the config's ``probeSources`` among its allowed sources, so the proxy lets the
     controller's probe in the way a crawler's request comes (squid's source check, and what a
@@ -96,6 +95,7 @@ def admitting_probes(access: Optional[Access], probe_sources: Sequence[str]) -> 
         return access
     added = tuple(source for source in dict.fromkeys(probe_sources) if source not in access.allowed_sources)
     return dataclasses.replace(access, allowed_sources=access.allowed_sources + added)
+
 
 def parse_access(value: Optional[Mapping[str, Any]], field: str = "access") -> Optional[Access]:
     """The ``access`` option validated; None when absent (no policy).

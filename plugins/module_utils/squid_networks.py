@@ -45,6 +45,7 @@ def is_public(address: str) -> bool:
     """Whether ``address`` lies outside ``PRIVATE_SOURCES`` (a client there is on the internet)."""
     return not any(ipaddress.ip_address(address) in ipaddress.ip_network(network) for network in PRIVATE_SOURCES)
 
+
 # (network, whose): the metadata and credential endpoints of instances and Pods.
 METADATA: Tuple[Tuple[str, str], ...] = (
     ("169.254.169.254/32", "AWS, GCP, Azure, OpenStack, Oracle, IBM, DigitalOcean, Hetzner"),

@@ -774,7 +774,7 @@ def test_discovery_lists_groups_and_resources(api: client.ApiClient) -> None:
     core_resources = client.CoreV1Api(api).get_api_resources()
 
     assert {g.name for g in groups.groups} == {GROUP, "coordination.k8s.io", "apps", "rbac.authorization.k8s.io",
-                                               "apiextensions.k8s.io"}
+                                               "apiextensions.k8s.io", "networking.k8s.io"}  # Ingress
     assert core_versions.versions == ["v1"]
     assert {(r.name, r.kind, r.namespaced) for r in resources.resources} == {
         ("proxies", "Proxy", True), ("proxies/status", "Proxy", True)}

@@ -140,7 +140,6 @@ def _why_passed(zone: str, error: ProxyError) -> str:
     return "zone %s could not take it: %s" % (zone, error)
 
 
-
 def user_data_metadata(user_data: bytes, encoding: str) -> List[Tuple[str, str]]:
     """The ``user-data`` metadata items: plain text as is, base64 input as base64 text plus
     ``user-data-encoding: base64`` (cloud-init's GCE datasource decodes it back to the bytes)."""
