@@ -2,12 +2,14 @@
 test directory and its slowest tests (from the JUnit XML of every pytest run), a WARNING line for
 each budget passed, and last the line CI reads: ``pytest: N passed, N failed, N skipped``.
 
-    python scripts/suite_report.py --steps FILE [--setup FILE] [--junit FILE ...] [--junit-current FILE ...]
+    python scripts/suite_report.py --steps FILE [--setup FILE] [--junit FILE ...] [--junit-apart FILE ...]
 
 ``--steps``: one line per step run, ``NAME<TAB>SECONDS<TAB>RESULT``. ``--setup``: the seconds
 scripts/setup.sh's last run took (it writes them there); its modification time says when.
-``--junit``: the main pytest run's JUnit XML files (one per stream), ``--junit-current``: the
-current ansible-core line's; without any, no count line is printed (no test ran).
+``--junit``: the main pytest run's JUnit XML files (one per stream), ``--junit-apart``: the runs
+timed as steps of their own (the oldest Scrapy line's crawls, the current ansible-core line's
+tests): counted in the closing line, not in the directory table; without any, no count line is
+printed (no test ran).
 
 The budgets are for a quiet 2-core machine, the whole run (setup included) within 45 minutes.
 The per-directory budgets are on the sum of that directory's test times (setup and teardown
@@ -158,7 +160,7 @@ def pytest_tables(times: list[TestTime]) -> tuple[list[str], list[str]]:
     return lines, warnings
 
 
-def report(steps: list[tuple[str, int, str]], junits: list[Path], current: list[Path]) -> list[str]:
+def report(steps: list[tuple[str, int, str]], junits: list[Path], apart: list[Path]) -> list[str]:
     """Lines: the step table, the directory table, the slowest tests, the warnings, the count."""
     lines, warnings = step_table(steps)
     times = [t for path in junits for t in case_times(path)]
@@ -167,8 +169,8 @@ def report(steps: list[tuple[str, int, str]], junits: list[Path], current: list[
         lines += more_lines
         warnings += more_warnings
     lines += [w for w in warnings if w]
-    if junits or current:
-        lines.append(count(junits + current).line())
+    if junits or apart:
+        lines.append(count(junits + apart).line())
     return lines
 
 
@@ -178,10 +180,10 @@ def main() -> int:
     parser.add_argument("--setup", type=Path)
     parser.add_argument("--junit", type=Path, nargs="*", default=[],
                         help="the main pytest run's (its directories and slowest tests are reported)")
-    parser.add_argument("--junit-current", type=Path, nargs="*", default=[],
-                        help="the current ansible-core line's run (counted in the closing line too)")
+    parser.add_argument("--junit-apart", type=Path, nargs="*", default=[],
+                        help="the runs timed as steps of their own (counted in the closing line too)")
     args = parser.parse_args()
-    written = [[p for p in paths if p.is_file() and p.stat().st_size] for paths in (args.junit, args.junit_current)]
+    written = [[p for p in paths if p.is_file() and p.stat().st_size] for paths in (args.junit, args.junit_apart)]
     lines = report(setup_step(args.setup) + read_steps(args.steps), *written)
     sys.stdout.write("\n".join(lines) + "\n")
     return 0
