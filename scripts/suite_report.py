@@ -29,7 +29,8 @@ from pathlib import Path
 
 RUN_BUDGET = 45 * 60
 # Seconds. Setup: 145 s measured on a fresh clone (pip from a warm cache); the static checks 78 s
-# together; pytest's wall time with its two streams; the 2.21 steps after it.
+# together; pytest's wall time with its two streams; the crawl tests again on Scrapy 2.13 (36 s
+# measured, load 3.4 on 2 cores shared); the 2.21 steps after it.
 STEP_BUDGETS = {
     "setup": 240,
     "ruff": 15,
@@ -38,6 +39,7 @@ STEP_BUDGETS = {
     "sanity": 90,
     "ansible-lint": 60,
     "pytest": 1800,
+    "clients-scrapy-2.13": 45,
     "sanity-2.21": 120,
     "modules-2.21": 240,
 }
@@ -47,7 +49,9 @@ STEP_BUDGETS = {
 DIRECTORY_BUDGETS = {
     "tests/unit": 120,
     "tests/contract": 120,
-    "tests/clients": 120,
+    # 145 s measured (load 7.5 falling to 4.3, 2 cores shared): test_scrapy_crawl.py's one
+    # controller-managed crawl is 88 s of it.
+    "tests/clients": 150,
     "tests/controller": 1200,
     "tests/integration": 1500,
     "tests/packaging": 360,

@@ -56,7 +56,7 @@ step() {
     fi
 }
 
-# run_pytest: pytest in its two streams side by side.
+# run_pytest: pytest in its two streams side by side; run_oldest_scrapy_pytest: the crawls on Scrapy 2.13.
 # shellcheck source=scripts/pytest_streams.sh
 source "$ROOT/scripts/pytest_streams.sh"
 
@@ -83,16 +83,8 @@ step pytest run_pytest "$junit" "$junit_side" "$side_log" "$@"
 # (tests/support/crawl.py), pytest and the squids as above. Not test_scrapy_crawl.py: minutes of
 # the controller managing the proxies, whose middleware calls these tests already make. Without
 # that venv the step fails: a supported line left untested is no pass.
-SCRAPY_OLDEST=$ROOT/.venv-scrapy-2.13/bin/scrapy
-SCRAPY_OLDEST_TESTS=(tests/clients/test_scrapy_middleware.py tests/clients/test_scrapy_scenarios.py)
-run_scrapy_oldest_pytest() {
-    [[ -x $SCRAPY_OLDEST ]] || {
-        echo "test.sh: $SCRAPY_OLDEST is missing; run: bash scripts/setup.sh" >&2
-        return 1
-    }
-    EGRESS_PROXIES_TEST_SCRAPY=$SCRAPY_OLDEST pytest --junitxml="$junit_scrapy" --durations=5 "${SCRAPY_OLDEST_TESTS[@]}"
-}
-step clients-scrapy-2.13 run_scrapy_oldest_pytest
+step clients-scrapy-2.13 run_oldest_scrapy_pytest "$ROOT/.venv-scrapy-2.13/bin/scrapy" "$junit_scrapy" \
+    tests/clients/test_scrapy_middleware.py tests/clients/test_scrapy_scenarios.py
 
 # The current ansible-core line: the same sanity run, and every test that runs the modules or
 # imports module_utils, on .venv-current. The controller there is this tree too (editable), so
