@@ -80,8 +80,8 @@ step pytest run_pytest "$junit" "$junit_side" "$side_log" "$@"
 
 # The oldest Scrapy line the crawler client supports (2.13; .venv-scrapy-2.13 holds it and the
 # client): the middleware and scenario crawls again, each `scrapy runspider` on that Scrapy
-# (tests/support/crawl.py), pytest and the squids as above. Not test_scrapy_crawl.py: minutes of
-# the controller managing the proxies, whose middleware calls these tests already make. Without
+# (tests/support/crawl.py), pytest and the squids as above. Not test_scrapy_crawl.py: 90 s of the
+# controller managing the proxies, through the same middleware calls these tests make. Without
 # that venv the step fails: a supported line left untested is no pass.
 step clients-scrapy-2.13 run_oldest_scrapy_pytest "$ROOT/.venv-scrapy-2.13/bin/scrapy" "$junit_scrapy" \
     tests/clients/test_scrapy_middleware.py tests/clients/test_scrapy_scenarios.py
