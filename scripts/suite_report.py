@@ -50,9 +50,9 @@ STEP_BUDGETS = {
 DIRECTORY_BUDGETS = {
     "tests/unit": 120,
     "tests/contract": 120,
-    # 145 s measured (load 7.5 falling to 4.3, 2 cores shared): test_scrapy_crawl.py's one
-    # controller-managed crawl is 88 s of it.
-    "tests/clients": 150,
+    # Measured (2 cores shared): 113 s at load 4 falling to 2.8, about the suite's own two streams;
+    # 145 s at load 7.5 to 4.3. test_scrapy_crawl.py's one controller-managed crawl is 61-88 s of it.
+    "tests/clients": 130,
     "tests/controller": 1200,
     "tests/integration": 1500,
     "tests/packaging": 360,
