@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# Sourced by scripts/test.sh (and tests/packaging/test_suite_script.py).
+# Sourced by scripts/test.sh (and tests/packaging/test_suite_script.py): pytest's runs.
 #
 # run_pytest JUNIT JUNIT_SIDE SIDE_LOG ARGS... runs pytest in two streams side by side, each its
 # own pytest run (its own TMPDIR, tests/conftest.py), and returns their exit codes as one: the
@@ -23,6 +23,26 @@ run_pytest() {
     echo "== pytest, the side stream (-m '$SIDE_STREAM'), run beside the above"
     cat "$side_log"
     collected_something "$status" "$side_status" $#
+}
+
+# run_oldest_scrapy_pytest SCRAPY JUNIT ARGS... runs pytest on ARGS (the crawl tests) with every
+# crawl's `scrapy runspider` on SCRAPY (tests/support/crawl.py reads EGRESS_PROXIES_TEST_SCRAPY),
+# the oldest Scrapy line's command in .venv-scrapy-2.13. SCRAPY is checked first: a missing venv,
+# or one holding another line, fails the step, since the crawls would otherwise run on .venv's
+# Scrapy or not at all and the oldest line would pass untested.
+SCRAPY_OLDEST_LINE=2.13
+run_oldest_scrapy_pytest() {
+    local scrapy=$1 junit=$2 version
+    shift 2
+    version=$("$scrapy" version 2>/dev/null) || {
+        echo "test.sh: no Scrapy $SCRAPY_OLDEST_LINE at $scrapy; run: bash scripts/setup.sh" >&2
+        return 1
+    }
+    if [[ $version != "Scrapy $SCRAPY_OLDEST_LINE."* ]]; then
+        echo "test.sh: $scrapy is $version, not Scrapy $SCRAPY_OLDEST_LINE; run: bash scripts/setup.sh" >&2
+        return 1
+    fi
+    EGRESS_PROXIES_TEST_SCRAPY=$scrapy pytest --junitxml="$junit" --durations=5 "$@"
 }
 
 # Both streams' exit codes as one. pytest's exit code 5 means no test was collected: a broken

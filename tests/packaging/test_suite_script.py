@@ -139,13 +139,55 @@ def test_every_budget_names_a_step_test_sh_runs_and_a_directory_the_suite_has() 
     budgets = runpy.run_path(str(REPORT))
     script = (REPO / "scripts" / "test.sh").read_text()
     steps = {line.split()[1] for line in script.splitlines() if line.startswith("step ")}
-    markers = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["markers"]
     side_stream = (REPO / "scripts" / "pytest_streams.sh").read_text()
 
     assert set(budgets["STEP_BUDGETS"]) == steps | {"setup"}
+    pytest_options = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
+    # tests/<dir>, and each other test path by its first two parts (clients/python/tests: clients/python).
+    other_paths = {"/".join(path.split("/")[:2]) for path in pytest_options["testpaths"] if path != "tests"}
     assert set(budgets["DIRECTORY_BUDGETS"]) == {
-        f"tests/{p.name}" for p in (REPO / "tests").iterdir() if p.is_dir() and any(p.rglob("test_*.py"))}
+        f"tests/{p.name}" for p in (REPO / "tests").iterdir() if p.is_dir() and any(p.rglob("test_*.py"))} | other_paths
     assert sum(budgets["STEP_BUDGETS"].values()) <= budgets["RUN_BUDGET"]
     # The markers the streams split on are the project's (--strict-markers refuses any other).
     assert 'SIDE_STREAM="vm or clock"' in side_stream
-    assert {marker.split(":")[0] for marker in markers} == {"vm", "clock"}
+    assert {marker.split(":")[0] for marker in pytest_options["markers"]} == {"vm", "clock"}
+
+
+OLDEST_SCRAPY_TREE = {
+    "pytest.ini": "[pytest]\naddopts = -p no:cacheprovider --import-mode=importlib\n",
+    "tests/clients/test_crawl.py": "import os\nimport subprocess\n\n\ndef test_crawl():\n"
+                                   "    scrapy = os.environ['EGRESS_PROXIES_TEST_SCRAPY']\n"
+                                   "    version = subprocess.run([scrapy, 'version'], capture_output=True,\n"
+                                   "                             text=True).stdout\n"
+                                   "    assert version.startswith('Scrapy 2.13.'), version\n",
+}
+
+
+def run_oldest_scrapy(tree: Path, scrapy: Path, junit: Path) -> subprocess.CompletedProcess[str]:
+    """``run_oldest_scrapy_pytest`` with ``scrapy``, as scripts/test.sh's clients-scrapy-2.13 step calls it."""
+    script = f'source "{STREAMS}"; run_oldest_scrapy_pytest "{scrapy}" "{junit}" tests/clients'
+    return subprocess.run(["bash", "-c", script], cwd=tree, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"})
+
+
+def test_the_oldest_scrapy_step_runs_the_crawls_on_it_and_fails_without_it(tmp_path: Path) -> None:
+    """The step's tests see .venv-scrapy-2.13's Scrapy (scripts/setup.sh makes it); no such venv, or
+    one of another line (.venv's newest Scrapy), fails the step before pytest, never skips."""
+    tree = make_tree(tmp_path, OLDEST_SCRAPY_TREE)
+    junit, missing_junit, newest_junit = tmp_path / "junit.xml", tmp_path / "missing.xml", tmp_path / "newest.xml"
+
+    oldest = run_oldest_scrapy(tree, REPO / ".venv-scrapy-2.13" / "bin" / "scrapy", junit)
+    missing = run_oldest_scrapy(tree, tmp_path / "no-venv" / "bin" / "scrapy", missing_junit)
+    newest = run_oldest_scrapy(tree, BIN / "scrapy", newest_junit)
+
+    assert oldest.returncode == 0, oldest.stdout + oldest.stderr
+    assert 'name="test_crawl"' in junit.read_text()
+    assert missing.returncode == 1 and not missing_junit.exists(), missing.stdout
+    assert f"no Scrapy 2.13 at {tmp_path}/no-venv/bin/scrapy; run: bash scripts/setup.sh" in missing.stderr
+    assert newest.returncode == 1 and not newest_junit.exists(), newest.stdout
+    assert "is Scrapy 2.19.0, not Scrapy 2.13; run: bash scripts/setup.sh" in newest.stderr
+    # Its tests are counted in the closing line, its time is its step's, not tests/clients'.
+    lines = report("clients-scrapy-2.13\t30\tok\n", "--junit-apart", junit, cwd=tmp_path)
+    assert lines[-1] == "pytest: 1 passed, 0 failed, 0 skipped", lines
+    assert not any(line.startswith("tests/clients") for line in lines), lines
+    assert any(line.split()[:3] == ["clients-scrapy-2.13", "30s", "45s"] for line in lines), lines

@@ -2,8 +2,8 @@
 crawler's tests: the crawl's exit code, its log and its stats (written by the spider as it closes).
 
 The Scrapy is .venv's (the newest pinned); ``EGRESS_PROXIES_TEST_SCRAPY`` names another one's
-``scrapy`` command (a virtualenv with an older Scrapy line) to run the same crawls against it,
-with this checkout's client on its path."""
+``scrapy`` command to run the same crawls against it, with this checkout's client on its path:
+scripts/test.sh's clients-scrapy-2.13 step points it at .venv-scrapy-2.13's (the oldest line)."""
 
 from __future__ import annotations
 
