@@ -224,7 +224,12 @@ def test_one_version_everywhere() -> None:
 
     assert newest is not None and newest.group(1) == version
     assert tomllib.loads((REPO / "controller" / "pyproject.toml").read_text())["project"]["version"] == version
-    assert tomllib.loads((REPO / "clients" / "python" / "pyproject.toml").read_text())["project"]["version"] == version
+    # The client's version has one home (pyproject.toml reads it dynamically): its version.py.
+    client = tomllib.loads((REPO / "clients" / "python" / "pyproject.toml").read_text())
+    assert client["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "egress_proxies_client.version.__version__"}
+    client_version = re.search(r'^__version__ = "([^"]+)"$', (
+        REPO / "clients" / "python" / "egress_proxies_client" / "version.py").read_text(), re.M)
+    assert client_version is not None and client_version.group(1) == version
     assert container["image"].rpartition(":")[2] == version
     assert set(re.findall(r"crawl-egress_proxies-(\d[^\s/]*?)\.tar\.gz", readme)) == {version}
     assert set(re.findall(r"egress-proxies-controller:(\d\S*)", readme)) == {version}

@@ -1,3 +1,3 @@
 """The distribution's version, in one place: pyproject.toml reads it (``[tool.setuptools.dynamic]``)."""
 
-__version__ = "0.2.0"
+__version__ = "0.1.0"
