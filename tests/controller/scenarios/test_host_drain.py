@@ -144,6 +144,12 @@ def test_cordon_then_drain_moves_every_proxy_make_before_break(
         assert len(our_domains(second_host)) == 3
         assert all(after[name] != before[name] and str(after[name]).startswith("kvm://hosts/h2/") for name in PROXIES)
         assert any("host h1 is draining" in line for line in lines)  # reported while instances were left
+        # Moved by the drain (a Normal Event each), never as a fault, and the old instance deleted after.
+        for name in PROXIES:
+            events = [line for line in lines if f"event crawlers/{name} " in line]
+            assert any("Normal: HostDraining: replacing instance kvm://hosts/h1/" in line for line in events), events
+            assert any("Replaced" in line for line in events), events
+            assert not [line for line in events if " Warning: " in line], events
     finally:
         os.killpg(process.pid, signal.SIGTERM)
         process.wait(timeout=60)
