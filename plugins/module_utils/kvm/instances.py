@@ -520,8 +520,8 @@ class KvmProvider:
         if host.state != HOST_ACTIVE:
             # Only a Proxy pinned here by its location gets this far (placement skips such hosts).
             raise Permanent("location: host %s is %s (%s) and takes no new proxies; set that field to %s "
-                            "or give the Proxy another location" % (host.name, host.state, host.at("state"),
-                                                                   HOST_ACTIVE))
+                            "or give the Proxy another location" % (
+                                host.name, host.state, host.at("state"), HOST_ACTIVE))
         if host.networking_errors:
             raise Permanent("host %s takes no new proxies until its networking is fixed: %s" % (
                 host.name, "; ".join(host.networking_errors)))
