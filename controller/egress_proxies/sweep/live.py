@@ -277,22 +277,9 @@ class LivePath:
             return
         proxy = self.observe(proxy, current, desired)
         others = tuple(i for i in mine if i is not current)
-        if quarantined(proxy) and controller_of(proxy) is None:
-            # A crawler reported this instance unusable (banned): replaced like a dead one, at once.
-            # A pool member is replaced by its pool instead (a new member), not here; a Proxy that
-            # only carries a pool's label is no member (``pool.owned_by``): replaced here.
-            unhealthy.append(_Unhealthy(proxy, current, desired, replacements, reasons.QUARANTINED,
-                                        f"a crawler quarantined instance {current.provider_id}", others))
-            return
-        chronic = self._chronic(proxy, current)
-        if chronic is not None:
-            # Serving now and then is not serving: crawlers would see it fail for ever.
-            unhealthy.append(_Unhealthy(proxy, current, desired, replacements, reasons.FLAPPING,
-                                        chronic, others))
-            return
-        if self._moving(proxy, current):
-            unhealthy.append(_Unhealthy(proxy, current, desired, replacements, reasons.HOST_DRAINING,
-                                        f"host {current.location} is draining", others))
+        replaced_now = self._replaced_now(proxy, current)
+        if replaced_now is not None:
+            unhealthy.append(_Unhealthy(proxy, current, desired, replacements, *replaced_now, others))
             return
         if self._ready(proxy):
             retire.extend((proxy, old) for old in mine if old is not current)
@@ -313,6 +300,21 @@ class LivePath:
         if since is not None and self.seconds_since(since) >= threshold:
             unhealthy.append(_Unhealthy(proxy, current, desired, replacements, str(serving.get("reason")),
                                         str(serving.get("message") or ""), others))
+
+    def _replaced_now(self, proxy: Proxy, current: Instance) -> tuple[str, str] | None:
+        """Why the instance is replaced whatever its failure clock says (reason, message), or None."""
+        if quarantined(proxy) and controller_of(proxy) is None:
+            # A crawler reported this instance unusable (banned): replaced like a dead one, at once.
+            # A pool member is replaced by its pool instead (a new member), not here; a Proxy that
+            # only carries a pool's label is no member (``pool.owned_by``): replaced here.
+            return reasons.QUARANTINED, f"a crawler quarantined instance {current.provider_id}"
+        chronic = self._chronic(proxy, current)
+        if chronic is not None:
+            # Serving now and then is not serving: crawlers would see it fail for ever.
+            return reasons.FLAPPING, chronic
+        if self._moving(proxy, current):
+            return reasons.HOST_DRAINING, f"host {current.location} is draining"
+        return None
 
     def _moving(self, proxy: Proxy, current: Instance) -> bool:
         """Whether the instance is on a draining location and can move: a Proxy pinned there by
