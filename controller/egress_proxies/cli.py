@@ -319,11 +319,24 @@ def check_config(runner: AnsibleRunner, path: Path) -> int:
 
     lines = [f"provider {name} ({provider_type}): {verdict(name)}" for name, provider_type in providers.types.items()]
     lines += [f"  {error}" for error in (*providers.errors, *backend)]
+    lines += location_state_lines(providers)
     lines += reachability_lines(providers)
     problems = len(providers.errors) + len(backend)
     lines.append(f"{path}: {f'{problems} error(s)' if problems else 'valid'}")
     sys.stdout.write("\n".join(lines) + "\n")
     return 1 if problems else 0
+
+
+# What each maintenance state of a location means, for --check-config.
+_STATE_MEANING = {"cordoned": "takes no new proxies; its instances stay",
+                  "draining": "takes no new proxies; its instances are replaced on the others, make before break "
+                              "(the controller's log says when none is left)"}
+
+
+def location_state_lines(providers: providers_module.ProviderSet) -> list[str]:
+    """``--check-config``: the locations taken out of placement on purpose (a KVM host's state)."""
+    return [f"  provider {name}: host {location} is {state}: {_STATE_MEANING.get(state, state)}"
+            for name, states in providers.location_states.items() for location, state in sorted(states.items())]
 
 
 def reachability_lines(providers: providers_module.ProviderSet) -> list[str]:

@@ -116,6 +116,12 @@ providers:
           locations (RV(providers[].valid) is not affected), but the file is not valid and RV(errors) lists them.
       type: list
       elements: str
+    location_states:
+      description:
+        - The locations that take no new proxies on purpose, by name, with their state (a KVM host's
+          C(state), C(cordoned) or C(draining)); active ones are left out. The controller replaces every
+          instance on a C(draining) location, make before break, elsewhere.
+      type: dict
     allowed_sources:
       description: Networks crawlers may use this provider's proxies from unless a Proxy says otherwise.
       type: list
@@ -240,6 +246,7 @@ def main() -> None:
         {"name": provider.name, "type": provider.type, "valid": not root_errors and provider.valid,
          "errors": root_errors + list(provider.errors), "probe": provider.probe.as_dict(),
          "location_errors": list(provider.location_errors),
+         "location_states": provider.kvm.location_states if provider.kvm is not None else {},
          "allowed_sources": list(provider.allowed_sources),
          "allowed_destinations": list(provider.allowed_destinations),
          "reachability": reachability(provider, str(report.owner)) if provider.valid else [],

@@ -180,6 +180,33 @@ def test_delete_from_a_missing_pool_succeeds(tmp_path: Path, libvirt_test: Libvi
     assert deleted.result["changed"] is False
 
 
+def test_a_host_that_is_not_active_takes_no_new_proxy(tmp_path: Path, libvirt_test: LibvirtTestDaemon,
+                                                       image: BaseImage) -> None:
+    with LibvirtTestDaemon() as second:
+        cordoned = {**kvm_host("h1", libvirt_test.uri, pool=POOL), "state": "cordoned"}
+        config = write_kvm_config(tmp_path / "providers.yaml", [cordoned, kvm_host("h2", second.uri, pool=POOL)],
+                                  image)
+        # h1 has fewer of ours than h2 every time, yet nothing is placed there.
+        placed = [proxy(config, tmp_path, name=f"p-{n}", tags=OWNER_TAGS).result["instance"]["location"]
+                  for n in range(2)]
+        assert placed == ["h2", "h2"] and our_domains(libvirt_test) == set()
+
+        pinned = proxy(config, tmp_path, name="pinned-1", location="h1", tags=OWNER_TAGS)
+        assert pinned.failed and pinned.result["error_class"] == "permanent", pinned.result
+        assert "providers[0].kvm.hosts[0].state" in pinned.result["msg"], pinned.result["msg"]
+        assert our_domains(libvirt_test) == set()
+
+        # No active host left: the error names each host's state field; their proxies are still listed.
+        both_out = write_kvm_config(
+            tmp_path / "draining.yaml", [{**cordoned, "state": "draining"}, {**kvm_host("h2", second.uri, pool=POOL),
+                                                                            "state": "cordoned"}], image)
+        refused = proxy(both_out, tmp_path, name="p-9", tags=OWNER_TAGS)
+        assert refused.failed and "no host can take a new proxy" in refused.result["msg"], refused.result
+        assert "host h1 is draining (providers[0].kvm.hosts[0].state)" in refused.result["msg"]
+        listed = info(both_out, tags=OWNER_TAGS)
+        assert sorted(i["location"] for i in listed.result["instances"]) == ["h2", "h2"]
+
+
 def test_placement_spreads_and_never_duplicates(tmp_path: Path, libvirt_test: LibvirtTestDaemon,
                                                 image: BaseImage) -> None:
     with LibvirtTestDaemon() as second:

@@ -48,6 +48,8 @@ class ProviderType(enum.StrEnum):
 
 _MODULE_PREFIX = {ProviderType.KVM: "kvm", ProviderType.GCP: "gcp", ProviderType.KUBERNETES: "k8s"}
 CONFIG_MODULE = "provider_config_info"
+# A location (KVM host) whose state is this: every instance on it is replaced elsewhere.
+DRAINING = "draining"
 
 
 @dataclass(frozen=True)
@@ -361,6 +363,12 @@ class ProviderSet:
     reachability: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     # name -> errors that keep single locations (a KVM host) from new proxies; the provider stays usable
     location_errors: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    # name -> {location: "cordoned" | "draining"}: locations that take no new proxies on purpose
+    location_states: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+
+    def draining(self, name: str) -> frozenset[str]:
+        """The locations of provider ``name`` whose instances are to move elsewhere."""
+        return frozenset(loc for loc, state in self.location_states.get(name, {}).items() if state == DRAINING)
 
     def clients(self, runner: Runner) -> dict[str, ProviderClient]:
         """A client for every valid provider."""
@@ -411,8 +419,10 @@ def check_config(runner: Runner, path: str, previous: ProviderSet | None = None,
     destinations: dict[str, tuple[str, ...]] = {}
     reachability: dict[str, tuple[str, ...]] = {}
     location_errors: dict[str, tuple[str, ...]] = {}
+    location_states: dict[str, dict[str, str]] = {}
     for provider in data.get("providers") or []:
         name = str(provider.get("name"))
+        location_states[name] = {str(k): str(v) for k, v in (provider.get("location_states") or {}).items()}
         if provider.get("location_errors"):
             location_errors[name] = tuple(str(e) for e in provider["location_errors"])
         sources[name] = tuple(str(s) for s in provider.get("allowed_sources") or ())
@@ -441,4 +451,4 @@ def check_config(runner: Runner, path: str, previous: ProviderSet | None = None,
     return ProviderSet(path=absolute, owner=str(owner), types=types, invalid=invalid, errors=errors, digest=digest,
                        probes=probes, sources=sources, backend_errors=backend_errors, destinations=destinations,
                        policy_version=str(data.get("access_policy_version") or ""), reachability=reachability,
-                       location_errors=location_errors)
+                       location_errors=location_errors, location_states=location_states)

@@ -38,7 +38,8 @@ RETIRING_TEMPLATE = "template"  # built from an older template
 # On any Proxy: the providerID a crawler reported as unusable (banned); set by the quarantine
 # endpoint. Only the instance it names is quarantined: a replacement is not.
 QUARANTINE_ANNOTATION = f"{GROUP}/quarantine"
-# On a bare Proxy: "<spec hash>:<n>", how many of its recorded replacements were for quarantine;
+# On a bare Proxy: "<spec hash>:<n>", how many of its recorded replacements were for quarantine (or
+# a draining host, sweep/live.NOT_THE_SPECS_FAULT);
 # they do not count toward ReplacementsExhausted (a banned IP says nothing about the spec).
 QUARANTINE_REPLACEMENTS = f"{GROUP}/quarantine-replacements"
 

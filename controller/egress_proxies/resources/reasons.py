@@ -42,6 +42,7 @@ CREATED = "Created"
 REPLACING = "Replacing"
 INSTANCE_LOST = "InstanceLost"  # also the Replacing condition's
 FLAPPING = "Flapping"  # also the Replacing condition's: probes failing a share of the window, in spells
+HOST_DRAINING = "HostDraining"  # also the Replacing condition's: its host's state is draining (moved elsewhere)
 REPLACED = "Replaced"
 DELETED = "Deleted"
 ABANDONED = "Abandoned"

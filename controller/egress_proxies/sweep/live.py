@@ -67,7 +67,9 @@ from egress_proxies.sweep.writer import ProxyWriter
 
 log = logging.getLogger(__name__)
 
-# The reason of a chronic flapper's replacement (its Replacing condition, Event and metric).
+# Replacements that say nothing about the spec: counted in QUARANTINE_REPLACEMENTS, never
+# toward ReplacementsExhausted.
+NOT_THE_SPECS_FAULT = (reasons.QUARANTINED, reasons.HOST_DRAINING)
 
 # Part of every build hash: instances carry the probe's per-instance identity user
 # (monitor.instance_identity), so one built without it is replaced, make before break.
@@ -144,8 +146,11 @@ class SweepPass:
 
 
 class LivePath:
-    def __init__(self, settings: LiveSettings, parts: LiveParts, sweep: SweepPass, plan: ProbeSettings) -> None:
+    def __init__(self, settings: LiveSettings, parts: LiveParts, sweep: SweepPass, plan: ProbeSettings,
+                 draining: frozenset[str] = frozenset()) -> None:
         self.settings = settings
+        # The provider's locations being drained (a KVM host's state: draining): their instances move.
+        self.draining = draining
         self.writer = parts.writer
         self.seconds_since = parts.seconds_since
         self.monitor = parts.monitor
@@ -216,6 +221,18 @@ class LivePath:
                     delay = provider_delay if transient else None
                     self.contain(create.proxy, partial(self._created, create, result, listing, retire, delay))
         self._retire(client, retire, "a successor replaces it")
+        self._report_draining(client.name, listing)
+
+    def _report_draining(self, provider: str, listing: Listing) -> None:
+        """Each sweep, what is left on every draining location: the operator's signal that the
+        host is empty (only from a complete listing: a host that did not answer is not empty)."""
+        for location in sorted(self.draining):
+            left = [i for i in listing.instances if i.location == location]
+            if left:
+                log.info("provider %s: host %s is draining: %d instance(s) left on it", provider, location, len(left))
+            elif listing.complete:
+                log.info("provider %s: host %s is drained: no instance of this controller is left on it; it can be "
+                         "taken down for maintenance", provider, location)
 
     def _batch_outcome(self, provider: str, results: Sequence[Result]) -> float | None:
         """The provider's share of a create batch. Any item created clears its backoff. Two or
@@ -260,18 +277,9 @@ class LivePath:
             return
         proxy = self.observe(proxy, current, desired)
         others = tuple(i for i in mine if i is not current)
-        if quarantined(proxy) and controller_of(proxy) is None:
-            # A crawler reported this instance unusable (banned): replaced like a dead one, at once.
-            # A pool member is replaced by its pool instead (a new member), not here; a Proxy that
-            # only carries a pool's label is no member (``pool.owned_by``): replaced here.
-            unhealthy.append(_Unhealthy(proxy, current, desired, replacements, reasons.QUARANTINED,
-                                        f"a crawler quarantined instance {current.provider_id}", others))
-            return
-        chronic = self._chronic(proxy, current)
-        if chronic is not None:
-            # Serving now and then is not serving: crawlers would see it fail for ever.
-            unhealthy.append(_Unhealthy(proxy, current, desired, replacements, reasons.FLAPPING,
-                                        chronic, others))
+        replaced_now = self._replaced_now(proxy, current)
+        if replaced_now is not None:
+            unhealthy.append(_Unhealthy(proxy, current, desired, replacements, *replaced_now, others))
             return
         if self._ready(proxy):
             retire.extend((proxy, old) for old in mine if old is not current)
@@ -292,6 +300,32 @@ class LivePath:
         if since is not None and self.seconds_since(since) >= threshold:
             unhealthy.append(_Unhealthy(proxy, current, desired, replacements, str(serving.get("reason")),
                                         str(serving.get("message") or ""), others))
+
+    def _replaced_now(self, proxy: Proxy, current: Instance) -> tuple[str, str] | None:
+        """Why the instance is replaced whatever its failure clock says (reason, message), or None."""
+        if quarantined(proxy) and controller_of(proxy) is None:
+            # A crawler reported this instance unusable (banned): replaced like a dead one, at once.
+            # A pool member is replaced by its pool instead (a new member), not here; a Proxy that
+            # only carries a pool's label is no member (``pool.owned_by``): replaced here.
+            return reasons.QUARANTINED, f"a crawler quarantined instance {current.provider_id}"
+        chronic = self._chronic(proxy, current)
+        if chronic is not None:
+            # Serving now and then is not serving: crawlers would see it fail for ever.
+            return reasons.FLAPPING, chronic
+        if self._moving(proxy, current):
+            return reasons.HOST_DRAINING, f"host {current.location} is draining"
+        return None
+
+    def _moving(self, proxy: Proxy, current: Instance) -> bool:
+        """Whether the instance is on a draining location and can move: a Proxy pinned there by
+        its spec.location cannot (it stays, and the host is never reported empty)."""
+        if current.location not in self.draining:
+            return False
+        if proxy.spec.get("location") == current.location:
+            log.warning("%s: its spec.location pins it to host %s, which is draining: not moved; give it another "
+                        "location", proxy.key, current.location)
+            return False
+        return True
 
     def _chronic(self, proxy: Proxy, current: Instance) -> str | None:
         """Why the instance is a chronic flapper by its probes' recent verdicts (None: it is not)."""
@@ -357,7 +391,7 @@ class LivePath:
     def _replace(self, provider: str, item: _Unhealthy, creates: list[_Create],
                  clear: list[tuple[Proxy, Instance]]) -> None:
         quarantines = quarantine_replacements(item.proxy.annotations, item.hash)
-        if item.replacements - quarantines >= self.settings.max_replacements and item.reason != reasons.QUARANTINED:
+        if item.replacements - quarantines >= self.settings.max_replacements and item.reason not in NOT_THE_SPECS_FAULT:
             message = (f"instance {item.instance.provider_id} is {item.reason} ({item.message}) after "
                        f"{item.replacements} replacements; fix the cause (image, cloudInit, probe target), then "
                        "change the spec or delete the annotation crawl.example.com/replacements to try again")
@@ -367,14 +401,15 @@ class LivePath:
         # Recorded before the create: a crash in between finds the same name again.
         def record(p: Proxy) -> None:
             p.annotations[REPLACEMENTS_ANNOTATION] = f"{item.hash}:{count}"
-            if item.reason == reasons.QUARANTINED:  # not counted toward ReplacementsExhausted
+            if item.reason in NOT_THE_SPECS_FAULT:  # not counted toward ReplacementsExhausted
                 p.annotations[QUARANTINE_REPLACEMENTS] = f"{item.hash}:{quarantines + 1}"
         proxy = self.writer.update_metadata(item.proxy, record)
-        reason = item.reason if item.reason in (reasons.QUARANTINED, reasons.FLAPPING) else (
+        reason = item.reason if item.reason in (*NOT_THE_SPECS_FAULT, reasons.FLAPPING) else (
             reasons.INSTANCE_LOST if item.reason in LOST_REASONS else reasons.NOT_SERVING)
         metrics.REPLACEMENTS.labels(provider=provider, reason=reason).inc()
         why = item.message if item.message.startswith(item.reason) else f"{item.reason}: {item.message}"
-        self.writer.store.record_event(proxy, "Warning", reason,
+        kind = "Normal" if reason == reasons.HOST_DRAINING else "Warning"  # maintenance, not a fault
+        self.writer.store.record_event(proxy, kind, reason,
                                        f"replacing instance {item.instance.provider_id}: {why}")
         name = instance_name(proxy, item.hash, count)
         replacing = ("True", reason, (f"instance {item.instance.provider_id} is being replaced by {name} "

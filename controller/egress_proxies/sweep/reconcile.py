@@ -282,7 +282,7 @@ class Reconciler:
         sweep = SweepPass(config.owner, contain, report.add, access=access)
 
         def reconcile_provider(name: str) -> None:
-            live_path = LivePath(live_settings, parts, sweep, config.probes[name])
+            live_path = LivePath(live_settings, parts, sweep, config.probes[name], config.draining(name))
             try:
                 live_path.reconcile(clients[name], by_provider.get(name, []), listings[name])
             except Exception as error:  # a bug must not take the other providers' sweep with it

@@ -98,7 +98,7 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.networkin
     reserve_address,
 )
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.run_memo import RunMemo
-from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.settings import KvmHost, KvmSettings
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.settings import HOST_ACTIVE, KvmHost, KvmSettings
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.provider_id import (
     format_provider_id,
     parse_provider_id,
@@ -370,10 +370,14 @@ class KvmProvider:
         if request.location:
             return self._host(request.location)
         owner = request.tags.get(OWNER_TAG, "")
-        # A host whose networking fields are wrong takes no new proxies; the others do.
-        hosts = [h for h in self.settings.hosts if not h.networking_errors]
+        # A host whose networking fields are wrong, or that is cordoned or draining, takes no new
+        # proxies; the others do.
+        hosts = [h for h in self.settings.hosts if h.takes_new_proxies]
         if not hosts:
-            raise Permanent("no host can take a new proxy: %s" % "; ".join(self.settings.location_errors))
+            states = ["host %s is %s (%s)" % (h.name, h.state, h.at("state"))
+                      for h in self.settings.hosts if h.state != HOST_ACTIVE]
+            raise Permanent("no host can take a new proxy: %s" % "; ".join(
+                list(self.settings.location_errors) + states))
         fleet = self._fleet()
         with self._placement_lock:
             counts = self._placed.get(owner)
@@ -516,6 +520,11 @@ class KvmProvider:
         self._memo.get(("networking checked", host.name), lambda: self._check_network(host))
 
     def _check_network(self, host: KvmHost) -> bool:
+        if host.state != HOST_ACTIVE:
+            # Only a Proxy pinned here by its location gets this far (placement skips such hosts).
+            raise Permanent("location: host %s is %s (%s) and takes no new proxies; set that field to %s "
+                            "or give the Proxy another location" % (
+                                host.name, host.state, host.at("state"), HOST_ACTIVE))
         if host.networking_errors:
             raise Permanent("host %s takes no new proxies until its networking is fixed: %s" % (
                 host.name, "; ".join(host.networking_errors)))

@@ -28,6 +28,13 @@ IMAGE_FORMATS = ("qcow2", "raw")
 # How a host's libvirt network reaches the world (docs/kvm-provider.md, "Networking"): behind the
 # host's address (nat), routed to it (route), or on a bridge to its LAN (bridge).
 NETWORK_MODES = ("nat", "route", "bridge")
+# A host's maintenance state (docs/operations.md, "Draining a KVM host"): active takes new proxies;
+# cordoned takes none (its running ones stay); draining takes none and the controller replaces
+# each of its instances, make before break, on the other hosts.
+HOST_ACTIVE = "active"
+HOST_CORDONED = "cordoned"
+HOST_DRAINING = "draining"
+HOST_STATES = (HOST_ACTIVE, HOST_CORDONED, HOST_DRAINING)
 # kvm.domainCacheSeconds' default: a domain edited in place by hand is seen within 10 minutes.
 DOMAIN_CACHE_SECONDS = 600
 PORT_RANGE_RE = re.compile(r"^([0-9]{1,5})-([0-9]{1,5})$")
@@ -80,6 +87,12 @@ class KvmHost:
     proxies (its running ones are listed and deleted as ever)."""
     path: str = field(default="", compare=False)
     """Its field path in the provider config (``providers[0].kvm.hosts[1]``), for messages."""
+    state: str = HOST_ACTIVE
+    """``hosts[].state``: only an active host takes new proxies (``HOST_STATES``)."""
+
+    @property
+    def takes_new_proxies(self) -> bool:
+        return self.state == HOST_ACTIVE and not self.networking_errors
 
     def at(self, key: str) -> str:
         return "%s.%s" % (self.path, key) if self.path else key
@@ -145,6 +158,14 @@ class KvmSettings:
     def location_errors(self) -> Tuple[str, ...]:
         """Errors that make single hosts unusable for new proxies, not the whole section."""
         return tuple(error for host in self.hosts for error in host.networking_errors)
+
+    @property
+    def location_states(self) -> Dict[str, str]:
+        """The hosts that are not active (cordoned or draining), by name. With no host left to take
+        new proxies a draining host is reported cordoned: its proxies have nowhere to go."""
+        somewhere = any(host.takes_new_proxies for host in self.hosts)
+        return {host.name: host.state if somewhere else HOST_CORDONED for host in self.hosts
+                if host.state != HOST_ACTIVE}
 
 
 # --- KVM host URIs: host keys can never be switched off ---------------------------------------
@@ -278,6 +299,7 @@ def parse_kvm_section(reader: Reader, errors: Errors) -> Optional[KvmSettings]:
                 "vendorData", "installGuestAgent", "domainCacheSeconds")
     ssh = _ssh(reader, errors)
     hosts = _hosts(reader, errors)
+    _check_somewhere_to_drain_to(hosts, errors)
     images = _images(reader, errors)
     machine_types = _machine_types(reader, errors)
     # A default is checked against the keys as written, even when one of their entries is bad.
@@ -321,7 +343,7 @@ def _hosts(reader: Reader, errors: Errors) -> List[KvmHost]:
         host = errors.read(Reader, raw, "%s[%d]" % (reader.at("hosts"), index))
         if host is None:
             continue
-        host.only(errors, "name", "uri", "pool", "network", "domainType", *NETWORKING_FIELDS)
+        host.only(errors, "name", "uri", "pool", "network", "domainType", "state", *NETWORKING_FIELDS)
         name = errors.read(
             host.string, "name", pattern=IDENTIFIER_RE,
             rule=IDENTIFIER_RULE + ", because it becomes part of providerIDs (kvm://hosts/<name>/domains/...); "
@@ -342,15 +364,29 @@ def _hosts(reader: Reader, errors: Errors) -> List[KvmHost]:
         pool = errors.read(host.string, "pool", "default")
         network = errors.read(host.string, "network", "default")
         domain_type = errors.read(host.choice, "domainType", DOMAIN_TYPES, "kvm")
+        state = errors.read(host.choice, "state", HOST_STATES, HOST_ACTIVE)
         networking_errors = Errors()
         networking = _networking(host, networking_errors)
         errors.locations.extend(networking_errors.messages)
         if name is not None and uri is not None and pool is not None and network is not None \
-                and domain_type is not None:
+                and domain_type is not None and state is not None:
             hosts.append(KvmHost(name=name, uri=uri, pool=pool, network=network, domain_type=domain_type,
                                  networking=networking, networking_errors=tuple(networking_errors.messages),
-                                 path=host.path))
+                                 path=host.path, state=state))
     return hosts
+
+
+def _check_somewhere_to_drain_to(hosts: List[KvmHost], errors: Errors) -> None:
+    """A draining host needs another that takes new proxies, or every replacement would fail (and
+    each Proxy with it) while the old instances still serve. A location error: placement stays as
+    it is, and ``location_states`` reports such a host as cordoned, so nothing is replaced."""
+    if any(host.takes_new_proxies for host in hosts):
+        return
+    for host in hosts:
+        if host.state == HOST_DRAINING:
+            errors.locations.append(
+                "%s: draining needs another host that takes new proxies (state active, networking valid) to move "
+                "this host's proxies to; set one active, or set this one cordoned" % host.at("state"))
 
 
 NETWORKING_FIELDS = ("networkMode", "publicAddress", "publishPorts", "sourceAddresses")

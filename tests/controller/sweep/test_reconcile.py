@@ -508,3 +508,26 @@ def test_namespaces_that_cannot_be_read_fail_the_sweep(store: MemoryStore, runne
     report = rec.sweep()
     assert not report.ok and "namespaces is forbidden" in report.summary()
     assert "create" not in runner.verbs()
+
+
+def test_a_draining_host_moves_its_proxies_but_not_one_pinned_there(
+        store: MemoryStore, runner: FakeRunner, config: Path, clock: Clock, caplog: pytest.LogCaptureFixture) -> None:
+    store.add("eu-1", SPEC)
+    store.add("pinned", {**SPEC, "location": "h1"})
+    rec = reconciler(store, runner, config, clock)
+    assert rec.sweep().created == 2  # both on h1 (the fake's only host)
+    runner.location_states = {"home-kvm": {"h1": "draining"}}
+    config.write_text(config.read_text() + "# h1 draining\n")  # the file changed: read again
+    runner.calls.clear()
+    with caplog.at_level(logging.INFO, logger="egress_proxies"):
+        report = rec.sweep()
+    assert report.ok and report.created == 1  # eu-1's successor; the pinned one stays
+    # Make before break: its successor Ready at once here (the fake's), the old one deleted after.
+    assert store.reasons("crawlers/eu-1")[-3:] == ["HostDraining", "Replacing", "Replaced"]
+    assert "HostDraining" not in store.reasons("crawlers/pinned")
+    assert store.get("eu-1").status["phase"] == "Ready"
+    assert REGISTRY.get_sample_value("egress_proxies_replacements_total",
+                                     {"provider": "home-kvm", "reason": "HostDraining"}) is not None
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("crawlers/pinned: its spec.location pins it to host h1, which is draining" in m for m in messages)
+    assert any("host h1 is draining: " in m and "instance(s) left on it" in m for m in messages), messages

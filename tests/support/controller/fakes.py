@@ -159,6 +159,8 @@ class FakeRunner:
     policy_version: str = POLICY_VERSION
     # Every provider's probe settings as the validator reports them (None: probe: none).
     probe: dict[str, Any] | None = None
+    # provider name -> {location: "cordoned" | "draining"}, as the validator reports a KVM host's state.
+    location_states: dict[str, dict[str, str]] = field(default_factory=dict)
 
     def run(self, provider: str, verb: str, operations: Sequence[Operation]) -> list[OperationResult]:
         if operations and operations[0].module == "provider_config_info":
@@ -248,7 +250,8 @@ class FakeRunner:
                       "errors": self.invalid_providers.get(p["name"], []), "probe": dict(probe),
                       "allowed_sources": p.get("allowedSources") or ["10.0.0.0/8"],
                       "backend_errors": self.backend_errors.get(p["name"], []) if asked else [],
-                      "allowed_destinations": p.get("allowedDestinations") or []}
+                      "allowed_destinations": p.get("allowedDestinations") or [],
+                      "location_states": self.location_states.get(p["name"], {})}
                      for p in document["providers"]]
         errors = [e for p in providers for e in p["errors"]]
         return OperationResult(ok=True, result={"valid": not errors, "owner": document["owner"],

@@ -62,6 +62,9 @@ def test_defaults_are_applied() -> None:
 BAD_FIELDS = [
     pytest.param(changed(((*KVM, "hosts", 1, "domaintype"), "qemu")),
                  "providers[0].kvm.hosts[1].domaintype: unknown field", id="kvm-host-typo"),
+    pytest.param(changed(((*KVM, "hosts", 0, "state"), "maintenance")),
+                 "providers[0].kvm.hosts[0].state: 'maintenance' is not one of active, cordoned, draining",
+                 id="bad-host-state"),
     pytest.param(changed(((*KVM, "hosts", 0, "domainType"), "xen")),
                  "providers[0].kvm.hosts[0].domainType: 'xen' is not one of kvm, qemu", id="bad-domain-type"),
     pytest.param(changed(((*KVM, "hosts", 1, "name"), "beelink")),
@@ -241,3 +244,28 @@ def test_a_publish_range_below_1024_keeps_proxies_off_that_host_naming_the_field
     assert error.startswith("providers[0].kvm.hosts[0].publishPorts: '20-30' is not a port range first-last within "
                             "1024-65535"), error
     assert settings.hosts[1].networking_errors == ()
+
+
+def test_host_states_keep_new_proxies_off_and_are_reported_by_name() -> None:
+    draining = changed(((*KVM, "hosts", 0, "state"), "draining"))
+    settings = parse_provider_config(draining).providers[0].kvm
+    assert settings is not None
+    assert [host.takes_new_proxies for host in settings.hosts] == [False, True]
+    assert settings.location_states == {settings.hosts[0].name: "draining"}
+    assert config_errors(draining) == []  # a state is no error: the file stays valid
+    cordoned = parse_provider_config(changed(((*KVM, "hosts", 1, "state"), "cordoned"))).providers[0].kvm
+    assert cordoned is not None and cordoned.location_states == {cordoned.hosts[1].name: "cordoned"}
+    default = parse_provider_config(valid_document()).providers[0].kvm
+    assert default is not None and default.location_states == {}
+    assert all(host.takes_new_proxies for host in default.hosts)
+
+
+def test_draining_every_host_is_a_location_error_and_moves_nothing() -> None:
+    # Nowhere to move to: each replacement would fail, and its Proxy with it, while the old serve.
+    document = changed(((*KVM, "hosts", 0, "state"), "draining"), ((*KVM, "hosts", 1, "state"), "cordoned"))
+    report = parse_provider_config(document)
+    settings = report.providers[0].kvm
+    assert settings is not None and report.providers[0].valid  # the provider stays usable
+    assert settings.location_states == {settings.hosts[0].name: "cordoned", settings.hosts[1].name: "cordoned"}
+    (error,) = report.providers[0].location_errors
+    assert error.startswith("providers[0].kvm.hosts[0].state: draining needs another host that takes new proxies")
