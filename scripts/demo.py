@@ -78,9 +78,11 @@ READY_TIMEOUT = 900.0  # per step; a guest serves ~35 s after it starts on a qui
 TEAM = "crawlers-team"
 
 # The web server the crawler's curl fetches from and the probe target in one: the project's own
-# ``egress-proxies probe-target`` (204 for any path, ``/echo`` the caller's address), inside the
-# namespace, where the guests reach it on their bridge; its key file lives in the demo's
-# directory, so every process the demo starts names that directory (how leftovers are found).
+# ``egress-proxies probe-target`` (204 for any path, ``/echo`` the caller's address), in a namespace
+# standing for the internet beside the host's (INTERNET_NET), which the guests reach through their
+# host's NAT; its key file lives in the demo's directory, so every process the demo starts names
+# that directory (how leftovers are found).
+INTERNET_NET = "10.223.0"
 
 
 class DemoFailed(Exception):
@@ -144,7 +146,7 @@ def image_with_progress(timeline: Timeline) -> Any:
     return image
 
 
-def provider_config(path: Path, host: HypervisorHost, known_hosts: Path, image: Any) -> None:
+def provider_config(path: Path, host: HypervisorHost, known_hosts: Path, image: Any, target: str) -> None:
     bridge = host.guest_network_address
     size = json.loads(subprocess.run(["qemu-img", "info", "--output=json", str(image.path)], capture_output=True,
                                      text=True, check=True).stdout)["virtual-size"]
@@ -152,17 +154,18 @@ def provider_config(path: Path, host: HypervisorHost, known_hosts: Path, image: 
         "owner": "demo",
         "providers": [{
             "name": PROVIDER, "type": "kvm",
-            # Everything the probe fetches is served inside the namespace, on the guests' bridge.
-            "probe": {"httpUrl": f"http://{bridge}:{WEB_PORT}/generate_204",
-                      "keyFile": str(path.with_name("probe.key")), "connect": f"{bridge}:{TUNNEL_PORT}",
-                      "egressEchoUrl": f"http://{bridge}:{WEB_PORT}/echo", "timeoutSeconds": 5,
+            # Everything the probe fetches is served in the "internet" namespace beside the host's
+            # (a proxy never reaches the machine it runs on, so not on the host's bridge).
+            "probe": {"httpUrl": f"http://{target}:{WEB_PORT}/generate_204",
+                      "keyFile": str(path.with_name("probe.key")), "connect": f"{target}:{TUNNEL_PORT}",
+                      "egressEchoUrl": f"http://{target}:{WEB_PORT}/echo", "timeoutSeconds": 5,
                       # Under software emulation on a loaded machine a guest may take minutes
                       # to boot: no replacement of a guest that is merely slow within the demo.
                       "unhealthyAfterSeconds": 1800},
             # The crawlers' network: the namespace's side of the guests' bridge.
             "allowedSources": [f"{bridge.rsplit('.', 1)[0]}.0/24"],
-            # The probe's target on the bridge is internal: opened on purpose, that address only.
-            "allowedDestinations": [f"{bridge}/32"],
+            # The probe's target is on a private network: opened on purpose, that address only.
+            "allowedDestinations": [f"{target}/32"],
             "kvm": {
                 "hosts": [{"name": LOCATION, "uri": f"qemu+ssh://root@{host.address}/system", "pool": "default",
                            "network": "default", "domainType": "qemu"}],
@@ -221,6 +224,28 @@ def tail(path: Path, lines: int = 25) -> str:
         return "(none)"
 
 
+def internet_beside(host: HypervisorHost, stack: ExitStack) -> tuple[str, str]:
+    """A network namespace of its own standing for the internet, joined to the host's by a veth
+    pair: (its name, its address). The guests reach it through their host's NAT, as they would a
+    site; nothing in it is an address of the host's, which a proxy never reaches."""
+    namespace = f"egress-proxies-demo-net-{secrets.token_hex(3)}"
+    subprocess.run(["ip", "netns", "add", namespace], check=True, capture_output=True)
+    stack.callback(subprocess.run, ["ip", "netns", "del", namespace], check=False, capture_output=True)
+    host_side, address = f"{INTERNET_NET}.1", f"{INTERNET_NET}.2"
+    commands = [
+        ["ip", "link", "add", "epdnet0", "netns", host.namespace, "type", "veth",
+         "peer", "epdnet1", "netns", namespace],
+        ["ip", "-n", host.namespace, "addr", "add", f"{host_side}/24", "dev", "epdnet0"],
+        ["ip", "-n", host.namespace, "link", "set", "epdnet0", "up"],
+        ["ip", "-n", namespace, "addr", "add", f"{address}/24", "dev", "epdnet1"],
+        ["ip", "-n", namespace, "link", "set", "epdnet1", "up"],
+        ["ip", "-n", namespace, "link", "set", "lo", "up"],
+    ]
+    for command in commands:
+        subprocess.run(command, check=True, capture_output=True)
+    return namespace, address
+
+
 def start_probe_target(demo: Path, namespace: str, stack: ExitStack) -> None:
     """The probe target (and the crawler's web server) in ``namespace``, with a new key in
     ``demo/probe.key`` (the file the provider config names); stopped by ``stack``."""
@@ -249,13 +274,14 @@ def real(demo: Path, stack: ExitStack) -> int:
     timeline.add("hypervisor bootstrap (playbook)", run.seconds)
     say(f"   bootstrapped in {run.seconds:.0f} s: {' '.join(run.stdout.strip().splitlines()[-1].split())}")
 
-    start_probe_target(demo, host.namespace, stack)
-    web_url = f"http://{host.guest_network_address}:{WEB_PORT}/"
+    internet, target = internet_beside(host, stack)
+    start_probe_target(demo, internet, stack)
+    web_url = f"http://{target}:{WEB_PORT}/"
 
     proxies, work = demo / "proxies", demo / "work"
     proxies.mkdir()
     config = demo / "providers.yaml"
-    provider_config(config, host, run.known_hosts_file, image)
+    provider_config(config, host, run.known_hosts_file, image, target)
     token = secrets.token_urlsafe(24)
     tokens = demo / "discovery-tokens.yaml"
     tokens.write_text(yaml.safe_dump([{"name": TEAM, "sha256": hashlib.sha256(token.encode()).hexdigest(),
