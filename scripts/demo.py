@@ -79,10 +79,10 @@ TEAM = "crawlers-team"
 
 # The web server the crawler's curl fetches from and the probe target in one: the project's own
 # ``egress-proxies probe-target`` (204 for any path, ``/echo`` the caller's address), in a namespace
-# standing for the internet beside the host's (INTERNET_NET), which the guests reach through their
-# host's NAT; its key file lives in the demo's directory, so every process the demo starts names
-# that directory (how leftovers are found).
-INTERNET_NET = "10.223.0"
+# of its own on the guests' network (host part SITE_HOST, above the DHCP range), not on the host:
+# a proxy never reaches the machine it runs on. Its key file lives in the demo's directory, so
+# every process the demo starts names that directory (how leftovers are found).
+SITE_HOST = 254
 
 
 class DemoFailed(Exception):
@@ -154,8 +154,8 @@ def provider_config(path: Path, host: HypervisorHost, known_hosts: Path, image: 
         "owner": "demo",
         "providers": [{
             "name": PROVIDER, "type": "kvm",
-            # Everything the probe fetches is served in the "internet" namespace beside the host's
-            # (a proxy never reaches the machine it runs on, so not on the host's bridge).
+            # Everything the probe fetches is served by a site on the guests' network (a proxy
+            # never reaches the machine it runs on, so not on the host's bridge address).
             "probe": {"httpUrl": f"http://{target}:{WEB_PORT}/generate_204",
                       "keyFile": str(path.with_name("probe.key")), "connect": f"{target}:{TUNNEL_PORT}",
                       "egressEchoUrl": f"http://{target}:{WEB_PORT}/echo", "timeoutSeconds": 5,
@@ -225,17 +225,21 @@ def tail(path: Path, lines: int = 25) -> str:
 
 
 def internet_beside(host: HypervisorHost, stack: ExitStack) -> tuple[str, str]:
-    """A network namespace of its own standing for the internet, joined to the host's by a veth
-    pair: (its name, its address). The guests reach it through their host's NAT, as they would a
-    site; nothing in it is an address of the host's, which a proxy never reaches."""
+    """A network namespace of its own standing for a site on the guests' network, joined to the
+    guests' bridge by a veth pair: (its name, its address). The guests reach it as another machine
+    on their LAN (the demo's network has no way out); it is no address of the host's, which a proxy
+    never reaches."""
     namespace = f"egress-proxies-demo-net-{secrets.token_hex(3)}"
     subprocess.run(["ip", "netns", "add", namespace], check=True, capture_output=True)
     stack.callback(subprocess.run, ["ip", "netns", "del", namespace], check=False, capture_output=True)
-    host_side, address = f"{INTERNET_NET}.1", f"{INTERNET_NET}.2"
+    bridge = host.guest_network_address
+    found = subprocess.run(["ip", "-n", host.namespace, "-o", "address", "show", "to", bridge],
+                           check=True, capture_output=True, text=True).stdout.split()
+    device, address = found[1], f"{bridge.rsplit('.', 1)[0]}.{SITE_HOST}"
     commands = [
         ["ip", "link", "add", "epdnet0", "netns", host.namespace, "type", "veth",
          "peer", "epdnet1", "netns", namespace],
-        ["ip", "-n", host.namespace, "addr", "add", f"{host_side}/24", "dev", "epdnet0"],
+        ["ip", "-n", host.namespace, "link", "set", "epdnet0", "master", device],
         ["ip", "-n", host.namespace, "link", "set", "epdnet0", "up"],
         ["ip", "-n", namespace, "addr", "add", f"{address}/24", "dev", "epdnet1"],
         ["ip", "-n", namespace, "link", "set", "epdnet1", "up"],
