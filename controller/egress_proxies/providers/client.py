@@ -380,6 +380,23 @@ class ProviderSet:
         return not self.errors
 
 
+def _validated(runner: Runner, absolute: str, check_backends: bool) -> dict[str, Any]:
+    """``provider_config_info``'s result for the file; ConfigUnreadable when it has none."""
+    # "_config" can never be a provider's name (names start with a letter or digit): the runner's
+    # metrics count this call apart from every provider's.
+    arguments = {"provider_config": absolute, **({"check_backends": True} if check_backends else {})}
+    outcome = runner.run("_config", "check", [Operation(CONFIG_MODULE, arguments)])[0]
+    if not outcome.ok and not outcome.result:
+        # The validator never ran (no module result at all: a collection not found, a killed
+        # run): nothing is known about the file, so the message must not blame it.
+        raise ConfigUnreadable(f"provider config {absolute}: not checked: the collection's {CONFIG_MODULE} "
+                               f"did not run ({outcome.message}); is crawl.egress_proxies installed in "
+                               "ANSIBLE_COLLECTIONS_PATH?")
+    if not outcome.ok:
+        raise ConfigUnreadable(f"provider config {absolute}: {outcome.message}")
+    return dict(outcome.result)
+
+
 def check_config(runner: Runner, path: str, previous: ProviderSet | None = None,
                  check_backends: bool = False) -> ProviderSet:
     """Validate the provider config with the collection's ``provider_config_info`` module.
@@ -397,19 +414,7 @@ def check_config(runner: Runner, path: str, previous: ProviderSet | None = None,
         raise ConfigUnreadable(f"provider config {absolute}: cannot read it: {error.strerror}") from error
     if previous is not None and previous.digest == digest and previous.path == absolute:
         return previous
-    # "_config" can never be a provider's name (names start with a letter or digit): the runner's
-    # metrics count this call apart from every provider's.
-    arguments = {"provider_config": absolute, **({"check_backends": True} if check_backends else {})}
-    outcome = runner.run("_config", "check", [Operation(CONFIG_MODULE, arguments)])[0]
-    if not outcome.ok and not outcome.result:
-        # The validator never ran (no module result at all: a collection not found, a killed
-        # run): nothing is known about the file, so the message must not blame it.
-        raise ConfigUnreadable(f"provider config {absolute}: not checked: the collection's {CONFIG_MODULE} "
-                               f"did not run ({outcome.message}); is crawl.egress_proxies installed in "
-                               "ANSIBLE_COLLECTIONS_PATH?")
-    if not outcome.ok:
-        raise ConfigUnreadable(f"provider config {absolute}: {outcome.message}")
-    data = outcome.result
+    data = _validated(runner, absolute, check_backends)
     errors = tuple(str(e) for e in data.get("errors") or [])
     types: dict[str, ProviderType] = {}
     invalid: dict[str, tuple[str, ...]] = {}
