@@ -15,7 +15,6 @@ from typing import Any
 
 import pytest
 
-from ansible_collections.crawl.egress_proxies.plugins.module_utils.config import load_provider_config
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.instance import InstanceRequest
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm import instances
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.instances import (
@@ -25,7 +24,7 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.instances
 )
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.settings import KvmSettings
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.proxy_module import run_items
-from support.collection.provider_config import OWNER_TAGS, BaseImage, kvm_host, write_kvm_config
+from support.collection.provider_config import OWNER_TAGS, BaseImage, kvm_settings
 from support.hosts.libvirt_daemon import LibvirtTestDaemon
 
 HOSTS = 2
@@ -43,12 +42,7 @@ def daemons() -> Iterator[list[LibvirtTestDaemon]]:
 def settings(daemons: list[LibvirtTestDaemon], image: BaseImage, tmp_path: Path) -> KvmSettings:
     for daemon in daemons:
         daemon.reset()
-    config = write_kvm_config(tmp_path / "providers.yaml",
-                              [kvm_host(f"h{index}", daemon.uri, pool=POOL) for index, daemon in enumerate(daemons)],
-                              image)
-    loaded = load_provider_config(str(config)).provider("lab", "kvm").kvm
-    assert loaded is not None
-    return loaded
+    return kvm_settings(tmp_path / "providers.yaml", [daemon.uri for daemon in daemons], image, POOL)
 
 
 def request(number: int, location: str | None = None) -> InstanceRequest:

@@ -11,6 +11,9 @@ from typing import Any
 
 import yaml
 
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.config import load_provider_config
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.settings import KvmSettings
+
 OWNER = "test-owner"
 OWNER_TAGS = {"crawl.example.com/owner": OWNER}
 
@@ -66,6 +69,15 @@ def write_kvm_config(path: Path, hosts: Sequence[dict[str, Any]], image: BaseIma
     document = {"owner": OWNER, "providers": [provider, *extra_providers]}
     path.write_text(yaml.safe_dump(document, sort_keys=False))
     return path
+
+
+def kvm_settings(path: Path, uris: Sequence[str], image: BaseImage, pool: str = "default") -> KvmSettings:
+    """The ``lab`` provider's parsed KVM section over hosts ``h0``, ``h1``... at ``uris``, written to
+    ``path`` first (the module code under test reads settings, not files)."""
+    config = write_kvm_config(path, [kvm_host(f"h{index}", uri, pool=pool) for index, uri in enumerate(uris)], image)
+    loaded = load_provider_config(str(config)).provider("lab", "kvm").kvm
+    assert loaded is not None
+    return loaded
 
 
 def write_kubeconfig(path: Path, server: str) -> Path:
