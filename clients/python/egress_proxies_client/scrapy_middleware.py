@@ -311,11 +311,7 @@ class EgressProxiesMiddleware:
             self._inc("egress_proxies/proxy_retries_spent")
             log.warning("%s: no more tries through another proxy (%d; last: %s)", request.url, retries, why)
             return None
-        again = request.replace(dont_filter=True)
-        self._unassign(again)
-        again.meta[PROXY_RETRIES_META] = retries + 1
-        self._inc("egress_proxies/proxy_retries")
-        return again
+        return self._through_another(request, PROXY_RETRIES_META, retries, "egress_proxies/proxy_retries")
 
     def _again_after_ban(self, request: Request, response: Response, reason: str) -> Request | Response:
         """The request once more through another proxy, or the ban response when retries are spent."""
@@ -324,10 +320,15 @@ class EgressProxiesMiddleware:
             self._inc("egress_proxies/ban_gave_up")
             log.warning("gave up on %s after %d bans (%s)", request.url, retries + 1, reason)
             return response
+        return self._through_another(request, BAN_RETRIES_META, retries, "egress_proxies/ban_retries")
+
+    def _through_another(self, request: Request, counter: str, retries: int, stat: str) -> Request:
+        """A copy of ``request`` with no proxy assigned (the next pick chooses), its ``counter`` meta
+        key one higher, counted in ``stat``."""
         again = request.replace(dont_filter=True)
         self._unassign(again)
-        again.meta[BAN_RETRIES_META] = retries + 1
-        self._inc("egress_proxies/ban_retries")
+        again.meta[counter] = retries + 1
+        self._inc(stat)
         return again
 
     def _ban_reason(self, request: Request, response: Response) -> str | None:
