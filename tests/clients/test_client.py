@@ -6,7 +6,6 @@ controller, and quarantine reports with 401, 403, 404 and 429 answers.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import threading
 import time
@@ -275,34 +274,3 @@ def test_a_ban_report_outlives_an_outage_and_close_flushes_for_a_bounded_time(
     assert outcome.undelivered and not outcome.quarantined
     assert "not delivered before the client closed" in outcome.detail
     assert 0.9 <= closed_in < 5, closed_in
-
-
-def test_the_asyncio_api_never_blocks_the_event_loop(tmp_path: Path) -> None:
-    """Issue 41 row 7: apick's wait for a proxy lets the loop run (pick's would block it)."""
-    discovery = DiscoveryServer(tmp_path)  # nothing listed yet
-
-    async def crawl() -> tuple[int, str]:
-        client = await asyncio.to_thread(ProxyClient, discovery.url, CRAWLER_TOKEN, namespace="crawlers",
-                                         refresh_seconds=0.5)
-        ticks = 0
-
-        async def tick() -> None:
-            nonlocal ticks
-            while True:
-                await asyncio.sleep(0.01)
-                ticks += 1
-
-        ticker = asyncio.create_task(tick())
-        asyncio.get_running_loop().call_later(0.5, discovery.add, "eu-0", "10.20.0.1")
-        try:
-            proxy = await client.apick(wait=10)
-        finally:
-            ticker.cancel()
-            await client.aclose(timeout=1)
-        return ticks, proxy.name
-
-    try:
-        ticks, name = asyncio.run(crawl())
-    finally:
-        discovery.stop()
-    assert name == "eu-0" and ticks >= 20, ticks  # the loop ran on while apick waited (>= 0.5 s)
