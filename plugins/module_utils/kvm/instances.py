@@ -570,7 +570,9 @@ class KvmProvider:
         # refuses the hypervisor's addresses too (issue 38).
         # The root's probeSources join the crawlers' sources (squid's and the hook's), as on every provider.
         access = admitting_probes(request.access, self.probe_sources)
-        policy = boothook(access, host_addresses(connection, host)) if access is not None else None
+        # The host's addresses (a network XML read) once per host and run, like its pool and base.
+        refused = self._memo.get(("host addresses", host.name), lambda: host_addresses(connection, host))
+        policy = boothook(access, refused) if access is not None else None
         vendor_data = build_vendor_data(self.settings.vendor_data, self.settings.install_guest_agent, policy)
         seed = build_seed_iso(request.user_data, build_meta_data(new_instance_id(request.name), request.name),
                               vendor_data)
