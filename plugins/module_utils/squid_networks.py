@@ -87,6 +87,22 @@ def networks(table: Iterable[Tuple[str, str]]) -> List[Network]:
     return [ipaddress.ip_network(cidr) for cidr, _why in table]
 
 
+def overlaps_internal(network: str) -> bool:
+    """Whether ``network`` (a CIDR or an address) overlaps the internal or loopback networks: some
+    client there may be inside (a Pod, the controller), not on the internet."""
+    parsed = ipaddress.ip_network(network, strict=False)
+    return any(parsed.overlaps(internal) for internal in networks(INTERNAL + LOOPBACK)
+               if internal.version == parsed.version)
+
+
+def within_internal(network: str) -> bool:
+    """Whether ``network`` lies wholly inside one internal or loopback network: no client there is
+    on the internet (so none reaches a public address)."""
+    parsed = ipaddress.ip_network(network, strict=False)
+    return any(parsed.subnet_of(internal) for internal in networks(INTERNAL + LOOPBACK)  # type: ignore[arg-type]
+               if internal.version == parsed.version)
+
+
 def nat64(nets: Iterable[Network]) -> List[Network]:
     """The NAT64 (``64:ff9b::/96``) form of each IPv4 network."""
     base = int(NAT64.network_address)

@@ -44,10 +44,7 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.gcp.firewall 
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.gcp.labels import OURS_FILTER
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.gcp.settings import GcpSettings
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.instance import DEFAULT_PORT
-
-# IPv4 networks the internet does not route (RFC 1918, RFC 6598, loopback, link-local): never a
-# source at an external address.
-PRIVATE_IPV4 = ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "127.0.0.0/8", "169.254.0.0/16")
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.squid_networks import within_internal
 
 
 def _same_network(rule: FirewallRule, network: str) -> bool:
@@ -142,7 +139,7 @@ def reachability(settings: GcpSettings, identity: ProviderIdentity) -> List[str]
     if settings.external_ip:
         lines = ["proxies: at their external IPv4 addresses, each on its Proxy's port (default %d), from the "
                  "internet" % DEFAULT_PORT]
-        private = [source for source in sources if _private(source)]
+        private = [source for source in sources if within_internal(source)]
         if private:
             lines.append("never reached from %s: private networks do not reach an external address (remove them, "
                          "or set externalIP: false for crawlers inside the VPC)" % ", ".join(private))
@@ -160,11 +157,6 @@ def reachability(settings: GcpSettings, identity: ProviderIdentity) -> List[str]
         "not named (no probeSources): it passes only if the controller leaves from an address in the crawlers' "
         "sources"))
     return lines
-
-
-def _private(source: str) -> bool:
-    network = ipaddress.IPv4Network(source)
-    return any(network.subnet_of(ipaddress.IPv4Network(private)) for private in PRIVATE_IPV4)
 
 
 def _firewall_problems(client: ComputeClient, settings: GcpSettings, identity: ProviderIdentity) -> List[str]:

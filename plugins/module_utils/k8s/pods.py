@@ -490,20 +490,13 @@ def exposure_note(pod: Mapping[str, Any], exposure: str, service: Optional[Mappi
                 "(nothing shows a probe crossed the node's edge; open the node port in the cloud's firewall to the "
                 "crawlers' networks); %s" % (external[0], VERIFY_HINT))
     ranges = (service.get("spec") or {}).get("loadBalancerSourceRanges") or []
-    private = [r for r in ranges if _is_internal(r)]
+    private = [r for r in ranges if nets.overlaps_internal(r)]
     if ranges and not private:
         return ("LoadBalancer admitting %s only, none inside the private networks: a passing probe came from outside "
                 "the cluster, the crawlers' way (outside path verified)" % ", ".join(ranges))
     why = "admits private sources (%s)" % ", ".join(private) if private else "admits every source (no source ranges)"
     return ("LoadBalancer that %s: a probe from inside the cluster passes without crossing the load balancer, so the "
             "outside path is not verified; %s" % (why, VERIFY_HINT))
-
-
-def _is_internal(network: str) -> bool:
-    """Whether ``network`` overlaps the private, shared or loopback networks (squid_networks)."""
-    parsed = ipaddress.ip_network(network, strict=False)
-    return any(parsed.overlaps(internal) for internal in nets.networks(nets.INTERNAL + nets.LOOPBACK)
-               if internal.version == parsed.version)
 
 
 def pod_instance(pod: Mapping[str, Any], exposure: str = "none",
