@@ -23,6 +23,12 @@ from support.hosts.libvirt_daemon import LibvirtTestDaemon
 from support.kube.emulator import KubeEmulator
 from support.kube.resources import proxy_crd
 
+# The config tests' shared checks assert inside this helper module: rewritten like a test's own
+# asserts, a failing one shows the values it compared. Registered here, before any test module is
+# imported: tests outside tests/unit (the probe target's flood test) use it too, and pytest
+# collects tests/controller before tests/unit.
+pytest.register_assert_rewrite("support.collection.config_documents")
+
 # The test driver's built-in storage pool.
 TEST_DRIVER_POOL = "default-pool"
 

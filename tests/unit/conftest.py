@@ -10,12 +10,6 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import pytest
-
-# The config tests' shared checks assert inside this helper module: rewritten like a test's own
-# asserts, a failing one shows the values it compared.
-pytest.register_assert_rewrite("support.collection.config_documents")
-
 # tests/unit/conftest.py -> the repository root, through any symlink the file was reached by.
 REPO_ROOT = Path(__file__).resolve().parents[2]
 COLLECTIONS_ROOT = REPO_ROOT / ".venv" / "collections"
