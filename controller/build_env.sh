@@ -32,9 +32,10 @@ set -euo pipefail
 # The image's Python; the wheelhouse holds wheels for it only.
 IMAGE_PYTHON=3.11
 # The build backend pip installs (offline, from the wheelhouse) to build libvirt-python's source
-# and the controller package. The controller's pyproject.toml states license as an SPDX
-# expression, which needs setuptools >= 77.
-BUILD_BACKEND=(setuptools==80.9.0)
+# and the controller package, at constraints.txt's pin (the one pin: a second one here once
+# disagreed with it and no wheelhouse could be resolved). The controller's pyproject.toml states
+# license as an SPDX expression, which needs setuptools >= 77.
+BUILD_BACKEND=(setuptools)
 
 die() {
     echo "build_env.sh: $*" >&2

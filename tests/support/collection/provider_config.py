@@ -7,12 +7,12 @@ import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from ansible_collections.crawl.egress_proxies.plugins.module_utils.config import load_provider_config
-from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.settings import KvmSettings
+if TYPE_CHECKING:
+    from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.settings import KvmSettings
 
 OWNER = "test-owner"
 OWNER_TAGS = {"crawl.example.com/owner": OWNER}
@@ -74,6 +74,10 @@ def write_kvm_config(path: Path, hosts: Sequence[dict[str, Any]], image: BaseIma
 def kvm_settings(path: Path, uris: Sequence[str], image: BaseImage, pool: str = "default") -> KvmSettings:
     """The ``lab`` provider's parsed KVM section over hosts ``h0``, ``h1``... at ``uris``, written to
     ``path`` first (the module code under test reads settings, not files)."""
+    # Imported here: scripts/demo.py imports this module (through guest_image) without the
+    # collection on its path.
+    from ansible_collections.crawl.egress_proxies.plugins.module_utils.config import load_provider_config
+
     config = write_kvm_config(path, [kvm_host(f"h{index}", uri, pool=pool) for index, uri in enumerate(uris)], image)
     loaded = load_provider_config(str(config)).provider("lab", "kvm").kvm
     assert loaded is not None
