@@ -22,7 +22,6 @@ whether the probe proves the crawlers' path (here not: the controller's source i
 from __future__ import annotations
 
 import hashlib
-import os
 import re
 import subprocess
 from collections.abc import Iterator
@@ -39,6 +38,7 @@ from support.collection.provider_config import write_kubeconfig
 from support.controller.command import ControllerProcess
 from support.kube.emulator import KubeEmulator
 from support.kube.resources import proxy_crd
+from support.netns.internet import CRAWLER, CRAWLERS, NODE_EXTERNAL, STRANGER, cluster_and_internet
 from support.netns.namespace import NetworkNamespace
 from support.netns.probe_target import ProbeTargetProcess
 from support.netns.service_network import ServiceNetwork
@@ -51,12 +51,9 @@ pytestmark = pytest.mark.timeout(420)
 DOC = REPO / "docs" / "kubernetes-provider.md"
 NAMESPACE, POD_NAMESPACE, NAME = "crawlers", "egress", "eu-1"
 OPERATOR_TOKEN, CRAWLER_TOKEN = "operator-token-minimal-config", "crawler-token-minimal-config"
-# The internet: the crawlers' network, one crawler in it and a stranger outside it.
-CRAWLERS, CRAWLER, STRANGER = "203.0.113.16/28", "203.0.113.20", "203.0.113.99"
-LINK_HERE, LINK_THERE = "100.127.254.1", "100.127.254.2"  # the cluster's and the internet's ends of their link
-# In the cluster's namespace: the node's ExternalIP, and the probe target at a public address
-# (one of TARGETS no other test routes to from the root namespace just now).
-NODE_EXTERNAL, NODE_SERVICE_PORT = "198.51.100.11", 9100
+# In the cluster's namespace: a service on the node's ExternalIP, and the probe target at a public
+# address (one of TARGETS no other test routes to from the root namespace just now).
+NODE_SERVICE_PORT = 9100
 TARGETS = [f"198.51.100.{host}" for host in range(160, 250)]
 
 
@@ -92,18 +89,10 @@ def through_proxy(internet: NetworkNamespace, source: str, proxy_url: str, url: 
     return done.returncode, done.stdout
 
 
-@pytest.fixture
-def cluster_and_internet() -> Iterator[tuple[NetworkNamespace, NetworkNamespace]]:
-    if os.geteuid() != 0:
-        pytest.fail("needs root (network namespaces, iptables); run the tests as root, as CI does", pytrace=False)
-    with NetworkNamespace() as cluster, NetworkNamespace() as internet:
-        cluster.link(internet, LINK_HERE, LINK_THERE)
-        cluster.route("203.0.113.0/24", LINK_THERE)
-        internet.route(cluster.network, LINK_HERE)
-        for address in (CRAWLER, STRANGER):
-            internet.add_address(address)
-        cluster.add_address(NODE_EXTERNAL)
-        yield cluster, internet
+@pytest.fixture(name="cluster_and_internet")
+def cluster_and_internet_fixture() -> Iterator[tuple[NetworkNamespace, NetworkNamespace]]:
+    with cluster_and_internet() as namespaces:
+        yield namespaces
 
 
 def route_probe_target(cluster: NetworkNamespace) -> str:

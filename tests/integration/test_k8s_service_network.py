@@ -14,7 +14,6 @@ target's ``/echo``), the Pod a Service selects.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.k8s.pods impo
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.k8s.settings import KubernetesSettings
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.squid_access import parse_access
 from support.kube.emulator import KubeEmulator
+from support.netns.internet import CRAWLER, CRAWLERS, NODE_EXTERNAL, STRANGER, cluster_and_internet
 from support.netns.namespace import NetworkNamespace
 from support.netns.probe_target import HTTP_PORT, ProbeTargetProcess
 from support.netns.service_network import ServiceNetwork
@@ -34,9 +34,6 @@ from support.netns.service_network import ServiceNetwork
 pytestmark = pytest.mark.timeout(120)
 
 NS = "egress"
-CRAWLERS, CRAWLER, STRANGER = "203.0.113.16/28", "203.0.113.20", "203.0.113.99"
-LINK_HERE, LINK_THERE = "100.127.254.1", "100.127.254.2"
-NODE_EXTERNAL = "198.51.100.11"
 SETTINGS = KubernetesSettings(namespace=NS, image="squid", exposure="LoadBalancer")
 REQUEST = InstanceRequest(name="eu-1", user_data=b"", tags={"crawl.example.com/owner": "prod-cluster-1"},
                           port=HTTP_PORT, access=parse_access({"open": True, "allowed_sources": [CRAWLERS]}))
@@ -74,16 +71,7 @@ class Lab:
 
 @pytest.fixture
 def lab() -> Iterator[Lab]:
-    if os.geteuid() != 0:
-        pytest.fail("needs root (network namespaces, iptables); run the tests as root, as CI does", pytrace=False)
-    with NetworkNamespace() as cluster, NetworkNamespace() as internet:
-        cluster.link(internet, LINK_HERE, LINK_THERE)
-        cluster.route("203.0.113.0/24", LINK_THERE)
-        internet.route(cluster.network, LINK_HERE)
-        internet.route(f"{NODE_EXTERNAL}/32", LINK_HERE)
-        for address in (CRAWLER, STRANGER):
-            internet.add_address(address)
-        cluster.add_address(NODE_EXTERNAL)
+    with cluster_and_internet() as (cluster, internet):
         base = cluster.network.rsplit(".", 1)[0]
         with ProbeTargetProcess(cluster) as backend, KubeEmulator(namespaces=[NS]) as kube:
             kube.add_node("node-1", cluster.address, external_ip=NODE_EXTERNAL)
