@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from egress_proxies.providers.client import Instance
-from egress_proxies.resources.conditions import PRIVATE, PROVIDER_LISTED, SERVING
+from egress_proxies.resources.conditions import HOST_ACTIVE, PRIVATE, PROVIDER_LISTED, SERVING
 from egress_proxies.serving.discovery import serves
 from egress_proxies.serving.probe import ProbeOutcome, ProbeReason, unknown_outcome
 from egress_proxies.sweep.verdict import Observation, judge, with_known_address
@@ -226,3 +226,25 @@ def test_a_held_instance_says_until_when_and_keeps_its_record() -> None:
                     NOW)
     assert "until 2026-12-06T10:03:00Z" in verdict.ready[2] and "provider-wide failure" in verdict.ready[2]
     assert "readySince" not in verdict.fields  # still the same instance serving since it first did
+
+
+@pytest.mark.parametrize(("pinned", "reason", "action"), [
+    (("h1", "draining"), "HostDraining", "it is not moved"),
+    (("h1", "cordoned"), "HostCordoned", "no successor can be created there"),
+])
+def test_a_proxy_pinned_to_a_host_out_of_placement_is_told_once_and_stays_ready(
+        pinned: tuple[str, str], reason: str, action: str) -> None:
+    seen = Observation(RUNNING, 3128, probed=True, outcome=outcome(True), pinned=pinned)
+    first = judge(ready_status(), seen, NOW)
+    assert first.phase == "Ready"  # pinned is not broken: it serves where it is
+    status, found, message = first.conditions[HOST_ACTIVE] or ("", "", "")
+    assert (status, found) == ("False", reason)
+    assert f"host h1, whose state is {pinned[1]}" in message and action in message
+    assert "change spec.location to another host" in message
+    assert first.events == (("Warning", reason, message),)
+    written = ready_status(conditions=[*ready_status()["conditions"],
+                                       {"type": HOST_ACTIVE, "status": "False", "reason": reason, "message": message}])
+    assert judge(written, seen, NOW).events == ()  # once, when it starts or changes
+    # Not pinned (the host active again, or another location): the condition is removed.
+    assert judge(written, Observation(RUNNING, 3128, probed=True, outcome=outcome(True)), NOW).conditions[
+        HOST_ACTIVE] is None
