@@ -57,7 +57,8 @@ class LocationReport:
             if state is None and before.get(location) is not None:
                 self._forget_states(provider, location)
             for each in STATES if state is not None else ():
-                metrics.LOCATION_STATE.labels(provider=provider, location=location, state=each).set(1.0 if each == state else 0.0)
+                shown = metrics.LOCATION_STATE.labels(provider=provider, location=location, state=each)
+                shown.set(1.0 if each == state else 0.0)
             self._say(provider, location, before.get(location), state, counts[location])
             before[location] = state
 

@@ -106,12 +106,12 @@ def judge(status: Mapping[str, Any], seen: Observation, now: str) -> Verdict:
 # What a Proxy pinned to a host out of placement is told (its HostActive condition): why it stays
 # and what to do. Changing spec.location replaces its instance there, make before break.
 _PINNED = {
-    DRAINING: (reasons.HOST_DRAINING, "it is not moved, and the host is not reported drained while it is there; "
-                 "change spec.location to another host (the Proxy is replaced there, make before break) or "
-                 "delete the Proxy"),
-    CORDONED: (reasons.HOST_CORDONED, "its instance stays and serves, but if it is lost or replaced no successor "
-                 "can be created there; change spec.location to another host (the Proxy is replaced there, make "
-                 "before break), or wait for the host to be set active"),
+    DRAINING: (reasons.HOST_DRAINING, ("it is not moved, and the host is not reported drained while it is there; "
+                                       "change spec.location to another host (the Proxy is replaced there, make "
+                                       "before break) or delete the Proxy")),
+    CORDONED: (reasons.HOST_CORDONED, ("its instance stays and serves, but if it is lost or replaced no successor "
+                                       "can be created there; change spec.location to another host (the Proxy is "
+                                       "replaced there, make before break), or wait for the host to be set active")),
 }
 
 
