@@ -2,8 +2,9 @@
 
 Ready means running *and* serving (docs/contract.md, "Serving"): from what the provider reports
 about the instance and the latest probe through it, ``judge`` returns the phase, the Ready,
-Serving, Private and HostActive conditions, the status fields and the Events to emit. It reads nothing but its
-arguments and writes nothing; the table in tests/controller/sweep/test_verdict.py pins it.
+Serving, Private and HostActive conditions, the status fields and the Events to emit. It reads
+nothing but its arguments and writes nothing; the table in tests/controller/sweep/test_verdict.py
+pins it.
 """
 
 from __future__ import annotations
