@@ -38,6 +38,7 @@ from egress_proxies.resources.pool import (
     QUARANTINE_ANNOTATION,
     QUARANTINE_REPLACEMENTS,
     controller_of,
+    pool_of,
     quarantine_replacements,
     quarantined,
 )
@@ -61,6 +62,7 @@ from egress_proxies.sweep.verdict import (
     INSTANCE_FIELDS,
     LOST_REASONS,
     Observation,
+    Pinned,
     judge,
     with_known_address,
 )
@@ -313,11 +315,14 @@ class LivePath:
         the host is not reported drained)."""
         return current.location in self.draining and proxy.spec.get("location") != current.location
 
-    def _pinned(self, proxy: Proxy) -> tuple[str, str] | None:
-        """(host, state) when spec.location pins the Proxy to a location out of placement."""
+    def _pinned(self, proxy: Proxy) -> Pinned | None:
+        """Whether spec.location pins the Proxy to a location out of placement (set by its pool's
+        placement for a pool member: the fix is the pool's)."""
         location = proxy.spec.get("location")
         state = self.location_states.get(location) if isinstance(location, str) else None
-        return (str(location), state) if state is not None else None
+        if state is None:
+            return None
+        return Pinned(str(location), state, pool_of(proxy) if controller_of(proxy) is not None else None)
 
     def _chronic(self, proxy: Proxy, current: Instance) -> str | None:
         """Why the instance is a chronic flapper by its probes' recent verdicts (None: it is not)."""

@@ -50,8 +50,7 @@ class Observation:
     ``quarantined``: a crawler reported this instance unusable (``pool.quarantined``).
     ``provider_failing_since``: since when every probe of the provider fails at once (a stamp;
     None: not so); for at most ``hold_seconds`` from then a Ready instance stays Ready.
-    ``pinned``: (host, state) when spec.location pins the Proxy to a host taken out of placement
-    (a KVM host's ``state``: ``cordoned`` or ``draining``); None otherwise."""
+    ``pinned``: its location names a host taken out of placement (None: it does not)."""
 
     instance: Instance
     port: int
@@ -62,7 +61,7 @@ class Observation:
     quarantined: bool = False
     provider_failing_since: str | None = None
     hold_seconds: float = 0.0
-    pinned: tuple[str, str] | None = None
+    pinned: Pinned | None = None
 
 
 @dataclass(frozen=True)
@@ -104,26 +103,42 @@ def judge(status: Mapping[str, Any], seen: Observation, now: str) -> Verdict:
     return dataclasses.replace(verdict, phase=PHASE_QUARANTINED, ready=("False", reasons.QUARANTINED, message))
 
 
-# What a Proxy pinned to a host out of placement is told (its HostActive condition): why it stays
-# and what to do. Changing spec.location replaces its instance there, make before break.
+@dataclass(frozen=True)
+class Pinned:
+    """A Proxy whose location names a host taken out of placement (a KVM host's ``state``:
+    ``cordoned`` or ``draining``): the host, its state, and the ProxyPool whose placement set the
+    location (None: the Proxy's own spec.location)."""
+
+    host: str
+    state: str
+    pool: str | None = None
+
+    @property
+    def fix(self) -> str:
+        """What moves it: a new location, replaced there make before break."""
+        if self.pool is not None:
+            return (f"change the location of ProxyPool {self.pool}'s placement to another host (its members are "
+                    "replaced there, make before break)")
+        return "change spec.location to another host (the Proxy is replaced there, make before break) or delete it"
+
+
+# What a pinned Proxy is told per state (its HostActive reason), and what it means for it.
 _PINNED = {
-    DRAINING: (reasons.HOST_DRAINING, ("it is not moved, and the host is not reported drained while it is there; "
-                                       "change spec.location to another host (the Proxy is replaced there, make "
-                                       "before break) or delete the Proxy")),
+    DRAINING: (reasons.HOST_DRAINING, "it is not moved, and the host is not reported drained while it is there"),
     CORDONED: (reasons.HOST_CORDONED, ("its instance stays and serves, but if it is lost or replaced no successor "
-                                       "can be created there; change spec.location to another host (the Proxy is "
-                                       "replaced there, make before break), or wait for the host to be set active")),
+                                       "can be created there")),
 }
 
 
-def host_active(pinned: tuple[str, str] | None) -> Wanted | None:
-    """The HostActive condition of a Proxy ``pinned`` (host, state) to a host out of placement;
-    None (no condition) when it is not pinned to one."""
-    if pinned is None or pinned[1] not in _PINNED:
+def host_active(pinned: Pinned | None) -> Wanted | None:
+    """The HostActive condition of a Proxy ``pinned`` to a host out of placement; None (no
+    condition) when it is not pinned to one."""
+    if pinned is None or pinned.state not in _PINNED:
         return None
-    host, state = pinned
-    reason, action = _PINNED[state]
-    return ("False", reason, f"spec.location pins this Proxy to host {host}, whose state is {state}: {action}")
+    reason, meaning = _PINNED[pinned.state]
+    where = "spec.location" if pinned.pool is None else f"the placement of ProxyPool {pinned.pool}"
+    return ("False", reason, (f"{where} pins this Proxy to host {pinned.host}, whose state is {pinned.state}: "
+                              f"{meaning}; {pinned.fix}, or wait for the host to be set active again"))
 
 
 def _on_host(status: Mapping[str, Any], seen: Observation, verdict: Verdict) -> Verdict:
