@@ -328,9 +328,11 @@ def check_config(runner: AnsibleRunner, path: Path) -> int:
 
 
 # What each maintenance state of a location means, for --check-config.
-_STATE_MEANING = {"cordoned": "takes no new proxies; its instances stay",
-                  "draining": "takes no new proxies; its instances are replaced on the others, make before break "
-                              "(the controller's log says when none is left)"}
+_STATE_MEANING = {"cordoned": "takes no new proxies; its instances stay (a Proxy pinned there by spec.location "
+                              "gets the HostActive condition)",
+                  "draining": "takes no new proxies; its instances are replaced on the others, make before break; "
+                              "egress_proxies_location_state{state=\"drained\"} turns 1 when none is left (a Proxy "
+                              "pinned there by spec.location stays, with the HostActive condition)"}
 
 
 def location_state_lines(providers: providers_module.ProviderSet) -> list[str]:

@@ -71,3 +71,11 @@ POOL_READY = Gauge("egress_proxies_pool_ready_replicas", "Serving (Ready, not qu
 # By namespace, never by token: a token is a secret's stand-in and its name says who, not what.
 QUARANTINES = Counter("egress_proxies_quarantines_total", "Proxies quarantined by crawlers, by the Proxy's namespace",
                       ["namespace"])
+# Locations (a KVM host, a GCP zone, a Kubernetes namespace): this controller's instances on each, and
+# the state of a location taken out of placement (sweep/locations.py): "is the host drained?".
+LOCATION_INSTANCES = Gauge("egress_proxies_location_instances",
+                           "This controller's instances per provider and location (last complete listing)",
+                           ["provider", "location"])
+LOCATION_STATE = Gauge("egress_proxies_location_state",
+                       "1 for the state of a location out of placement (cordoned, draining, drained), 0 for the others",
+                       ["provider", "location", "state"])

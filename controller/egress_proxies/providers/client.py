@@ -48,7 +48,9 @@ class ProviderType(enum.StrEnum):
 
 _MODULE_PREFIX = {ProviderType.KVM: "kvm", ProviderType.GCP: "gcp", ProviderType.KUBERNETES: "k8s"}
 CONFIG_MODULE = "provider_config_info"
-# A location (KVM host) whose state is this: every instance on it is replaced elsewhere.
+# A location's (a KVM host's) states other than active: both take no new instances; every instance
+# on a draining one is replaced elsewhere, those on a cordoned one stay.
+CORDONED = "cordoned"
 DRAINING = "draining"
 
 
@@ -366,9 +368,9 @@ class ProviderSet:
     # name -> {location: "cordoned" | "draining"}: locations that take no new proxies on purpose
     location_states: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
 
-    def draining(self, name: str) -> frozenset[str]:
-        """The locations of provider ``name`` whose instances are to move elsewhere."""
-        return frozenset(loc for loc, state in self.location_states.get(name, {}).items() if state == DRAINING)
+    def states(self, name: str) -> Mapping[str, str]:
+        """The locations of provider ``name`` taken out of placement, and their state."""
+        return self.location_states.get(name, {})
 
     def clients(self, runner: Runner) -> dict[str, ProviderClient]:
         """A client for every valid provider."""

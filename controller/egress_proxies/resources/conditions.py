@@ -14,6 +14,8 @@ READY = "Ready"
 SERVING = "Serving"
 PRIVATE = "Private"
 PROVIDER_LISTED = "ProviderListed"
+# Present only while spec.location pins the Proxy to a host taken out of placement (cordoned, draining).
+HOST_ACTIVE = "HostActive"
 # A ProxyPool's condition types (docs/contract.md, "The ProxyPool resource", "Status").
 AVAILABLE = "Available"
 PROGRESSING = "Progressing"

@@ -42,7 +42,10 @@ CREATED = "Created"
 REPLACING = "Replacing"
 INSTANCE_LOST = "InstanceLost"  # also the Replacing condition's
 FLAPPING = "Flapping"  # also the Replacing condition's: probes failing a share of the window, in spells
-HOST_DRAINING = "HostDraining"  # also the Replacing condition's: its host's state is draining (moved elsewhere)
+# Also the Replacing condition's (its host's state is draining: moved elsewhere), and the HostActive
+# condition's and a Warning Event's when spec.location pins the Proxy there (not moved).
+HOST_DRAINING = "HostDraining"
+HOST_CORDONED = "HostCordoned"  # the HostActive condition's, and a Warning Event's: pinned to a cordoned host
 REPLACED = "Replaced"
 DELETED = "Deleted"
 ABANDONED = "Abandoned"

@@ -13,7 +13,7 @@ import dataclasses
 import hashlib
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from functools import partial
@@ -21,6 +21,7 @@ from typing import Any
 
 from egress_proxies import metrics
 from egress_proxies.providers.client import (
+    DRAINING,
     AccessRequest,
     CreateRequest,
     Instance,
@@ -37,6 +38,7 @@ from egress_proxies.resources.pool import (
     QUARANTINE_ANNOTATION,
     QUARANTINE_REPLACEMENTS,
     controller_of,
+    pool_of,
     quarantine_replacements,
     quarantined,
 )
@@ -60,6 +62,7 @@ from egress_proxies.sweep.verdict import (
     INSTANCE_FIELDS,
     LOST_REASONS,
     Observation,
+    Pinned,
     judge,
     with_known_address,
 )
@@ -147,10 +150,12 @@ class SweepPass:
 
 class LivePath:
     def __init__(self, settings: LiveSettings, parts: LiveParts, sweep: SweepPass, plan: ProbeSettings,
-                 draining: frozenset[str] = frozenset()) -> None:
+                 location_states: Mapping[str, str] | None = None) -> None:
         self.settings = settings
-        # The provider's locations being drained (a KVM host's state: draining): their instances move.
-        self.draining = draining
+        # The provider's locations taken out of placement (a KVM host's state: cordoned, draining):
+        # a Proxy pinned to one is told so (HostActive); the instances on a draining one move.
+        self.location_states = dict(location_states or {})
+        self.draining = frozenset(loc for loc, state in self.location_states.items() if state == DRAINING)
         self.writer = parts.writer
         self.seconds_since = parts.seconds_since
         self.monitor = parts.monitor
@@ -221,18 +226,6 @@ class LivePath:
                     delay = provider_delay if transient else None
                     self.contain(create.proxy, partial(self._created, create, result, listing, retire, delay))
         self._retire(client, retire, "a successor replaces it")
-        self._report_draining(client.name, listing)
-
-    def _report_draining(self, provider: str, listing: Listing) -> None:
-        """Each sweep, what is left on every draining location: the operator's signal that the
-        host is empty (only from a complete listing: a host that did not answer is not empty)."""
-        for location in sorted(self.draining):
-            left = [i for i in listing.instances if i.location == location]
-            if left:
-                log.info("provider %s: host %s is draining: %d instance(s) left on it", provider, location, len(left))
-            elif listing.complete:
-                log.info("provider %s: host %s is drained: no instance of this controller is left on it; it can be "
-                         "taken down for maintenance", provider, location)
 
     def _batch_outcome(self, provider: str, results: Sequence[Result]) -> float | None:
         """The provider's share of a create batch. Any item created clears its backoff. Two or
@@ -318,14 +311,18 @@ class LivePath:
 
     def _moving(self, proxy: Proxy, current: Instance) -> bool:
         """Whether the instance is on a draining location and can move: a Proxy pinned there by
-        its spec.location cannot (it stays, and the host is never reported empty)."""
-        if current.location not in self.draining:
-            return False
-        if proxy.spec.get("location") == current.location:
-            log.warning("%s: its spec.location pins it to host %s, which is draining: not moved; give it another "
-                        "location", proxy.key, current.location)
-            return False
-        return True
+        its spec.location cannot (it stays, its HostActive condition says so and what to do, and
+        the host is not reported drained)."""
+        return current.location in self.draining and proxy.spec.get("location") != current.location
+
+    def _pinned(self, proxy: Proxy) -> Pinned | None:
+        """Whether spec.location pins the Proxy to a location out of placement (set by its pool's
+        placement for a pool member: the fix is the pool's)."""
+        location = proxy.spec.get("location")
+        state = self.location_states.get(location) if isinstance(location, str) else None
+        if state is None:
+            return None
+        return Pinned(str(location), state, pool_of(proxy) if controller_of(proxy) is not None else None)
 
     def _chronic(self, proxy: Proxy, current: Instance) -> str | None:
         """Why the instance is a chronic flapper by its probes' recent verdicts (None: it is not)."""
@@ -478,13 +475,15 @@ class LivePath:
                       else None)
         private = self._private(proxy)
         quarantined = proxy.annotations.get(QUARANTINE_ANNOTATION) == instance.provider_id
+        pinned = self._pinned(proxy)
 
         def seen() -> Observation:
             since = self.monitor.provider_failing_since(proxy.provider) if self.monitor is not None else None
             return Observation(instance, proxy.port, probed=self.plan.enabled, outcome=outcome(),
                                built_private=private, credential_generation=generation,
                                provider_failing_since=times.stamp(since) if since is not None else None,
-                               hold_seconds=self.plan.unhealthy_after_seconds, quarantined=quarantined)
+                               hold_seconds=self.plan.unhealthy_after_seconds, quarantined=quarantined,
+                               pinned=pinned)
         return self._apply(proxy, seen, desired)
 
     def _probed(self, proxy: Proxy, instance: Instance, desired: str) -> Callable[[], ProbeOutcome | None]:

@@ -48,6 +48,7 @@ from egress_proxies.sweep.containment import Containment
 from egress_proxies.sweep.deletion import DeletePath
 from egress_proxies.sweep.garbage import GarbageCollector, GarbageSettings
 from egress_proxies.sweep.live import LiveParts, LivePath, LiveSettings, SweepPass
+from egress_proxies.sweep.locations import LocationReport
 from egress_proxies.sweep.pools import PoolReconciler, ProviderHealth
 from egress_proxies.sweep.writer import ProxyWriter
 
@@ -153,6 +154,8 @@ class Reconciler:
         self.validation = ValidationMemo()
         self.providers: ProviderSet | None = None
         self.containment = Containment("Proxy")
+        # What each location holds, and whether a draining host is drained (gauges, log lines).
+        self.locations = LocationReport()
 
     # -- the sweep -----------------------------------------------------------------------------
 
@@ -282,7 +285,7 @@ class Reconciler:
         sweep = SweepPass(config.owner, contain, report.add, access=access)
 
         def reconcile_provider(name: str) -> None:
-            live_path = LivePath(live_settings, parts, sweep, config.probes[name], config.draining(name))
+            live_path = LivePath(live_settings, parts, sweep, config.probes[name], config.states(name))
             try:
                 live_path.reconcile(clients[name], by_provider.get(name, []), listings[name])
             except Exception as error:  # a bug must not take the other providers' sweep with it
@@ -306,7 +309,7 @@ class Reconciler:
 
     def _finish(self, report: SweepReport, config: ProviderSet, listings: Mapping[str, Listing],
                 unusable: Mapping[str, str], targets: Mapping[str, Watched]) -> None:
-        """The sweep's report and the endpoints to probe from now on."""
+        """The sweep's report, what each location holds (gauges), and the endpoints to probe from now on."""
         for name, listing in listings.items():
             if listing.error is not None:
                 report.providers_failed.setdefault(name, str(listing.error))
@@ -315,6 +318,7 @@ class Reconciler:
         report.proxies_failed.update(self.writer.failures)
         if self.pools is not None:
             report.proxies_failed.update({f"pool {key}": why for key, why in self.pools.failed.items()})
+        self.locations.publish(config.location_states, listings)
         if self.monitor is not None:
             self.monitor.watch(targets, config.probes)
 

@@ -2,8 +2,9 @@
 
 Ready means running *and* serving (docs/contract.md, "Serving"): from what the provider reports
 about the instance and the latest probe through it, ``judge`` returns the phase, the Ready,
-Serving and Private conditions, the status fields and the Events to emit. It reads nothing but its
-arguments and writes nothing; the table in tests/controller/sweep/test_verdict.py pins it.
+Serving, Private and HostActive conditions, the status fields and the Events to emit. It reads
+nothing but its arguments and writes nothing; the table in tests/controller/sweep/test_verdict.py
+pins it.
 """
 
 from __future__ import annotations
@@ -13,9 +14,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from egress_proxies.providers.client import Instance
+from egress_proxies.providers.client import CORDONED, DRAINING, Instance
 from egress_proxies.resources import reasons, times
-from egress_proxies.resources.conditions import PRIVATE, PROVIDER_LISTED, READY, SERVING, Wanted, find_condition
+from egress_proxies.resources.conditions import (
+    HOST_ACTIVE,
+    PRIVATE,
+    PROVIDER_LISTED,
+    READY,
+    SERVING,
+    Wanted,
+    find_condition,
+)
 from egress_proxies.resources.proxy import PHASE_PROVISIONING, PHASE_QUARANTINED, PHASE_READY
 from egress_proxies.serving.probe import ProbeOutcome
 
@@ -40,7 +49,8 @@ class Observation:
     access policy). ``credential_generation``: the credential it was built with, for status.
     ``quarantined``: a crawler reported this instance unusable (``pool.quarantined``).
     ``provider_failing_since``: since when every probe of the provider fails at once (a stamp;
-    None: not so); for at most ``hold_seconds`` from then a Ready instance stays Ready."""
+    None: not so); for at most ``hold_seconds`` from then a Ready instance stays Ready.
+    ``pinned``: its location names a host taken out of placement (None: it does not)."""
 
     instance: Instance
     port: int
@@ -51,6 +61,7 @@ class Observation:
     quarantined: bool = False
     provider_failing_since: str | None = None
     hold_seconds: float = 0.0
+    pinned: Pinned | None = None
 
 
 @dataclass(frozen=True)
@@ -83,13 +94,60 @@ def judge(status: Mapping[str, Any], seen: Observation, now: str) -> Verdict:
     ``now`` stamps when an instance first served (``status.readySince``). A quarantined instance
     is ``Quarantined`` whatever else holds (its Serving and Private conditions still tell the
     truth: ``discovery.serves`` reads them), until it is gone."""
-    verdict = _judge(status, seen, now)
+    verdict = _on_host(status, seen, _judge(status, seen, now))
     if not seen.quarantined:
         return verdict
     where = f"instance {seen.instance.provider_id}"
     still = "it still serves and " if verdict.phase == PHASE_READY else ""
     message = f"a crawler quarantined {where}; {still}it is being replaced"
     return dataclasses.replace(verdict, phase=PHASE_QUARANTINED, ready=("False", reasons.QUARANTINED, message))
+
+
+@dataclass(frozen=True)
+class Pinned:
+    """A Proxy whose location names a host taken out of placement (a KVM host's ``state``:
+    ``cordoned`` or ``draining``): the host, its state, and the ProxyPool whose placement set the
+    location (None: the Proxy's own spec.location)."""
+
+    host: str
+    state: str
+    pool: str | None = None
+
+    @property
+    def fix(self) -> str:
+        """What moves it: a new location, replaced there make before break."""
+        if self.pool is not None:
+            return (f"change the location of ProxyPool {self.pool}'s placement to another host (its members are "
+                    "replaced there, make before break)")
+        return "change spec.location to another host (the Proxy is replaced there, make before break) or delete it"
+
+
+# What a pinned Proxy is told per state (its HostActive reason), and what it means for it.
+_PINNED = {
+    DRAINING: (reasons.HOST_DRAINING, "it is not moved, and the host is not reported drained while it is there"),
+    CORDONED: (reasons.HOST_CORDONED, ("its instance stays and serves, but if it is lost or replaced no successor "
+                                       "can be created there")),
+}
+
+
+def host_active(pinned: Pinned | None) -> Wanted | None:
+    """The HostActive condition of a Proxy ``pinned`` to a host out of placement; None (no
+    condition) when it is not pinned to one."""
+    if pinned is None or pinned.state not in _PINNED:
+        return None
+    reason, meaning = _PINNED[pinned.state]
+    where = "spec.location" if pinned.pool is None else f"the placement of ProxyPool {pinned.pool}"
+    return ("False", reason, (f"{where} pins this Proxy to host {pinned.host}, whose state is {pinned.state}: "
+                              f"{meaning}; {pinned.fix}, or wait for the host to be set active again"))
+
+
+def _on_host(status: Mapping[str, Any], seen: Observation, verdict: Verdict) -> Verdict:
+    """The verdict with the HostActive condition, and a Warning Event when it starts or changes."""
+    wanted = host_active(seen.pinned)
+    events = verdict.events
+    if wanted is not None and find_condition(status, HOST_ACTIVE).get("reason") != wanted[1]:
+        events = (*events, ("Warning", wanted[1], wanted[2]))
+    return dataclasses.replace(verdict, conditions={**verdict.conditions, HOST_ACTIVE: wanted}, events=events)
 
 
 def _judge(status: Mapping[str, Any], seen: Observation, now: str) -> Verdict:

@@ -64,7 +64,7 @@ def test_every_condition_type_of_the_contract_is_named_and_every_name_is_in_it()
     proxy_types = re.findall(r"^- \*\*`([A-Z][A-Za-z]+)`\*\*", section(proxy, "### Conditions"), re.MULTILINE)
     pool_types = re.findall(r"\*\*`([A-Z][A-Za-z]+)`\*\*", section(pool, "### Status"))
     pool_types += re.findall(r"condition `([A-Z][A-Za-z]+)` \(", pool)
-    assert proxy_types == ["Ready", "Serving", "Private", "Replacing", "ProviderListed"]
+    assert proxy_types == ["Ready", "Serving", "Private", "Replacing", "ProviderListed", "HostActive"]
     assert pool_types == ["Available", "Progressing", "PlacementDegraded", "DistinctEgressIPs"]
     named = names_in(conditions)
     assert len(set(named.values())) == len(named), "a condition type named twice"

@@ -292,3 +292,24 @@ def test_with_access_an_instance_gets_the_hash_never_the_password(tmp_path: Path
     # Built to require credentials, but nothing probes it here (probe: none), so nothing measured it.
     assert (live.condition("eu-1", "Private")["status"], live.condition("eu-1", "Private")["reason"]) == (
         "Unknown", "Unverified")
+
+
+def test_a_pool_member_pinned_to_a_draining_host_is_told_to_change_its_pools_placement() -> None:
+    live = Live()
+    live.store.add("scrapers-0", {**SPEC, "location": "h1"})
+    # What a member's metadata holds (labels and owner references are read from the object as read).
+    live.store.objects[("crawlers", "scrapers-0")].raw = {"metadata": {
+        "labels": {"crawl.example.com/pool": "scrapers"},
+        "ownerReferences": [{"apiVersion": "crawl.example.com/v1alpha1", "kind": "ProxyPool", "name": "scrapers",
+                             "uid": "pool-uid", "controller": True}]}}
+    live.sweep("scrapers-0")
+    live.path = LivePath(LiveSettings(), LiveParts(live.writer, lambda _stamp: live.seconds),
+                         SweepPass(OWNER, live.contain, live.count), NOT_PROBED, {"h1": "draining"})
+    live.runner.calls.clear()
+    live.sweep("scrapers-0")
+    assert live.runner.verbs() == ["list"]  # not moved: its pool's placement says h1
+    told = live.condition("scrapers-0", "HostActive")
+    assert (told["status"], told["reason"]) == ("False", "HostDraining")
+    assert told["message"].startswith("the placement of ProxyPool scrapers pins this Proxy to host h1")
+    assert live.store.get("scrapers-0").status["phase"] == "Ready"
+    assert live.store.reasons("crawlers/scrapers-0")[-1] == "HostDraining"

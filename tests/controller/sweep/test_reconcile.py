@@ -15,6 +15,7 @@ import pytest
 import yaml
 from prometheus_client import REGISTRY
 
+from egress_proxies.resources.conditions import find_condition
 from egress_proxies.resources.proxy import (
     FINALIZER,
     OWNER_TAG,
@@ -524,10 +525,41 @@ def test_a_draining_host_moves_its_proxies_but_not_one_pinned_there(
     assert report.ok and report.created == 1  # eu-1's successor; the pinned one stays
     # Make before break: its successor Ready at once here (the fake's), the old one deleted after.
     assert store.reasons("crawlers/eu-1")[-3:] == ["HostDraining", "Replacing", "Replaced"]
-    assert "HostDraining" not in store.reasons("crawlers/pinned")
     assert store.get("eu-1").status["phase"] == "Ready"
     assert REGISTRY.get_sample_value("egress_proxies_replacements_total",
                                      {"provider": "home-kvm", "reason": "HostDraining"}) is not None
     messages = [r.getMessage() for r in caplog.records]
-    assert any("crawlers/pinned: its spec.location pins it to host h1, which is draining" in m for m in messages)
-    assert any("host h1 is draining: " in m and "instance(s) left on it" in m for m in messages), messages
+    assert any("host h1 is draining: 2 instance(s) left on it" in m for m in messages), messages
+    # The pinned one is not moved: its status says so and what to do, with one Warning Event.
+    pinned = store.get("pinned").status
+    assert pinned["phase"] == "Ready"
+    (host_active,) = [c for c in pinned["conditions"] if c["type"] == "HostActive"]
+    assert (host_active["status"], host_active["reason"]) == ("False", "HostDraining")
+    assert "pins this Proxy to host h1, whose state is draining" in host_active["message"]
+    assert "change spec.location to another host" in host_active["message"]
+    assert [(kind, reason) for key, kind, reason, _ in store.events if key == "crawlers/pinned"][-1] == (
+        "Warning", "HostDraining")
+    assert not [c for c in store.get("eu-1").status["conditions"] if c["type"] == "HostActive"]
+    # The host's state and what is on it, as gauges (sweep/locations.py).
+    labels = {"provider": "home-kvm", "location": "h1"}
+    assert REGISTRY.get_sample_value("egress_proxies_location_instances", labels) == 2
+    assert REGISTRY.get_sample_value("egress_proxies_location_state", {**labels, "state": "draining"}) == 1
+    assert REGISTRY.get_sample_value("egress_proxies_location_state", {**labels, "state": "drained"}) == 0
+
+    # Cordoned: still pinned there, another reason; the Warning once per change, not per sweep.
+    runner.location_states = {"home-kvm": {"h1": "cordoned"}}
+    config.write_text(config.read_text() + "# h1 cordoned\n")
+    rec.sweep()
+    rec.sweep()
+    assert find_condition(store.get("pinned").status, "HostActive")["reason"] == "HostCordoned"
+    pinned_events = [reason for key, kind, reason, _ in store.events if key == "crawlers/pinned" and kind == "Warning"]
+    assert pinned_events == ["HostDraining", "HostCordoned"]
+    assert REGISTRY.get_sample_value("egress_proxies_location_state", {**labels, "state": "cordoned"}) == 1
+
+    # Active again: the condition clears, and the host has no state series any more.
+    runner.location_states = {}
+    config.write_text(config.read_text() + "# h1 active\n")
+    rec.sweep()
+    assert find_condition(store.get("pinned").status, "HostActive") == {}
+    assert REGISTRY.get_sample_value("egress_proxies_location_state", {**labels, "state": "cordoned"}) is None
+    assert REGISTRY.get_sample_value("egress_proxies_location_instances", labels) == 2

@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 
 from egress_proxies.providers.client import Instance
-from egress_proxies.resources.conditions import PRIVATE, PROVIDER_LISTED, SERVING
+from egress_proxies.resources.conditions import HOST_ACTIVE, PRIVATE, PROVIDER_LISTED, SERVING
 from egress_proxies.serving.discovery import serves
 from egress_proxies.serving.probe import ProbeOutcome, ProbeReason, unknown_outcome
-from egress_proxies.sweep.verdict import Observation, judge, with_known_address
+from egress_proxies.sweep.verdict import Observation, Pinned, host_active, judge, with_known_address
 
 NOW = "2026-12-06T10:00:00Z"
 PROBED_AT = datetime(2026, 12, 6, 9, 59, 50, tzinfo=UTC)
@@ -226,3 +226,34 @@ def test_a_held_instance_says_until_when_and_keeps_its_record() -> None:
                     NOW)
     assert "until 2026-12-06T10:03:00Z" in verdict.ready[2] and "provider-wide failure" in verdict.ready[2]
     assert "readySince" not in verdict.fields  # still the same instance serving since it first did
+
+
+@pytest.mark.parametrize(("pinned", "reason", "action"), [
+    (Pinned("h1", "draining"), "HostDraining", "it is not moved"),
+    (Pinned("h1", "cordoned"), "HostCordoned", "no successor can be created there"),
+])
+def test_a_proxy_pinned_to_a_host_out_of_placement_is_told_once_and_stays_ready(
+        pinned: Pinned, reason: str, action: str) -> None:
+    seen = Observation(RUNNING, 3128, probed=True, outcome=outcome(True), pinned=pinned)
+    first = judge(ready_status(), seen, NOW)
+    assert first.phase == "Ready"  # pinned is not broken: it serves where it is
+    status, found, message = first.conditions[HOST_ACTIVE] or ("", "", "")
+    assert (status, found) == ("False", reason)
+    assert f"spec.location pins this Proxy to host h1, whose state is {pinned.state}" in message
+    assert action in message
+    assert "change spec.location to another host" in message
+    assert first.events == (("Warning", reason, message),)
+    written = ready_status(conditions=[*ready_status()["conditions"],
+                                       {"type": HOST_ACTIVE, "status": "False", "reason": reason, "message": message}])
+    assert judge(written, seen, NOW).events == ()  # once, when it starts or changes
+    # Not pinned (the host active again, or another location): the condition is removed.
+    assert judge(written, Observation(RUNNING, 3128, probed=True, outcome=outcome(True)), NOW).conditions[
+        HOST_ACTIVE] is None
+
+
+def test_a_pool_member_pinned_by_its_pools_placement_is_told_to_change_the_pool() -> None:
+    status, reason, message = host_active(Pinned("h1", "draining", pool="scrapers")) or ("", "", "")
+    assert (status, reason) == ("False", "HostDraining")
+    assert message.startswith("the placement of ProxyPool scrapers pins this Proxy to host h1")
+    assert "change the location of ProxyPool scrapers's placement to another host" in message
+    assert "spec.location" not in message  # the pool owns the member's spec: editing it is not the fix
