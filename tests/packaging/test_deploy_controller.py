@@ -654,11 +654,11 @@ def test_the_production_page_deploys_as_written_and_serves_a_crawler_on_the_inte
     assert providers["probeSources"] == ["198.51.100.7/32"]
 
     with page_world(providers) as world:
-        serve_a_crawler(deploy, kube, world, installed_collection, page_vars, ingress, blocks["tokens.yaml"])
+        serve_a_crawler(deploy, kube, world, installed_collection, page_vars, ingress, container, blocks["tokens.yaml"])
 
 
 def serve_a_crawler(deploy: Deploy, kube: KubeEmulator, world: PageWorld, installed_collection: InstalledCollection,
-                    page_vars: Obj, ingress: Obj, tokens: str) -> None:
+                    page_vars: Obj, ingress: Obj, container: Obj, tokens: str) -> None:
     """The page's sections 5 to 7 in ``world``, after the deploy: the probe target and its Secret,
     the controller Pod, the crawlers' namespace and the Proxy example, discovery and the fetch."""
     (cluster_provider,) = [p for p in yaml.safe_load((deploy.files / "providers.yaml").read_text())["providers"]
@@ -667,12 +667,13 @@ def serve_a_crawler(deploy: Deploy, kube: KubeEmulator, world: PageWorld, instal
     (team,) = yaml.safe_load(tokens)
     assert hashlib.sha256(PAGE_TEAM_TOKEN.encode()).hexdigest() == team["sha256"]  # the page's example hash
     host = page_vars["egress_proxies_discovery_ingress"]["host"]
+    # Where the Ingress sends /v1/: its Service's port, by the target port's name, on the container.
     (rule,) = ingress["spec"]["rules"]
-    service = kube.get_object("services", NAMESPACE, rule["http"]["paths"][0]["backend"]["service"]["name"])
+    backend = rule["http"]["paths"][0]["backend"]["service"]
+    service = kube.get_object("services", NAMESPACE, backend["name"])
     assert service is not None
-    (http,) = [port for port in service["spec"]["ports"] if port["name"] == "http"]
-    backend_port = next(port["containerPort"] for port in kube.get_object("deployments.apps", NAMESPACE, DEPLOYMENT)[
-        "spec"]["template"]["spec"]["containers"][0]["ports"] if port["name"] == http["targetPort"])
+    (port,) = [port for port in service["spec"]["ports"] if port["name"] == backend["port"]["name"]]
+    (backend_port,) = [item["containerPort"] for item in container["ports"] if item["name"] == port["targetPort"]]
     emulator_port = int(urlsplit(kube.url).port or 0)
     with ProbeTargetProcess(world.internet, target, http_port=80, tunnel_port=443) as probe_target, \
             TlsFront(deploy.files / "apiserver-tls", world.pod.gateway, ("127.0.0.1", emulator_port),

@@ -81,8 +81,17 @@ class TlsFront:
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        server = self._server
-        if server is not None:
-            self._loop.call_soon_threadsafe(server.close)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=5)
+        async def shut_down() -> None:
+            """Stop listening; end every connection (each copy closes its sink on the way out)."""
+            if self._server is not None:
+                self._server.close()
+            tasks = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        if self._thread.is_alive():
+            asyncio.run_coroutine_threadsafe(shut_down(), self._loop).result(timeout=10)
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=5)
+        self._loop.close()
