@@ -7,7 +7,7 @@ give for its provider, its values set to this test's world only.
 - ``proxy-kvm-squid.yaml`` and ``proxy-jinja-template.yaml`` (KVM): placed on README's host
   ``beelink`` by the KVM provider, here a libvirtd serving libvirt's test driver (its guests do not
   boot: tests/integration/test_kvm_end_to_end.py boots ``proxy-kvm-squid.yaml``'s kind of
-  cloud-config on a real guest); the user-data reaches the domain byte for byte;
+  cloud-config on a real guest), Ready as a KVM Proxy without a probe is once its domain runs;
 - ``proxypool-kvm-gcp.yaml``: its six members spread 2:1 over README's ``home-kvm`` (the test
   driver) and docs/gcp-provider.md's ``gcp-eu`` (the Compute emulator, whose instances boot their
   startup-script's squid in the test's namespaces: tests/support/compute/gcp_world.py); the GCP
@@ -38,7 +38,7 @@ pytestmark = pytest.mark.timeout(420)
 
 EXAMPLES = REPO / "controller" / "examples"
 TEST_DRIVER_POOL = "default-pool"
-GCP_EXTERNAL = ["203.0.113.31", "203.0.113.32", "203.0.113.33", "203.0.113.34"]
+GCP_EXTERNAL = ("203.0.113.31", "203.0.113.32", "203.0.113.33", "203.0.113.34")
 # Where each example is shown serving: a new example must be added here, and to a test.
 COVERED = {"proxy-minimal.yaml": "tests/packaging/test_deploy_controller.py",
            "proxy-kvm-squid.yaml": __name__, "proxy-jinja-template.yaml": __name__,
@@ -104,7 +104,7 @@ def test_the_pool_example_spreads_over_kvm_and_gcp_and_serves_a_crawler(
     (gcp,) = gcp_document["providers"]
     settings = gcp["gcp"]
     emulator = ComputeEmulator(project=settings["project"], zones=tuple(settings["zones"]),
-                               external_addresses=GCP_EXTERNAL)
+                               external_addresses=list(GCP_EXTERNAL))  # it hands them out (pops)
     pool = yaml.safe_load((EXAMPLES / "proxypool-kvm-gcp.yaml").read_text())
     with GcpWorld() as world, emulator as compute, ProbeTargetProcess(world.inet, address=TARGET, tunnel_port=443) \
             as target, ComputeGuests(compute, world.vpc) as guests:
@@ -127,6 +127,6 @@ def test_the_pool_example_spreads_over_kvm_and_gcp_and_serves_a_crawler(
             assert providers == ["gcp-eu"] * 2 + ["home-kvm"] * 4  # weights 2:1 of six
             assert pool["spec"]["replicas"] == 6 and len(our_domains(libvirt_test)) == 4
             on_gcp = [entry for entry in controller.discovery() if entry["endpoint"].split(":")[0] in GCP_EXTERNAL]
-            assert len(on_gcp) == 2, controller.discovery()
+            assert len(on_gcp) == 2 and all(entry["serving"] == "True" for entry in on_gcp), on_gcp
             # A crawler in the GCP provider's allowedSources, through a member discovery hands out.
             assert world.crawl(CRAWLER, on_gcp[0]["url"], f"http://{TARGET}:8080/generate_204") == "204"
