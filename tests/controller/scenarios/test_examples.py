@@ -6,8 +6,9 @@ give for its provider, its values set to this test's world only.
   page deploys (tests/packaging/test_deploy_controller.py): Ready, and a crawler's 204 through it;
 - ``proxy-kvm-squid.yaml`` and ``proxy-jinja-template.yaml`` (KVM): placed on README's host
   ``beelink`` by the KVM provider, here a libvirtd serving libvirt's test driver (its guests do not
-  boot: tests/integration/test_kvm_end_to_end.py boots ``proxy-kvm-squid.yaml``'s kind of
-  cloud-config on a real guest), Ready as a KVM Proxy without a probe is once its domain runs;
+  boot: scripts/demo.py, run by tests/integration/test_demo.py, takes ``proxy-kvm-squid.yaml``
+  unchanged to Ready on a real guest and a crawler's 204 through it), Ready as a KVM Proxy without
+  a probe is once its domain runs;
 - ``proxypool-kvm-gcp.yaml``: its six members spread 2:1 over README's ``home-kvm`` (the test
   driver) and docs/gcp-provider.md's ``gcp-eu`` (the Compute emulator, whose instances boot their
   startup-script's squid in the test's namespaces: tests/support/compute/gcp_world.py); the GCP
