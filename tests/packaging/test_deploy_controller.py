@@ -5,7 +5,10 @@ What a user would check after running it: every object of controller/manifests i
 with the user's provider config, SSH files, token and image; a second run changes nothing (and
 writes nothing); no secret reaches the playbook's output; a new token rolls the controller; every
 production knob (issue 40 row 1, 2, 4, 5) lands where the controller reads it; a placeholder image
-is refused and an image that cannot be pulled is reported in seconds. The emulator has no
+is refused and an image that cannot be pulled is reported in seconds; and docs/production.md, from
+its blocks through the deploy to a crawler on the internet fetching through the proxy discovery
+hands it (the controller Pod run from the applied Deployment, tests/support/kube/controller_pod.py;
+the proxy Pods and load balancers for real in the test's network namespaces). The emulator has no
 Deployment controller or kubelet, so ``RolloutStandIn`` plays them: for each new generation of the
 controller's Deployment it replaces the controller Pod (ready, or waiting on a pull that fails)
 and marks a ready one's generation rolled out, which the playbook waits for.
@@ -14,16 +17,21 @@ and marks a ready one's generation rolled out, which the playbook waits for.
 from __future__ import annotations
 
 import base64
+import hashlib
+import ipaddress
+import os
 import re
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 import yaml
@@ -31,7 +39,13 @@ from kubernetes import client
 
 from support.collection.artifact import InstalledCollection
 from support.collection.provider_config import write_kubeconfig
+from support.kube.controller_pod import ClusterAccess, controller_pod
 from support.kube.emulator import KubeEmulator
+from support.netns.namespace import NetworkNamespace
+from support.netns.probe_target import ProbeTargetProcess
+from support.netns.service_network import ServiceNetwork
+from support.netns.squid_kubelet import squid_kubelet
+from support.netns.tls_front import TlsFront
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -40,6 +54,7 @@ ANSIBLE_PLAYBOOK = Path(sys.executable).parent / "ansible-playbook"
 NAMESPACE = "egress-proxies"
 DEPLOYMENT = "egress-proxies-controller"
 MANIFESTS = Path(__file__).resolve().parents[2] / "controller" / "manifests"
+EXAMPLES = MANIFESTS.parent / "examples"
 LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
 TOKEN_VERSION = "crawl.example.com/discovery-token-version"
 SELECTOR = "app.kubernetes.io/name=egress-proxies-controller"
@@ -537,6 +552,7 @@ def test_an_image_that_cannot_be_pulled_is_reported_in_seconds(deploy: Deploy, k
 # -- the production page (docs/production.md) ---------------------------------------------------------
 
 PRODUCTION_PAGE = Path(__file__).resolve().parents[2] / "docs" / "production.md"
+PAGE_TEAM_TOKEN = "test"  # what the page's tokens.yaml holds the hash of (its TEAM_TOKEN, for this test)
 
 
 def page_files() -> dict[str, str]:
@@ -544,10 +560,73 @@ def page_files() -> dict[str, str]:
     return dict(re.findall(r"^```yaml (\S+)\n(.*?)^```$", PRODUCTION_PAGE.read_text(), re.M | re.S))
 
 
-def test_the_production_page_deploys_as_written(deploy: Deploy, kube: KubeEmulator,
-                                                rollouts: RolloutStandIn) -> None:
+@dataclass
+class PageWorld:
+    """The page's world in network namespaces (needs root): ``cluster`` (its node: the proxy Pods
+    and their load balancers), ``internet`` (the crawler at an address of the page's
+    ``allowedSources``, the probe target at the page's ``httpUrl`` host, the ingress controller's
+    address) and ``pod``, the controller Pod's network, whose traffic to the internet leaves from
+    the page's ``probeSources`` address (the cluster's NAT gateway)."""
+
+    cluster: NetworkNamespace
+    internet: NetworkNamespace
+    pod: NetworkNamespace
+    crawler: str
+    load_balancer: str
+
+    def curl(self, *args: str, source: str | None = None) -> tuple[int, str]:
+        """curl on the internet (from ``source``, else the namespace's own address, which the
+        root namespace routes back to): (exit code, body or HTTP code)."""
+        interface = ["--interface", source] if source else []
+        done = subprocess.run(self.internet.command(["curl", "-sS", *interface, "--connect-timeout", "3", "--max-time",
+                                                     "10", *args]),
+                              capture_output=True, text=True, timeout=30, check=False)
+        return done.returncode, done.stdout or done.stderr
+
+
+@contextmanager
+def page_world(providers: Obj) -> Iterator[PageWorld]:
+    """The namespaces and routes for the page's addresses: nothing else routes them."""
+    if os.geteuid() != 0:
+        pytest.fail("needs root (network namespaces, iptables, mounts); run the tests as root, as CI does",
+                    pytrace=False)
+    (nat_gateway,) = [ipaddress.ip_network(source)[0] for source in providers["probeSources"]]
+    (cluster_provider,) = [p for p in providers["providers"] if p["type"] == "kubernetes"]
+    crawler = str(ipaddress.ip_network(cluster_provider["allowedSources"][0])[20])
+    target = urlsplit(cluster_provider["probe"]["httpUrl"]).hostname
+    assert target is not None
+    load_balancer = "198.51.100.60"  # the cloud's address for the Proxy's load balancer: public, the test's own
+    with NetworkNamespace() as cluster, NetworkNamespace() as internet, NetworkNamespace() as pod:
+        cluster.link(internet, "100.127.254.1", "100.127.254.2")
+        pod.link(internet, "100.127.253.1", "100.127.253.2")
+        for network in (cluster_provider["allowedSources"][0], f"{nat_gateway}/32", f"{target}/32"):
+            cluster.route(network, "100.127.254.2")
+        for network in (f"{load_balancer}/32", cluster.network):  # the proxy Pods fetch from their own addresses
+            internet.route(network, "100.127.254.1")
+        pod.route("default", "100.127.253.2")
+        for address in (crawler, target):
+            internet.add_address(address)
+        to_cluster = f"egpl{cluster.slot}x{internet.slot}p"  # the internet's end of cluster.link(internet)
+        for command in (["sysctl", "-qw", "net.ipv4.ip_forward=1"],
+                        ["iptables", "-t", "nat", "-A", "POSTROUTING", "-s", "100.127.253.1", "-o", to_cluster, "-j",
+                         "SNAT", "--to-source", str(nat_gateway)]):
+            subprocess.run(internet.command(command), check=True, capture_output=True)
+        yield PageWorld(cluster, internet, pod, crawler, load_balancer)
+
+
+# The deploy, then the controller's module runs (ansible-runner): a minute on a quiet machine, several
+# at load 10 on 2 cores.
+@pytest.mark.timeout(600)
+def test_the_production_page_deploys_as_written_and_serves_a_crawler_on_the_internet(
+        deploy: Deploy, kube: KubeEmulator, rollouts: RolloutStandIn,
+        installed_collection: InstalledCollection) -> None:
     """The page's providers.yaml, tokens.yaml and deploy-vars.yml, saved as a reader would, through
-    the deploy playbook: every knob it sets reaches the cluster."""
+    the deploy playbook: every knob it sets reaches the cluster. Then what the page promises: the
+    Deployment's controller Pod, run as a kubelet would (tests/support/kube/controller_pod.py) with
+    the probe-key Secret the page creates, makes the page's Proxy example Ready on the page's
+    Kubernetes provider (real squid Pods and load balancers in the test's namespaces), and a crawler
+    on the internet asks discovery through the Ingress (TLS) with the team token of the page's
+    tokens.yaml and fetches through the proxy it is handed: 204 from the probe target."""
     blocks = page_files()
     assert set(blocks) == {"providers.yaml", "tokens.yaml", "deploy-vars.yml"}
     for name in ("providers.yaml", "tokens.yaml"):
@@ -576,4 +655,66 @@ def test_the_production_page_deploys_as_written(deploy: Deploy, kube: KubeEmulat
     assert ingress["spec"]["tls"][0]["hosts"] == [page_vars["egress_proxies_discovery_ingress"]["host"]]
     # The probe's egress address is admitted everywhere, as the page says it must be: the root's
     # probeSources, which every provider admits beside its allowedSources.
-    assert yaml.safe_load(blocks["providers.yaml"])["probeSources"] == ["198.51.100.7/32"]
+    providers = yaml.safe_load(blocks["providers.yaml"])
+    assert providers["probeSources"] == ["198.51.100.7/32"]
+
+    with page_world(providers) as world:
+        serve_a_crawler(deploy, kube, world, installed_collection, page_vars, ingress, container, blocks["tokens.yaml"])
+
+
+def serve_a_crawler(deploy: Deploy, kube: KubeEmulator, world: PageWorld, installed_collection: InstalledCollection,
+                    page_vars: Obj, ingress: Obj, container: Obj, tokens: str) -> None:
+    """The page's sections 5 to 7 in ``world``, after the deploy: the probe target and its Secret,
+    the controller Pod, the crawlers' namespace and the Proxy example, discovery and the fetch."""
+    (cluster_provider,) = [p for p in yaml.safe_load((deploy.files / "providers.yaml").read_text())["providers"]
+                           if p["type"] == "kubernetes"]
+    target = urlsplit(cluster_provider["probe"]["httpUrl"]).hostname
+    (team,) = yaml.safe_load(tokens)
+    assert hashlib.sha256(PAGE_TEAM_TOKEN.encode()).hexdigest() == team["sha256"]  # the page's example hash
+    host = page_vars["egress_proxies_discovery_ingress"]["host"]
+    # Where the Ingress sends /v1/: its Service's port, by the target port's name, on the container.
+    (rule,) = ingress["spec"]["rules"]
+    backend = rule["http"]["paths"][0]["backend"]["service"]
+    service = kube.get_object("services", NAMESPACE, backend["name"])
+    assert service is not None
+    (port,) = [port for port in service["spec"]["ports"] if port["name"] == backend["port"]["name"]]
+    (backend_port,) = [item["containerPort"] for item in container["ports"] if item["name"] == port["targetPort"]]
+    emulator_port = int(urlsplit(kube.url).port or 0)
+    with ProbeTargetProcess(world.internet, target, http_port=80, tunnel_port=443) as probe_target, \
+            TlsFront(deploy.files / "apiserver-tls", world.pod.gateway, ("127.0.0.1", emulator_port),
+                     names=["kubernetes.default.svc"]) as apiserver, \
+            TlsFront(deploy.files / "ingress-tls", world.internet.gateway, (world.pod.address, backend_port),
+                     names=[host]) as ingress_controller, \
+            squid_kubelet(kube, world.cluster, cluster_provider["kubernetes"]["namespace"]) as kubelet, \
+            ServiceNetwork(kube, world.cluster, cluster_provider["kubernetes"]["namespace"],
+                           [world.load_balancer]) as network:
+        kube.add_node("node-1", world.cluster.address)
+        # The page's `kubectl -n egress-proxies create secret generic probe-key --from-file=key=probe.key`.
+        kube.create("secrets", NAMESPACE, {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "probe-key"},
+                                           "data": {"key": base64.b64encode(probe_target.key).decode()}})
+        pod = controller_pod(kube, NAMESPACE, DEPLOYMENT, world.pod,
+                             ClusterAccess(world.pod.gateway, apiserver.port, apiserver.ca_file),
+                             installed_collection.collections_path, deploy.files / "pod")
+        with pod:
+            # The page's `kubectl create namespace crawlers`, `kubectl apply -f controller/examples/proxy-minimal.yaml`.
+            kube.create_namespace("crawlers")
+            example = yaml.safe_load((EXAMPLES / "proxy-minimal.yaml").read_text())
+            assert example["spec"]["provider"] == cluster_provider["name"]
+            kube.create("proxies.crawl.example.com", "crawlers", example)
+
+            def proxies_txt() -> str:
+                code, body = world.curl("--cacert", str(ingress_controller.ca_file), "--connect-to",
+                                        f"{host}:443:{ingress_controller.host}:{ingress_controller.port}",
+                                        "-H", f"Authorization: Bearer {PAGE_TEAM_TOKEN}", f"https://{host}/v1/proxies.txt")
+                return body.strip() if code == 0 and body.startswith("http://") else ""
+
+            # Listed once the controller's own probe passed, from the NAT gateway's address.
+            pod.wait_for(proxies_txt, 300, "the page's Proxy in discovery (its probe passed)")
+            assert kubelet.errors == [] and network.errors == [] and network.refused == set()
+            (url,) = proxies_txt().splitlines()
+            assert url.endswith(f"@{world.load_balancer}:3128"), url
+            assert world.curl("-o", "/dev/null", "-w", "%{http_code}", "--proxy", url, probe_target.url(),
+                              source=world.crawler) == (0, "204")
+            password = urlsplit(url).password
+            assert password and password not in pod.output() and probe_target.key.decode() not in pod.output()
+
