@@ -11,6 +11,7 @@ import os
 import signal
 import socket
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -546,10 +547,15 @@ def main(argv: list[str] | None = None) -> int:
     if arguments[:1] == ["probe-target"]:
         return probe_target_main(arguments[1:])
     settings = parse_args(arguments)
+    if settings.check_config:
+        # A check leaves nothing behind: its runs go to a directory of their own, not the work dir
+        # (the controller's, /var/lib/egress-proxies by default: a person checking a file on
+        # another machine has none, or it is root's).
+        with tempfile.TemporaryDirectory(prefix="egress-proxies-check-") as scratch:
+            return check_files(AnsibleRunner(Path(scratch), timeout_seconds=settings.runner_timeout_seconds,
+                                             max_concurrent=settings.max_runners), settings)
     runner = AnsibleRunner(settings.work_dir, timeout_seconds=settings.runner_timeout_seconds,
                            max_concurrent=settings.max_runners, keep_artifacts=settings.keep_artifacts)
-    if settings.check_config:
-        return check_files(runner, settings)
     if not settings.provider_config.is_file():
         log.warning("provider config %s does not exist (yet): every sweep fails until it does",
                     settings.provider_config)

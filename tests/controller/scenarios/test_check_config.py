@@ -40,6 +40,8 @@ def closed_port() -> int:
 def check(tmp_path: Path, *arguments: str) -> tuple[int, list[str]]:
     done = run_refused(["--check-config", "--work-dir", str(tmp_path / "work"), *arguments], timeout=180)
     assert "Traceback" not in done.stderr, done.stderr
+    # A check writes nothing where the controller keeps its runs (it ran the validator in a scratch directory).
+    assert not (tmp_path / "work").exists()
     return done.returncode, done.stdout.splitlines()
 
 
