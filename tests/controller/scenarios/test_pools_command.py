@@ -394,8 +394,10 @@ def test_a_template_edited_mid_rotation_then_a_restart_converges_within_bounded_
     within ceil(replicas / maxSurge) + 2 sweeps of the restarted controller."""
     config = write_config(tmp_path / "providers.yaml", [kvm_provider("kvm-a", hosts[0], image)])
     replicas, surge = 3, 1
+    # maxAge 1 s: the rotation starts the sweep after the members are Ready (maxUnavailable 0
+    # holds it until all three are), not after a wait.
     create_pool(objects, "eu", {"replicas": replicas, "template": {"cloudInit": "#cloud-config\n# v1\n"},
-                                "rotation": {"maxAge": "15s", "maxSurge": surge, "maxUnavailable": 0, "jitter": 0},
+                                "rotation": {"maxAge": "1s", "maxSurge": surge, "maxUnavailable": 0, "jitter": 0},
                                 "placement": [{"provider": "kvm-a"}]})
     with kube_controller(cluster, config, tmp_path) as first:
         first.wait_for(lambda: any((m["metadata"].get("annotations") or {}).get(RETIRING_ANNOTATION)

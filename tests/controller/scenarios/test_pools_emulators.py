@@ -13,7 +13,7 @@ import json
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -89,12 +89,27 @@ def write_config(path: Path, hosts: tuple[LibvirtTestDaemon, LibvirtTestDaemon],
     return path
 
 
-def reconciler(api: client.ApiClient, config: Path, work: Path) -> Reconciler:
+class PoolClock:
+    """The pool reconciler's clock: the wall clock, moved on by ``advance``, so a placement's
+    hysteresis passes when the test says so rather than by sleeping it out."""
+
+    def __init__(self) -> None:
+        self.skew = 0.0
+
+    def __call__(self) -> float:
+        return time.time() + self.skew
+
+    def advance(self, seconds: float) -> None:
+        self.skew += seconds
+
+
+def reconciler(api: client.ApiClient, config: Path, work: Path,
+               pool_clock: Callable[[], float] = time.time) -> Reconciler:
     store = KubeStore(api)
     runner = AnsibleRunner(work, timeout_seconds=120, max_concurrent=2, collections_path=collections_path())
     return Reconciler(store, runner, str(config),
                       parts=SweepParts(backoff=Backoff(base_seconds=0, jitter=0),
-                                       pools=PoolReconciler(KubePools(api), store)))
+                                       pools=PoolReconciler(KubePools(api), store, now=pool_clock)))
 
 
 def create_pool(objects: client.CustomObjectsApi, name: str, spec: dict[str, Any]) -> None:
@@ -207,12 +222,13 @@ def test_scale_from_zero_to_six_by_weight_then_through_the_scale_subresource_the
 
 
 def three_serving(api: client.ApiClient, hosts: tuple[LibvirtTestDaemon, LibvirtTestDaemon], image: BaseImage,
-                  tmp_path: Path, failover_after: str) -> tuple[Reconciler, Path, set[str]]:
+                  tmp_path: Path, failover_after: str,
+                  pool_clock: Callable[[], float] = time.time) -> tuple[Reconciler, Path, set[str]]:
     """Pool "eu": 3 members over kvm-a (2) and kvm-b (1), maxSurge 1, all serving; the
     reconciler, the provider config's path and the members' names."""
     objects = client.CustomObjectsApi(api)
     config = write_config(tmp_path / "providers.yaml", hosts, image)
-    rec = reconciler(api, config, tmp_path / "work")
+    rec = reconciler(api, config, tmp_path / "work", pool_clock)
     create_pool(objects, "eu", {**BASE_SPEC, "replicas": 3, "failoverAfter": failover_after,
                                 "rotation": {"maxSurge": 1}})
     sweep_until(rec, lambda: len(serving(members(objects, "eu"))) == 3)
@@ -223,7 +239,8 @@ def test_a_broken_placement_fails_over_within_max_surge_and_moves_back_without_c
         api: client.ApiClient, hosts: tuple[LibvirtTestDaemon, LibvirtTestDaemon],
         image: BaseImage, tmp_path: Path) -> None:
     objects, core = client.CustomObjectsApi(api), client.CoreV1Api(api)
-    rec, config, seen = three_serving(api, hosts, image, tmp_path, failover_after="5s")
+    clock = PoolClock()
+    rec, config, seen = three_serving(api, hosts, image, tmp_path, failover_after="5s", pool_clock=clock)
 
     write_config(config, hosts, image, break_b=True)
     report = rec.sweep()
@@ -246,10 +263,10 @@ def test_a_broken_placement_fails_over_within_max_surge_and_moves_back_without_c
     # The first good sweep makes the kvm-b member Ready again; the next one sees it serving.
     sweep_until(rec, lambda: get_pool(objects, "eu")["status"]["placements"][1]["state"] == "Recovering", limit=2)
     assert len(members(objects, "eu")) == 4  # nothing moves on the first good sweeps
-    recovering_since = time.monotonic()
+    recovering_since = clock()
     assert rec.sweep().ok
-    assert len(members(objects, "eu")) == 4 or time.monotonic() - recovering_since >= 10
-    time.sleep(max(0.0, 10.5 - (time.monotonic() - recovering_since)))  # 2 x failoverAfter of health
+    assert len(members(objects, "eu")) == 4 or clock() - recovering_since >= 10
+    clock.advance(max(0.0, 10.5 - (clock() - recovering_since)))  # 2 x failoverAfter of health
     sweep_until(rec, lambda: len(members(objects, "eu")) == 3, limit=2)
     items = members(objects, "eu")
     assert sorted(m["metadata"]["labels"][PLACEMENT_LABEL] for m in items) == ["0", "0", "1"]
@@ -298,12 +315,14 @@ def test_rotation_never_drops_below_replicas_minus_max_unavailable(
     objects = client.CustomObjectsApi(api)
     rec = reconciler(api, write_config(tmp_path / "providers.yaml", hosts, image), tmp_path / "work")
     create_pool(objects, "eu", {**BASE_SPEC, "replicas": 3,
-                                "rotation": {"maxAge": "1s", "maxSurge": 1, "maxUnavailable": 0, "jitter": 0}})
+                                # 1 ms: every member Ready in an earlier sweep is due, so each
+                                # sweep rotates as far as maxSurge and maxUnavailable let it,
+                                # with no wait for an age between sweeps.
+                                "rotation": {"maxAge": "1ms", "maxSurge": 1, "maxUnavailable": 0, "jitter": 0}})
     sweep_until(rec, lambda: len(serving(members(objects, "eu"))) == 3)
     original = {m["metadata"]["name"] for m in members(objects, "eu")}
     ready_per_sweep = []
     for _ in range(16):
-        time.sleep(1.0)  # older than maxAge
         assert rec.sweep().ok
         items = members(objects, "eu")
         ready_per_sweep.append(len(serving(items)))
