@@ -106,9 +106,12 @@ class LiveSettings:
     parallel_batches: int = 4
     # A sweep with more creates than parallel_batches batches of batch_size hold (a fill from empty)
     # makes its create batches larger, up to this many (never smaller than batch_size): every runner
-    # call costs ~1.3 s of CPU before its first create (ansible-playbook's start), which a fill of
-    # 10,000 paid 200 times at 50 (docs/performance.md, "Fill 10,000 from empty").
-    fill_batch_size: int = 250
+    # call costs ~1.3 s of CPU before its first create (ansible-playbook's start) and a listing of
+    # every host (placement, existence), which a fill of 10,000 paid 200 times at 50 and 40 times
+    # at 250; at 1,000 it pays them 10 times (docs/performance.md, "Fill 10,000 from empty"). A
+    # fill's run already touched every host at 250 (placement spreads it), so a larger one waits
+    # for no more base image uploads; it adds only creates, ~11 libvirt calls each, 8 at a time.
+    fill_batch_size: int = 1000
     # A Ready Proxy whose provider cannot be listed stays Ready (and in discovery) this long,
     # with a condition saying so; after it, it is no longer vouched for.
     stale_listing_seconds: float = 600.0
