@@ -13,6 +13,7 @@ import dataclasses
 import hashlib
 import logging
 import math
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
@@ -204,25 +205,29 @@ class LivePath:
         # A Proxy whose other instance could not be deleted gets its successor next sweep.
         creates = [c for c in creates if c.proxy.uid not in crowded]
 
-        def create_batch(chunk: list[_Create]) -> tuple[list[_Create], list[Result]]:
-            return chunk, client.create([c.request for c in chunk])
+        outcome = threading.Lock()
+
+        def create_batch(chunk: list[_Create]) -> None:
+            results = client.create([c.request for c in chunk])
+            self.count("runner_calls", 1)
+            with outcome:  # the provider's backoff: one batch's outcome at a time
+                provider_delay = self._batch_outcome(client.name, results)
+            for create, result in zip(chunk, results, strict=True):
+                transient = result.error is not None and result.error.error_class is ErrorClass.TRANSIENT
+                delay = provider_delay if transient else None
+                self.contain(create.proxy, partial(self._created, create, result, listing, retire, delay))
 
         # Batches run side by side (the runner's memory cap bounds how many at once); each
         # batch's results are recorded as soon as it returns, so a providerID is never lost
-        # to a slower batch.
+        # to a slower batch, and in the batch's own thread: one thread writing every batch's
+        # Events and statuses one after another (two API writes per create) was a fill's
+        # critical path, still writing minutes after the last create had returned.
         size = create_batch_size(len(creates), self.settings.batch_size, self.settings.parallel_batches,
                                  self.settings.fill_batch_size)
         chunks = chunked(creates, size)
         with ThreadPoolExecutor(max_workers=max(1, min(len(chunks), self.settings.parallel_batches))) as pool:
-            done = [pool.submit(create_batch, chunk) for chunk in chunks]
-            for future in as_completed(done):
-                chunk, results = future.result()
-                self.count("runner_calls", 1)
-                provider_delay = self._batch_outcome(client.name, results)
-                for create, result in zip(chunk, results, strict=True):
-                    transient = result.error is not None and result.error.error_class is ErrorClass.TRANSIENT
-                    delay = provider_delay if transient else None
-                    self.contain(create.proxy, partial(self._created, create, result, listing, retire, delay))
+            for future in as_completed([pool.submit(create_batch, chunk) for chunk in chunks]):
+                future.result()
         self._retire(client, retire, "a successor replaces it")
         self._report_draining(client.name, listing)
 
