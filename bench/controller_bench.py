@@ -525,6 +525,7 @@ class Results:
     rss_self_mib: float = 0.0
     rss_children_mib: float = 0.0
     profile: str = ""
+    profile_fill: str = ""
     listings: list[ListingFigure] = field(default_factory=list)
     # os.getloadavg() at points of the run: the machine's share of the figures.
     loads: dict[str, tuple[float, float, float]] = field(default_factory=dict)
@@ -642,6 +643,10 @@ def print_results(r: Results) -> None:
             "threads merged; the main thread waiting for them shows as lock acquire, a worker waiting for the runner "
             "as poll, for the API as socket reads)")
         say(r.profile)
+    if r.profile_fill:
+        say()
+        say("== cProfile of the fill from empty (the controller process, threads merged as above)")
+        say(r.profile_fill)
 
 
 def fleet_list_figure(r: Results) -> ListingFigure:
@@ -717,18 +722,20 @@ def profiled_workers(profiles: list[cProfile.Profile]) -> Iterator[None]:
         work_item.run = original
 
 
-def profile_sweep(reconciler: Reconciler) -> str:
-    """One steady sweep's profile, the main thread's and its workers' merged: the workers' time
-    shows under their functions, and the main thread's waiting for them as lock acquire."""
+def profiled(what: str, step: Callable[[], object]) -> str:
+    """``step``'s profile, the main thread's and its workers' merged: the workers' time shows
+    under their functions, and the main thread's waiting for them as lock acquire."""
     workers: list[cProfile.Profile] = []
     profiler = cProfile.Profile()
     started = time.monotonic()
     with profiled_workers(workers):
         profiler.enable()
-        checked(reconciler.sweep())
-        profiler.disable()
+        try:
+            step()
+        finally:
+            profiler.disable()
     out = io.StringIO()
-    out.write(f"one steady sweep under the profiler: {time.monotonic() - started:.2f} s wall\n")
+    out.write(f"{what} under the profiler: {time.monotonic() - started:.2f} s wall\n")
     stats = pstats.Stats(profiler, stream=out)
     for worker in workers:
         stats.add(worker)
@@ -853,13 +860,19 @@ def run(args: argparse.Namespace, stack: contextlib.ExitStack, shutdown: Shutdow
     reconciler = Reconciler(store, runner, str(config), settings, parts=SweepParts(backoff=Backoff()))
 
     say("batch: sweeping from empty until all are Ready ...")
-    results.from_empty = until_ready(reconciler, store, runner, fleet, args.max_sweeps, kubelet)
+
+    def fill() -> None:
+        results.from_empty = until_ready(reconciler, store, runner, fleet, args.max_sweeps, kubelet)
+    if args.profile_fill:
+        results.profile_fill = profiled("the fill from empty (its figures are the profiler's too)", fill)
+    else:
+        fill()
     results.kubelet_pods = kubelet.marked if kubelet else 0
     say(f"  all Ready after {results.from_empty.seconds:.1f} s; {STEADY_SWEEPS} steady sweeps ...")
     results.steady = steady_sweeps(reconciler, runner, fleet, STEADY_SWEEPS)
     results.loads["after the steady sweeps"] = os.getloadavg()
     if args.profile:
-        results.profile = profile_sweep(reconciler)
+        results.profile = profiled("one steady sweep", lambda: checked(reconciler.sweep()))
 
     say(f"per-object: steady pass over {results.sample} of the Ready Proxies ...")
     proxies, _ = store.list_proxies()
@@ -908,6 +921,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--runner-timeout", type=int, default=1800, help="seconds per runner call")
     parser.add_argument("--max-sweeps", type=int, default=5, help="give up when not all Ready after this many")
     parser.add_argument("--profile", action="store_true", help="also cProfile one steady sweep (controller side)")
+    parser.add_argument("--profile-fill", action="store_true",
+                        help="cProfile the fill from empty (controller side; its figures then include the profiler)")
     parser.add_argument("--list-instances", type=int, default=None,
                         help="instances each of the GCP and Kubernetes list calls are measured with, on emulators "
                              "seeded apart from the fleet (default: --proxies; 0: not measured)")

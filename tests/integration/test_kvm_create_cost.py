@@ -8,8 +8,10 @@ The provider runs as the module runs it (one KvmProvider per run, its items side
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -124,3 +126,34 @@ def test_the_listing_after_a_batch_reads_none_of_its_domains_xml(
 
     assert sorted(i.name for i in listed.instances) == sorted(request(n).name for n in range(CREATES))
     assert calls["domain_xml"] == 0  # each create kept what it read of its domain in the domain cache
+
+
+def test_after_two_batches_side_by_side_the_listing_reads_none_of_their_xml(
+        settings: KvmSettings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A fill runs its create batches side by side: each run loads the domain cache at its start
+    # and saves it at its end. The later save used to drop the earlier run's new domains, and the
+    # next run's listing read their XML again (a batch's worth in every run of a fill).
+    both_listed = threading.Barrier(2, timeout=60)
+    list_fleet = KvmProvider._list_fleet
+
+    def listing_together(self: KvmProvider) -> Any:
+        listed = list_fleet(self)
+        both_listed.wait()  # neither run saves before the other has loaded the cache
+        return listed
+    monkeypatch.setattr(KvmProvider, "_list_fleet", listing_together)
+    batches = [[request(n) for n in range(first, first + CREATES // 2)] for first in (0, CREATES // 2)]
+    with ThreadPoolExecutor(2) as pool:
+        outcomes = list(pool.map(lambda batch: create_batch(settings, tmp_path / "cache", batch), batches))
+    assert [r.get("error") for batch in outcomes for r in batch] == [None] * CREATES
+    monkeypatch.setattr(KvmProvider, "_list_fleet", list_fleet)
+    calls: Counter[str] = Counter()
+    counted(monkeypatch, calls, "domain_xml")
+
+    provider = KvmProvider(settings, str(tmp_path / "cache"), log=lambda _message: None)
+    try:
+        listed = provider.list(dict(OWNER_TAGS))
+    finally:
+        provider.close()
+
+    assert sorted(i.name for i in listed.instances) == sorted(request(n).name for n in range(CREATES))
+    assert calls["domain_xml"] == 0

@@ -245,3 +245,18 @@ def test_creates_without_a_location_list_each_host_once_and_ask_no_host_per_crea
     assert calls["lookupByName"] == 0  # no host is asked per create whether the name exists
     with pytest.raises(libvirt.libvirtError):
         daemons[0].connection.lookupByName("p-never-made")
+
+
+def test_a_name_made_since_the_runs_listing_is_found_through_its_claim(
+        settings: KvmSettings, daemons: list[LibvirtTestDaemon], tmp_path: Path) -> None:
+    # A fill's run of 1,000 creates uses the listing it took at its first create for all of them:
+    # by its last create that listing is minutes old. A name another controller created since is
+    # not in it, but was claimed (every create claims), so this run loses the claim, asks every
+    # host as every create once did, and finds that domain instead of making a second one.
+    with controller(settings, tmp_path / "a") as run:
+        run.create(request("p-first"), check_mode=False)  # the run's listing is taken here
+        with controller(settings, tmp_path / "b") as other:
+            _changed, theirs = other.create(request(), check_mode=False)
+        changed, found = run.create(request(), check_mode=False)
+    assert (changed, found.provider_id) == (False, theirs.provider_id)
+    assert domains_named(daemons, NAME) == [int(theirs.location[1:])]

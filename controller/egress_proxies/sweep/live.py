@@ -13,6 +13,7 @@ import dataclasses
 import hashlib
 import logging
 import math
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
@@ -109,9 +110,12 @@ class LiveSettings:
     parallel_batches: int = 4
     # A sweep with more creates than parallel_batches batches of batch_size hold (a fill from empty)
     # makes its create batches larger, up to this many (never smaller than batch_size): every runner
-    # call costs ~1.3 s of CPU before its first create (ansible-playbook's start), which a fill of
-    # 10,000 paid 200 times at 50 (docs/performance.md, "Fill 10,000 from empty").
-    fill_batch_size: int = 250
+    # call costs ~1.3 s of CPU before its first create (ansible-playbook's start) and a listing of
+    # every host (placement, existence), which a fill of 10,000 paid 200 times at 50 and 40 times
+    # at 250; at 1,000 it pays them 10 times (docs/performance.md, "Fill 10,000 from empty"). A
+    # fill's run already touched every host at 250 (placement spreads it), so a larger one waits
+    # for no more base image uploads; it adds only creates, ~11 libvirt calls each, 8 at a time.
+    fill_batch_size: int = 1000
     # A Ready Proxy whose provider cannot be listed stays Ready (and in discovery) this long,
     # with a condition saying so; after it, it is no longer vouched for.
     stale_listing_seconds: float = 600.0
@@ -206,25 +210,29 @@ class LivePath:
         # A Proxy whose other instance could not be deleted gets its successor next sweep.
         creates = [c for c in creates if c.proxy.uid not in crowded]
 
-        def create_batch(chunk: list[_Create]) -> tuple[list[_Create], list[Result]]:
-            return chunk, client.create([c.request for c in chunk])
+        outcome = threading.Lock()
+
+        def create_batch(chunk: list[_Create]) -> None:
+            results = client.create([c.request for c in chunk])
+            self.count("runner_calls", 1)
+            with outcome:  # the provider's backoff: one batch's outcome at a time
+                provider_delay = self._batch_outcome(client.name, results)
+            for create, result in zip(chunk, results, strict=True):
+                transient = result.error is not None and result.error.error_class is ErrorClass.TRANSIENT
+                delay = provider_delay if transient else None
+                self.contain(create.proxy, partial(self._created, create, result, listing, retire, delay))
 
         # Batches run side by side (the runner's memory cap bounds how many at once); each
         # batch's results are recorded as soon as it returns, so a providerID is never lost
-        # to a slower batch.
+        # to a slower batch, and in the batch's own thread: one thread writing every batch's
+        # Events and statuses one after another (two API writes per create) was a fill's
+        # critical path, still writing minutes after the last create had returned.
         size = create_batch_size(len(creates), self.settings.batch_size, self.settings.parallel_batches,
                                  self.settings.fill_batch_size)
         chunks = chunked(creates, size)
         with ThreadPoolExecutor(max_workers=max(1, min(len(chunks), self.settings.parallel_batches))) as pool:
-            done = [pool.submit(create_batch, chunk) for chunk in chunks]
-            for future in as_completed(done):
-                chunk, results = future.result()
-                self.count("runner_calls", 1)
-                provider_delay = self._batch_outcome(client.name, results)
-                for create, result in zip(chunk, results, strict=True):
-                    transient = result.error is not None and result.error.error_class is ErrorClass.TRANSIENT
-                    delay = provider_delay if transient else None
-                    self.contain(create.proxy, partial(self._created, create, result, listing, retire, delay))
+            for future in as_completed([pool.submit(create_batch, chunk) for chunk in chunks]):
+                future.result()
         self._retire(client, retire, "a successor replaces it")
 
     def _batch_outcome(self, provider: str, results: Sequence[Result]) -> float | None:

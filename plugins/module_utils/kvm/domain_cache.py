@@ -19,10 +19,14 @@ entry is therefore read again after ``max_age`` seconds at the latest (the provi
 that age so that the re-reads of a fleet spread over the sweeps instead of all falling due at
 once.
 
-One JSON file per hypervisor URI, replaced whole (write and rename), owner-only: several module
-runs side by side each write a complete file, the last one wins, and an entry lost that way is
-only read again. A file that cannot be read or parsed is an empty cache; one that cannot be
-written leaves the cache as it was. Nothing here is secret (names, tags, addresses, ports).
+One JSON file per hypervisor URI, replaced whole (write and rename), owner-only. Module runs side
+by side (a fill's create runs) each load the file at their start and save at their end: a save
+first merges in what the file holds now (the entries another run saved meanwhile, less the
+domains this run saw gone), so one run's save does not drop the other's new domains and make the
+next run read all their XML again. Two saves at the very same moment can still lose one's
+entries; they are only read again. A file that cannot be read or parsed is an empty cache; one
+that cannot be written leaves the cache as it was. Nothing here is secret (names, tags,
+addresses, ports).
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ import random
 import tempfile
 import threading
 import time
-from typing import Any, Callable, Dict, Iterable, Optional
+from typing import Any, Callable, Dict, Iterable, Optional, Set
 
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.domain_xml import DomainInfo, GuestNetwork
 
@@ -62,6 +66,7 @@ class HostDomainCache:
         self.clock = clock
         self._lock = threading.Lock()
         self._entries: Dict[str, Dict[str, Any]] = {}
+        self._gone: Set[str] = set()  # UUIDs a listing of this run found gone: never merged back
         self._changed = False
         if path is not None and max_age > 0:
             self._entries = self._load(path, uri)
@@ -104,12 +109,17 @@ class HostDomainCache:
             gone = [uuid for uuid in self._entries if uuid not in present]
             for uuid in gone:
                 del self._entries[uuid]
+            self._gone.update(gone)
             self._changed = self._changed or bool(gone)
 
     def save(self) -> None:
         with self._lock:
             if self.path is None or not self._changed:
                 return
+            # What another run saved since this one loaded the file (entries are immutable by UUID).
+            for uuid, entry in self._load(self.path, self.uri).items():
+                if uuid not in self._gone:
+                    self._entries.setdefault(uuid, entry)
             document = {"format": FORMAT, "uri": self.uri, "domains": self._entries}
             directory = os.path.dirname(self.path)
             try:

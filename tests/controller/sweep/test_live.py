@@ -6,6 +6,7 @@ Ready, reported unverified; probing is tested in tests/controller/scenarios/test
 
 from __future__ import annotations
 
+import threading
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -120,6 +121,29 @@ def test_a_sweep_with_more_creates_than_its_parallel_batches_hold_makes_them_lar
         live.store.add(f"eu-{n}", SPEC)
     live.sweep(*(f"eu-{n}" for n in range(9)))
     assert sorted(len(c.operations) for c in live.runner.calls if c.verb == "create") == [3, 3, 3]
+
+
+def test_batches_write_their_results_side_by_side(live: Live) -> None:
+    # A fill's batches return one after another while others still run; each writes its Proxies'
+    # statuses in its own thread. One thread writing every batch's (two API writes per create) was
+    # the fill's critical path. Here the first status write of each batch waits until another
+    # batch is writing too: with a single writer that never happens.
+    live = Live(batch_size=2, parallel_batches=2, fill_batch_size=2)
+    both_writing = threading.Barrier(2, timeout=10)
+    writers: set[int] = set()
+    write_status = live.writer.write_status
+
+    def meeting(proxy: Proxy, status: Any) -> Proxy:
+        if threading.get_ident() not in writers:
+            writers.add(threading.get_ident())
+            both_writing.wait()
+        return write_status(proxy, status)
+    live.writer.write_status = meeting  # type: ignore[method-assign]
+    for n in range(4):
+        live.store.add(f"eu-{n}", SPEC)
+    live.sweep(*(f"eu-{n}" for n in range(4)))
+    assert len(writers) == 2
+    assert [live.store.get(f"eu-{n}").status["phase"] for n in range(4)] == ["Ready"] * 4
 
 
 def test_a_spec_change_makes_the_new_instance_before_it_breaks_the_old(live: Live) -> None:

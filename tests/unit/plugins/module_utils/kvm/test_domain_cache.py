@@ -4,6 +4,7 @@ unwritable directory only costs reads."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import stat
@@ -111,3 +112,23 @@ def test_one_file_per_hypervisor(tmp_path: Path) -> None:
     for uri in (URI, "qemu+libssh://root@hv2/system"):
         caches.for_uri(uri).save()
     assert len(os.listdir(tmp_path / "domains")) == 2
+
+
+def test_runs_side_by_side_keep_each_others_new_domains(tmp_path: Path) -> None:
+    # Two create runs of a fill load the file at their start and save at their end: the second
+    # save keeps what the first saved meanwhile, so the next listing reads none of it again.
+    clock = Clock()
+    seen_by_both = cache_at(tmp_path, clock)
+    seen_by_both.put("uuid-old", FOREIGN)
+    seen_by_both.save()
+    first, second = cache_at(tmp_path, clock), cache_at(tmp_path, clock)
+    first.put("uuid-a", PUBLISHED)
+    first.save()
+    second.put("uuid-b", dataclasses.replace(PUBLISHED, name="p-b"))
+    second.keep_only(["uuid-b"])  # its listing found uuid-old gone (uuid-a was made after it listed)
+    second.save()
+
+    following = cache_at(tmp_path, clock)
+    assert following.get("uuid-a", "p-a") == PUBLISHED
+    assert following.get("uuid-b", "p-b") is not None
+    assert following.get("uuid-old", "someone-elses") is None  # gone stays gone
