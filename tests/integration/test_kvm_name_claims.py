@@ -225,14 +225,7 @@ def test_a_run_taken_over_leaves_the_published_domain_of_the_run_that_took_it_wh
     stale volumes and replaced them, and its clean-up removed by name the volumes and the DHCP
     reservation: a published guest left without a disk, or without the DHCP entry that gives it
     the address its published port forwards to."""
-    for daemon in daemons:
-        daemon.reset()
-    hosts = [{**kvm_host(f"h{index}", daemon.uri, pool=POOL), "networkMode": "nat", "publicAddress": "203.0.113.10",
-              "publishPorts": "40000-40002", "sourceAddresses": ["203.0.113.21", "203.0.113.22"]}
-             for index, daemon in enumerate(daemons)]
-    config = write_kvm_config(tmp_path / "providers.yaml", hosts, image, allowed_sources=["198.51.100.0/24"])
-    published = load_provider_config(str(config)).provider("lab", "kvm").kvm
-    assert published is not None
+    published = published_settings(daemons, image, tmp_path)
     check_networking = KvmProvider._check_networking
     other: dict[str, Any] = {}
 
@@ -250,12 +243,52 @@ def test_a_run_taken_over_leaves_the_published_domain_of_the_run_that_took_it_wh
     with controller(published, tmp_path / "a") as provider, pytest.raises(Transient, match="taken over"):
         provider.create(request_at("h0"), check_mode=False)
     assert other["instance"].location == "h0"
-    connection = daemons[0].connection
-    domain = connection.lookupByName(NAME)
-    guest = parse_domain_xml(domain.XMLDesc(0)).guest_network
+    assert_whole(daemons[0].connection)
+
+
+def test_a_failed_create_whose_domain_stays_defined_keeps_what_it_uses_and_the_retry_starts_it(
+        daemons: list[LibvirtTestDaemon], image: BaseImage, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The start fails (a dropped connection, libvirt's own error) and so does the undefine after
+    it: the domain stays defined. It keeps its volumes and its DHCP reservation, and the retry (the
+    next sweep's create of the same name) finds it and starts it. Before, the clean-up removed
+    both: the retry started a published guest without a disk and without its reservation."""
+    published = published_settings(daemons, image, tmp_path)
+    for edge in "start_domain", "undefine_domain":
+        def refused(*_args: Any, _edge: str = edge) -> None:
+            raise Transient(f"{_edge}: the connection dropped")
+        monkeypatch.setattr(instances, edge, refused)
+    with controller(published, tmp_path / "a") as provider, pytest.raises(Transient, match="start_domain"):
+        provider.create(request_at("h0"), check_mode=False)
+    monkeypatch.undo()
+    assert NAME in daemons[0].connection.listDefinedDomains()
+    assert_whole(daemons[0].connection)
+
+    with controller(published, tmp_path / "a") as provider:
+        changed, instance = provider.create(request_at("h0"), check_mode=False)
+    assert changed is True and instance.state == "running"
+    assert daemons[0].connection.lookupByName(NAME).isActive()
+    assert_whole(daemons[0].connection)
+
+
+def published_settings(daemons: list[LibvirtTestDaemon], image: BaseImage, tmp_path: Path) -> KvmSettings:
+    """Hosts ``h0``... that publish their proxies (nat with a public address, ports and source
+    addresses): each proxy's address is reserved in the network's DHCP."""
+    for daemon in daemons:
+        daemon.reset()
+    hosts = [{**kvm_host(f"h{index}", daemon.uri, pool=POOL), "networkMode": "nat", "publicAddress": "203.0.113.10",
+              "publishPorts": "40000-40002", "sourceAddresses": ["203.0.113.21", "203.0.113.22"]}
+             for index, daemon in enumerate(daemons)]
+    config = write_kvm_config(tmp_path / "providers.yaml", hosts, image, allowed_sources=["198.51.100.0/24"])
+    published = load_provider_config(str(config)).provider("lab", "kvm").kvm
+    assert published is not None
+    return published
+
+
+def assert_whole(connection: libvirt.virConnect) -> None:
+    """The domain NAME has its volumes and its reservation: the MAC and address its metadata
+    records, what the network's DHCP hands its guest (and what its published port forwards to)."""
+    guest = parse_domain_xml(connection.lookupByName(NAME).XMLDesc(0)).guest_network
     assert guest is not None
-    # Its volumes, as it made them (the overlay backs onto the base: never replaced by a's), and
-    # its reservation: the MAC and address it records, what the network's DHCP hands its guest.
     pool = connection.storagePoolLookupByName(POOL)
     assert {f"{NAME}.qcow2", f"{NAME}-seed.iso"} <= set(pool.listVolumes())
     network = ET.fromstring(connection.networkLookupByName("default").XMLDesc(0))
