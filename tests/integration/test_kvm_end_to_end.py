@@ -26,11 +26,16 @@ Kubernetes API emulator through a relay on the root namespace's end of the host'
 discovery watcher polls ``/v1/proxies`` for the whole module and, from outside, sends a request
 through every endpoint it is handed, at that moment.
 Two Proxies, one on the image with the guest agent and one without (its IP comes from libvirt's
-DHCP lease), boot side by side; the healing step breaks both at once (squid stopped through the
-guest agent in one, the other's domain destroyed, its forwarding rules gone from the host at
-once) and follows the controller replacing each, make-before-break, the successors booting side
-by side too: a guest's boot is two minutes of software emulation, mostly one vCPU's work, and CI
-has two cores.
+DHCP lease), boot side by side; the healing step breaks both (the one's domain destroyed, its
+forwarding rules gone from the host at once, squid stopped through the guest agent in the other)
+and follows the controller replacing each, make-before-break, the successors booting side by side
+too: a guest's boot is two minutes of software emulation, mostly one vCPU's work, and CI has two
+cores. The successors run on the host's two other networks, each a host entry of its own on the
+same URI, opened to new instances in turn (the others cordoned): the agent-less one on a `route`
+network (a block outside routes to the host), the other on a `bridge` network (a LAN bridge of
+the host's whose router and DHCP server are outside's); each is dialled at and leaves from its own
+address, which the crawler outside reaches and the echo sees (issue 39 item 5). Only the role's
+tests and the test driver covered those modes before.
 
 The test prints its timings (image build, boot to IP, boot to 204, controller overhead, the
 healing steps); docs/performance.md records them.
@@ -45,9 +50,11 @@ import ipaddress
 import json
 import os
 import secrets
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -89,6 +96,15 @@ CRAWLER = "198.51.100.7"  # a crawler in the config's allowedSources
 STRANGER = "192.0.2.99"  # a client outside them
 PROBE_TARGET = "192.0.2.80"  # the config's probe target, which also serves the crawler's 204 and echo
 HOST_SERVICE_PORT = 9100  # a service of the hypervisor's on every address (an exporter)
+# The healing step's successors leave nat (issue 39 item 5): one goes to a `route` network, a
+# block routed to the host, the other to a `bridge` network on a LAN whose router and DHCP server
+# are outside's (the host has no address there). Addresses of the benchmarking block, inside the
+# test's namespaces only.
+ROUTED_NETWORK = "198.18.1.0/24"
+ROUTED_GATEWAY = "198.18.1.1"  # the host's end: the routed network's bridge address
+LAN_NETWORK = "198.18.2.0/24"
+LAN_ROUTER = "198.18.2.1"  # outside's end of the LAN: its router and DHCP server
+LAN_BRIDGE = "lan0"  # the host's bridge the LAN reaches it on
 NAMESPACE = "crawlers"
 SQUID_PORT = 3128
 WEB_PORT = 8204
@@ -184,6 +200,8 @@ class Outside:
         self.public_address = PUBLIC_ADDRESS
         self.address = PROBE_TARGET
         self.source_addresses: list[str] = []  # the host's (the role's), routed to it: route_to_host
+        self._lan_dhcp: subprocess.Popen[bytes] | None = None
+        self._lan_dir: Path | None = None  # the LAN DHCP server's lease file
 
     def __enter__(self) -> Outside:
         subprocess.run(["ip", "netns", "add", self.namespace], check=True, capture_output=True)
@@ -199,12 +217,52 @@ class Outside:
                     ["ip", "-n", self.namespace, "link", "set", "eth0", "up"],
                     ["ip", "-n", self.namespace, "link", "set", "lo", "up"],
                     *(["ip", "-n", self.host.namespace, "route", "add", network, "via", ROUTER]
-                      for network in ("198.51.100.0/24", "192.0.2.0/24"))):
+                      for network in ("198.51.100.0/24", "192.0.2.0/24")),
+                    *self._lan_commands(),
+                    # The routed block is routed to the host (the operator's upstream); outside
+                    # routes between its uplink and the LAN.
+                    ["ip", "-n", self.namespace, "route", "add", ROUTED_NETWORK, "via", self.public_address],
+                    ["ip", "netns", "exec", self.namespace, "sysctl", "-qw", "net.ipv4.ip_forward=1"]):
                 subprocess.run(command, check=True, capture_output=True)
+            self._lan_dhcp = dhcp = self._start_lan_dhcp()
+            wait_for(lambda: ":67 " in self.run_in_namespace(["ss", "-Hlun"]).stdout, 30, "the LAN's DHCP server",
+                     process=dhcp, error=DaemonStartError)
         except BaseException:
             self.__exit__()
             raise
         return self
+
+    def lan_leases(self) -> set[str]:
+        """The addresses the LAN's DHCP server has leased (its lease file: expiry MAC address ...)."""
+        assert self._lan_dir is not None
+        lines = (self._lan_dir / "leases").read_text().splitlines()
+        return {line.split()[2] for line in lines if len(line.split()) > 2}
+
+    def _lan_commands(self) -> list[list[str]]:
+        """The LAN a `bridge` network puts guests on: the host's bridge LAN_BRIDGE (no address of
+        the host's on it), joined by a veth to outside's LAN_ROUTER; the host reaches the LAN
+        through outside, as it would through the LAN's router."""
+        host = self.host.namespace
+        return [["ip", "-n", host, "link", "add", LAN_BRIDGE, "type", "bridge"],
+                ["ip", "-n", host, "link", "set", LAN_BRIDGE, "up"],
+                ["ip", "-n", host, "link", "add", "lanport", "type", "veth", "peer", "name", "lan", "netns",
+                 self.namespace],
+                ["ip", "-n", host, "link", "set", "lanport", "master", LAN_BRIDGE, "up"],
+                ["ip", "-n", self.namespace, "address", "add", f"{LAN_ROUTER}/24", "dev", "lan"],
+                ["ip", "-n", self.namespace, "link", "set", "lan", "up"],
+                ["ip", "-n", host, "route", "add", LAN_NETWORK, "via", ROUTER]]
+
+    def _start_lan_dhcp(self) -> subprocess.Popen[bytes]:
+        """The LAN's DHCP server (dnsmasq, DHCP only, LAN_ROUTER as the router): what addresses a
+        bridged guest; libvirt knows nothing of its leases."""
+        self._lan_dir = Path(tempfile.mkdtemp(prefix="egp-lan-"))
+        leases = self._lan_dir / "leases"
+        base = LAN_NETWORK.rsplit(".", 1)[0]
+        return subprocess.Popen(
+            ["ip", "netns", "exec", self.namespace, "dnsmasq", "--keep-in-foreground", "--conf-file=/dev/null",
+             "--port=0", "--user=root", "--interface=lan", "--bind-interfaces", f"--dhcp-leasefile={leases}",
+             f"--dhcp-range={base}.10,{base}.50,255.255.255.0,1h", f"--dhcp-option=option:router,{LAN_ROUTER}"],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
 
     def route_to_host(self, addresses: list[str]) -> None:
         """What an operator's upstream does for source addresses: route them to the host."""
@@ -214,7 +272,12 @@ class Outside:
                            check=True, capture_output=True)
 
     def __exit__(self, *_: object) -> None:
-        # Deleting the namespace deletes its veth end, and with it the host's.
+        if self._lan_dhcp is not None:
+            stop_process_group(self._lan_dhcp)
+            self._lan_dhcp = None
+        if self._lan_dir is not None:
+            shutil.rmtree(self._lan_dir, ignore_errors=True)
+        # Deleting the namespace deletes its veth ends, and with them the host's.
         subprocess.run(["ip", "netns", "del", self.namespace], check=False, capture_output=True)
 
     def run_in_namespace(self, cmd: list[str], *, check: bool = True,
@@ -246,6 +309,11 @@ def bootstrapped(timings: Timings) -> Iterator[Bootstrapped]:
         outside.route_to_host(list(publishing["kvm_hypervisor_source_addresses"]))
         run = bootstrap(hypervisor, **publishing)
         timings.add("hypervisor bootstrap (playbooks/bootstrap_hypervisor.yml)", run.seconds)
+        # The same role, once per further network, as an operator adds one: `route` on the routed
+        # block, `bridge` on the LAN's bridge (no publishing: every guest has its own address).
+        for network_vars in ROUTED_ROLE_VARS, BRIDGED_ROLE_VARS:
+            more = bootstrap(hypervisor, **network_vars)
+            timings.add(f"  and the {network_vars['kvm_hypervisor_network_forward_mode']} network", more.seconds)
         hypervisor.restart_libvirtd()
         yield Bootstrapped(hypervisor, run.known_hosts_file, outside)
 
@@ -468,17 +536,28 @@ class Lab:
     controller: Controller
     timings: Timings
     discovery: DiscoveryWatch
+    document: dict[str, Any]  # the provider config in `config`
 
     @property
     def conn(self) -> libvirt.virConnect:
         return self.host.connection
 
     def create_proxy(self, name: str, **spec: Any) -> None:
+        """A Proxy without a location: placement puts it on the one active host entry."""
         body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Proxy",
                 "metadata": {"name": name, "namespace": NAMESPACE},
-                "spec": {"provider": PROVIDER, "location": HOST, "port": SQUID_PORT, "cloudInit": CLOUD_INIT,
-                         **spec}}
+                "spec": {"provider": PROVIDER, "port": SQUID_PORT, "cloudInit": CLOUD_INIT, **spec}}
         self.objects.create_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, body)
+
+    def place_on(self, active: str) -> None:
+        """Cordon every host entry but ``active`` (docs/kvm-provider.md, "Cordon and drain"): new
+        instances, successors included, go there; running ones stay where they are. The
+        controller and its module runs read the file again when it changes."""
+        for host in self.document["providers"][0]["kvm"]["hosts"]:
+            host["state"] = "active" if host["name"] == active else "cordoned"
+        written = self.config.with_name(self.config.name + ".new")
+        written.write_text(yaml.safe_dump(self.document, sort_keys=False))
+        written.replace(self.config)  # never half a file for a run that reads it now
 
     def delete_proxy(self, name: str) -> None:
         self.objects.delete_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, name)
@@ -558,10 +637,11 @@ def lab(bootstrapped: Bootstrapped, images: dict[str, BaseImage], kube_module: K
     key_file.write_bytes(host.controller_key_file.read_bytes())
     key_file.chmod(0o600)
     config = directory / "providers.yaml"
-    config.write_text(yaml.safe_dump(applied_config(
+    document = applied_config(
         minimal_config(), uri=f"qemu+ssh://root@{host.address}/system",
         ssh={"keyFile": str(key_file), "knownHostsFile": str(bootstrapped.known_hosts_file)},
-        images=images, probe_key=probe_key, source_addresses=outside.source_addresses), sort_keys=False))
+        images=images, probe_key=probe_key, source_addresses=outside.source_addresses)
+    config.write_text(yaml.safe_dump(document, sort_keys=False))
     relay = Relay(host.gateway, ("127.0.0.1", int(kube_module.url.rsplit(":", 1)[1])))
     tokens = directory / "discovery-tokens.yaml"
     tokens.write_text(yaml.safe_dump([{"name": "crawlers", "sha256": hashlib.sha256(CRAWLER_TOKEN.encode()).hexdigest(),
@@ -577,6 +657,7 @@ def lab(bootstrapped: Bootstrapped, images: dict[str, BaseImage], kube_module: K
                  "--provider-config", str(config), "--work-dir", str(directory / "work"),
                  "--interval", str(SWEEP_INTERVAL), "--listen", f"{host.address}:{port}", "--log-level", "INFO",
                  "--probe-interval", str(PROBE_INTERVAL), "--probe-allow", f"{outside.public_address}/32",
+                 "--probe-allow", ROUTED_NETWORK, "--probe-allow", LAN_NETWORK,
                  "--discovery-tokens", str(tokens)],
         log=directory / "controller.log", health_url=f"http://{host.address}:{port}/healthz")
     controller.start()
@@ -584,7 +665,7 @@ def lab(bootstrapped: Bootstrapped, images: dict[str, BaseImage], kube_module: K
     try:
         with client.ApiClient(client.Configuration(host=kube_module.url)) as api:
             yield Lab(host, outside, config, key_file, client.CustomObjectsApi(api), client.CoreV1Api(api), controller,
-                      timings, discovery)
+                      timings, discovery, document)
     finally:
         discovery.stop()
         controller.stop()
@@ -609,11 +690,28 @@ def minimal_config() -> dict[str, Any]:
 
 PROVIDER = minimal_config()["providers"][0]["name"]
 HOST = minimal_config()["providers"][0]["kvm"]["hosts"][0]["name"]
+# The hypervisor's further networks, each a host entry on the same URI (docs/kvm-provider.md,
+# "Networking"): cordoned until the healing step opens them to the successors.
+ROUTED_HOST, BRIDGED_HOST = f"{HOST}-routed", f"{HOST}-bridged"
+ROUTED_ROLE_VARS: dict[str, Any] = {
+    "kvm_hypervisor_network_name": "routed", "kvm_hypervisor_network_forward_mode": "route",
+    "kvm_hypervisor_network_bridge": "virbr1", "kvm_hypervisor_network_address": ROUTED_GATEWAY,
+    "kvm_hypervisor_network_dhcp_start": ROUTED_NETWORK.replace(".0/24", ".10"),
+    "kvm_hypervisor_network_dhcp_end": ROUTED_NETWORK.replace(".0/24", ".50")}
+BRIDGED_ROLE_VARS: dict[str, Any] = {
+    "kvm_hypervisor_network_name": "bridged", "kvm_hypervisor_network_forward_mode": "bridge",
+    "kvm_hypervisor_network_bridge": LAN_BRIDGE}
+# Each host entry's networkMode, and the network its guests' own addresses are in (route, bridge).
+MODES = {HOST: "nat", ROUTED_HOST: "route", BRIDGED_HOST: "bridge"}
+GUEST_NETWORKS = {ROUTED_HOST: ROUTED_NETWORK, BRIDGED_HOST: LAN_NETWORK}
 # What the healing steps need beyond the minimal config: an egress address per proxy (step 7 tells
 # the two guests and their successors apart by it), the egress echo (status.egressIP), a short
 # unhealthyAfter, and the image without the guest agent.
+# The routed and bridged host entries (the healing step's successors), and the root's probeSources:
+# the controller on the host probes a routed guest from its address on that network.
 MINIMAL_ADDITIONS = ("kvm.hosts[0].sourceAddresses", "probe.egressEchoUrl", "probe.unhealthyAfterSeconds",
-                     "kvm.images.debian-12-no-agent", "kvm.defaultImage")
+                     "kvm.images.debian-12-no-agent", "kvm.defaultImage", "kvm.hosts[1]", "kvm.hosts[2]",
+                     "probeSources")
 
 
 def applied_config(document: dict[str, Any], *, uri: str, ssh: dict[str, str], images: dict[str, BaseImage],
@@ -634,6 +732,10 @@ def applied_config(document: dict[str, Any], *, uri: str, ssh: dict[str, str], i
     probe.update(egressEchoUrl=f"http://{PROBE_TARGET}:{WEB_PORT}/echo", unhealthyAfterSeconds=UNHEALTHY_AFTER)
     kvm["images"]["debian-12-no-agent"] = {"url": images["no-agent"].url, "sha256": images["no-agent"].sha256}
     kvm["defaultImage"] = image_key  # two images now
+    for name, network in (ROUTED_HOST, "routed"), (BRIDGED_HOST, "bridged"):
+        kvm["hosts"].append({"name": name, "uri": uri, "domainType": "qemu", "network": network,
+                             "networkMode": MODES[name], "state": "cordoned"})
+    document["probeSources"] = [f"{ROUTED_GATEWAY}/32"]
     return document
 
 
@@ -659,8 +761,9 @@ class Boot:
     domain: libvirt.virDomain
     ip: str
     started: float  # when the domain was seen running
-    endpoint: str  # what a crawler dials: the host's public address and the port published for it
+    endpoint: str  # what a crawler dials: nat, the host's public address and the port published for it
     egress_ip: str  # what the echo outside saw
+    location: str = HOST  # the host entry it runs on (its networkMode: MODES)
 
 
 def boot_proxy(lab: Lab, name: str, label: str, **spec: Any) -> Boot:
@@ -683,17 +786,18 @@ def boot_proxy(lab: Lab, name: str, label: str, **spec: Any) -> Boot:
 def _serving(lab: Lab, name: str, domain: libvirt.virDomain, running: float) -> Boot:
     """The Proxy is Ready: its status says the probe went through it, egress address included."""
     status = lab.status(name)
-    # ip stays the guest's own address; a crawler dials the host's public address at the port
-    # published for this guest (the hook's DNAT, its FORWARD accepts, one per allowed IPv4 network, and its SNAT).
-    guests = ipaddress.ip_network(f"{lab.host.guest_network_address}/24", strict=False)
-    assert ipaddress.ip_address(status["ip"]) in guests, status
+    location = str(status["location"])
+    mode = MODES[location]
+    if mode == "nat":
+        _published(lab, status, domain)
+    else:
+        # route and bridge: dialled at the guest's own address in its network, and the sites see
+        # that address; the host forwards nothing of its own for it (no hook rules).
+        assert ipaddress.ip_address(status["ip"]) in ipaddress.ip_network(GUEST_NETWORKS[location]), status
+        assert status["endpoint"] == f"{status['ip']}:{SQUID_PORT}", status
+        assert status["egressIP"] == status["ip"], status
+        assert lab.forwarding_rules(domain) == [], lab.forwarding_rules(domain)
     endpoint = str(status["endpoint"])
-    public, port = endpoint.rsplit(":", 1)
-    first, last = (int(bound) for bound in PUBLISH_PORTS.split("-"))
-    assert public == lab.outside.public_address and first <= int(port) <= last, status
-    # DNAT, SNAT and a FORWARD accept per IPv4 network of the allowed sources.
-    clients = [n for n in minimal_config()["providers"][0]["allowedSources"] if ipaddress.ip_network(n).version == 4]
-    assert len(lab.forwarding_rules(domain)) == 2 + len(clients), lab.forwarding_rules(domain)
     serving = lab.condition(name, "Serving")
     assert serving["status"] == "True" and serving["reason"] == "Serving", serving
     # Through real squid with the delivered policy: the target's proofs of the nonces came back,
@@ -701,15 +805,32 @@ def _serving(lab: Lab, name: str, domain: libvirt.virDomain, running: float) -> 
     assert "reached the probe target" in serving["message"], serving
     private = lab.condition(name, "Private")
     assert (private["status"], private["reason"]) == ("True", "CredentialsRequired"), private
-    # squid's connection to the echo outside came from one of the host's source addresses (the
-    # hook's SNAT): that is the proxy's egress, and a crawler outside sees the same through it.
-    assert status["egressIP"] in lab.outside.source_addresses, status
+    # The echo outside saw the proxy's egress (nat: one of the host's source addresses, the hook's
+    # SNAT); a crawler outside sees the same through it.
     echo = f"{lab.discovery.web_url}echo"
     poll(lambda: _echoed(lab.curl_through(endpoint, echo, body=True)) == status["egressIP"], 30,
          f"the echo through {endpoint} to say {status['egressIP']}", lab)
     assert status["probe"]["lastProbeTime"] and status["probe"]["latencySeconds"] >= 0, status
-    lab.timings.note(f"{name} ({domain.name()}): ip {status['ip']}, endpoint {endpoint}, egress {status['egressIP']}")
-    return Boot(name, domain, str(status["ip"]), running, endpoint, str(status["egressIP"]))
+    lab.timings.note(f"{name} ({domain.name()}, {mode}): ip {status['ip']}, endpoint {endpoint}, "
+                     f"egress {status['egressIP']}")
+    return Boot(name, domain, str(status["ip"]), running, endpoint, str(status["egressIP"]), location)
+
+
+def _published(lab: Lab, status: dict[str, Any], domain: libvirt.virDomain) -> None:
+    """nat with publishing: ip stays the guest's own address; a crawler dials the host's public
+    address at the port published for this guest (the hook's DNAT, its FORWARD accepts, one per
+    allowed IPv4 network, and its SNAT to one of the host's source addresses: the egress)."""
+    guests = ipaddress.ip_network(f"{lab.host.guest_network_address}/24", strict=False)
+    assert ipaddress.ip_address(status["ip"]) in guests, status
+    public, port = str(status["endpoint"]).rsplit(":", 1)
+    first, last = (int(bound) for bound in PUBLISH_PORTS.split("-"))
+    assert public == lab.outside.public_address and first <= int(port) <= last, status
+    # DNAT, SNAT and a FORWARD accept per IPv4 network of the allowed sources (the root's
+    # probeSources join them).
+    sources = [*minimal_config()["providers"][0]["allowedSources"], *lab.document.get("probeSources", [])]
+    clients = [n for n in dict.fromkeys(sources) if ipaddress.ip_network(n).version == 4]
+    assert len(lab.forwarding_rules(domain)) == 2 + len(clients), lab.forwarding_rules(domain)
+    assert status["egressIP"] in lab.outside.source_addresses, status
 
 
 def proxies_204(lab: Lab, boot: Boot, web_url: str, label: str, followed_boot: bool = True) -> None:
@@ -880,8 +1001,9 @@ def agent_address(domain: libvirt.virDomain) -> str | None:
 @pytest.mark.usefixtures("host_service")
 def test_two_proxies_boot_serve_recover_and_leave_nothing_behind(lab: Lab, web_url: str) -> None:
     """eu-1 boots the image with the guest agent, eu-2 the one without (its IP comes from the
-    DHCP lease). They boot side by side and break side by side: a guest's boot is two minutes of
-    software emulation, mostly one vCPU's work, and CI has two cores."""
+    DHCP lease), both on the published nat network. They boot side by side and break side by
+    side: a guest's boot is two minutes of software emulation, mostly one vCPU's work, and CI has
+    two cores. Their successors boot on the routed (eu-2) and the bridged (eu-1) network."""
     # 1. Through the controller and the modules, over qemu+ssh with the host key verified.
     #    Every check below that looks at the whole fleet, discovery's included, sees two proxies.
     no_agent_applied = time.time()
@@ -950,9 +1072,12 @@ def test_two_proxies_boot_serve_recover_and_leave_nothing_behind(lab: Lab, web_u
     lab.key_file.rename(hidden)
     try:
         lab.controller.start()
-        listed = poll(lambda: (c := lab.condition("eu-1", "ProviderListed")).get("status") == "False" and c, 120,
-                      "a ProviderListed=False condition", lab)
-        assert "transient:" in str(listed["message"]) and "kvm.ssh.keyFile" in str(listed["message"]), listed
+        # The stopped controller may have recorded its own listing run, cancelled by the stop, as
+        # a failed listing first ("the run was cancelled (shutdown)"): the restarted one's says why.
+        listed = poll(lambda: ((c := lab.condition("eu-1", "ProviderListed")).get("status") == "False"
+                               and "kvm.ssh.keyFile" in str(c.get("message")) and c), 120,
+                      "a ProviderListed=False condition naming kvm.ssh.keyFile", lab)
+        assert "transient:" in str(listed["message"]), listed
         assert lab.ready_condition("eu-1").get("status") == "True"
         assert lab.controller.alive()
         discovery_only_listed_serving(lab, boot, no_agent)
@@ -967,29 +1092,41 @@ def test_two_proxies_boot_serve_recover_and_leave_nothing_behind(lab: Lab, web_u
         assert lab.status(serving.name)["ip"] == serving.ip
     discovery_only_listed_serving(lab, boot, no_agent)
 
-    # 7. Two breakages at once: squid stops in eu-1 (through the agent) and eu-2's domain is
-    #    destroyed (virsh destroy). Each is not serving within a probe interval and a sweep, out
-    #    of discovery, and after unhealthyAfter replaced make-before-break (NotServing and
-    #    InstanceLost); the successors boot side by side.
-    squid_stopped = breaking(lab, boot)
-    stopped = guest_exec(boot.domain, ["systemctl", "stop", "squid"])
-    assert stopped.exit_code == 0, stopped
-    assert lab.curl_through(boot.endpoint, web_url) == "000"  # nothing listens on the proxy port now
+    # 7. Two breakages: eu-2's domain is destroyed (virsh destroy) and squid stops in eu-1 (through
+    #    the agent). Each is not serving within a probe interval and a sweep, out of discovery,
+    #    and after unhealthyAfter replaced make-before-break (InstanceLost and NotServing); the
+    #    successors boot side by side, each on another network (issue 39 item 5): the only host
+    #    entry open to new instances is the routed one when eu-2's is created and the bridged one
+    #    when eu-1's is (the nat entry cordoned: its guests stay until replaced).
+    lab.place_on(ROUTED_HOST)
     destroyed = breaking(lab, no_agent)
     destroyed_domain = no_agent.domain
     destroyed_domain.destroy()
     # The hook removed its forwarding (it runs as the domain stops): nothing reaches its port.
     poll(lambda: not lab.forwarding_rules(destroyed_domain), 30, f"{destroyed_domain.name()}'s rules removed", lab)
     with ThreadPoolExecutor(2) as both:
-        successors = [both.submit(heal, lab, squid_stopped, "ConnectionRefused", "NotServing", "squid stopped"),
-                      both.submit(heal, lab, destroyed, "InstanceStopped", "InstanceLost", "domain destroyed")]
-        boot, no_agent = (successor.result() for successor in successors)
-    # The old domains are gone, and with them every rule of theirs; the successors are published
-    # (each endpoint answered above) with egress addresses of their own.
+        lost = both.submit(heal, lab, destroyed, "InstanceStopped", "InstanceLost", "domain destroyed")
+        poll(lambda: lab.status("eu-2").get("providerID") not in (None, destroyed.provider_id),
+             UNHEALTHY_AFTER + SWEEP_ALLOWANCE + 120, "eu-2's successor created", lab)
+        lab.place_on(BRIDGED_HOST)
+        squid_stopped = breaking(lab, boot)
+        stopped = guest_exec(boot.domain, ["systemctl", "stop", "squid"])
+        assert stopped.exit_code == 0, stopped
+        assert lab.curl_through(boot.endpoint, web_url) == "000"  # nothing listens on the proxy port now
+        refused = both.submit(heal, lab, squid_stopped, "ConnectionRefused", "NotServing", "squid stopped")
+        boot, no_agent = refused.result(), lost.result()
+    # The old domains are gone, and with them every rule of theirs; the successors serve at their
+    # own addresses (each endpoint answered above, the echo saw that address): eu-2's on the routed
+    # block, leased by libvirt's DHCP there, eu-1's on the LAN, leased by the LAN's DHCP server.
     assert lab.forwarding_rules(destroyed_domain) == [] and lab.forwarding_rules(squid_stopped.boot.domain) == []
+    assert (no_agent.location, boot.location) == (ROUTED_HOST, BRIDGED_HOST)
     assert no_agent.egress_ip != boot.egress_ip
     assert not agent_answers(no_agent.domain)
-    assert no_agent.ip in {lease["ipaddr"] for lease in lab.conn.networkLookupByName("default").DHCPLeases()}
+    assert no_agent.ip in {lease["ipaddr"] for lease in lab.conn.networkLookupByName("routed").DHCPLeases()}
+    assert boot.ip in lab.outside.lan_leases()
+    for successor in boot, no_agent:
+        # Only the allowed sources: squid itself refuses the stranger (nothing on the host does).
+        assert lab.curl_through(successor.endpoint, web_url, source=STRANGER) == "403", successor
     discovery_only_listed_serving(lab, boot, no_agent)
 
     # 8. Deleting a Proxy removes its domain and every volume of it; the base images stay.

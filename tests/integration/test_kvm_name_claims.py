@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import shutil
 import threading
+import xml.etree.ElementTree as ET
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,12 +22,14 @@ from typing import Any
 import libvirt
 import pytest
 
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.config import load_provider_config
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.errors import Permanent, Transient
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.instance import InstanceRequest
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm import instances, name_claims
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.domain_xml import parse_domain_xml
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.instances import KvmProvider
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.settings import KvmHost, KvmSettings
-from support.collection.provider_config import OWNER_TAGS, BaseImage, kvm_settings
+from support.collection.provider_config import OWNER_TAGS, BaseImage, kvm_host, kvm_settings, write_kvm_config
 from support.hosts.libvirt_daemon import LibvirtTestDaemon
 
 HOSTS = 3
@@ -212,6 +215,89 @@ def test_a_delete_releases_the_claim_and_a_failed_create_keeps_none(
     with controller(no_network, tmp_path / "a") as provider, pytest.raises(Permanent, match="network 'gone'"):
         provider.create(request(), check_mode=False)
     assert volumes_of(daemons, NAME) == {}
+
+
+def test_a_run_taken_over_leaves_the_published_domain_of_the_run_that_took_it_whole(
+        daemons: list[LibvirtTestDaemon], image: BaseImage, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run taken for dead while another makes the name's domain, on a host that publishes
+    proxies: it stops before it touches a volume of that name, and its failure removes nothing
+    the other's domain uses. Before (issue 39 item 5), it took the other's overlay and seed for
+    stale volumes and replaced them, and its clean-up removed by name the volumes and the DHCP
+    reservation: a published guest left without a disk, or without the DHCP entry that gives it
+    the address its published port forwards to."""
+    published = published_settings(daemons, image, tmp_path)
+    check_networking = KvmProvider._check_networking
+    other: dict[str, Any] = {}
+
+    def taken_over_meanwhile(self: KvmProvider, host: KvmHost) -> None:
+        check_networking(self, host)
+        if other:
+            return  # the other run's own check
+        other["run"] = "b"
+        # Another controller takes this run for dead and makes the domain, published, reserved.
+        with controller(published, tmp_path / "b") as provider:
+            provider._home(NAME).release(NAME)
+            other["instance"] = provider.create(request_at("h0"), check_mode=False)[1]
+    monkeypatch.setattr(KvmProvider, "_check_networking", taken_over_meanwhile)
+
+    with controller(published, tmp_path / "a") as provider, pytest.raises(Transient, match="taken over"):
+        provider.create(request_at("h0"), check_mode=False)
+    assert other["instance"].location == "h0"
+    assert_whole(daemons[0].connection)
+
+
+def test_a_failed_create_whose_domain_stays_defined_keeps_what_it_uses_and_the_retry_starts_it(
+        daemons: list[LibvirtTestDaemon], image: BaseImage, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The start fails (a dropped connection, libvirt's own error) and so does the undefine after
+    it: the domain stays defined. It keeps its volumes and its DHCP reservation, and the retry (the
+    next sweep's create of the same name) finds it and starts it. Before, the clean-up removed
+    both: the retry started a published guest without a disk and without its reservation."""
+    published = published_settings(daemons, image, tmp_path)
+    for edge in "start_domain", "undefine_domain":
+        def refused(*_args: Any, _edge: str = edge) -> None:
+            raise Transient(f"{_edge}: the connection dropped")
+        monkeypatch.setattr(instances, edge, refused)
+    with controller(published, tmp_path / "a") as provider, pytest.raises(Transient, match="start_domain"):
+        provider.create(request_at("h0"), check_mode=False)
+    monkeypatch.undo()
+    assert NAME in daemons[0].connection.listDefinedDomains()
+    assert_whole(daemons[0].connection)
+
+    with controller(published, tmp_path / "a") as provider:
+        changed, instance = provider.create(request_at("h0"), check_mode=False)
+    assert changed is True and instance.state == "running"
+    assert daemons[0].connection.lookupByName(NAME).isActive()
+    assert_whole(daemons[0].connection)
+
+
+def published_settings(daemons: list[LibvirtTestDaemon], image: BaseImage, tmp_path: Path) -> KvmSettings:
+    """Hosts ``h0``... that publish their proxies (nat with a public address, ports and source
+    addresses): each proxy's address is reserved in the network's DHCP."""
+    for daemon in daemons:
+        daemon.reset()
+    hosts = [{**kvm_host(f"h{index}", daemon.uri, pool=POOL), "networkMode": "nat", "publicAddress": "203.0.113.10",
+              "publishPorts": "40000-40002", "sourceAddresses": ["203.0.113.21", "203.0.113.22"]}
+             for index, daemon in enumerate(daemons)]
+    config = write_kvm_config(tmp_path / "providers.yaml", hosts, image, allowed_sources=["198.51.100.0/24"])
+    published = load_provider_config(str(config)).provider("lab", "kvm").kvm
+    assert published is not None
+    return published
+
+
+def assert_whole(connection: libvirt.virConnect) -> None:
+    """The domain NAME has its volumes and its reservation: the MAC and address its metadata
+    records, what the network's DHCP hands its guest (and what its published port forwards to)."""
+    guest = parse_domain_xml(connection.lookupByName(NAME).XMLDesc(0)).guest_network
+    assert guest is not None
+    pool = connection.storagePoolLookupByName(POOL)
+    assert {f"{NAME}.qcow2", f"{NAME}-seed.iso"} <= set(pool.listVolumes())
+    network = ET.fromstring(connection.networkLookupByName("default").XMLDesc(0))
+    assert [(h.get("name"), h.get("mac"), h.get("ip")) for h in network.findall("ip/dhcp/host")] == [
+        (NAME, guest.mac, guest.address)]
+
+
+def request_at(location: str) -> InstanceRequest:
+    return InstanceRequest(name=NAME, user_data=b"#cloud-config\n", tags=dict(OWNER_TAGS), location=location)
 
 
 class CountedConnection:

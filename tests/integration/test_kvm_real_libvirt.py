@@ -39,6 +39,10 @@ from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.domain_xm
     GUEST_AGENT_CHANNEL,
     METADATA_NS,
 )
+from ansible_collections.crawl.egress_proxies.plugins.module_utils.kvm.networking import (
+    release_address,
+    reserve_address,
+)
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.squid_access import parse_access
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.squid_install import boothook
 from egress_proxies.providers.runner import AnsibleRunner
@@ -47,9 +51,17 @@ from egress_proxies.sources.directory import DirectoryStore
 from egress_proxies.sweep.reconcile import Reconciler
 from support import REPO
 from support.collection.modules import ModuleRun, collections_path, run_module
-from support.collection.provider_config import OWNER_TAGS, BaseImage, kvm_host, make_base_image, write_kvm_config
+from support.collection.provider_config import (
+    OWNER_TAGS,
+    BaseImage,
+    kvm_host,
+    kvm_settings,
+    make_base_image,
+    write_kvm_config,
+)
 from support.hosts.hypervisor_host import HypervisorHost
 from support.hosts.libvirt_daemon import private_state_dir
+from support.netns.dhcp_client import dhcp_offer
 
 HOST = "hv"
 # The transport the provider config names for the host.
@@ -570,6 +582,27 @@ def test_a_listed_domain_gets_its_address_from_its_networks_dhcp_lease(lab: Lab)
     finally:
         status.unlink(missing_ok=True)
         hv.remove_instance(name)
+
+
+def test_an_address_reserved_again_for_a_retried_create_is_what_the_networks_dhcp_offers(
+        hv: Hypervisor, base_image: BaseImage, tmp_path: Path) -> None:
+    """A published create reserves its guest's address in the network's DHCP (a new MAC); a
+    failed one's clean-up removes the reservation, and the retry reserves again: another MAC,
+    the same first free address (issue 39 item 5, the retried create whose guest once showed no
+    lease). What the network's dnsmasq then offers the retry's MAC, asked as its guest asks
+    (a DHCPDISCOVER on the bridge), is that address, at once; the first MAC gets none of it."""
+    # The host entry names the network and the messages; the calls go over the test's connection.
+    host = kvm_settings(tmp_path / "providers.yaml", ["test:///default"], base_image).hosts[0]
+    network = hv.conn.networkLookupByName(host.network)
+    first = reserve_address(network, host, "egp-retried")
+    try:
+        assert release_address(hv.conn, host, "egp-retried", host.network)
+        retry = reserve_address(network, host, "egp-retried")
+        assert (retry.address, retry.mac != first.mac) == (first.address, True)
+        assert dhcp_offer(hv.host.namespace, network.bridgeName(), retry.mac) == retry.address
+        assert dhcp_offer(hv.host.namespace, network.bridgeName(), first.mac) not in (None, retry.address)
+    finally:
+        release_address(hv.conn, host, "egp-retried", host.network)
 
 
 # --- 6. and 7. failures that leave nothing behind, deletes that must succeed --------------------

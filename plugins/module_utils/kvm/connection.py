@@ -137,8 +137,12 @@ def _is_key_blob(key_type: str, blob: str) -> bool:
 
 
 def _ssh_wrapper(ssh: SshSettings, directory: str) -> str:
-    """An ssh command that always verifies host keys against our known_hosts."""
+    """An ssh command that always verifies host keys against our known_hosts. Written once per
+    directory: rewriting it while another connection's ssh runs it (host entries sharing a URI,
+    connected side by side) made libvirt's exec of it fail with "Text file busy"."""
     path = os.path.join(directory, "ssh")
+    if os.path.exists(path):
+        return path
     with open(path, "w") as handle:
         handle.write(
             "#!/bin/sh\nexec ssh -o BatchMode=yes -o StrictHostKeyChecking=yes -o UserKnownHostsFile=%s "
@@ -256,7 +260,8 @@ class KvmConnections:
                     self._ssh_checked = True
                 if transport_of(uri) == "ssh" and self._wrapper_dir is None:
                     self._wrapper_dir = tempfile.mkdtemp(prefix="egress-proxies-ssh-")
-            uri = connection_uri(uri, self.ssh, self._wrapper_dir)
+                # Under the lock: the wrapper is written by the first connection, before any runs it.
+                uri = connection_uri(uri, self.ssh, self._wrapper_dir)
             _check_reachable(uri)
         return open_connection(uri, "connecting to KVM host %s" % host.name)
 

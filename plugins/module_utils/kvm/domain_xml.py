@@ -63,7 +63,7 @@ class DomainInfo:
     tags: Dict[str, str]
     created: Optional[str]
     macs: List[str]
-    # The libvirt networks its interfaces are attached to (``<interface type='network'>``):
+    # The libvirt networks its interfaces are attached to (``<source network=...>``):
     # where a listing reads the DHCP leases of its MACs.
     networks: List[str] = field(default_factory=list)
     port: Optional[int] = None
@@ -176,8 +176,10 @@ def parse_domain_xml(xml: str) -> DomainInfo:
         mac = interface.find("mac")
         if mac is not None:
             macs.append(mac.get("address", "").lower())
+        # By its source's network, whatever its type: a running domain's XML on a network in
+        # forward mode bridge says <interface type='bridge'> with <source network=... bridge=...>.
         source = interface.find("source")
-        if interface.get("type") == "network" and source is not None and source.get("network"):
+        if source is not None and source.get("network"):
             networks.append(source.get("network", ""))
     metadata = root.find("metadata")
     instance = metadata.find(_QUALIFIED % "instance") if metadata is not None else None

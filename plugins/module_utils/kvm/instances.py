@@ -578,6 +578,10 @@ class KvmProvider:
                               vendor_data)
         created_volumes: List[Any] = []
         try:
+            if stamp is not None:
+                # Before any volume is touched by its name: a run taken for dead must not take the
+                # volumes of the run that took its claim over for stale ones (``_fresh``).
+                self._still_claimed(request.name, stamp)
             overlay = self._create_overlay(pool, request.name, machine.disk_gib * GIB, base, image.format)
             created_volumes.append(overlay)
             seed_volume = self._fresh(pool, seed_volume_name(request.name), lambda: create_volume_with_content(
@@ -598,15 +602,30 @@ class KvmProvider:
                     undefine_domain(domain, "undefining domain %s on host %s" % (request.name, host.name))
                 raise
         except BaseException:
-            # Nothing half-made stays behind: a later retry starts from a clean slate.
-            for volume in created_volumes:
-                with contextlib.suppress(ProxyError):
-                    delete_volume(volume, "deleting half-made volume %s on host %s" % (volume.name(), host.name))
-            with contextlib.suppress(ProxyError):
-                release_address(connection, host, request.name, host.network)
+            self._undo(connection, host, request.name, created_volumes)
             raise
         self.log("created domain %s on KVM host %s" % (request.name, host.name))
         return domain
+
+    @staticmethod
+    def _undo(connection: Any, host: KvmHost, name: str, volumes: List[Any]) -> None:
+        """After a failed create nothing half-made stays behind, so a retry starts from a clean
+        slate: the volumes it made and the address reserved under its name. Unless a domain of
+        that name is still defined (one this run could not undefine, or another run's that took
+        the name over): that domain keeps its volumes and its reservation (removing them would
+        leave its guest without a disk, or without the DHCP entry that gives it the address its
+        published port forwards to), and the retry finds it. A host that cannot be asked cannot
+        be cleaned either: the retry finds what is there (stale volumes, a reservation it reuses)."""
+        try:
+            if find_domain(connection, name) is not None:
+                return
+        except ProxyError:
+            return
+        for volume in volumes:
+            with contextlib.suppress(ProxyError):
+                delete_volume(volume, "deleting half-made volume %s on host %s" % (volume.name(), host.name))
+        with contextlib.suppress(ProxyError):
+            release_address(connection, host, name, host.network)
 
     def _base(self, connection: Any, pool: Any, host: KvmHost, image: Any) -> _Base:
         volume = ensure_base_volume(connection, pool, host.name, image, self.cache_dir, self._progress)
@@ -618,8 +637,9 @@ class KvmProvider:
         """``make()`` the volume ``volume_name``; when that fails because a volume of that name is
         there, that one is stale and replaced: left by a run killed (or cut off from the host)
         mid-create, when even its clean-up could not reach libvirt. Only ever called before the
-        domain is defined, so nothing uses it. Asked only on failure: a create that finds nothing
-        in its way (nearly all) makes no lookup."""
+        domain is defined, by a run that has just checked it still holds the name's claim, so
+        nothing uses it. Asked only on failure: a create that finds nothing in its way (nearly
+        all) makes no lookup."""
         try:
             return make()
         except ProxyError:

@@ -128,6 +128,16 @@ def test_plain_ssh_runs_through_a_verifying_wrapper(tmp_path: Path) -> None:
     assert f"UserKnownHostsFile='{SSH.known_hosts_file}'" in script
 
 
+def test_the_wrapper_is_written_once_and_never_rewritten_while_it_may_run(tmp_path: Path) -> None:
+    """Host entries sharing a URI connect side by side; rewriting the wrapper while another
+    connection's ssh ran it failed libvirt's exec with "Text file busy" (issue 39 item 5)."""
+    first = Path(query_of(connection_uri("qemu+ssh://root@beelink/system", SSH, str(tmp_path)))["command"])
+    written = first.stat()
+    again = Path(query_of(connection_uri("qemu+ssh://root@beelink/system", SSH, str(tmp_path)))["command"])
+    assert again == first
+    assert (again.stat().st_ino, again.stat().st_mtime_ns) == (written.st_ino, written.st_mtime_ns)
+
+
 def test_plain_ssh_without_a_wrapper_directory_is_permanent() -> None:
     with pytest.raises(Permanent, match="wrapper"):
         connection_uri("qemu+ssh://root@beelink/system", SSH)

@@ -86,8 +86,8 @@ def test_macs_are_read_and_lowercased() -> None:
 
 
 def test_the_networks_of_its_network_interfaces_are_read() -> None:
-    """Where a listing reads the leases of its MACs: the source of each ``type='network'``
-    interface; a bridge or direct interface names no libvirt network."""
+    """Where a listing reads the leases of its MACs: the network each interface's source names;
+    a bridge or direct interface of its own names none."""
     assert parse_domain_xml(build_domain_xml(spec())).networks == ["default"]
     mixed = (
         "<domain type='kvm'><name>two-nics</name><devices>"
@@ -99,6 +99,20 @@ def test_the_networks_of_its_network_interfaces_are_read() -> None:
     info = parse_domain_xml(mixed)
     assert info.networks == ["proxies"]
     assert info.macs == ["52:54:00:00:00:01", "52:54:00:00:00:02", "52:54:00:00:00:03"]
+
+
+def test_a_running_domain_on_a_bridge_mode_network_is_on_that_network() -> None:
+    """libvirt 9.0's XML of a running domain whose interface is on a network in forward mode
+    bridge (measured): ``type='bridge'``, the network still named by its source. Read as a bridge
+    without a network, the domain was listed under the first host entry of its URI, not its
+    network's (issue 39 item 5: the real-guest test's bridged successor)."""
+    running = (
+        "<domain type='qemu'><name>bridged</name><devices><interface type='bridge'>"
+        "<mac address='52:54:00:c6:7d:7f'/>"
+        "<source network='bridged' portid='22d03eb9-e199-43af-a9c3-ac74317a0221' bridge='lan0'/>"
+        "<target dev='vnet0'/></interface></devices></domain>"
+    )
+    assert parse_domain_xml(running).networks == ["bridged"]
 
 
 def test_a_domain_without_our_metadata_is_not_ours() -> None:
