@@ -260,8 +260,12 @@ class LivePath:
         mine = listing.of(proxy.uid)
         current = next((i for i in mine if i.name == name), None)
         if current is None:
-            if listing.error is not None and not mine:
-                self._unlisted(proxy, listing)
+            if listing.error is not None:
+                # A location did not answer: the wanted instance may be there. Not listed is not
+                # gone: neither made again nor its predecessor cleared (a serving one, mid make
+                # before break) until a complete listing says so.
+                if not mine:
+                    self._unlisted(proxy, listing)
                 return
             if self._due(proxy):
                 creates.append(self._create(proxy, name, desired, request))

@@ -163,6 +163,29 @@ def test_a_spec_change_makes_the_new_instance_before_it_breaks_the_old(live: Liv
     assert live.store.get("eu-1").status["endpoint"] == "192.0.2.11:8080"
 
 
+def test_a_partial_listing_that_misses_the_successor_keeps_the_serving_predecessor(live: Live) -> None:
+    """The successor's location did not answer: "not listed" is not "gone". Neither made again
+    nor its predecessor cleared before the successor is seen Ready (make before break held)."""
+    live.store.add("eu-1", SPEC)
+    live.sweep("eu-1")
+    [old] = list(live.runner.instances)
+    live.store.update_spec("eu-1", port=8080)
+    live.runner.ip = None  # the successor boots: not Ready yet
+    live.sweep("eu-1")
+    [successor] = [i for i in live.runner.instances if i != old]
+    full = live.client.list_instances(OWNER)
+    partial = Listing([i for i in full.instances if i.provider_id == old],
+                      error=ProviderError(ErrorClass.TRANSIENT, "h2: connection refused"))
+    live.runner.calls.clear()
+    live.sweep("eu-1", listing=partial)
+    assert set(live.runner.instances) == {old, successor}
+    assert live.runner.verbs() == []  # no create, no delete
+    for instance in live.runner.instances.values():
+        instance.update(ip="192.0.2.11", endpoint="192.0.2.11:8080")
+    live.sweep("eu-1")  # a full listing again: the successor is Ready, then the predecessor goes
+    assert set(live.runner.instances) == {successor}
+
+
 def test_a_running_instance_without_an_address_this_time_keeps_its_address(live: Live) -> None:
     live.store.add("eu-1", SPEC)
     live.sweep("eu-1")
