@@ -369,15 +369,16 @@ def http_get(port: int, path: str) -> tuple[int, str]:
         return 0, ""
 
 
-def deployment_command(listen: str, kubeconfig: str) -> tuple[list[str], dict[str, str]]:
+def deployment_command(listen: str, metrics_listen: str, kubeconfig: str) -> tuple[list[str], dict[str, str]]:
     """The Deployment's command and env, as the kubelet would run them here: $(VAR) expanded,
-    --listen on loopback only (the host's network), the API server from a kubeconfig instead
-    of the in-cluster service account (the emulator speaks plain HTTP)."""
+    --listen and --metrics-listen on loopback only (the host's network), the API server from a
+    kubeconfig instead of the in-cluster service account (the emulator speaks plain HTTP)."""
     main = container()
     env = {"POD_NAMESPACE": "egress-proxies", "POD_NAME": "egress-proxies-controller-0"}
     env |= {item["name"]: item["value"] for item in main["env"] if "value" in item}
     command = [re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], word) for word in main["command"]]
     command[command.index("--listen") + 1] = listen
+    command[command.index("--metrics-listen") + 1] = metrics_listen
     return [*command, "--kubeconfig", kubeconfig], env
 
 
@@ -418,8 +419,9 @@ def test_the_image_runs_the_deployments_command_until_its_proxies_are_ready(
         "users": [{"name": "controller", "user": {}}],
         "contexts": [{"name": "emulator", "context": {"cluster": "emulator", "user": "controller"}}]}))
     kubeconfig.chmod(0o644)
-    port = free_port()
-    command, env = deployment_command(f"127.0.0.1:{port}", "/etc/egress-proxies-test/kubeconfig")
+    port, metrics_port = free_port(), free_port()
+    command, env = deployment_command(f"127.0.0.1:{port}", f"127.0.0.1:{metrics_port}",
+                                      "/etc/egress-proxies-test/kubeconfig")
     mounts = [
         bind(config_dir, "/etc/egress-proxies"),
         bind(kubeconfig, "/etc/egress-proxies-test/kubeconfig"),
@@ -443,7 +445,8 @@ def test_the_image_runs_the_deployments_command_until_its_proxies_are_ready(
         report(pytestconfig, f"started to {len(names)} Proxies Ready in {to_ready:.1f} s")
         wait_for(lambda: http_get(port, "/readyz")[0] == 200, 60, "/readyz to answer 200")
         assert http_get(port, "/healthz") == (200, "ok\n")
-        status, metrics = http_get(port, "/metrics")
+        assert http_get(port, "/metrics")[0] == 404  # never on the discovery port (contract change 38)
+        status, metrics = http_get(metrics_port, "/metrics")
         assert status == 200
         assert re.search(r'^egress_proxies_proxies\{phase="Ready"\} 3\.0$', metrics, re.M), metrics
         assert re.search(r"^leader_election_master_status\{name=\"[^\"]+\"\} 1\.0$", metrics, re.M)
