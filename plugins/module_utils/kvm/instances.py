@@ -577,15 +577,14 @@ class KvmProvider:
         seed = build_seed_iso(request.user_data, build_meta_data(new_instance_id(request.name), request.name),
                               vendor_data)
         created_volumes: List[Any] = []
+        # Before a volume in the way is taken for stale (``_fresh``): a run taken for dead must not
+        # replace the volumes of the run that took its claim over.
+        still_mine = (lambda: self._still_claimed(request.name, stamp)) if stamp is not None else (lambda: None)
         try:
-            if stamp is not None:
-                # Before any volume is touched by its name: a run taken for dead must not take the
-                # volumes of the run that took its claim over for stale ones (``_fresh``).
-                self._still_claimed(request.name, stamp)
-            overlay = self._create_overlay(pool, request.name, machine.disk_gib * GIB, base, image.format)
+            overlay = self._create_overlay(pool, request.name, machine.disk_gib * GIB, base, image.format, still_mine)
             created_volumes.append(overlay)
             seed_volume = self._fresh(pool, seed_volume_name(request.name), lambda: create_volume_with_content(
-                connection, pool, seed_volume_name(request.name), "raw", io.BytesIO(seed), len(seed)))
+                connection, pool, seed_volume_name(request.name), "raw", io.BytesIO(seed), len(seed)), still_mine)
             created_volumes.append(seed_volume)
             created = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
             if stamp is not None:
@@ -633,27 +632,30 @@ class KvmProvider:
         return _Base(volume, volume_capacity(volume, context), volume_path(volume, context))
 
     @staticmethod
-    def _fresh(pool: Any, volume_name: str, make: Callable[[], Any]) -> Any:
+    def _fresh(pool: Any, volume_name: str, make: Callable[[], Any], still_mine: Callable[[], None]) -> Any:
         """``make()`` the volume ``volume_name``; when that fails because a volume of that name is
         there, that one is stale and replaced: left by a run killed (or cut off from the host)
         mid-create, when even its clean-up could not reach libvirt. Only ever called before the
-        domain is defined, by a run that has just checked it still holds the name's claim, so
-        nothing uses it. Asked only on failure: a create that finds nothing in its way (nearly
-        all) makes no lookup."""
+        domain is defined, and ``still_mine()`` (raising when another run took the name's claim
+        over) is asked before the replacement, so nothing uses it. Asked only on failure: a create
+        that finds nothing in its way (nearly all) makes no lookup."""
         try:
             return make()
         except ProxyError:
             stale = lookup_volume(pool, volume_name)
             if stale is None:
                 raise
+        still_mine()
         with contextlib.suppress(ProxyError):
             delete_volume(stale, "deleting stale volume %s" % volume_name)
         return make()
 
-    def _create_overlay(self, pool: Any, name: str, capacity: int, base: _Base, base_format: str) -> Any:
+    def _create_overlay(self, pool: Any, name: str, capacity: int, base: _Base, base_format: str,
+                        still_mine: Callable[[], None]) -> Any:
         volume_name = overlay_volume_name(name)
         xml = volume_xml(volume_name, max(capacity, base.capacity), "qcow2", base.path, base_format)
-        return self._fresh(pool, volume_name, lambda: create_volume(pool, xml, "creating overlay %s" % volume_name))
+        return self._fresh(pool, volume_name, lambda: create_volume(pool, xml, "creating overlay %s" % volume_name),
+                           still_mine)
 
     # -- delete ----------------------------------------------------------------------------
 
