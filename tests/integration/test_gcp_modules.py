@@ -11,9 +11,7 @@ tests/unit/plugins/module_utils/gcp/test_instances.py.
 from __future__ import annotations
 
 import base64
-import datetime
 import gzip
-import ipaddress
 import json
 import socket
 import ssl
@@ -26,15 +24,12 @@ from typing import Any
 
 import pytest
 import yaml
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
 from ansible_collections.crawl.egress_proxies.plugins.module_utils.gcp.labels import TAGS_METADATA_KEY, encode_tags
 from support.collection.modules import ModuleRun, run_module
 from support.collection.provider_config import OWNER, OWNER_TAGS
 from support.compute.emulator import DEFAULT_VM_SCOPES, ComputeEmulator
+from support.netns.tls_front import self_signed
 
 PROJECT = "test-project"
 ZONES = ("europe-west1-b", "europe-west4-a")
@@ -368,20 +363,7 @@ class FakeMetadataServer:
 
 def self_signed_context(directory: Path) -> tuple[ssl.SSLContext, Path]:
     """A TLS server context for 127.0.0.1 and the certificate a client must trust for it."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
-    now = datetime.datetime.now(datetime.UTC)
-    certificate = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-                   .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
-                   .not_valid_after(now + datetime.timedelta(hours=1))
-                   .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-                                  critical=False)
-                   .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-                   .sign(key, hashes.SHA256()))
-    cert_path, key_path = directory / "emulator.crt", directory / "emulator.key"
-    cert_path.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
+    cert_path, key_path = self_signed(directory, [], ["127.0.0.1"])
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(cert_path, key_path)
     return context, cert_path

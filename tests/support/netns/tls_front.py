@@ -11,25 +11,41 @@ namespaces.
 from __future__ import annotations
 
 import asyncio
+import datetime
+import ipaddress
 import ssl
-import subprocess
 import threading
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Self
 
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
 
 def self_signed(directory: Path, names: Sequence[str], addresses: Sequence[str]) -> tuple[Path, Path]:
-    """A certificate (its own CA) and key for ``names`` and ``addresses``, written to ``directory``."""
+    """A certificate (its own CA, valid for an hour) and key for ``names`` and ``addresses``,
+    written to ``directory`` as tls.crt and tls.key."""
     directory.mkdir(parents=True, exist_ok=True)
-    cert, key = directory / "tls.crt", directory / "tls.key"
-    alt = ",".join([*(f"DNS:{name}" for name in names), *(f"IP:{address}" for address in addresses)])
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-                    "-days", "1", "-subj", f"/CN={(list(names) or list(addresses))[0]}", "-addext",
-                    f"subjectAltName={alt}", "-keyout", str(key), "-out", str(cert)],
-                   check=True, capture_output=True)
-    return cert, key
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, (list(names) or list(addresses))[0])])
+    alternatives: list[x509.GeneralName] = [x509.DNSName(name) for name in names]
+    alternatives += [x509.IPAddress(ipaddress.ip_address(address)) for address in addresses]
+    now = datetime.datetime.now(datetime.UTC)
+    certificate = (x509.CertificateBuilder().subject_name(subject).issuer_name(subject).public_key(key.public_key())
+                   .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
+                   .not_valid_after(now + datetime.timedelta(hours=1))
+                   .add_extension(x509.SubjectAlternativeName(alternatives), critical=False)
+                   .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+                   .sign(key, hashes.SHA256()))
+    cert, key_file = directory / "tls.crt", directory / "tls.key"
+    cert.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
+    key_file.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return cert, key_file
 
 
 class TlsFront:
