@@ -59,6 +59,9 @@ DIRECTORY_BUDGETS = {
     "clients/python": 30,  # the crawler client's own unit tests (testpaths)
 }
 SLOWEST = 15
+# A failure's ``E`` lines kept in the closing report, each cut to this many characters.
+FAILURE_LINES = 12
+FAILURE_LINE = 400
 
 
 @dataclass(frozen=True)
@@ -96,16 +99,31 @@ def count(paths: list[Path]) -> Counts:
     return counts
 
 
+def case_name(case: ET.Element) -> str:
+    """The test's name from the JUnit classname (``tests.unit.test_x`` or, for a test in a class,
+    ``tests.unit.test_x.TestY``), the file being the first ``test_*`` part."""
+    parts = case.get("classname", "").split(".")
+    module = next((i for i, part in enumerate(parts) if part.startswith("test_")), len(parts) - 1)
+    return "/".join(parts[:module + 1]) + ".py::" + "::".join([*parts[module + 1:], case.get("name", "")])
+
+
 def case_times(path: Path) -> list[TestTime]:
-    """Each test case's time; its name from the JUnit classname (``tests.unit.test_x`` or, for a
-    test in a class, ``tests.unit.test_x.TestY``), the file being the first ``test_*`` part."""
-    found = []
-    for case in (c for suite in suites(path) for c in suite.iter("testcase")):
-        parts = case.get("classname", "").split(".")
-        module = next((i for i, part in enumerate(parts) if part.startswith("test_")), len(parts) - 1)
-        name = "/".join(parts[:module + 1]) + ".py::" + "::".join([*parts[module + 1:], case.get("name", "")])
-        found.append(TestTime(name, float(case.get("time", 0))))
-    return found
+    """Each test case's time."""
+    return [TestTime(case_name(c), float(c.get("time", 0))) for suite in suites(path) for c in suite.iter("testcase")]
+
+
+def failure_lines(paths: list[Path]) -> list[str]:
+    """Each failed test's name and why, last thing before the count: a CI page that keeps only a
+    log's head and tail cuts pytest's traceback in the middle, where the assertion's message is.
+    Why: pytest's ``E`` lines of the failure (the assertion with its values), else its message."""
+    lines = []
+    for case in (c for path in paths for suite in suites(path) for c in suite.iter("testcase")):
+        for failure in (f for f in case if f.tag in ("failure", "error")):
+            told = [line[1:].strip() for line in (failure.text or "").splitlines() if line.startswith("E ")]
+            why = told or (failure.get("message") or "").splitlines() or ["(no message)"]
+            lines.append(f"FAILED {case_name(case)} ({failure.tag})")
+            lines += [f"    {line[:FAILURE_LINE]}" for line in why[:FAILURE_LINES]]
+    return ["", "== failures", *lines] if lines else []
 
 
 def over(name: str, seconds: float, budget: int | None) -> str:
@@ -166,13 +184,15 @@ def pytest_tables(times: list[TestTime]) -> tuple[list[str], list[str]]:
 
 
 def report(steps: list[tuple[str, int, str]], junits: list[Path], apart: list[Path]) -> list[str]:
-    """Lines: the step table, the directory table, the slowest tests, the warnings, the count."""
+    """Lines: the step table, the directory table, the slowest tests, each failure's why, the
+    warnings, the count."""
     lines, warnings = step_table(steps)
     times = [t for path in junits for t in case_times(path)]
     if times:
         more_lines, more_warnings = pytest_tables(times)
         lines += more_lines
         warnings += more_warnings
+    lines += failure_lines(junits + apart)
     lines += [w for w in warnings if w]
     if junits or apart:
         lines.append(count(junits + apart).line())

@@ -35,7 +35,10 @@ same URI, opened to new instances in turn (the others cordoned): the agent-less 
 network (a block outside routes to the host), the other on a `bridge` network (a LAN bridge of
 the host's whose router and DHCP server are outside's); each is dialled at and leaves from its own
 address, which the crawler outside reaches and the echo sees (issue 39 item 5). Only the role's
-tests and the test driver covered those modes before.
+tests and the test driver covered those modes before. Then the routed entry is drained (its
+``state`` in the provider config, the operator's command): its guest moves back to the nat entry,
+make before break, while the crawler is served throughout, and the metrics say the entry is
+drained (issue 40's drain, with guests that really serve).
 
 The test prints its timings (image build, boot to IP, boot to 204, controller overhead, the
 healing steps); docs/performance.md records them.
@@ -60,7 +63,7 @@ import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any, cast
@@ -74,6 +77,7 @@ from kubernetes import client
 from egress_proxies.resources.proxy import GROUP, PLURAL, REPLACEMENTS_ANNOTATION, VERSION
 from support.collection.modules import collections_path, run_module
 from support.collection.provider_config import BaseImage, write_kubeconfig
+from support.controller.metrics import scrape
 from support.figures import show
 from support.hosts.guest_agent import agent_answers, guest_exec, read_guest_file
 from support.hosts.hypervisor_host import PUBLISH_PORTS, HypervisorHost, bootstrap
@@ -466,6 +470,8 @@ class DiscoveryWatch:
     def __init__(self, outside: Outside, url: str, web_url: str) -> None:
         self.outside, self.url, self.web_url = outside, url, web_url
         self.sightings: list[Sighting] = []
+        # Each answered fetch: when, and the Proxies it handed out (a crawler's view of the fleet).
+        self.rounds: list[tuple[float, frozenset[str]]] = []
         self.broken: dict[str, float] = {}
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="discovery-watch")
@@ -484,7 +490,13 @@ class DiscoveryWatch:
 
     def _run(self) -> None:
         while not self._stopping.is_set():
-            for entry in self.fetch():
+            try:
+                entries = self.fetch(strict=True)
+            except (OSError, ValueError):
+                entries = []  # the controller restarting (step 6), or not up yet: no round
+            else:
+                self.rounds.append((time.monotonic(), frozenset(str(entry["name"]) for entry in entries)))
+            for entry in entries:
                 code = curl_through(self.outside, str(entry["url"]), self.web_url) if entry.get("url") else "no url"
                 self.sightings.append(Sighting(time.monotonic(), entry["name"], str(entry["providerID"]),
                                                str(entry["endpoint"]), code))
@@ -497,6 +509,10 @@ class DiscoveryWatch:
 
     def last_seen(self, provider_id: str) -> float | None:
         return max((s.at for s in self.sightings if s.provider_id == provider_id), default=None)
+
+    def rounds_without(self, name: str, since: float) -> list[float]:
+        """When, since ``since``, a crawler was handed no entry of Proxy ``name``."""
+        return [at for at, names in self.rounds if at >= since and name not in names]
 
     def first_seen(self, provider_id: str) -> Sighting | None:
         return next((s for s in self.sightings if s.provider_id == provider_id), None)
@@ -537,6 +553,7 @@ class Lab:
     timings: Timings
     discovery: DiscoveryWatch
     document: dict[str, Any]  # the provider config in `config`
+    metrics_url: str  # the controller's /metrics (--metrics-listen)
 
     @property
     def conn(self) -> libvirt.virConnect:
@@ -549,12 +566,13 @@ class Lab:
                 "spec": {"provider": PROVIDER, "port": SQUID_PORT, "cloudInit": CLOUD_INIT, **spec}}
         self.objects.create_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, body)
 
-    def place_on(self, active: str) -> None:
+    def place_on(self, active: str, draining: str | None = None) -> None:
         """Cordon every host entry but ``active`` (docs/kvm-provider.md, "Cordon and drain"): new
-        instances, successors included, go there; running ones stay where they are. The
-        controller and its module runs read the file again when it changes."""
+        instances, successors included, go there; running ones stay where they are, except on
+        the ``draining`` entry's. The controller and its module runs read the file again when it
+        changes."""
         for host in self.document["providers"][0]["kvm"]["hosts"]:
-            host["state"] = "active" if host["name"] == active else "cordoned"
+            host["state"] = {active: "active", draining: "draining"}.get(host["name"], "cordoned")
         written = self.config.with_name(self.config.name + ".new")
         written.write_text(yaml.safe_dump(self.document, sort_keys=False))
         written.replace(self.config)  # never half a file for a run that reads it now
@@ -646,7 +664,7 @@ def lab(bootstrapped: Bootstrapped, images: dict[str, BaseImage], kube_module: K
     tokens = directory / "discovery-tokens.yaml"
     tokens.write_text(yaml.safe_dump([{"name": "crawlers", "sha256": hashlib.sha256(CRAWLER_TOKEN.encode()).hexdigest(),
                                        "namespaces": [NAMESPACE]}]))
-    port = _free_port()
+    port, metrics_port = _free_port(), _free_port()
     # Inside the host's namespace: its only ways out are the veth pair (sshd, the relay), the
     # uplink and the guest network. Probes go to the published endpoints only (the host's own
     # public address: its DNAT applies to the host's own connections too).
@@ -658,14 +676,14 @@ def lab(bootstrapped: Bootstrapped, images: dict[str, BaseImage], kube_module: K
                  "--interval", str(SWEEP_INTERVAL), "--listen", f"{host.address}:{port}", "--log-level", "INFO",
                  "--probe-interval", str(PROBE_INTERVAL), "--probe-allow", f"{outside.public_address}/32",
                  "--probe-allow", ROUTED_NETWORK, "--probe-allow", LAN_NETWORK,
-                 "--discovery-tokens", str(tokens)],
+                 "--discovery-tokens", str(tokens), "--metrics-listen", f"{host.address}:{metrics_port}"],
         log=directory / "controller.log", health_url=f"http://{host.address}:{port}/healthz")
     controller.start()
     discovery = DiscoveryWatch(outside, f"http://{host.address}:{port}/v1/proxies", web_url)
     try:
         with client.ApiClient(client.Configuration(host=kube_module.url)) as api:
             yield Lab(host, outside, config, key_file, client.CustomObjectsApi(api), client.CoreV1Api(api), controller,
-                      timings, discovery, document)
+                      timings, discovery, document, f"http://{host.address}:{metrics_port}/metrics")
     finally:
         discovery.stop()
         controller.stop()
@@ -861,7 +879,14 @@ class Breakage:
     boot: Boot
     provider_id: str
     replacements_before: int
-    at: float  # monotonic
+    at: float  # monotonic: the break began
+    # monotonic: the breaking command returned, so the instance cannot serve from here on (under
+    # load `systemctl stop squid` in an emulated guest takes tens of seconds; the controller is
+    # only held to notice from here)
+    complete: float = 0.0
+
+    def completed(self) -> Breakage:
+        return replace(self, complete=time.monotonic())
 
 
 def breaking(lab: Lab, boot: Boot) -> Breakage:
@@ -891,7 +916,9 @@ def not_serving(lab: Lab, broken: Breakage, reason: str, label: str) -> float:
     transition = datetime.datetime.fromisoformat(str(serving["lastTransitionTime"]).replace("Z", "+00:00"))
     noticed = max(broken_at, time.monotonic() - (time.time() - transition.timestamp()))
     lab.timings.add(f"{label}: -> Serving False ({serving['reason']})", noticed - broken_at)
-    assert noticed - broken_at <= PROBE_INTERVAL + SWEEP_ALLOWANCE, (noticed - broken_at, serving)
+    assert broken.complete, "heal() before the break completed"
+    late = noticed - broken.complete
+    assert late <= PROBE_INTERVAL + SWEEP_ALLOWANCE, (f"Serving False {late:.1f} s after the break completed", serving)
     # A destroyed guest may first fail its probe (Timeout, Unreachable) in a sweep whose listing
     # still saw it running; the next listing says why: the reason settles within a sweep.
     serving = poll(lambda: (c := lab.condition(boot.name, "Serving")).get("reason") == reason and c,
@@ -946,6 +973,48 @@ def replaced(lab: Lab, broken: Breakage, not_serving_since: float, event: str, l
     assert lab.curl_through(boot.endpoint, lab.discovery.web_url) == "204"
     lab.timings.add(f"{label}: broken -> replacement serving (total)", time.monotonic() - started)
     poll(lambda: discovery_lists(lab, provider_id(boot, lab)), 30, f"{old.name}'s replacement in discovery", lab)
+    return boot
+
+
+def drained(lab: Lab, moving: Boot, onto: str, label: str) -> Boot:
+    """Drain ``moving``'s host entry with ``onto`` the only active one (docs/operations.md,
+    "Draining a KVM host"): its instance is replaced there as a move (Replacing/HostDraining, a
+    Normal Event), make before break, and a crawler is served throughout: the Proxy is Ready at
+    every look, discovery hands it out in every round, every entry handed out answers 204; then
+    the old domain and its volumes go and the metrics say the entry is drained."""
+    source, old_pid, old_domain = moving.location, provider_id(moving, lab), moving.domain.name()
+    began = time.monotonic()
+    lab.place_on(onto, draining=source)
+    replacing = poll(lambda: (c := lab.condition(moving.name, "Replacing")).get("reason") == "HostDraining" and c,
+                     SWEEP_ALLOWANCE, f"{moving.name}: Replacing/HostDraining", lab, interval=0.25)
+    assert replacing["status"] == "True" and old_pid in replacing["message"], replacing
+    lab.timings.add(f"{label}: draining -> successor being created", time.monotonic() - began)
+
+    def moved() -> bool:
+        status = lab.status(moving.name)
+        assert status.get("phase") == "Ready", (f"{moving.name} not Ready while it moved", status)
+        # The status names the successor once it serves (and Replacing goes with it).
+        return status.get("providerID") != old_pid and not lab.condition(moving.name, "Replacing")
+    poll(moved, BOOT_SECONDS, f"{moving.name} moved to {onto}", lab)
+    lab.timings.add(f"{label}: draining -> successor serving", time.monotonic() - began)
+    boot = _serving(lab, moving.name, lab.domain(moving.name), began)
+    assert boot.location == onto and boot.domain.isActive()
+    poll(lambda: old_domain not in {d.name() for d in lab.conn.listAllDomains(0)}, 120, f"{old_domain} deleted", lab)
+    poll(lambda: not {f"{old_domain}.qcow2", f"{old_domain}-seed.iso"} & lab.pool_volumes(), 60,
+         f"{old_domain}'s volumes deleted", lab)
+    # What an operator waits on (docs/operations.md): the entry is drained.
+    poll(lambda: scrape(lab.metrics_url, "egress_proxies_location_state", provider=PROVIDER, location=source,
+                        state="drained") == 1, 2 * SWEEP_ALLOWANCE, f"{source} reported drained", lab)
+    assert scrape(lab.metrics_url, "egress_proxies_location_instances", provider=PROVIDER, location=source) == 0
+    lab.timings.add(f"{label}: draining -> reported drained", time.monotonic() - began)
+    # A move, not a fault: a Normal Event naming the instance it replaced.
+    moves = lab.events(moving.name, "HostDraining")
+    assert {e.type for e in moves if old_pid in e.message} == {"Normal"}, [(e.type, e.message) for e in moves]
+    # Served throughout, as a crawler sees it (the watcher's rounds lag by its curls: wait for one
+    # that hands out the successor).
+    successor = provider_id(boot, lab)
+    poll(lambda: lab.discovery.first_seen(successor), 30, f"{moving.name}'s successor handed to the crawler", lab)
+    assert lab.discovery.rounds_without(moving.name, began) == [], "a crawler was handed no entry of it"
     return boot
 
 
@@ -1102,6 +1171,7 @@ def test_two_proxies_boot_serve_recover_and_leave_nothing_behind(lab: Lab, web_u
     destroyed = breaking(lab, no_agent)
     destroyed_domain = no_agent.domain
     destroyed_domain.destroy()
+    destroyed = destroyed.completed()
     # The hook removed its forwarding (it runs as the domain stops): nothing reaches its port.
     poll(lambda: not lab.forwarding_rules(destroyed_domain), 30, f"{destroyed_domain.name()}'s rules removed", lab)
     with ThreadPoolExecutor(2) as both:
@@ -1112,6 +1182,7 @@ def test_two_proxies_boot_serve_recover_and_leave_nothing_behind(lab: Lab, web_u
         squid_stopped = breaking(lab, boot)
         stopped = guest_exec(boot.domain, ["systemctl", "stop", "squid"])
         assert stopped.exit_code == 0, stopped
+        squid_stopped = squid_stopped.completed()
         assert lab.curl_through(boot.endpoint, web_url) == "000"  # nothing listens on the proxy port now
         refused = both.submit(heal, lab, squid_stopped, "ConnectionRefused", "NotServing", "squid stopped")
         boot, no_agent = refused.result(), lost.result()
@@ -1129,7 +1200,13 @@ def test_two_proxies_boot_serve_recover_and_leave_nothing_behind(lab: Lab, web_u
         assert lab.curl_through(successor.endpoint, web_url, source=STRANGER) == "403", successor
     discovery_only_listed_serving(lab, boot, no_agent)
 
-    # 8. Deleting a Proxy removes its domain and every volume of it; the base images stay.
+    # 8. The routed entry drained (the operator's command, an edit of the provider config): eu-2
+    #    moves back to the nat entry, make before break, served throughout.
+    no_agent = drained(lab, no_agent, HOST, "routed entry drained")
+    assert no_agent.egress_ip != boot.egress_ip
+    discovery_only_listed_serving(lab, boot, no_agent)
+
+    # 9. Deleting a Proxy removes its domain and every volume of it; the base images stay.
     delete_and_check_cleanup(lab, boot)
     delete_and_check_cleanup(lab, no_agent)
 

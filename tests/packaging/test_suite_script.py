@@ -133,6 +133,22 @@ def test_the_report_holds_each_step_against_its_budget_and_ends_with_the_count(t
     assert {line.split()[0] for line in lines if line.startswith("tests/")} == {
         "tests/unit", "tests/integration", "tests/controller"}, text
     assert any(line.endswith("tests/integration/test_guest.py::test_boot") for line in lines), text
+    assert "== failures" not in lines, text
+
+
+def test_the_report_ends_with_each_failure_and_its_assertion_where_a_cut_log_keeps_them(tmp_path: Path) -> None:
+    """A CI page keeps a log's head and tail: the assertion a failed test printed must be in the
+    tail, after the slowest tests, not only in pytest's traceback in the middle."""
+    streams = run_streams(make_tree(tmp_path, TREE), "-s", FAIL_SIDE="1")
+
+    lines = report("pytest\t10\tFAILED (1)\n", "--junit", streams.junit, streams.junit_side, cwd=tmp_path)
+
+    text = "\n".join(lines)
+    failures = lines.index("== failures")
+    assert failures > next(i for i, line in enumerate(lines) if "slowest tests" in line), text
+    assert lines[failures + 1] == "FAILED tests/controller/test_timers.py::test_wait (failure)", text
+    assert lines[failures + 2] == "    AssertionError: assert not '1'", text
+    assert lines[-1] == "pytest: 3 passed, 1 failed, 0 skipped", text
 
 
 def test_every_budget_names_a_step_test_sh_runs_and_a_directory_the_suite_has() -> None:

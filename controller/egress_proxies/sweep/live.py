@@ -280,8 +280,14 @@ class LivePath:
             # and then stopped is a lost instance, replaced below.
             creates.append(self._create(proxy, name, desired, request))
             return
-        proxy = self.observe(proxy, current, desired)
         others = tuple(i for i in mine if i is not current)
+        predecessor = self._serving_predecessor(proxy, current, others, desired)
+        if predecessor is not None:
+            # Make before break for crawlers too: the status (and discovery) stays on the
+            # instance that serves until its successor does; both are probed.
+            self.observe(proxy, predecessor, predecessor.spec_hash or desired)
+            return
+        proxy = self.observe(proxy, current, desired)
         replaced_now = self._replaced_now(proxy, current)
         if replaced_now is not None:
             unhealthy.append(_Unhealthy(proxy, current, desired, replacements, *replaced_now, others))
@@ -305,6 +311,43 @@ class LivePath:
         if since is not None and self.seconds_since(since) >= threshold:
             unhealthy.append(_Unhealthy(proxy, current, desired, replacements, str(serving.get("reason")),
                                         str(serving.get("message") or ""), others))
+
+    def _serving_predecessor(self, proxy: Proxy, successor: Instance, others: Sequence[Instance],
+                             desired: str) -> Instance | None:
+        """The instance the status still names while it keeps the Proxy Ready and ``successor``
+        (the wanted instance: a spec change's, a drain's, a flapper's) has not served yet; None
+        when the status moves to the successor. A crawler then keeps a proxy that serves through
+        a replacement instead of losing it for the successor's boot. Bounded by the successor's
+        start-up allowance (``probe.startupSeconds`` from its creation): a successor that never
+        serves is judged on its own after that, as before. Probes the successor (its verdict
+        is written once it serves, ``_describes``)."""
+        named = proxy.status.get("providerID")
+        if not self._ready(proxy) or not named or named == successor.provider_id:
+            return None
+        predecessor = next((i for i in others if i.provider_id == named and i.running), None)
+        if predecessor is None or not successor.created:
+            return None
+        if self.seconds_since(successor.created) >= self.plan.startup_seconds:
+            return None
+        return None if self._would_serve(proxy, successor, desired) else predecessor
+
+    def _would_serve(self, proxy: Proxy, instance: Instance, desired: str, watch: bool = True) -> bool:
+        """Whether the Proxy would be Ready on ``instance`` (its latest probe outcome), without
+        writing anything; ``watch``: and have it probed from now on."""
+        seen = self._seen(proxy, instance, desired, watch)
+        return judge(proxy.status, seen(), self.writer.now()).phase == PHASE_READY
+
+    def _describes(self, proxy: Proxy, instance: Instance, desired: str) -> bool:
+        """Whether a probe verdict on ``instance`` may be written into the Proxy's status: always
+        for the instance the status names; for the wanted successor once it serves or once the
+        named one is not Ready (``_serving_predecessor``); never for another (one being retired,
+        whose late verdict would name it again)."""
+        if instance.provider_id == proxy.status.get("providerID"):
+            return True
+        wanted, _ = self._build(proxy)  # the spec's now (a predecessor was built from another)
+        if instance.name != instance_name(proxy, wanted, replacement_count(proxy.annotations, wanted)):
+            return False
+        return not self._ready(proxy) or self._would_serve(proxy, instance, desired, watch=False)
 
     def _replaced_now(self, proxy: Proxy, current: Instance) -> tuple[str, str] | None:
         """Why the instance is replaced whatever its failure clock says (reason, message), or None."""
@@ -474,6 +517,8 @@ class LivePath:
             self.writer.store.record_event(create.proxy, "Normal", reasons.REPLACING if previous else reasons.CREATED,
                                            f"instance {instance.provider_id} created")
         self.writer.backoff.succeeded(create.proxy.uid)
+        if self._serving_predecessor(create.proxy, instance, listing.of(create.proxy.uid), create.hash):
+            return  # the status stays on the instance that serves until this one does (probed from now)
         proxy = self.observe(create.proxy, instance, create.hash)
         if self._ready(proxy):
             retire.extend((proxy, old) for old in listing.of(proxy.uid) if old.provider_id != instance.provider_id)
@@ -481,8 +526,14 @@ class LivePath:
     def observe(self, proxy: Proxy, instance: Instance, desired: str) -> Proxy:
         """Status from what the provider reports about the instance built from ``desired`` and,
         when it runs, from the latest probe through it (``verdict.judge`` decides, this writes)."""
+        return self._apply(proxy, self._seen(proxy, instance, desired), desired)
+
+    def _seen(self, proxy: Proxy, instance: Instance, desired: str, watch: bool = True) -> Callable[[], Observation]:
+        """What is known of ``instance`` now, read again at each call (the probe's verdict thread
+        writes too); ``watch``: a running one is probed from now on."""
         instance = with_known_address(proxy.status, instance)
-        outcome = self._probed(proxy, instance, desired) if self.plan.enabled and instance.running else _nothing
+        running = self.plan.enabled and instance.running
+        outcome = self._probed(proxy, instance, desired, watch) if running else _nothing
         generation = (self._generation(proxy) if self.access is not None and proxy.spec.get("auth") != "none"
                       else None)
         private = self._private(proxy)
@@ -496,12 +547,13 @@ class LivePath:
                                provider_failing_since=times.stamp(since) if since is not None else None,
                                hold_seconds=self.plan.unhealthy_after_seconds, quarantined=quarantined,
                                pinned=pinned)
-        return self._apply(proxy, seen, desired)
+        return seen
 
-    def _probed(self, proxy: Proxy, instance: Instance, desired: str) -> Callable[[], ProbeOutcome | None]:
+    def _probed(self, proxy: Proxy, instance: Instance, desired: str,
+                watch: bool = True) -> Callable[[], ProbeOutcome | None]:
         """Where this instance's outcome comes from: the monitor, once its target is watched (with
-        what writes its verdict when the outcome changes); or, when it cannot be probed at all (no
-        probe target named, its key unreadable), an outcome that says so."""
+        what writes its verdict when the outcome changes; ``watch``: have it watched); or, when it
+        cannot be probed at all (no probe target named, its key unreadable), an outcome that says so."""
         if self.plan.http_url is None:
             why = (f"the provider config names no probe target for provider {proxy.provider}: run egress-proxies "
                    "probe-target and set probe.httpUrl and probe.keyFile (docs/operations.md), or say probe: none")
@@ -515,11 +567,12 @@ class LivePath:
 
         def write_verdict() -> None:
             latest = self.writer.latest.get(proxy.uid, proxy)
-            if not latest.deleting:
+            if not latest.deleting and self._describes(latest, instance, desired):
                 self.discovery.follow(self.observe(latest, instance, desired))
 
-        served = (proxy.status.get("probe") or {}).get("servedProviderID") == instance.provider_id
-        self.targets[target.key] = Watched(proxy.provider, target, write_verdict, served)
+        if watch:
+            served = (proxy.status.get("probe") or {}).get("servedProviderID") == instance.provider_id
+            self.targets[target.key] = Watched(proxy.provider, target, write_verdict, served)
         monitor = self.monitor
         return (lambda: monitor.outcome(target.key)) if monitor is not None else (lambda: None)
 

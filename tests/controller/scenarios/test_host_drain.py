@@ -23,18 +23,17 @@ import signal
 import subprocess
 import sys
 import threading
-import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from prometheus_client.parser import text_string_to_metric_families
 
 from support import waiting
 from support.collection.modules import collections_path
 from support.collection.provider_config import BaseImage, kvm_host, write_kvm_config
+from support.controller.metrics import scrape
 from support.hosts.libvirt_daemon import LibvirtTestDaemon
 
 pytestmark = pytest.mark.timeout(300)
@@ -81,12 +80,6 @@ def write_proxy(directory: Path, name: str, location: str | None = None) -> None
 
 def condition(found: dict[str, Any] | None, kind: str) -> dict[str, Any]:
     return next((c for c in (found or {}).get("conditions") or [] if c.get("type") == kind), {})
-
-
-def gauge(metrics: str, name: str, **labels: str) -> float | None:
-    """One sample of the controller's /metrics text (None: not exported)."""
-    return next((sample.value for family in text_string_to_metric_families(metrics) for sample in family.samples
-                 if sample.name == name and sample.labels == labels), None)
 
 
 class Sampler:
@@ -156,9 +149,7 @@ def test_cordon_then_drain_moves_every_proxy_make_before_break(
                      if (found := re.search(r"serving metrics on 127\.0\.0\.1:(\d+)", line))), None)
         if port is None:
             return None
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
-            text = response.read().decode()
-        return gauge(text, metric, provider="lab", location="h1", **labels)
+        return scrape(f"http://127.0.0.1:{port}/metrics", metric, provider="lab", location="h1", **labels)
 
     try:
         # Cordoned: every Proxy is placed on h1, though h2 has fewer of ours.

@@ -147,20 +147,72 @@ def test_batches_write_their_results_side_by_side(live: Live) -> None:
 
 
 def test_a_spec_change_makes_the_new_instance_before_it_breaks_the_old(live: Live) -> None:
+    """Make before break for crawlers too: while the successor boots, the Proxy stays Ready on the
+    instance that serves (its status, so discovery, names it), then moves in one write."""
+    live.store.add("eu-1", SPEC)
+    live.sweep("eu-1")
+    [old] = list(live.runner.instances)
+    serving = dict(live.store.get("eu-1").status)
+    live.store.update_spec("eu-1", port=8080)
+    live.runner.ip = None  # the new instance runs without an address yet: it does not serve
+    for _ in range(2):  # the sweep that creates it and one that lists it
+        live.sweep("eu-1")
+        status = live.store.get("eu-1").status
+        assert old in live.runner.instances and len(live.runner.instances) == 2
+        assert (status["phase"], status["providerID"], status["endpoint"]) == (
+            "Ready", serving["providerID"], serving["endpoint"]), status
+    assert live.store.reasons()[-1] == "Replacing"  # the Normal Event: a successor is being made
+    [successor] = [i for i in live.runner.instances if i != old]
+    live.runner.instances[successor].update(ip="192.0.2.11", endpoint="192.0.2.11:8080")
+    live.sweep("eu-1")
+    assert old not in live.runner.instances and len(live.runner.instances) == 1
+    assert live.store.reasons()[-1] == "Replaced"
+    status = live.store.get("eu-1").status
+    assert (status["phase"], status["endpoint"]) == ("Ready", "192.0.2.11:8080"), status
+    assert status["providerID"].endswith(successor)
+
+
+def test_a_probe_verdict_is_written_only_for_the_instance_the_status_may_describe(live: Live) -> None:
+    """A verdict written between sweeps: the named instance's always; the booting successor's not
+    while the predecessor keeps the Proxy Ready (it would take the Proxy out of discovery); once
+    the status moved on, a late verdict of the retired predecessor never names it again."""
+    live.store.add("eu-1", SPEC)
+    live.sweep("eu-1")
+    old = live.client.list_instances(OWNER).instances[0]
+    old_hash = spec_hash(SPEC)
+    live.store.update_spec("eu-1", port=8080)
+    live.runner.ip = None
+    live.sweep("eu-1")
+    new_hash = spec_hash({**SPEC, "port": 8080})
+    [booting] = [i for i in live.client.list_instances(OWNER).instances if i.provider_id != old.provider_id]
+    proxy = live.store.get("eu-1")
+    assert live.path._describes(proxy, old, old_hash)
+    assert not live.path._describes(proxy, booting, new_hash)
+    live.runner.instances[booting.provider_id].update(ip="192.0.2.11", endpoint="192.0.2.11:8080")
+    serving = next(i for i in live.client.list_instances(OWNER).instances if i.name == booting.name)
+    assert live.path._describes(proxy, serving, new_hash)  # it serves: the status moves to it
+    live.sweep("eu-1")
+    moved = live.store.get("eu-1")
+    assert moved.status["providerID"] == serving.provider_id
+    assert not live.path._describes(moved, old, old_hash)
+
+
+def test_a_successor_that_does_not_serve_within_its_start_up_allowance_is_judged_on_its_own(live: Live) -> None:
+    """The predecessor keeps the Proxy Ready for the successor's start-up allowance
+    (probe.startupSeconds from its creation), no longer: then the status names the successor
+    and the usual rules (its failure clock, replacement) apply to it."""
     live.store.add("eu-1", SPEC)
     live.sweep("eu-1")
     [old] = list(live.runner.instances)
     live.store.update_spec("eu-1", port=8080)
-    live.runner.ip = None  # the new instance runs without an address yet: not Ready
+    live.runner.ip = None
     live.sweep("eu-1")
-    assert old in live.runner.instances and len(live.runner.instances) == 2
-    assert live.store.get("eu-1").status["phase"] == "Provisioning"
-    for instance in live.runner.instances.values():
-        instance.update(ip="192.0.2.11", endpoint="192.0.2.11:8080")
+    assert live.store.get("eu-1").status["providerID"].endswith(old)
+    live.seconds = NOT_PROBED.startup_seconds  # the successor's allowance is over
     live.sweep("eu-1")
-    assert old not in live.runner.instances and len(live.runner.instances) == 1
-    assert live.store.reasons()[-1] == "Replaced"
-    assert live.store.get("eu-1").status["endpoint"] == "192.0.2.11:8080"
+    status = live.store.get("eu-1").status
+    assert status["phase"] == "Provisioning" and not status["providerID"].endswith(old), status
+    assert old in live.runner.instances  # not deleted for that: only once a successor is Ready
 
 
 def test_a_partial_listing_that_misses_the_successor_keeps_the_serving_predecessor(live: Live) -> None:
