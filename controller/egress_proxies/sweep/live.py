@@ -532,10 +532,9 @@ class LivePath:
         """What is known of ``instance`` now, read again at each call (the probe's verdict thread
         writes too); ``watch``: a running one is probed from now on."""
         instance = with_known_address(proxy.status, instance)
+        generation = self._built_generation(proxy, instance)
         running = self.plan.enabled and instance.running
-        outcome = self._probed(proxy, instance, desired, watch) if running else _nothing
-        generation = (self._generation(proxy) if self.access is not None and proxy.spec.get("auth") != "none"
-                      else None)
+        outcome = self._probed(proxy, instance, desired, generation, watch) if running else _nothing
         private = self._private(proxy)
         quarantined = proxy.annotations.get(QUARANTINE_ANNOTATION) == instance.provider_id
         pinned = self._pinned(proxy)
@@ -549,7 +548,19 @@ class LivePath:
                                pinned=pinned)
         return seen
 
-    def _probed(self, proxy: Proxy, instance: Instance, desired: str,
+    def _built_generation(self, proxy: Proxy, instance: Instance) -> str | None:
+        """The credential generation ``instance`` was built with (None: built open, or no access
+        policy): the status's record for the instance it names (a predecessor kept serving through
+        a rotation's replacement has the previous credential, which is what the probe and
+        discovery must use for it), the namespace's current one for any other."""
+        if self.access is None or proxy.spec.get("auth") == "none":
+            return None
+        recorded = proxy.status.get("credentialGeneration")
+        if recorded and instance.provider_id == proxy.status.get("providerID"):
+            return str(recorded)
+        return self._generation(proxy)
+
+    def _probed(self, proxy: Proxy, instance: Instance, desired: str, generation: str | None,
                 watch: bool = True) -> Callable[[], ProbeOutcome | None]:
         """Where this instance's outcome comes from: the monitor, once its target is watched (with
         what writes its verdict when the outcome changes; ``watch``: have it watched); or, when it
@@ -561,7 +572,7 @@ class LivePath:
         key = self._key()
         if isinstance(key, str):
             return _unknown(ProbeReason.PROBE_TARGET_UNREACHABLE, key)
-        credentials = (self.access.probe_credentials(proxy, self._generation(proxy))
+        credentials = (self.access.probe_credentials(proxy, generation)
                        if self.access is not None else None)
         target = probe_target(self.plan, proxy, instance, key, credentials)
 

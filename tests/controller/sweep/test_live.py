@@ -393,6 +393,28 @@ def test_with_access_an_instance_gets_the_hash_never_the_password(tmp_path: Path
         "Unknown", "Unverified")
 
 
+def test_a_predecessor_kept_through_a_rotation_keeps_its_own_credential(tmp_path: Path) -> None:
+    """A rotation replaces the instances (the credential is part of the build hash); while the
+    successor boots, the Proxy stays Ready on the old instance, which answers only the previous
+    credential: its status keeps that generation, which discovery hands out and the probe uses."""
+    credentials = Credentials(FileSecrets(tmp_path / "credentials"))
+    credentials.refresh({"crawlers": "uid-of-crawlers"})
+    live = Live(access=AccessPolicy(credentials, {"home-kvm": ("10.0.0.0/8",)}))
+    live.store.add("eu-1", SPEC)
+    live.sweep("eu-1")
+    previous = credentials.current("crawlers")
+    for stored in [f for f in (tmp_path / "credentials").rglob("*") if f.is_file()]:
+        stored.unlink()  # the documented rotation: delete the namespace's credential
+    credentials.refresh({"crawlers": "uid-of-crawlers"})
+    live.runner.ip = None  # the successor boots
+    live.sweep("eu-1")  # created
+    live.sweep("eu-1")  # listed, still booting
+    assert credentials.current("crawlers").generation != previous.generation
+    assert len(live.runner.instances) == 2
+    status = live.store.get("eu-1").status
+    assert (status["phase"], status["credentialGeneration"]) == ("Ready", previous.generation), status
+
+
 def test_a_pool_member_pinned_to_a_draining_host_is_told_to_change_its_pools_placement() -> None:
     live = Live()
     live.store.add("scrapers-0", {**SPEC, "location": "h1"})
