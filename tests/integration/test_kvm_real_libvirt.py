@@ -62,6 +62,7 @@ from support.collection.provider_config import (
 from support.hosts.hypervisor_host import HypervisorHost
 from support.hosts.libvirt_daemon import private_state_dir
 from support.netns.dhcp_client import dhcp_offer
+from support.waiting import wait_for
 
 HOST = "hv"
 # The transport the provider config names for the host.
@@ -172,11 +173,11 @@ def _iso_file(iso: pycdlib.PyCdlib, **path: str) -> bytes:
 
 @pytest.fixture(scope="module")
 def hv(hypervisor_host: HypervisorHost) -> Iterator[Hypervisor]:
-    conn = libvirt.open(hypervisor_host.uri("libssh2"))
+    hv = Hypervisor(hypervisor_host, libvirt.open(hypervisor_host.uri("libssh2")))
     try:
-        yield Hypervisor(hypervisor_host, conn)
+        yield hv
     finally:
-        conn.close()
+        hv.conn.close()  # a test that reboots the host opens another
 
 
 @pytest.fixture(autouse=True)
@@ -606,6 +607,40 @@ def test_an_address_reserved_again_for_a_retried_create_is_what_the_networks_dhc
 
 
 # --- 6. and 7. failures that leave nothing behind, deletes that must succeed --------------------
+
+
+def test_a_proxys_domain_comes_back_when_its_host_reboots(hv: Hypervisor, lab: Lab) -> None:
+    """The module creates domains with autostart on, so a host that reboots starts them again:
+    after ``HypervisorHost.reboot`` (every qemu process killed, libvirtd started on an empty state
+    directory, as at boot) the proxy's domain runs again, a new qemu process, and the info module
+    lists it running at the same providerID. The control: a domain whose autostart was turned off
+    stays off, so the reboot did stop the guests."""
+    names = ("egp-reboot", "egp-reboot-off")
+    try:
+        for name in names:
+            assert succeeded(lab.create(name))["instance"]["state"] == "running"
+        kept, control = (hv.conn.lookupByName(name) for name in names)
+        assert kept.autostart() == 1 and control.autostart() == 1
+        control.setAutostart(0)
+        before = hv.host.guest_pids()
+        assert len(before) == 2
+
+        # Freed, then closed, while libvirtd still answers: a domain object freed over a closed
+        # libssh2 connection waits for ever (see HypervisorHost.restart_libvirtd).
+        del kept, control
+        hv.conn.close()
+        hv.host.reboot()
+        hv.conn = libvirt.open(hv.host.uri("libssh2"))
+
+        wait_for(lambda: hv.conn.lookupByName(names[0]).isActive(), 60, "the autostarted domain to run")
+        after = hv.host.guest_pids()
+        assert len(after) == 1 and not after & before  # a new qemu process: it was off
+        assert not hv.conn.lookupByName(names[1]).isActive()
+        [listed] = succeeded(lab.info(provider_id=provider_id(names[0])))["instances"]
+        assert (listed["provider_id"], listed["state"]) == (provider_id(names[0]), "running"), listed
+    finally:
+        for name in names:
+            hv.remove_instance(name)
 
 
 def test_a_failed_start_leaves_nothing_behind(hv: Hypervisor, base_image: BaseImage, tmp_path: Path) -> None:

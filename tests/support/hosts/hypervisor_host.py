@@ -39,6 +39,7 @@ the role does not manage).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shlex
@@ -62,6 +63,7 @@ from support.process import (
     DaemonStartError,
     kill_namespace_processes,
     log_tail,
+    namespace_pids,
     run_checked,
     stop_process_group,
     tcp_port_accepts,
@@ -314,6 +316,30 @@ class HypervisorHost:
         """Stop libvirtd and start it again in the host's namespaces, as an operator restarts it
         after installing a hook script (libvirtd looks for hooks when it starts only); reopens
         :attr:`connection`. Running domains keep running (libvirtd reconnects to them)."""
+        self._cycle_libvirtd(lambda: None)
+
+    def reboot(self) -> None:
+        """What a reboot of the host does to libvirt and its guests: every guest's qemu process
+        dies at once (the power goes), and libvirtd starts again on an empty state directory
+        (``/run`` is a tmpfs: the domains' live status and libvirt's "autostarted" mark are gone),
+        so it starts the domains marked autostart, as at boot. Reopens :attr:`connection`; other
+        connections to the host must be closed first and opened again after. The namespace's
+        network (bridges, addresses, iptables) stays as it was: a real boot brings those back
+        from the host's configuration and libvirt's autostarted networks, which this does not."""
+        def power_off() -> None:
+            guests = self.guest_pids()
+            for pid in guests:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            wait_for(lambda: not any(Path(f"/proc/{pid}").exists() for pid in guests), 30, "the guests to die")
+            self.run_in_namespace(["sh", "-c", "rm -rf /run/libvirt/qemu/*"])
+        self._cycle_libvirtd(power_off)
+
+    def guest_pids(self) -> set[int]:
+        """The host's guests' qemu processes."""
+        return {pid for pid in namespace_pids(self.namespace) if _command_name(pid).startswith("qemu-system")}
+
+    def _cycle_libvirtd(self, while_stopped: Callable[[], None]) -> None:
         # Closed while its daemon still answers: closing it afterwards waits forever for the
         # close call's reply over the SSH channel (measured, libvirt 9.0 over libssh2).
         reopen = self._connection is not None
@@ -324,6 +350,7 @@ class HypervisorHost:
         pid = int(pid_file.read_text().strip())
         os.kill(pid, signal.SIGTERM)
         wait_for(lambda: not Path(f"/proc/{pid}").exists(), 30, "libvirtd to stop")
+        while_stopped()
         self.run_in_namespace(["libvirtd", "--daemon", "--pid-file", str(pid_file)])
         libvirt_socket = f"/proc/{self._pid}/root/run/libvirt/libvirt-sock"
         wait_for(lambda: unix_socket_accepts(libvirt_socket), self.start_timeout, "libvirtd to answer again",
@@ -630,6 +657,14 @@ def bootstrap(host: HypervisorHost, *, check: bool = True, check_mode: bool = Fa
 # --- command line: a host that outlives the process, for molecule ------------------------------
 
 
+def _command_name(pid: int) -> str:
+    """The process's command name (``/proc/PID/comm``); empty once it is gone."""
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
 def _up(state: Path, inventory: Path | None, publishing: bool) -> None:
     host = HypervisorHost()
     host.start()
@@ -696,3 +731,4 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+
