@@ -373,12 +373,19 @@ def test_replacements_end_in_failed_once_exhausted() -> None:
     assert len(live.created_names()) == 2
 
 
-def test_with_access_an_instance_gets_the_hash_never_the_password(tmp_path: Path) -> None:
+def swept_with_access(tmp_path: Path) -> tuple[Credentials, Live]:
+    """A Live path with an access policy (the namespace's credential kept under ``tmp_path``) that
+    has swept Proxy eu-1 once."""
     credentials = Credentials(FileSecrets(tmp_path / "credentials"))
     credentials.refresh({"crawlers": "uid-of-crawlers"})
     live = Live(access=AccessPolicy(credentials, {"home-kvm": ("10.0.0.0/8",)}))
     live.store.add("eu-1", SPEC)
     live.sweep("eu-1")
+    return credentials, live
+
+
+def test_with_access_an_instance_gets_the_hash_never_the_password(tmp_path: Path) -> None:
+    credentials, live = swept_with_access(tmp_path)
     credential = credentials.current("crawlers")
     [create] = [op for call in live.runner.calls if call.verb == "create" for op in call.operations]
     # The namespace's user, and the probe's identity for this instance alone (the same hash).
@@ -397,11 +404,7 @@ def test_a_predecessor_kept_through_a_rotation_keeps_its_own_credential(tmp_path
     """A rotation replaces the instances (the credential is part of the build hash); while the
     successor boots, the Proxy stays Ready on the old instance, which answers only the previous
     credential: its status keeps that generation, which discovery hands out and the probe uses."""
-    credentials = Credentials(FileSecrets(tmp_path / "credentials"))
-    credentials.refresh({"crawlers": "uid-of-crawlers"})
-    live = Live(access=AccessPolicy(credentials, {"home-kvm": ("10.0.0.0/8",)}))
-    live.store.add("eu-1", SPEC)
-    live.sweep("eu-1")
+    credentials, live = swept_with_access(tmp_path)
     previous = credentials.current("crawlers")
     for stored in [f for f in (tmp_path / "credentials").rglob("*") if f.is_file()]:
         stored.unlink()  # the documented rotation: delete the namespace's credential
